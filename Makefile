@@ -1,0 +1,40 @@
+# Crucible developer commands. `make demo` sets up a fresh machine and runs the main job;
+# `make test` runs the test suite (what CI runs).
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-all lint format bench clean
+
+setup: $(STAMP)
+
+# torch is pinned to the CPU build so a laptop without a GPU never pulls CUDA wheels.
+$(STAMP): requirements.txt shared/pyproject.toml services/*/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m crucible_sandbox.demo
+
+test: setup
+	$(BIN)/python -m pytest -m "not gpu" -q
+
+test-all: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python bench/sandbox_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Crucible sandbox service: executes untrusted, model-written Python against tests."""

@@ -1,0 +1,343 @@
+"""The part of the sandbox that runs *inside* a run's process, next to the candidate.
+
+It is imported once by the zygote, so every forked run starts with it (and the usual stdlib
+modules) already loaded. Order of events inside a run:
+
+1. read the run spec from a pipe (it never sits in the zygote's memory before the fork);
+2. compile the candidate (a syntax error ends the run here);
+3. *before any candidate code runs*, compute the expected value of every top-level
+   `assert <expr> == <expected>` and send it to the zygote; then drop the test sources,
+   so the candidate's process no longer holds what it would need to fake an answer;
+4. run the candidate, the setup code and each test, reporting one frame per test.
+
+Nothing here decides `passed`: the zygote does, from these frames and its own plan.
+"""
+
+from __future__ import annotations
+
+import builtins
+import gc
+import linecache
+import operator
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from crucible_sandbox import plan as plan_mod
+from crucible_sandbox.channel import read_frame, write_frame
+from crucible_sandbox.values import Unencodable, encode, short_repr
+
+CANDIDATE = "<candidate>"
+_HIDDEN_FILES = (__file__, plan_mod.__file__, "<tests>", "<expected>")
+
+_OPS = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "in": lambda a, b: a in b,
+    "not in": lambda a, b: a not in b,
+    "is": operator.is_,
+    "is not": operator.is_not,
+}
+
+
+class _CheckFailed(BaseException):
+    """Raised by the checker to stop a test whose assert is false (as `assert` would)."""
+
+
+class _TestTimeout(BaseException):
+    """Raised by the per-test timer."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _TestTimeout()
+
+
+def trimmed_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
+    """The traceback without the harness's own frames, capped in length."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename not in _HIDDEN_FILES]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    text = "".join(lines)
+    return text if len(text) <= limit_chars else "...\n" + text[-limit_chars:]
+
+
+def _exception_message(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except BaseException:
+        text = ""
+    name = type(exc).__name__
+    return f"{name}: {text}"[:500] if text else name
+
+
+def defined_by_candidate(value: Any) -> bool:
+    """True when the value's type (or a base of it) has methods written by the candidate."""
+    for cls in type(value).__mro__:
+        for attr in vars(cls).values():
+            code = getattr(attr, "__code__", None)
+            if code is not None and code.co_filename == CANDIDATE:
+                return True
+    return False
+
+
+def _encode_or_none(value: Any) -> Any:
+    try:
+        return encode(value)
+    except Unencodable:
+        return None
+    except RecursionError:
+        return None
+
+
+class Checker:
+    """Receives every rewritten assert and the begin/fail/end of every test."""
+
+    def __init__(self, sites: list[plan_mod.Site], report: int, test_time_s: float, deadline: float) -> None:
+        self.sites, self.report = sites, report
+        self.test_time_s, self.deadline = test_time_s, deadline
+        self.record: dict[str, Any] = {}
+        self.started = 0.0
+
+    # -- per test -------------------------------------------------------------------------
+    def begin(self, index: int) -> None:
+        self.record = {"t": "test", "i": index, "status": "passed", "actuals": {}}
+        budget = min(self.test_time_s, self.deadline - time.monotonic())
+        self.started = time.perf_counter()
+        if budget <= 0:
+            raise _TestTimeout()
+        # Re-fires every 50 ms so a candidate that swallows one timeout still gets stopped.
+        signal.setitimer(signal.ITIMER_REAL, budget, 0.05)
+
+    def fail(self, index: int, exc: BaseException) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        rec = self.record
+        if isinstance(exc, _CheckFailed):
+            rec["status"] = "failed"
+        elif isinstance(exc, _TestTimeout):
+            rec["status"] = "timeout"
+        else:
+            rec["status"] = "error"
+            rec["exc"] = type(exc).__name__
+            rec["msg"] = _exception_message(exc)
+            rec["tb"] = trimmed_traceback(exc)
+            rec["memory"] = isinstance(exc, MemoryError)
+
+    def end(self, index: int) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self.record["ms"] = (time.perf_counter() - self.started) * 1000
+        write_frame(self.report, self.record)
+
+    # -- per assert -----------------------------------------------------------------------
+    def check(self, site_id: int, lhs: Any, rhs: Any) -> None:
+        site = self.sites[site_id]
+        left = lhs()
+        if site.trusted:
+            # The zygote holds the expected value; only the actual value leaves this process.
+            enc = _encode_or_none(left)
+            if enc is None:
+                self.record["actuals"][str(site_id)] = {"type": type(left).__qualname__, "repr": short_repr(left)}
+            else:
+                self.record["actuals"][str(site_id)] = {"value": enc}
+            return
+        if site.op is None:
+            if defined_by_candidate(left):
+                self._failed(site_id, left, None, "a value of a type defined by the program is not trusted as true")
+            if not left:
+                self._failed(site_id, left, None, None)
+            return
+        right = rhs()
+        if site.op in ("==", "!=", "<", "<=", ">", ">=") and (defined_by_candidate(left) or defined_by_candidate(right)):
+            self._failed(site_id, left, right, "values of types defined by the program are not compared")
+        outcome = _OPS[site.op](left, right)
+        if type(outcome) is not bool:
+            outcome = bool(outcome)
+        if not outcome:
+            self._failed(site_id, left, right, None)
+
+    def _failed(self, site_id: int, left: Any, right: Any, why: str | None) -> None:
+        self.record["fail"] = {
+            "site": site_id,
+            "actual": short_repr(left),
+            "expected": None if right is None else short_repr(right),
+            "why": why,
+        }
+        raise _CheckFailed()
+
+
+def _apply_limits(limits: dict[str, Any]) -> None:
+    import resource
+
+    def cap(res: int, value: int) -> None:
+        try:
+            resource.setrlimit(res, (value, value))
+        except (ValueError, OSError):
+            pass  # cannot raise a hard limit: the lower existing one stays
+
+    cap(resource.RLIMIT_CPU, int(limits["cpu_time_s"]) + 1)
+    cap(resource.RLIMIT_AS, int(limits["memory_mb"]) << 20)
+    cap(resource.RLIMIT_FSIZE, int(limits["file_bytes"]))
+    cap(resource.RLIMIT_NOFILE, int(limits["open_files"]))
+    cap(resource.RLIMIT_CORE, 0)
+    if limits.get("processes"):
+        cap(resource.RLIMIT_NPROC, int(limits["processes"]))
+
+
+def child_main(spec_fd: int, report_fd: int) -> None:
+    """Entry point of a run's process, after isolation is in place. Never returns."""
+    holder = [read_frame(spec_fd)]
+    os.close(spec_fd)
+    spec = holder[0]
+    if spec is None:
+        os._exit(3)
+    deadline = time.monotonic() + spec["limits"]["wall_time_s"]
+    signal.signal(signal.SIGALRM, _on_alarm)
+    if spec.get("stdin") is not None:
+        _feed_stdin(spec["stdin"])
+    _apply_limits(spec["limits"])
+    stdio = spec["tests"]["kind"] == "stdio"
+    del spec  # `_run_tests` drops the last reference once the expected values are out
+    try:
+        if stdio:
+            _run_program(holder.pop(), report_fd)
+        else:
+            _run_tests(holder, report_fd, deadline)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+    os._exit(0)
+
+
+def _feed_stdin(text: str) -> None:
+    """Put the case's input behind fd 0 through an unlinked file (no pipe to fill up)."""
+    path = ".stdin"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    fd = os.open(path, os.O_RDONLY)
+    os.unlink(path)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def _compile_candidate(code: str, report_fd: int) -> Any:
+    linecache.cache[CANDIDATE] = (len(code), None, code.splitlines(True), CANDIDATE)
+    try:
+        return compile(code, CANDIDATE, "exec")
+    except (SyntaxError, ValueError) as exc:  # ValueError: source contains null bytes
+        write_frame(report_fd, {"t": "syntax", "msg": _exception_message(exc), "tb": "".join(traceback.format_exception_only(type(exc), exc))})
+        return None
+
+
+def _run_program(spec: dict[str, Any], report_fd: int) -> None:
+    """stdin/stdout form: the candidate is the whole program; the zygote judges its output."""
+    code = _compile_candidate(spec["code"], report_fd)
+    if code is None:
+        return
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        exec(code, namespace)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            write_frame(report_fd, {"t": "exit", "code": str(exc.code)[:200]})
+            return
+    except BaseException as exc:
+        write_frame(report_fd, {"t": "crash", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc), "memory": isinstance(exc, MemoryError)})
+        return
+    write_frame(report_fd, {"t": "done"})
+
+
+def _expected_values(tests: dict[str, Any], sites: list[plan_mod.Site]) -> dict[str, Any]:
+    """Phase 1: evaluate trusted right-hand sides before any candidate code has run."""
+    scratch: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        exec(compile(tests.get("setup", ""), "<setup>", "exec"), scratch)
+    except BaseException:
+        pass  # the setup may need the candidate; such sites fall back to in-process checks
+    values: dict[str, Any] = {}
+    for site_id, site in enumerate(sites):
+        if not site.trusted:
+            continue
+        try:
+            values[str(site_id)] = encode(eval(compile(site.rhs or "None", "<expected>", "eval"), scratch))
+        except BaseException:
+            values[str(site_id)] = None
+    return values
+
+
+def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) -> None:
+    spec = holder.pop()
+    tests = spec["tests"]
+    plan = plan_mod.plan_asserts(tests["asserts"]) if tests["kind"] == "asserts" else plan_mod.plan_check(tests["check"])
+    code = _compile_candidate(spec["code"], report_fd)
+    if code is None:
+        return
+    expected = _expected_values(tests, plan.sites)
+    # A trusted site whose expected value could not be computed up front is checked in-process.
+    for site_id, site in enumerate(plan.sites):
+        if site.trusted and expected.get(str(site_id)) is None:
+            site.trusted = False
+    _strip_trusted_rhs(plan)
+    write_frame(report_fd, {"t": "expected", "values": expected})
+    test_code = compile(plan.module, "<tests>", "exec")
+    setup = compile(tests.get("setup", ""), "<setup>", "exec")
+    entry_point = tests.get("entry_point")
+    sites, entry = plan.sites, plan.entry
+    for site in sites:
+        site.rhs = None
+    test_time = spec["limits"]["test_time_s"]
+    del spec, tests, plan, expected
+    gc.collect()
+
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        exec(code, namespace)
+    except BaseException as exc:
+        write_frame(report_fd, {"t": "crash", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc), "memory": isinstance(exc, MemoryError)})
+        return
+    try:
+        exec(setup, namespace)
+    except BaseException as exc:
+        write_frame(report_fd, {"t": "setup_error", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc)})
+        return
+    checker = Checker(sites, report_fd, test_time, deadline)
+    try:
+        exec(test_code, namespace)
+        runner = namespace[entry]
+        if entry_point is None:
+            runner(checker)
+        else:
+            if entry_point not in namespace:
+                write_frame(report_fd, {"t": "crash", "exc": "NameError", "msg": f"NameError: the program does not define `{entry_point}`", "tb": None, "memory": False})
+                return
+            runner(namespace[entry_point], checker)
+    except BaseException as exc:
+        # The check module itself failed outside any test (e.g. at its top level).
+        write_frame(report_fd, {"t": "setup_error", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc)})
+        return
+    write_frame(report_fd, {"t": "done"})
+
+
+def _strip_trusted_rhs(plan: plan_mod.Plan) -> None:
+    """Remove the expected-value expression of trusted sites from the code the candidate can reach."""
+    import ast
+
+    trusted = {i for i, s in enumerate(plan.sites) if s.trusted}
+    for node in ast.walk(plan.module):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "check"
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in trusted
+        ):
+            node.args[2] = ast.copy_location(ast.Constant(None), node.args[2])
+    ast.fix_missing_locations(plan.module)

@@ -1,0 +1,165 @@
+"""Turn a test suite into an instrumented plan: which statements form each test, and each assert site.
+
+The same plan is built on both sides of the sandbox boundary: inside the run (to instrument the
+tests) and in the trusted zygote (to know what each test asserts). Every `assert` becomes a call
+to the checker `__ck`, a *parameter* of the generated test function, so a candidate cannot swap
+it by rebinding a global:
+
+    assert f(2) == 4          ->   __ck.check(0, lambda: f(2), lambda: 4)
+    assert is_even(3)         ->   __ck.check(1, lambda: is_even(3), None)
+
+Each test's statements are wrapped so that one test failing never stops the next one.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+CK = "__ck"
+_OPS = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+}
+
+
+@dataclass
+class Site:
+    """One assert statement."""
+
+    source: str
+    op: str | None  # comparison operator, or None for a plain truth test
+    rhs: str | None  # source of the right-hand side, for comparisons
+    trusted: bool = False  # expected value computed before the candidate runs
+
+
+@dataclass
+class Plan:
+    """Instrumented test code plus what the trusted side needs to judge it."""
+
+    tests: list[str]  # display source of each test
+    module: ast.Module  # defines the test function(s); see `entry`
+    entry: str  # name of the function the harness calls
+    sites: list[Site] = field(default_factory=list)
+    site_test: list[int] = field(default_factory=list)  # test index of each site
+
+
+class _AssertRewriter(ast.NodeTransformer):
+    def __init__(self, plan: Plan, test_index: int, top_level: set[int], allow_trust: bool) -> None:
+        self.plan, self.test_index, self.top_level, self.allow_trust = plan, test_index, top_level, allow_trust
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        return node  # asserts inside helper functions keep plain semantics
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    visit_Lambda = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        site_id = len(self.plan.sites)
+        test = node.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            op = _OPS[type(test.ops[0])]
+            lhs, rhs = test.left, test.comparators[0]
+            trusted = self.allow_trust and op == "==" and id(node) in self.top_level
+            site = Site(ast.unparse(node), op, ast.unparse(rhs), trusted)
+            args = [_thunk(lhs), _thunk(rhs)]
+        else:
+            site = Site(ast.unparse(node), None, None)
+            args = [_thunk(test), ast.Constant(None)]
+        self.plan.sites.append(site)
+        self.plan.site_test.append(self.test_index)
+        call = ast.Call(
+            func=ast.Attribute(value=ast.Name(CK, ast.Load()), attr="check", ctx=ast.Load()),
+            args=[ast.Constant(site_id), *args],
+            keywords=[],
+        )
+        return ast.copy_location(ast.Expr(call), node)
+
+
+def _thunk(expr: ast.expr) -> ast.Lambda:
+    no_args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], defaults=[])
+    return ast.Lambda(args=no_args, body=expr)
+
+
+def _guard(index: int, body: list[ast.stmt]) -> list[ast.stmt]:
+    """`__ck.begin(i); try: <body> except BaseException as e: __ck.fail(i, e) finally: __ck.end(i)`."""
+
+    def ck_call(name: str, *args: ast.expr) -> ast.Expr:
+        attr = ast.Attribute(value=ast.Name(CK, ast.Load()), attr=name, ctx=ast.Load())
+        return ast.Expr(ast.Call(func=attr, args=list(args), keywords=[]))
+
+    handler = ast.ExceptHandler(
+        type=ast.Name("BaseException", ast.Load()),
+        name="__crucible_exc",
+        body=[ck_call("fail", ast.Constant(index), ast.Name("__crucible_exc", ast.Load()))],
+    )
+    guarded = ast.Try(body=body or [ast.Pass()], handlers=[handler], orelse=[], finalbody=[ck_call("end", ast.Constant(index))])
+    return [ck_call("begin", ast.Constant(index)), guarded]
+
+
+def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
+    args = ast.arguments(
+        posonlyargs=[], args=[ast.arg(p) for p in params], vararg=None, kwonlyargs=[], kw_defaults=[], defaults=[]
+    )
+    extra = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
+    return ast.FunctionDef(name=name, args=args, body=body or [ast.Pass()], decorator_list=[], returns=None, **extra)
+
+
+def plan_asserts(asserts: list[str]) -> Plan:
+    """Each entry is one test; top-level `assert L == R` sites get a trusted expected value.
+
+    Raises SyntaxError (with `filename` set to `<test N>`) when a test does not parse.
+    """
+    plan = Plan(tests=list(asserts), module=ast.Module(body=[], type_ignores=[]), entry="__crucible_tests__")
+    body: list[ast.stmt] = []
+    for i, source in enumerate(asserts):
+        tree = ast.parse(source, filename=f"<test {i}>")
+        top = {id(s) for s in tree.body if isinstance(s, ast.Assert)}
+        stmts = [_AssertRewriter(plan, i, top, allow_trust=True).visit(s) for s in tree.body]
+        body.extend(_guard(i, stmts))
+    plan.module.body.append(_function(plan.entry, [CK], body))
+    ast.fix_missing_locations(plan.module)
+    return plan
+
+
+def plan_check(check_source: str) -> Plan:
+    """Each top-level statement of `check`'s body that contains an assert is one test.
+
+    Other top-level statements (imports, helper assignments) run unguarded-by-test but still
+    guarded, so an error there is reported on the next test. Raises SyntaxError, or ValueError
+    when there is no `check` function.
+    """
+    tree = ast.parse(check_source, filename="<check>")
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if not checks:
+        raise ValueError("the check code defines no function named `check`")
+    fn = checks[-1]
+    if not fn.args.args:
+        raise ValueError("`check` must take the candidate function as its first parameter")
+    plan = Plan(tests=[], module=tree, entry="check")
+    body: list[ast.stmt] = []
+    pending: list[ast.stmt] = []
+    for stmt in fn.body:
+        if not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+            pending.append(stmt)  # set-up statement: runs inside the next test's guard
+            continue
+        index = len(plan.tests)
+        plan.tests.append(ast.unparse(stmt))
+        stmts = [*pending, _AssertRewriter(plan, index, set(), allow_trust=False).visit(stmt)]
+        pending = []
+        body.extend(_guard(index, stmts))
+    body.extend(pending)
+    if not plan.tests:
+        raise ValueError("`check` contains no assert statements")
+    fn.args.args.append(ast.arg(CK))
+    fn.body = body
+    ast.fix_missing_locations(plan.module)
+    return plan

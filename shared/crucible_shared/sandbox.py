@@ -1,0 +1,158 @@
+"""Sandbox protocol (v1): what to run, against which tests, within which limits, and the verdict.
+
+A run is one candidate program plus one test suite in one of three forms:
+
+* `asserts`: assert statements with optional setup code (MBPP),
+* `check`: a `check(candidate)` function and the entry point it is called with (HumanEval),
+* `stdio`: stdin/stdout cases (TACO / APPS / CodeContests).
+
+The response carries an overall status, one verdict per test (with actual vs expected values
+for failed equality asserts), trimmed tracebacks, capped output and timings.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunStatus(StrEnum):
+    """Overall outcome of a run, worst first when several apply."""
+
+    sandbox_error = "sandbox_error"  # infrastructure fault: not the candidate's doing; trainers drop these
+    syntax_error = "syntax_error"
+    memory_exceeded = "memory_exceeded"
+    output_exceeded = "output_exceeded"
+    timeout = "timeout"
+    error = "error"  # the candidate raised (at import or inside a test)
+    failed = "failed"  # ran, but some test's answer was wrong
+    passed = "passed"
+
+
+class TestStatus(StrEnum):
+    """Outcome of one test."""
+
+    passed = "passed"
+    failed = "failed"  # the check was false (wrong answer)
+    error = "error"  # raised an exception
+    timeout = "timeout"
+    not_run = "not_run"  # never reached: the program died or the run's time budget ran out
+
+
+class Limits(BaseModel):
+    """Per-run limits. Unset fields take the server's defaults; every value is capped by the server's maxima."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wall_time_s: float | None = Field(default=None, gt=0, le=600, description="Wall-clock budget for the whole run.")
+    test_time_s: float | None = Field(default=None, gt=0, le=600, description="Wall-clock budget for each test.")
+    cpu_time_s: float | None = Field(default=None, gt=0, le=600, description="CPU seconds for the whole run.")
+    memory_mb: int | None = Field(default=None, ge=16, le=65536, description="Address-space limit in MiB.")
+    output_bytes: int | None = Field(default=None, ge=0, le=64 << 20, description="Cap on stdout+stderr kept per run.")
+
+
+class AssertTests(BaseModel):
+    """Assert statements run one by one after the candidate (MBPP)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["asserts"] = "asserts"
+    asserts: list[str] = Field(min_length=1, description="Each entry is one test: usually `assert f(x) == y`.")
+    setup: str = Field(default="", description="Code run after the candidate and before the tests.")
+
+
+class CheckTests(BaseModel):
+    """A `check(candidate)` function; each top-level assert in it is one test (HumanEval)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["check"] = "check"
+    check: str = Field(min_length=1, description="Source defining `check(candidate)` (and anything it needs).")
+    entry_point: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name passed as `candidate`.")
+
+
+class StdioCase(BaseModel):
+    """One stdin/stdout case."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: str = ""
+    output: str
+
+
+class StdioTests(BaseModel):
+    """The program reads stdin and writes stdout; each case is a fresh execution.
+
+    Comparator: both outputs are split into lines, trailing whitespace is stripped from every
+    line and trailing empty lines are dropped; the line lists must then be equal. Runs of
+    whitespace inside a line are collapsed to one space. A prefix of the expected output fails.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["stdio"] = "stdio"
+    cases: list[StdioCase] = Field(min_length=1)
+
+
+Tests = Annotated[AssertTests | CheckTests | StdioTests, Field(discriminator="kind")]
+
+
+class RunRequest(BaseModel):
+    """One candidate program and its tests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    language: str = Field(default="python", description="Only `python` for now; anything else is a 400.")
+    code: str = Field(description="The candidate program.")
+    tests: Tests
+    limits: Limits = Field(default_factory=Limits)
+    use_cache: bool = Field(default=True, description="Serve an identical earlier run from the result cache.")
+
+
+class BatchRequest(BaseModel):
+    """Many runs at once; results come back in the same order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: list[RunRequest] = Field(min_length=1)
+
+
+class TestVerdict(BaseModel):
+    """The verdict of one test, with what is needed to teach a model what went wrong."""
+
+    index: int
+    test: str = Field(description="The test's source (the assert statement, or the stdin for stdio cases).")
+    status: TestStatus
+    message: str = Field(default="", description="One line, e.g. `assert add(2, 2) == 4 -> got 5`.")
+    actual: str | None = Field(default=None, description="repr of the value the candidate produced.")
+    expected: str | None = Field(default=None, description="repr of the value the test expected.")
+    exception_type: str | None = None
+    traceback: str | None = Field(default=None, description="Trimmed to the candidate's and the test's frames.")
+    duration_ms: float = 0.0
+
+
+class RunResult(BaseModel):
+    """The verdict of a run."""
+
+    status: RunStatus
+    passed: int = Field(description="Number of tests that passed.")
+    total: int = Field(description="Number of tests in the suite.")
+    tests: list[TestVerdict] = Field(default_factory=list)
+    message: str = Field(default="", description="The first thing to fix, in one line.")
+    exception_type: str | None = Field(default=None, description="Set when the candidate failed before any test.")
+    traceback: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    output_truncated: bool = False
+    duration_ms: float = 0.0
+    cached: bool = False
+
+    @property
+    def fraction_passed(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+
+class BatchResponse(BaseModel):
+    results: list[RunResult]
