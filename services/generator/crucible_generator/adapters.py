@@ -1,0 +1,145 @@
+"""Bookkeeping of LoRA adapters: which names are served, by how many sequences, and the limits.
+
+An adapter goes `loading` -> `ready` -> `unloading` -> forgotten. Only `ready` adapters accept new
+requests. Unloading waits for the sequences still decoding with the adapter (its `refs`): whoever
+drops the count to zero while the adapter is `unloading` deletes its weights. The registry holds no
+weights and never touches torch; the engine does the loading and deleting. Thread-safe: the event
+loop acquires and the engine thread releases.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from .errors import BadRequest, InvalidUserInput, NotFound
+
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+class AdapterState(StrEnum):
+    loading = "loading"
+    ready = "ready"
+    unloading = "unloading"
+
+
+@dataclass
+class Adapter:
+    """One LoRA adapter known to the server."""
+
+    name: str
+    path: str
+    rank: int
+    state: AdapterState = AdapterState.loading
+    refs: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def read_adapter_rank(name: str, path: str) -> int:
+    """Check that `path` holds a PEFT LoRA adapter and return its largest rank.
+
+    Raises `NotFound` (vLLM's answer) when there is no adapter at `path`, `BadRequest` when the
+    adapter is not a LoRA adapter or its config is unreadable.
+    """
+    folder = Path(path).expanduser()
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file() or not any((folder / f).is_file() for f in WEIGHT_FILES):
+        raise NotFound(f"Loading lora {name} failed: No adapter found for {path}")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadRequest(f"Loading lora {name} failed: unreadable adapter_config.json ({exc})") from exc
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise BadRequest(f"Loading lora {name} failed: peft_type is {config.get('peft_type')!r}, not LORA")
+    ranks = [int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
+    return max(ranks)
+
+
+class AdapterRegistry:
+    """Names, states and reference counts of the adapters, bounded by `max_loras` and `max_lora_rank`."""
+
+    def __init__(self, max_loras: int, max_lora_rank: int) -> None:
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self._adapters: dict[str, Adapter] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, name: str, path: str) -> Adapter:
+        """Claim `name` for a load of `path`, or raise the error vLLM gives for this request."""
+        if not name or not path:
+            raise InvalidUserInput("Both 'lora_name' and 'lora_path' must be provided.")
+        rank = read_adapter_rank(name, path)
+        if rank > self.max_lora_rank:
+            raise BadRequest(
+                f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.", param="lora_path"
+            )
+        with self._lock:
+            existing = self._adapters.get(name)
+            if existing is not None and existing.state is AdapterState.unloading:
+                raise InvalidUserInput(
+                    f"The lora adapter '{name}' is still being unloaded; use a new name for new weights."
+                )
+            if existing is not None:
+                raise InvalidUserInput(
+                    f"The lora adapter '{name}' has already been loaded. Adapter names are versioned: "
+                    "load new weights under a new name."
+                )
+            active = [a for a in self._adapters.values() if a.state is not AdapterState.unloading]
+            if len(active) >= self.max_loras:
+                raise InvalidUserInput(
+                    f"Cannot load lora adapter '{name}': max_loras={self.max_loras} adapters are already "
+                    f"loaded ({', '.join(sorted(a.name for a in active))}). Unload one first."
+                )
+            adapter = Adapter(name=name, path=path, rank=rank)
+            self._adapters[name] = adapter
+            return adapter
+
+    def mark_ready(self, name: str) -> None:
+        with self._lock:
+            self._adapters[name].state = AdapterState.ready
+
+    def forget(self, name: str) -> None:
+        """Drop `name` entirely (after a failed load or once its weights are deleted)."""
+        with self._lock:
+            self._adapters.pop(name, None)
+
+    def acquire(self, name: str, count: int) -> None:
+        """Count `count` new sequences on `name`; `NotFound` unless it is ready."""
+        with self._lock:
+            adapter = self._adapters.get(name)
+            if adapter is None or adapter.state is not AdapterState.ready:
+                raise NotFound(f"The model `{name}` does not exist.", param="model")
+            adapter.refs += count
+
+    def release(self, name: str, count: int = 1) -> bool:
+        """Uncount finished sequences; True when the caller must now delete the adapter's weights."""
+        with self._lock:
+            adapter = self._adapters[name]
+            adapter.refs -= count
+            return adapter.state is AdapterState.unloading and adapter.refs == 0
+
+    def begin_unload(self, name: str) -> bool:
+        """Stop serving `name`; True when no sequence uses it, i.e. the caller must delete it now."""
+        if not name:
+            raise InvalidUserInput("'lora_name' needs to be provided to unload a LoRA adapter.")
+        with self._lock:
+            adapter = self._adapters.get(name)
+            if adapter is None or adapter.state is not AdapterState.ready:
+                raise NotFound(f"The lora adapter '{name}' cannot be found.")
+            adapter.state = AdapterState.unloading
+            return adapter.refs == 0
+
+    def served(self) -> list[Adapter]:
+        """Adapters that accept requests, oldest first."""
+        with self._lock:
+            return [a for a in self._adapters.values() if a.state is AdapterState.ready]
+
+    def counts(self) -> dict[str, int]:
+        """Number of adapters per state (for metrics)."""
+        with self._lock:
+            states = [a.state.value for a in self._adapters.values()]
+        return {s.value: states.count(s.value) for s in AdapterState}

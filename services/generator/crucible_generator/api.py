@@ -1,0 +1,138 @@
+"""Thin FastAPI routes of the generator, with vLLM's paths, status codes and error body.
+
+Every error, including request validation, is vLLM's `ErrorResponse`
+(`{"error": {"message", "type", "param", "code"}}`); validation failures are 400, as in vLLM.
+The model is loaded in the lifespan hook, so `/health` answers only once the server can generate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import GeneratorError
+from .protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    LoadLoRAAdapterRequest,
+    ModelList,
+    UnloadLoRAAdapterRequest,
+)
+from .service import GeneratorService, build_service
+from .settings import Settings
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 500, 501)
+}
+
+
+def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=type_, param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def create_app(settings: Settings | None = None, service: GeneratorService | None = None) -> FastAPI:
+    """The ASGI app; builds (and later stops) a service from `settings` unless one is given."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = service is None
+        app.state.service = service or build_service(settings)
+        try:
+            yield
+        finally:
+            if owned:
+                app.state.service.engine.stop()
+
+    app = FastAPI(title="Crucible generator", version="1", lifespan=lifespan)
+
+    def svc(request: Request) -> GeneratorService:
+        return request.app.state.service
+
+    @app.middleware("http")
+    async def count_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        if hasattr(request.app.state, "service"):
+            metrics = request.app.state.service.engine.metrics
+            route = request.url.path
+            metrics.requests.labels(route=route, status=str(response.status_code)).inc()
+            if route.endswith("completions"):
+                metrics.request_seconds.labels(route=route).observe(time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(GeneratorError)
+    async def generator_error(_: Request, exc: GeneratorError) -> JSONResponse:
+        return JSONResponse(exc.to_response().model_dump(), status_code=exc.status.value)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        param = None
+        if errors:
+            loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+            param = ".".join(loc) or None
+        lines = [
+            f"  {{'type': {e.get('type')!r}, 'loc': {e.get('loc')!r}, 'msg': {e.get('msg')!r}}}"
+            for e in errors
+        ]
+        label = "error" if len(errors) == 1 else "errors"
+        message = f"{len(errors)} validation {label}:\n" + "\n".join(lines)
+        return _error(400, message, HTTPStatus.BAD_REQUEST.phrase, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), HTTPStatus(exc.status_code).phrase)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
+
+    @app.get("/health", responses=ERRORS)
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics", responses=ERRORS)
+    async def metrics(request: Request) -> Response:
+        service = svc(request)
+        return Response(service.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
+    async def models(request: Request) -> ModelList:
+        return svc(request).list_models()
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
+    async def completions(body: CompletionRequest, request: Request) -> JSONResponse:
+        result = await svc(request).complete(body)
+        return JSONResponse(result.model_dump())
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse:
+        result = await svc(request).chat(body)
+        return JSONResponse(result.model_dump())
+
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+        return PlainTextResponse(await svc(request).load_adapter(body))
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+        return PlainTextResponse(await svc(request).unload_adapter(body))
+
+    return app

@@ -1,0 +1,467 @@
+"""The generation engine: dynamic batching over one transformers model with many LoRA adapters.
+
+One engine thread owns the model. Requests from the event loop become *sequences* (one per prompt
+and sample, so `n` expands inside the batch) in a FIFO queue. The thread takes up to
+`max_batch_size` of them, waiting at most `batch_wait_s` after the oldest arrived for others to join,
+then runs its own decode loop: a left-padded prefill, then one token per step with a KV cache,
+dropping finished rows from the batch as it goes. Rows of different adapters share a batch through
+PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
+
+Adapter loads and unloads run on the same thread *between two decode steps*, so they never race
+with a forward pass and never wait for a long batch to end. Loading adds new modules under a new name
+and leaves the others untouched, so requests in flight on an older version keep decoding with it.
+An unloaded adapter is deleted (its memory freed) when its last sequence finishes.
+
+The event loop never blocks: results come back through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .adapters import AdapterRegistry
+from .errors import BadRequest, GeneratorError, ServerError
+from .metrics import Metrics
+from .sampling import RowParams, make_generator, sample
+
+log = logging.getLogger(__name__)
+
+BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings (already validated)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's plus the top k
+
+
+@dataclass
+class Completion:
+    """One finished sample: what vLLM calls a `CompletionOutput`."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop_reason: int | str | None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class _Request:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    results: list[Completion | None]
+    remaining: int
+    cancelled: bool = False
+
+
+@dataclass
+class _Sequence:
+    request: _Request
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    adapter: str | None
+    row: RowParams
+    enqueued: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Complete `future` unless its awaiter is gone (runs on the event loop)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class Engine:
+    """Owns the model, the batch queue, the decode loop and the LoRA adapters."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.005,
+        max_model_len: int | None = None,
+        max_loras: int = 4,
+        max_lora_rank: int = 64,
+        seed: int | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.base = model
+        self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
+        self.adapters = AdapterRegistry(max_loras=max_loras, max_lora_rank=max_lora_rank)
+        self.metrics = metrics or Metrics()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = self._eos_ids(model, tokenizer)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        # transformers renamed `past_key_values` to `cache`; pass whichever this version takes.
+        params = inspect.signature(type(model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._default_generator = make_generator(
+            seed if seed is not None else int.from_bytes(os.urandom(8), "little"), self.device
+        )
+        self._cond = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()
+        self._control: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]] = deque()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="generator-engine", daemon=True)
+
+    @staticmethod
+    def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    # --- event-loop side ---------------------------------------------------------------------
+
+    def submit(
+        self, prompts: list[list[int]], params: SamplingParams, n: int, adapter: str | None
+    ) -> tuple[asyncio.Future, _Request]:
+        """Queue `n` samples of each prompt; the future yields `len(prompts) * n` completions.
+
+        Completions are ordered prompt-major (`index = prompt_index * n + sample_index`), like
+        vLLM's choices. Sample `j` of a seeded request draws from a generator seeded `seed + j`.
+        """
+        loop = asyncio.get_running_loop()
+        total = len(prompts) * n
+        if adapter is not None:
+            self.adapters.acquire(adapter, total)
+        request = _Request(loop=loop, future=loop.create_future(), results=[None] * total, remaining=total)
+        seqs = []
+        for p, prompt in enumerate(prompts):
+            for j in range(n):
+                generator = (
+                    make_generator(params.seed + j, self.device)
+                    if params.seed is not None
+                    else self._default_generator
+                )
+                row = RowParams(
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    generator=generator,
+                )
+                seqs.append(_Sequence(request, p * n + j, list(prompt), params, adapter, row))
+        with self._cond:
+            self._waiting.extend(seqs)
+            self.metrics.waiting.set(len(self._waiting))
+            self._cond.notify_all()
+        return request.future, request
+
+    async def generate(
+        self, prompts: list[list[int]], params: SamplingParams, n: int = 1, adapter: str | None = None
+    ) -> list[Completion]:
+        """Generate and wait; cancelling the awaiting task drops the request's sequences."""
+        future, request = self.submit(prompts, params, n, adapter)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancelled = True
+            raise
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would."""
+        self.adapters.reserve(name, path)
+        started = time.perf_counter()
+
+        def attach() -> None:
+            try:
+                self._attach(name, path)
+            except Exception:
+                self.adapters.forget(name)
+                raise
+            self.adapters.mark_ready(name)
+
+        try:
+            await asyncio.shield(self._call_in_engine(attach))
+        except GeneratorError:
+            raise
+        except (ValueError, KeyError, OSError) as exc:
+            raise BadRequest(f"Loading lora {name} failed: {exc}", param="lora_path") from exc
+        except Exception as exc:
+            raise ServerError(f"Loading lora {name} failed: {exc}") from exc
+        finally:
+            self._update_adapter_gauge()
+        self.metrics.adapter_load_seconds.observe(time.perf_counter() - started)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving `name`; its weights go when its last in-flight sequence finishes."""
+        if self.adapters.begin_unload(name):
+            await asyncio.shield(self._call_in_engine(lambda: self._detach(name)))
+        self._update_adapter_gauge()
+
+    async def _call_in_engine(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._cond:
+            self._control.append((fn, loop, future))
+            self._cond.notify_all()
+        return await future
+
+    def _update_adapter_gauge(self) -> None:
+        for state, count in self.adapters.counts().items():
+            self.metrics.adapters.labels(state=state).set(count)
+
+    # --- engine thread: adapters -------------------------------------------------------------
+
+    def _attach(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=name, is_trainable=False)
+            self.peft.eval()
+        else:
+            self.peft.load_adapter(path, adapter_name=name, is_trainable=False)
+        log.info("loaded LoRA adapter %s from %s", name, path)
+
+    def _detach(self, name: str) -> None:
+        if self.peft is not None and name in self.peft.peft_config:
+            self.peft.delete_adapter(name)
+            if not self.peft.peft_config:
+                # PEFT cannot run with zero adapters: go back to the plain model.
+                self.base = self.peft.unload()
+                self.peft = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self.adapters.forget(name)
+        log.info("unloaded LoRA adapter %s", name)
+
+    def _run_control_ops(self) -> None:
+        with self._cond:
+            ops = list(self._control)
+            self._control.clear()
+        for fn, loop, future in ops:
+            try:
+                result = fn()
+            except Exception as exc:
+                log.exception("adapter operation failed")
+                loop.call_soon_threadsafe(_resolve, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_resolve, future, result)
+
+    # --- engine thread: batching -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                with torch.inference_mode():
+                    self._decode(batch)
+            except Exception as exc:
+                log.exception("batch failed")
+                for seq in batch:
+                    if seq.finish_reason is None:
+                        self._fail(seq, exc)
+
+    def _next_batch(self) -> list[_Sequence] | None:
+        while True:
+            self._run_control_ops()
+            with self._cond:
+                if self._stopping:
+                    return None
+                if self._control:
+                    continue
+                while self._waiting and self._waiting[0].request.cancelled:
+                    self._drop(self._waiting.popleft())
+                if not self._waiting:
+                    self._cond.wait()
+                    continue
+                wait_left = self._waiting[0].enqueued + self.batch_wait_s - time.monotonic()
+                if len(self._waiting) < self.max_batch_size and wait_left > 0:
+                    self._cond.wait(wait_left)
+                    continue
+                batch = []
+                while self._waiting and len(batch) < self.max_batch_size:
+                    seq = self._waiting.popleft()
+                    if seq.request.cancelled:
+                        self._drop(seq)
+                    else:
+                        batch.append(seq)
+                self.metrics.waiting.set(len(self._waiting))
+                if batch:
+                    return batch
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, adapters: list[str]) -> torch.Tensor:
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
+        model = self.base
+        if self.peft is not None:
+            model = self.peft
+            kwargs["adapter_names"] = adapters
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        return out.logits[:, -1, :]
+
+    def _decode(self, seqs: list[_Sequence]) -> None:
+        """Prefill `seqs` together, then decode one token per step until every row has finished."""
+        self.metrics.batch_size.observe(len(seqs))
+        self.metrics.running.set(len(seqs))
+        width = max(len(s.prompt_ids) for s in seqs)
+        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            input_ids[i, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
+            mask[i, width - len(seq.prompt_ids) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.base.config)
+        adapters = [s.adapter or BASE_ADAPTER for s in seqs]
+        logits = self._forward(input_ids, mask, positions, cache, adapters)
+        self.metrics.prompt_tokens.inc(int(mask.sum()))
+        next_pos = positions[:, -1:] + 1
+
+        alive = seqs
+        while True:
+            num_top = max((s.params.logprobs or 0) for s in alive)
+            picked = sample(logits, [s.row for s in alive], num_top=num_top)
+            tokens = picked.tokens.tolist()
+            lps = picked.logprobs.tolist()
+            top_ids = picked.top_ids.tolist() if picked.top_ids is not None else None
+            top_lps = picked.top_logprobs.tolist() if picked.top_logprobs is not None else None
+            keep = []
+            for i, seq in enumerate(alive):
+                if seq.request.cancelled:
+                    self._drop(seq)
+                    continue
+                seq.output_ids.append(tokens[i])
+                seq.logprobs.append(lps[i])
+                if seq.params.logprobs and top_ids is not None and top_lps is not None:
+                    k = seq.params.logprobs
+                    seq.top.append(list(zip(top_ids[i][:k], top_lps[i][:k], strict=True)))
+                if self._finished(seq):
+                    self._complete(seq)
+                else:
+                    keep.append(i)
+            self.metrics.generation_tokens.inc(len(alive))
+            # Between two steps: the one safe moment to change adapters.
+            self._run_control_ops()
+            if not keep:
+                break
+            if len(keep) < len(alive):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, next_pos, picked.tokens = mask[index], next_pos[index], picked.tokens[index]
+                alive = [alive[i] for i in keep]
+                adapters = [adapters[i] for i in keep]
+                self.metrics.running.set(len(alive))
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+            logits = self._forward(picked.tokens.unsqueeze(1), mask, next_pos, cache, adapters)
+            next_pos = next_pos + 1
+        self.metrics.running.set(0)
+
+    # --- engine thread: stopping rules and results ---------------------------------------------
+
+    def _finished(self, seq: _Sequence) -> bool:
+        """Apply vLLM's stopping rules to the token just appended; fill in the finish reason."""
+        token, params = seq.output_ids[-1], seq.params
+        if not params.ignore_eos and token in self.eos_ids:
+            seq.finish_reason = "stop"
+        elif token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif params.stop and self._hit_stop_string(seq):
+            return True
+        elif (
+            len(seq.output_ids) >= params.max_tokens
+            or len(seq.prompt_ids) + len(seq.output_ids) >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _hit_stop_string(self, seq: _Sequence) -> bool:
+        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        hits = [(text.find(s), s) for s in seq.params.stop if s in text]
+        if not hits:
+            return False
+        at, stop = min(hits)
+        seq.text = text[: at + len(stop)] if seq.params.include_stop_str_in_output else text[:at]
+        seq.finish_reason, seq.stop_reason = "stop", stop
+        return True
+
+    def _complete(self, seq: _Sequence) -> None:
+        if seq.text is None:
+            seq.text = self.tokenizer.decode(
+                seq.output_ids, skip_special_tokens=seq.params.skip_special_tokens
+            )
+        request = seq.request
+        request.results[seq.index] = Completion(
+            token_ids=seq.output_ids,
+            text=seq.text,
+            finish_reason=seq.finish_reason or "stop",
+            stop_reason=seq.stop_reason,
+            logprobs=seq.logprobs if seq.params.logprobs is not None else None,
+            top_logprobs=seq.top if seq.params.logprobs else None,
+        )
+        self._release(seq)
+        request.remaining -= 1
+        if request.remaining == 0:
+            request.loop.call_soon_threadsafe(_resolve, request.future, request.results)
+
+    def _drop(self, seq: _Sequence) -> None:
+        seq.finish_reason = "abort"
+        self._release(seq)
+
+    def _fail(self, seq: _Sequence, exc: Exception) -> None:
+        self._drop(seq)
+        error = exc if isinstance(exc, GeneratorError) else ServerError(f"Generation failed: {exc}")
+        seq.request.loop.call_soon_threadsafe(_resolve, seq.request.future, None, error)
+
+    def _release(self, seq: _Sequence) -> None:
+        if seq.adapter is not None and self.adapters.release(seq.adapter):
+            self._detach(seq.adapter)
+            self._update_adapter_gauge()

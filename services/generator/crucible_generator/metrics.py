@@ -1,0 +1,54 @@
+"""Prometheus metrics of the generator, in a registry of their own (one per server instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    """Request, token, batch and adapter metrics, rendered at `GET /metrics`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "crucible_generator_requests",
+            "HTTP requests by route and status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "crucible_generator_request_seconds",
+            "End-to-end latency of generation requests.",
+            ["route"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "crucible_generator_prompt_tokens", "Prompt tokens processed.", registry=r
+        )
+        self.generation_tokens = Counter(
+            "crucible_generator_generation_tokens", "Tokens generated.", registry=r
+        )
+        self.batch_size = Histogram(
+            "crucible_generator_batch_size",
+            "Sequences per batch at prefill.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.waiting = Gauge(
+            "crucible_generator_waiting_sequences", "Sequences queued for a batch.", registry=r
+        )
+        self.running = Gauge("crucible_generator_running_sequences", "Sequences being decoded.", registry=r)
+        self.adapters = Gauge(
+            "crucible_generator_lora_adapters", "LoRA adapters by state.", ["state"], registry=r
+        )
+        self.adapter_load_seconds = Histogram(
+            "crucible_generator_lora_load_seconds",
+            "Time to load a LoRA adapter.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

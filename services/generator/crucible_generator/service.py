@@ -1,0 +1,376 @@
+"""The generator's logic without HTTP: OpenAI/vLLM requests in, vLLM-shaped responses out.
+
+Validates requests the way vLLM does (same status codes, error types and, where practical, the
+same messages), turns prompts and chat messages into token ids, runs them through the `Engine` and
+builds the responses with vLLM's field names. Raises `GeneratorError`s; `api.py` renders them.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Any
+
+from crucible_shared.openai_protocol import (
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatMessage,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    LoadLoRAAdapterRequest,
+    ModelCard,
+    ModelList,
+    ModelPermission,
+    SamplingFields,
+    UnloadLoRAAdapterRequest,
+    UsageInfo,
+)
+
+from .engine import Completion, Engine, SamplingParams
+from .errors import BadRequest, NotFound
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+LOGPROB_FLOOR = -9999.0  # what vLLM sends instead of -inf (not JSON-serializable)
+
+
+class GeneratorService:
+    """Serves completions, chat completions, the model list and LoRA adapter loads/unloads."""
+
+    def __init__(self, engine: Engine, *, model_name: str, model_root: str, max_logprobs: int = 20) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.model_root = model_root
+        self.max_logprobs = max_logprobs
+        self._token_text = lru_cache(maxsize=None)(self._decode_token)
+
+    # --- models and adapters -------------------------------------------------------------------
+
+    def list_models(self) -> ModelList:
+        cards = [
+            ModelCard(
+                id=self.model_name,
+                root=self.model_root,
+                max_model_len=self.engine.max_model_len,
+                permission=[ModelPermission()],
+            )
+        ]
+        cards += [
+            ModelCard(
+                id=a.name,
+                root=a.path,
+                parent=self.model_name,
+                created=a.created,
+                permission=[ModelPermission()],
+            )
+            for a in self.engine.adapters.served()
+        ]
+        return ModelList(data=cards)
+
+    async def load_adapter(self, request: LoadLoRAAdapterRequest) -> str:
+        if request.load_inplace:
+            raise BadRequest(
+                "load_inplace is not supported: load new weights under a new, versioned name.",
+                param="load_inplace",
+            )
+        await self.engine.load_adapter(request.lora_name, request.lora_path)
+        return f"Success: LoRA adapter '{request.lora_name}' added successfully."
+
+    async def unload_adapter(self, request: UnloadLoRAAdapterRequest) -> str:
+        await self.engine.unload_adapter(request.lora_name)
+        return f"Success: LoRA adapter '{request.lora_name}' removed successfully."
+
+    def _adapter_for(self, model: str | None) -> str | None:
+        """None for the base model, else the adapter name; `NotFound` for anything unknown."""
+        if not model or model == self.model_name:
+            return None
+        if any(a.name == model for a in self.engine.adapters.served()):
+            return model
+        raise NotFound(f"The model `{model}` does not exist.", param="model")
+
+    # --- completions ---------------------------------------------------------------------------
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        if request.echo:
+            raise BadRequest("echo is not supported by this server.", param="echo")
+        if request.suffix is not None:
+            raise BadRequest("suffix is not currently supported", param="suffix")
+        adapter = self._adapter_for(request.model)
+        prompts = self._completion_prompts(request)
+        max_tokens = request.max_tokens if request.max_tokens is not None else 16
+        for prompt in prompts:
+            self._check_length(len(prompt), max_tokens)
+        num_logprobs = self._check_logprobs(request.logprobs)
+        params = self._sampling_params(request, max_tokens, num_logprobs)
+        outputs = await self.engine.generate(prompts, params, n=request.n, adapter=adapter)
+        choices = []
+        for index, out in enumerate(outputs):
+            prompt = prompts[index // request.n]
+            choices.append(
+                CompletionResponseChoice(
+                    index=index,
+                    text=out.text,
+                    logprobs=self._completion_logprobs(out) if num_logprobs is not None else None,
+                    finish_reason=out.finish_reason,
+                    stop_reason=out.stop_reason,
+                    token_ids=out.token_ids if request.return_token_ids else None,
+                    prompt_token_ids=prompt if request.return_token_ids else None,
+                )
+            )
+        return CompletionResponse(
+            model=request.model or self.model_name, choices=choices, usage=self._usage(prompts, outputs)
+        )
+
+    def _completion_prompts(self, request: CompletionRequest) -> list[list[int]]:
+        prompt = request.prompt
+        if prompt is None or prompt == "" or prompt == []:
+            raise BadRequest("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif all(isinstance(p, int) for p in prompt):
+            items = [prompt]
+        else:
+            items = list(prompt)
+        prompts = []
+        for item in items:
+            if isinstance(item, str):
+                ids = self.tokenizer(item, add_special_tokens=request.add_special_tokens).input_ids
+            else:
+                ids = list(item)
+                bad = [t for t in ids if not 0 <= t < self.engine.vocab_size]
+                if bad:
+                    raise BadRequest(f"Token id {bad[0]} is out of vocabulary", param="prompt")
+            if not ids:
+                raise BadRequest("Prompt cannot be empty", param="prompt")
+            prompts.append(ids)
+        return prompts
+
+    def _completion_logprobs(self, out: Completion) -> CompletionLogProbs:
+        tokens, offsets, top = [], [], []
+        offset = 0
+        for i, token_id in enumerate(out.token_ids):
+            text = self._token_text(token_id)
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+            entry = {text: max(out.logprobs[i], LOGPROB_FLOOR)}  # the sampled token first, as vLLM
+            for top_id, top_lp in out.top_logprobs[i] if out.top_logprobs else []:
+                entry.setdefault(self._token_text(top_id), max(top_lp, LOGPROB_FLOOR))
+            top.append(entry)
+        return CompletionLogProbs(
+            text_offset=offsets,
+            token_logprobs=[max(lp, LOGPROB_FLOOR) for lp in out.logprobs or []],
+            tokens=tokens,
+            top_logprobs=top,
+        )
+
+    # --- chat completions ----------------------------------------------------------------------
+
+    async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
+        adapter = self._adapter_for(request.model)
+        prompt = self._chat_prompt(request)
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.engine.max_model_len - len(prompt))
+        self._check_length(len(prompt), max_tokens)
+        if request.top_logprobs and not request.logprobs:
+            raise BadRequest(
+                "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+            )
+        num_logprobs = self._check_logprobs(request.top_logprobs or 0) if request.logprobs else None
+        params = self._sampling_params(request, max_tokens, num_logprobs)
+        outputs = await self.engine.generate([prompt], params, n=request.n, adapter=adapter)
+        choices = [
+            ChatCompletionResponseChoice(
+                index=index,
+                message=ChatMessage(role="assistant", content=out.text),
+                logprobs=self._chat_logprobs(out) if num_logprobs is not None else None,
+                finish_reason=out.finish_reason,
+                stop_reason=out.stop_reason,
+                token_ids=out.token_ids if request.return_token_ids else None,
+            )
+            for index, out in enumerate(outputs)
+        ]
+        return ChatCompletionResponse(
+            model=request.model or self.model_name,
+            choices=choices,
+            usage=self._usage([prompt], outputs),
+            prompt_token_ids=prompt if request.return_token_ids else None,
+        )
+
+    def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
+        if not request.messages:
+            raise BadRequest("messages must not be empty.", param="messages")
+        conversation = []
+        for i, message in enumerate(request.messages):
+            if "role" not in message:
+                raise BadRequest(f"messages[{i}] has no role.", param="messages")
+            conversation.append({**message, "content": _text_content(message.get("content"), i)})
+        if request.add_generation_prompt and request.continue_final_message:
+            raise BadRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                param="continue_final_message",
+            )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                **(request.chat_template_kwargs or {}),
+            )
+        except Exception as exc:  # jinja2 errors of the model's own template
+            raise BadRequest(f"Chat template failed: {exc}", param="messages") from exc
+        return self.tokenizer(text, add_special_tokens=request.add_special_tokens).input_ids
+
+    def _chat_logprobs(self, out: Completion) -> ChatCompletionLogProbs:
+        content = []
+        for i, token_id in enumerate(out.token_ids):
+            text = self._token_text(token_id)
+            tops = [
+                ChatCompletionLogProb(
+                    token=self._token_text(t),
+                    logprob=max(lp, LOGPROB_FLOOR),
+                    bytes=_utf8(self._token_text(t)),
+                )
+                for t, lp in (out.top_logprobs[i] if out.top_logprobs else [])
+            ]
+            content.append(
+                ChatCompletionLogProbsContent(
+                    token=text,
+                    logprob=max(out.logprobs[i], LOGPROB_FLOOR),
+                    bytes=_utf8(text),
+                    top_logprobs=tops,
+                )
+            )
+        return ChatCompletionLogProbs(content=content)
+
+    # --- shared validation and helpers ---------------------------------------------------------
+
+    def _sampling_params(
+        self, request: SamplingFields, max_tokens: int, logprobs: int | None
+    ) -> SamplingParams:
+        if request.stream:
+            raise BadRequest("stream=true is not supported by this server.", param="stream")
+        if request.n < 1:
+            raise BadRequest(f"n must be at least 1, got {request.n}.", param="n")
+        if max_tokens < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        temperature = 1.0 if request.temperature is None else request.temperature
+        if temperature < 0:
+            raise BadRequest(f"temperature must be non-negative, got {temperature}.", param="temperature")
+        top_p = 1.0 if request.top_p is None else request.top_p
+        if not 0.0 < top_p <= 1.0:
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}.", param="top_p")
+        top_k = request.top_k or 0
+        if top_k < -1:
+            raise BadRequest(f"top_k must be 0 or -1 (disable), or at least 1, got {top_k}.", param="top_k")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=max(top_k, 0),
+            seed=request.seed,
+            stop=tuple(request.stop_list()),
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+            logprobs=logprobs,
+        )
+
+    def _check_logprobs(self, logprobs: int | None) -> int | None:
+        if logprobs is None:
+            return None
+        if logprobs < 0:
+            raise BadRequest("`logprobs` must be a positive value.", param="logprobs")
+        if logprobs > self.max_logprobs:
+            raise BadRequest(
+                f"Requested sample logprobs of {logprobs}, which is greater than max allowed: "
+                f"{self.max_logprobs}",
+                param="logprobs",
+            )
+        return logprobs
+
+    def _check_length(self, prompt_len: int, max_tokens: int) -> None:
+        limit = self.engine.max_model_len
+        if prompt_len >= limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+                param="messages",
+            )
+        if prompt_len + max_tokens > limit:
+            raise BadRequest(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                f"context length is {limit} tokens and your request has {prompt_len} input tokens "
+                f"({max_tokens} > {limit} - {prompt_len}).",
+                param="max_tokens",
+            )
+
+    @staticmethod
+    def _usage(prompts: list[list[int]], outputs: list[Completion]) -> UsageInfo:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion_tokens = sum(len(o.token_ids) for o in outputs)
+        return UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+    def _decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def _text_content(content: Any, index: int) -> str:
+    """A message's content as text: a string, or the concatenated text parts of a content list."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                raise BadRequest(
+                    f"messages[{index}]: only text content parts are supported.", param="messages"
+                )
+        return "\n".join(parts)
+    raise BadRequest(f"messages[{index}].content must be a string or a list of parts.", param="messages")
+
+
+def _utf8(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def build_service(settings: Settings) -> GeneratorService:
+    """Load the model named by `settings`, start an engine on it and wrap it in a service."""
+    from crucible_shared.models import load_model, resolve_model_path
+
+    model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype)
+    log.info("loaded %s on %s (%s)", settings.model, model.device, model.dtype)
+    engine = Engine(
+        model,
+        tokenizer,
+        max_batch_size=settings.max_batch_size,
+        batch_wait_s=settings.batch_wait_ms / 1000,
+        max_model_len=settings.max_model_len,
+        max_loras=settings.max_loras,
+        max_lora_rank=settings.max_lora_rank,
+        seed=settings.seed,
+    )
+    engine.start()
+    return GeneratorService(
+        engine,
+        model_name=settings.base_model_name,
+        model_root=resolve_model_path(settings.model),
+        max_logprobs=settings.max_logprobs,
+    )

@@ -1,0 +1,54 @@
+"""Generator settings, read from the environment (prefix `CRUCIBLE_GENERATOR_`) or the command line.
+
+Defaults serve the built-in SmolLM2-135M-Instruct on whatever device the host has, on port 8001.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the generator server needs to start."""
+
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_GENERATOR_", extra="ignore")
+
+    model: str = Field(
+        default="smollm2-135m-instruct",
+        description="Built-in model name, Hugging Face model id or local checkpoint path.",
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Name clients pass as `model` for the base model (default: `model`)."
+    )
+    host: str = Field(default="127.0.0.1", description="Interface to bind.")
+    port: int = Field(default=8001, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    device: str = Field(
+        default="auto", description="`auto` (CUDA if present, else CPU), `cpu`, `cuda`, `cuda:1`..."
+    )
+    dtype: str = Field(
+        default="auto", description="`auto` (bf16 on CUDA, fp32 on CPU), `float32`, `bfloat16`..."
+    )
+    max_loras: int = Field(default=4, ge=1, le=256, description="Most LoRA adapters loaded at once.")
+    max_lora_rank: int = Field(default=64, ge=1, le=1024, description="Largest LoRA rank accepted.")
+    max_batch_size: int = Field(default=64, ge=1, le=4096, description="Most sequences decoded together.")
+    batch_wait_ms: float = Field(
+        default=5.0, ge=0, le=1000, description="How long a lone request waits for others to batch with."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Prompt + completion token limit (default: the model's context)."
+    )
+    max_logprobs: int = Field(default=20, ge=0, description="Most top logprobs a request may ask for.")
+    seed: int | None = Field(default=None, description="Seed of the sampler for requests without a `seed`.")
+    log_level: str = Field(default="info", description="uvicorn / logging level.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if not self.model.strip():
+            raise ValueError("model must not be empty")
+        return self
+
+    @property
+    def base_model_name(self) -> str:
+        """The `model` value that selects the base model."""
+        return self.served_model_name or self.model

