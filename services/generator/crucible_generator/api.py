@@ -39,6 +39,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _clean_loc(loc: tuple | list) -> str | None:
+    """`("body", "prompt", "list[int]")` -> `"prompt"`: drop pydantic's union-branch markers, as vLLM does."""
+    parts = [str(p) for p in loc if str(p) != "body" and not set("[](){}") & set(str(p))]
+    return ".".join(parts) or None
+
+
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=type_, param=param, code=status))
     return JSONResponse(body.model_dump(), status_code=status)
@@ -71,7 +77,8 @@ def create_app(settings: Settings | None = None, service: GeneratorService | Non
         response = await call_next(request)
         if hasattr(request.app.state, "service"):
             metrics = request.app.state.service.engine.metrics
-            route = request.url.path
+            matched = request.scope.get("route")
+            route = getattr(matched, "path", "unmatched")
             metrics.requests.labels(route=route, status=str(response.status_code)).inc()
             if route.endswith("completions"):
                 metrics.request_seconds.labels(route=route).observe(time.perf_counter() - started)
@@ -86,8 +93,7 @@ def create_app(settings: Settings | None = None, service: GeneratorService | Non
         errors = exc.errors()
         param = None
         if errors:
-            loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-            param = ".".join(loc) or None
+            param = _clean_loc(errors[0].get("loc", ()))
         lines = [
             f"  {{'type': {e.get('type')!r}, 'loc': {e.get('loc')!r}, 'msg': {e.get('msg')!r}}}"
             for e in errors

@@ -1,0 +1,415 @@
+"""Async client of the generator, for every service that samples from the policy.
+
+It speaks vLLM's OpenAI-compatible protocol, so the same code talks to `vllm serve --enable-lora`
+on a GPU host and to Crucible's own generator elsewhere:
+
+    async with GeneratorClient("http://localhost:8001") as gen:
+        await gen.wait_ready()
+        await gen.load_adapter("job42-v10", "/adapters/job42/v10")
+        out = await gen.complete("def add(a, b):", model="job42-v10", n=4, max_tokens=128, logprobs=0)
+        for s in samples(out):
+            s.token_ids, s.logprobs  # what the trainer needs
+
+Adapter loads and unloads retry on connection errors and 5xx answers; a retried load that finds
+its name already loaded (the first attempt did land) counts as success. `GeneratorPool` broadcasts
+loads to several replicas all-or-nothing: if one replica fails, the others unload again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from crucible_shared.openai_protocol import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    ErrorInfo,
+    ModelList,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class GeneratorAPIError(Exception):
+    """A non-2xx answer of the generator, parsed from vLLM's error body (current or legacy shape)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "", param: str | None = None) -> None:
+        super().__init__(f"{status} {type}: {message}" if type else f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in RETRY_STATUSES
+
+    @property
+    def already_loaded(self) -> bool:
+        """vLLM's answer to loading a name that is loaded already."""
+        return self.status == 400 and "already been loaded" in self.message
+
+
+class AdapterBroadcastError(Exception):
+    """A broadcast load failed on some replicas; the replicas that had loaded it were rolled back."""
+
+    def __init__(
+        self,
+        lora_name: str,
+        failures: dict[str, BaseException],
+        rolled_back: list[str],
+        rollback_failures: dict[str, BaseException],
+    ) -> None:
+        detail = "; ".join(f"{url}: {exc}" for url, exc in failures.items())
+        super().__init__(f"loading adapter {lora_name!r} failed on {len(failures)} replica(s): {detail}")
+        self.lora_name = lora_name
+        self.failures = failures
+        self.rolled_back = rolled_back
+        self.rollback_failures = rollback_failures
+
+
+def parse_error(status: int, content: bytes | str) -> GeneratorAPIError:
+    """Turn an error body into a `GeneratorAPIError`.
+
+    Understands vLLM's `{"error": {"message", "type", "param", "code"}}`, the older flat
+    `{"object": "error", "message", ...}`, FastAPI's `{"detail": ...}` and plain text.
+    """
+    text = content.decode(errors="replace") if isinstance(content, bytes) else content
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return GeneratorAPIError(status, text.strip() or f"HTTP {status}")
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        info = body["error"]
+    elif isinstance(body, dict) and "message" in body:
+        info = body
+    elif isinstance(body, dict) and "detail" in body:
+        return GeneratorAPIError(status, str(body["detail"]))
+    else:
+        return GeneratorAPIError(status, text)
+    try:
+        parsed = ErrorInfo.model_validate({"code": status, "type": "", **info})
+    except ValueError:
+        return GeneratorAPIError(status, str(info.get("message", text)))
+    return GeneratorAPIError(status, parsed.message, type=parsed.type, param=parsed.param)
+
+
+@dataclass
+class Sample:
+    """One sampled completion, flattened from either response kind."""
+
+    prompt_index: int
+    index: int
+    text: str
+    token_ids: list[int] | None
+    prompt_token_ids: list[int] | None
+    logprobs: list[float] | None
+    finish_reason: str | None
+
+
+def samples(response: CompletionResponse | ChatCompletionResponse, n: int | None = None) -> list[Sample]:
+    """The choices of a response as `Sample`s (`n` = samples per prompt, to number prompts)."""
+    out = []
+    if isinstance(response, ChatCompletionResponse):
+        for choice in response.choices:
+            lps = None
+            if choice.logprobs is not None and choice.logprobs.content is not None:
+                lps = [c.logprob for c in choice.logprobs.content]
+            out.append(
+                Sample(
+                    prompt_index=0,
+                    index=choice.index,
+                    text=choice.message.content or "",
+                    token_ids=choice.token_ids,
+                    prompt_token_ids=response.prompt_token_ids,
+                    logprobs=lps,
+                    finish_reason=choice.finish_reason,
+                )
+            )
+        return out
+    for choice in response.choices:
+        lps = None
+        if choice.logprobs is not None:
+            lps = [lp if lp is not None else float("nan") for lp in choice.logprobs.token_logprobs]
+        out.append(
+            Sample(
+                prompt_index=choice.index // n if n else 0,
+                index=choice.index,
+                text=choice.text,
+                token_ids=choice.token_ids,
+                prompt_token_ids=choice.prompt_token_ids,
+                logprobs=lps,
+                finish_reason=choice.finish_reason,
+            )
+        )
+    return out
+
+
+def _drop_none(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class GeneratorClient:
+    """One generator replica (Crucible's server or vLLM) at `base_url`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, headers=headers, transport=transport
+        )
+
+    async def __aenter__(self) -> GeneratorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    async def _request(
+        self, method: str, path: str, *, json_body: Any = None, retries: int | None = None
+    ) -> httpx.Response:
+        """Send with retries on connection errors and 429/5xx; raise `GeneratorAPIError` on failure."""
+        attempts = 1 + (self.retries if retries is None else retries)
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = await self._http.request(method, path, json=json_body)
+            except httpx.TransportError as exc:
+                if last:
+                    raise
+                log.warning("%s %s%s failed (%s); retrying", method, self.base_url, path, exc)
+            else:
+                if response.is_success:
+                    return response
+                error = parse_error(response.status_code, response.content)
+                if last or not error.retryable:
+                    raise error
+                log.warning("%s %s%s answered %s; retrying", method, self.base_url, path, error)
+            await asyncio.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")
+
+    # --- health and models -----------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """True when `/health` answers 200."""
+        try:
+            response = await self._http.get("/health", timeout=5.0)
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def wait_ready(self, timeout: float = 300.0, interval: float = 0.5) -> None:
+        """Poll `/health` until it answers 200; `TimeoutError` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"generator at {self.base_url} not ready after {timeout:.0f}s")
+            await asyncio.sleep(interval)
+
+    async def models(self) -> ModelList:
+        response = await self._request("GET", "/v1/models")
+        return ModelList.model_validate(response.json())
+
+    # --- generation ------------------------------------------------------------------------------
+
+    async def complete(
+        self,
+        prompt: str | list[str] | list[int] | list[list[int]],
+        *,
+        model: str | None = None,
+        n: int = 1,
+        max_tokens: int = 16,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        logprobs: int | None = None,
+        return_token_ids: bool = True,
+        **extra: Any,
+    ) -> CompletionResponse:
+        """`POST /v1/completions`; `logprobs=0` gives each sampled token's logprob."""
+        body = _drop_none(
+            dict(
+                model=model,
+                prompt=prompt,
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop=stop,
+                seed=seed,
+                logprobs=logprobs,
+                return_token_ids=return_token_ids,
+                **extra,
+            )
+        )
+        response = await self._request("POST", "/v1/completions", json_body=body)
+        return CompletionResponse.model_validate(response.json())
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        model: str | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        return_token_ids: bool = True,
+        **extra: Any,
+    ) -> ChatCompletionResponse:
+        """`POST /v1/chat/completions` (the model's chat template is applied server-side)."""
+        body = _drop_none(
+            dict(
+                model=model,
+                messages=messages,
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop=stop,
+                seed=seed,
+                logprobs=logprobs,
+                top_logprobs=top_logprobs,
+                return_token_ids=return_token_ids,
+                **extra,
+            )
+        )
+        response = await self._request("POST", "/v1/chat/completions", json_body=body)
+        return ChatCompletionResponse.model_validate(response.json())
+
+    # --- adapters --------------------------------------------------------------------------------
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Serve the PEFT adapter at `lora_path` (a path the generator can read) as `lora_name`.
+
+        Raises `GeneratorAPIError` (e.g. 400 already loaded, 404 no adapter at the path). A retry
+        that finds the name loaded means an earlier attempt landed, and counts as success.
+        """
+        body = {"lora_name": lora_name, "lora_path": lora_path}
+        for attempt in range(1 + self.retries):
+            try:
+                await self._request("POST", "/v1/load_lora_adapter", json_body=body, retries=0)
+                return
+            except GeneratorAPIError as exc:
+                if exc.already_loaded and attempt > 0:
+                    return
+                if not exc.retryable or attempt == self.retries:
+                    raise
+            except httpx.TransportError:
+                if attempt == self.retries:
+                    raise
+            await asyncio.sleep(self.backoff * 2**attempt)
+
+    async def unload_adapter(self, lora_name: str, *, missing_ok: bool = False) -> None:
+        """Stop serving `lora_name`. 404 raises unless `missing_ok` or an earlier attempt landed."""
+        body = {"lora_name": lora_name}
+        for attempt in range(1 + self.retries):
+            try:
+                await self._request("POST", "/v1/unload_lora_adapter", json_body=body, retries=0)
+                return
+            except GeneratorAPIError as exc:
+                if exc.status == 404 and (missing_ok or attempt > 0):
+                    return
+                if not exc.retryable or attempt == self.retries:
+                    raise
+            except httpx.TransportError:
+                if attempt == self.retries:
+                    raise
+            await asyncio.sleep(self.backoff * 2**attempt)
+
+
+class GeneratorPool:
+    """Several generator replicas: adapter loads go to all of them, requests round-robin."""
+
+    def __init__(self, clients: Sequence[GeneratorClient]) -> None:
+        if not clients:
+            raise ValueError("a generator pool needs at least one replica")
+        self.clients = list(clients)
+        self._next = itertools.cycle(self.clients)
+
+    @classmethod
+    def from_urls(cls, urls: Sequence[str], **client_kwargs: Any) -> GeneratorPool:
+        return cls([GeneratorClient(url, **client_kwargs) for url in urls])
+
+    async def __aenter__(self) -> GeneratorPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients))
+
+    def pick(self) -> GeneratorClient:
+        """The next replica, round-robin."""
+        return next(self._next)
+
+    async def wait_ready(self, timeout: float = 300.0) -> None:
+        await asyncio.gather(*(c.wait_ready(timeout) for c in self.clients))
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Load on every replica, all-or-nothing: on any failure, unload where it succeeded, then raise."""
+        results = await asyncio.gather(
+            *(c.load_adapter(lora_name, lora_path) for c in self.clients), return_exceptions=True
+        )
+        failures = {
+            c.base_url: r for c, r in zip(self.clients, results, strict=True) if isinstance(r, BaseException)
+        }
+        if not failures:
+            return
+        loaded = [c for c, r in zip(self.clients, results, strict=True) if not isinstance(r, BaseException)]
+        undo = await asyncio.gather(
+            *(c.unload_adapter(lora_name, missing_ok=True) for c in loaded), return_exceptions=True
+        )
+        rollback_failures = {
+            c.base_url: r for c, r in zip(loaded, undo, strict=True) if isinstance(r, BaseException)
+        }
+        rolled_back = [c.base_url for c in loaded if c.base_url not in rollback_failures]
+        raise AdapterBroadcastError(lora_name, failures, rolled_back, rollback_failures)
+
+    async def unload_adapter(self, lora_name: str, *, missing_ok: bool = True) -> None:
+        """Unload from every replica; raises the first failure after trying them all."""
+        results = await asyncio.gather(
+            *(c.unload_adapter(lora_name, missing_ok=missing_ok) for c in self.clients),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def complete(self, prompt: Any, **kwargs: Any) -> CompletionResponse:
+        return await self.pick().complete(prompt, **kwargs)
+
+    async def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatCompletionResponse:
+        return await self.pick().chat(messages, **kwargs)
