@@ -34,7 +34,13 @@ class ApiError(Exception):
     """Raise from service code to answer with the error envelope."""
 
     def __init__(
-        self, status: int, message: str, *, field: str | None = None, code: str | None = None, headers: dict | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        field: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.field = status, message, field
@@ -42,8 +48,12 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def error_body(status: int, message: str, *, field: str | None = None, code: str | None = None, details=None) -> dict:
-    detail = ErrorDetail(code=code or _CODES.get(status, "error"), message=message, status=status, field=field, details=details)
+def error_body(
+    status: int, message: str, *, field: str | None = None, code: str | None = None, details=None
+) -> dict:
+    detail = ErrorDetail(
+        code=code or _CODES.get(status, "error"), message=message, status=status, field=field, details=details
+    )
     return ErrorEnvelope(error=detail).model_dump(mode="json", exclude_none=True)
 
 
@@ -75,9 +85,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request, exc: RequestValidationError):  # type: ignore[no-untyped-def]
         errors = exc.errors()
-        details = [{"field": field_path(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")} for e in errors]
+        details = [
+            {"field": field_path(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
+            for e in errors
+        ]
         first = details[0] if details else {"field": "body", "message": "invalid request"}
         if first.get("type") == "json_invalid":
+            first["field"] = "body"
             message = f"malformed JSON: {first['message']}"
         else:
             message = f"{first['field']}: {first['message']}"
@@ -85,9 +99,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):  # type: ignore[no-untyped-def]
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(Exception)
     async def _crash(request, exc: Exception):  # type: ignore[no-untyped-def]
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(500, "internal error; see the service log", code="internal"), status_code=500)
+        return JSONResponse(
+            error_body(500, "internal error; see the service log", code="internal"), status_code=500
+        )

@@ -46,11 +46,17 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    wall_time_s: float | None = Field(default=None, gt=0, le=600, description="Wall-clock budget for the whole run.")
-    test_time_s: float | None = Field(default=None, gt=0, le=600, description="Wall-clock budget for each test.")
+    wall_time_s: float | None = Field(
+        default=None, gt=0, le=600, description="Wall-clock budget for the whole run."
+    )
+    test_time_s: float | None = Field(
+        default=None, gt=0, le=600, description="Wall-clock budget for each test."
+    )
     cpu_time_s: float | None = Field(default=None, gt=0, le=600, description="CPU seconds for the whole run.")
     memory_mb: int | None = Field(default=None, ge=16, le=65536, description="Address-space limit in MiB.")
-    output_bytes: int | None = Field(default=None, ge=0, le=64 << 20, description="Cap on stdout+stderr kept per run.")
+    output_bytes: int | None = Field(
+        default=None, ge=0, le=64 << 20, description="Cap on stdout+stderr kept per run."
+    )
 
 
 class AssertTests(BaseModel):
@@ -59,7 +65,9 @@ class AssertTests(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["asserts"] = "asserts"
-    asserts: list[str] = Field(min_length=1, description="Each entry is one test: usually `assert f(x) == y`.")
+    asserts: list[str] = Field(
+        min_length=1, description="Each entry is one test: usually `assert f(x) == y`."
+    )
     setup: str = Field(default="", description="Code run after the candidate and before the tests.")
 
 
@@ -69,8 +77,12 @@ class CheckTests(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["check"] = "check"
-    check: str = Field(min_length=1, description="Source defining `check(candidate)` (and anything it needs).")
-    entry_point: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name passed as `candidate`.")
+    check: str = Field(
+        min_length=1, description="Source defining `check(candidate)` (and anything it needs)."
+    )
+    entry_point: str = Field(
+        min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name passed as `candidate`."
+    )
 
 
 class StdioCase(BaseModel):
@@ -129,7 +141,9 @@ class TestVerdict(BaseModel):
     actual: str | None = Field(default=None, description="repr of the value the candidate produced.")
     expected: str | None = Field(default=None, description="repr of the value the test expected.")
     exception_type: str | None = None
-    traceback: str | None = Field(default=None, description="Trimmed to the candidate's and the test's frames.")
+    traceback: str | None = Field(
+        default=None, description="Trimmed to the candidate's and the test's frames."
+    )
     duration_ms: float = 0.0
 
 
@@ -141,7 +155,9 @@ class RunResult(BaseModel):
     total: int = Field(description="Number of tests in the suite.")
     tests: list[TestVerdict] = Field(default_factory=list)
     message: str = Field(default="", description="The first thing to fix, in one line.")
-    exception_type: str | None = Field(default=None, description="Set when the candidate failed before any test.")
+    exception_type: str | None = Field(
+        default=None, description="Set when the candidate failed before any test."
+    )
     traceback: str | None = None
     stdout: str = ""
     stderr: str = ""

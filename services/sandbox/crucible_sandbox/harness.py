@@ -16,10 +16,12 @@ Nothing here decides `passed`: the zygote does, from these frames and its own pl
 from __future__ import annotations
 
 import builtins
+import contextlib
 import gc
 import linecache
 import operator
 import os
+import resource
 import signal
 import sys
 import time
@@ -142,18 +144,25 @@ class Checker:
             # The zygote holds the expected value; only the actual value leaves this process.
             enc = _encode_or_none(left)
             if enc is None:
-                self.record["actuals"][str(site_id)] = {"type": type(left).__qualname__, "repr": short_repr(left)}
+                self.record["actuals"][str(site_id)] = {
+                    "type": type(left).__qualname__,
+                    "repr": short_repr(left),
+                }
             else:
                 self.record["actuals"][str(site_id)] = {"value": enc}
             return
         if site.op is None:
             if defined_by_candidate(left):
-                self._failed(site_id, left, None, "a value of a type defined by the program is not trusted as true")
+                self._failed(
+                    site_id, left, None, "a value of a type defined by the program is not trusted as true"
+                )
             if not left:
                 self._failed(site_id, left, None, None)
             return
         right = rhs()
-        if site.op in ("==", "!=", "<", "<=", ">", ">=") and (defined_by_candidate(left) or defined_by_candidate(right)):
+        if site.op in ("==", "!=", "<", "<=", ">", ">=") and (
+            defined_by_candidate(left) or defined_by_candidate(right)
+        ):
             self._failed(site_id, left, right, "values of types defined by the program are not compared")
         outcome = _OPS[site.op](left, right)
         if type(outcome) is not bool:
@@ -172,8 +181,6 @@ class Checker:
 
 
 def _apply_limits(limits: dict[str, Any]) -> None:
-    import resource
-
     def cap(res: int, value: int) -> None:
         try:
             resource.setrlimit(res, (value, value))
@@ -210,10 +217,8 @@ def child_main(spec_fd: int, report_fd: int) -> None:
             _run_tests(holder, report_fd, deadline)
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(BaseException):
                 stream.flush()
-            except BaseException:
-                pass
     os._exit(0)
 
 
@@ -233,7 +238,14 @@ def _compile_candidate(code: str, report_fd: int) -> Any:
     try:
         return compile(code, CANDIDATE, "exec")
     except (SyntaxError, ValueError) as exc:  # ValueError: source contains null bytes
-        write_frame(report_fd, {"t": "syntax", "msg": _exception_message(exc), "tb": "".join(traceback.format_exception_only(type(exc), exc))})
+        write_frame(
+            report_fd,
+            {
+                "t": "syntax",
+                "msg": _exception_message(exc),
+                "tb": "".join(traceback.format_exception_only(type(exc), exc)),
+            },
+        )
         return None
 
 
@@ -250,7 +262,16 @@ def _run_program(spec: dict[str, Any], report_fd: int) -> None:
             write_frame(report_fd, {"t": "exit", "code": str(exc.code)[:200]})
             return
     except BaseException as exc:
-        write_frame(report_fd, {"t": "crash", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc), "memory": isinstance(exc, MemoryError)})
+        write_frame(
+            report_fd,
+            {
+                "t": "crash",
+                "exc": type(exc).__name__,
+                "msg": _exception_message(exc),
+                "tb": trimmed_traceback(exc),
+                "memory": isinstance(exc, MemoryError),
+            },
+        )
         return
     write_frame(report_fd, {"t": "done"})
 
@@ -276,16 +297,19 @@ def _expected_values(tests: dict[str, Any], sites: list[plan_mod.Site]) -> dict[
 def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) -> None:
     spec = holder.pop()
     tests = spec["tests"]
-    plan = plan_mod.plan_asserts(tests["asserts"]) if tests["kind"] == "asserts" else plan_mod.plan_check(tests["check"])
+    plan = (
+        plan_mod.plan_asserts(tests["asserts"])
+        if tests["kind"] == "asserts"
+        else plan_mod.plan_check(tests["check"])
+    )
     code = _compile_candidate(spec["code"], report_fd)
     if code is None:
         return
     expected = _expected_values(tests, plan.sites)
     # A trusted site whose expected value could not be computed up front is checked in-process.
-    for site_id, site in enumerate(plan.sites):
-        if site.trusted and expected.get(str(site_id)) is None:
-            site.trusted = False
-    _strip_trusted_rhs(plan)
+    distrust = frozenset(int(k) for k, v in expected.items() if v is None)
+    if distrust:
+        plan = plan_mod.plan_asserts(tests["asserts"], distrust)
     write_frame(report_fd, {"t": "expected", "values": expected})
     test_code = compile(plan.module, "<tests>", "exec")
     setup = compile(tests.get("setup", ""), "<setup>", "exec")
@@ -301,12 +325,29 @@ def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) ->
     try:
         exec(code, namespace)
     except BaseException as exc:
-        write_frame(report_fd, {"t": "crash", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc), "memory": isinstance(exc, MemoryError)})
+        write_frame(
+            report_fd,
+            {
+                "t": "crash",
+                "exc": type(exc).__name__,
+                "msg": _exception_message(exc),
+                "tb": trimmed_traceback(exc),
+                "memory": isinstance(exc, MemoryError),
+            },
+        )
         return
     try:
         exec(setup, namespace)
     except BaseException as exc:
-        write_frame(report_fd, {"t": "setup_error", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc)})
+        write_frame(
+            report_fd,
+            {
+                "t": "setup_error",
+                "exc": type(exc).__name__,
+                "msg": _exception_message(exc),
+                "tb": trimmed_traceback(exc),
+            },
+        )
         return
     checker = Checker(sites, report_fd, test_time, deadline)
     try:
@@ -316,28 +357,28 @@ def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) ->
             runner(checker)
         else:
             if entry_point not in namespace:
-                write_frame(report_fd, {"t": "crash", "exc": "NameError", "msg": f"NameError: the program does not define `{entry_point}`", "tb": None, "memory": False})
+                write_frame(
+                    report_fd,
+                    {
+                        "t": "crash",
+                        "exc": "NameError",
+                        "msg": f"NameError: the program does not define `{entry_point}`",
+                        "tb": None,
+                        "memory": False,
+                    },
+                )
                 return
             runner(namespace[entry_point], checker)
     except BaseException as exc:
         # The check module itself failed outside any test (e.g. at its top level).
-        write_frame(report_fd, {"t": "setup_error", "exc": type(exc).__name__, "msg": _exception_message(exc), "tb": trimmed_traceback(exc)})
+        write_frame(
+            report_fd,
+            {
+                "t": "setup_error",
+                "exc": type(exc).__name__,
+                "msg": _exception_message(exc),
+                "tb": trimmed_traceback(exc),
+            },
+        )
         return
     write_frame(report_fd, {"t": "done"})
-
-
-def _strip_trusted_rhs(plan: plan_mod.Plan) -> None:
-    """Remove the expected-value expression of trusted sites from the code the candidate can reach."""
-    import ast
-
-    trusted = {i for i, s in enumerate(plan.sites) if s.trusted}
-    for node in ast.walk(plan.module):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "check"
-            and isinstance(node.args[0], ast.Constant)
-            and node.args[0].value in trusted
-        ):
-            node.args[2] = ast.copy_location(ast.Constant(None), node.args[2])
-    ast.fix_missing_locations(plan.module)

@@ -35,6 +35,7 @@ Not isolated / limits of this design:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -152,7 +153,9 @@ def _enter_mount_namespace(cfg: IsolationConfig, probe: bool = False) -> None:
     opts = f"size={cfg.tmpfs_mb}m,mode=1777,nr_inodes=4096".encode()
     for target in (b"/tmp", b"/var/tmp", b"/dev/shm"):
         if os.path.isdir(target):
-            _check(_libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount tmpfs {target!r}")
+            _check(
+                _libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount tmpfs {target!r}"
+            )
     _expose_python()
     if probe:
         return
@@ -194,7 +197,10 @@ def _expose_python() -> None:
     fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d, _ in wanted}
     try:
         for ancestor in sorted({a for _, a in wanted}):
-            _check(_libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=755,size=1m"), "cover private dir")
+            _check(
+                _libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=755,size=1m"),
+                "cover private dir",
+            )
         for d, _ in wanted:
             os.makedirs(d, exist_ok=True)
             src = f"/proc/self/fd/{fds[d]}".encode()
@@ -256,10 +262,8 @@ def kill_everything(pgid: int | None, caps: Capabilities, spare: set[int] | None
     Returns how many stray processes had to be killed after the run's own process exited.
     """
     if pgid:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pgid, 9)
-        except OSError:
-            pass
     if caps.cgroup:
         try:
             with open(os.path.join(caps.cgroup, "cgroup.kill"), "w") as f:
@@ -274,15 +278,11 @@ def kill_everything(pgid: int | None, caps: Capabilities, spare: set[int] | None
             break
         for pid in live:
             strays += 1
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, 9)
-            except OSError:
-                pass
         for pid in live:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
         time.sleep(0.001)
     # Reap anything already dead that we were not told about.
     while True:

@@ -53,8 +53,16 @@ class Plan:
 
 
 class _AssertRewriter(ast.NodeTransformer):
-    def __init__(self, plan: Plan, test_index: int, top_level: set[int], allow_trust: bool) -> None:
-        self.plan, self.test_index, self.top_level, self.allow_trust = plan, test_index, top_level, allow_trust
+    def __init__(
+        self, plan: Plan, test_index: int, top_level: set[int], allow_trust: bool, distrust: frozenset[int]
+    ) -> None:
+        self.plan, self.test_index, self.top_level, self.allow_trust = (
+            plan,
+            test_index,
+            top_level,
+            allow_trust,
+        )
+        self.distrust = distrust
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
         return node  # asserts inside helper functions keep plain semantics
@@ -68,9 +76,16 @@ class _AssertRewriter(ast.NodeTransformer):
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             op = _OPS[type(test.ops[0])]
             lhs, rhs = test.left, test.comparators[0]
-            trusted = self.allow_trust and op == "==" and id(node) in self.top_level
+            trusted = (
+                self.allow_trust
+                and op == "=="
+                and id(node) in self.top_level
+                and site_id not in self.distrust
+            )
             site = Site(ast.unparse(node), op, ast.unparse(rhs), trusted)
-            args = [_thunk(lhs), _thunk(rhs)]
+            # A trusted site's expected value is computed before the candidate runs and kept
+            # outside its process, so the instrumented code does not contain it at all.
+            args = [_thunk(lhs), ast.Constant(None) if trusted else _thunk(rhs)]
         else:
             site = Site(ast.unparse(node), None, None)
             args = [_thunk(test), ast.Constant(None)]
@@ -81,7 +96,21 @@ class _AssertRewriter(ast.NodeTransformer):
             args=[ast.Constant(site_id), *args],
             keywords=[],
         )
-        return ast.copy_location(ast.Expr(call), node)
+        return _stamp(ast.Expr(call), node)
+
+
+def _stamp(new: ast.AST, ref: ast.AST) -> ast.AST:
+    """Give `new` and its location-less descendants `ref`'s location (cheaper than fix_missing_locations)."""
+    todo = [new]
+    while todo:
+        node = todo.pop()
+        if "lineno" in node._attributes and getattr(node, "lineno", None) is not None:
+            continue  # an original node: it and its subtree already have locations
+        if "lineno" in node._attributes:
+            for attr in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+                setattr(node, attr, getattr(ref, attr, 1))
+        todo.extend(ast.iter_child_nodes(node))
+    return new
 
 
 def _thunk(expr: ast.expr) -> ast.Lambda:
@@ -101,19 +130,32 @@ def _guard(index: int, body: list[ast.stmt]) -> list[ast.stmt]:
         name="__crucible_exc",
         body=[ck_call("fail", ast.Constant(index), ast.Name("__crucible_exc", ast.Load()))],
     )
-    guarded = ast.Try(body=body or [ast.Pass()], handlers=[handler], orelse=[], finalbody=[ck_call("end", ast.Constant(index))])
-    return [ck_call("begin", ast.Constant(index)), guarded]
+    guarded = ast.Try(
+        body=body or [ast.Pass()],
+        handlers=[handler],
+        orelse=[],
+        finalbody=[ck_call("end", ast.Constant(index))],
+    )
+    ref = body[0] if body else ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)
+    return [_stamp(ck_call("begin", ast.Constant(index)), ref), _stamp(guarded, ref)]
 
 
 def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
     args = ast.arguments(
-        posonlyargs=[], args=[ast.arg(p) for p in params], vararg=None, kwonlyargs=[], kw_defaults=[], defaults=[]
+        posonlyargs=[],
+        args=[ast.arg(p) for p in params],
+        vararg=None,
+        kwonlyargs=[],
+        kw_defaults=[],
+        defaults=[],
     )
     extra = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
-    return ast.FunctionDef(name=name, args=args, body=body or [ast.Pass()], decorator_list=[], returns=None, **extra)
+    return ast.FunctionDef(
+        name=name, args=args, body=body or [ast.Pass()], decorator_list=[], returns=None, **extra
+    )
 
 
-def plan_asserts(asserts: list[str]) -> Plan:
+def plan_asserts(asserts: list[str], distrust: frozenset[int] = frozenset()) -> Plan:
     """Each entry is one test; top-level `assert L == R` sites get a trusted expected value.
 
     Raises SyntaxError (with `filename` set to `<test N>`) when a test does not parse.
@@ -123,10 +165,10 @@ def plan_asserts(asserts: list[str]) -> Plan:
     for i, source in enumerate(asserts):
         tree = ast.parse(source, filename=f"<test {i}>")
         top = {id(s) for s in tree.body if isinstance(s, ast.Assert)}
-        stmts = [_AssertRewriter(plan, i, top, allow_trust=True).visit(s) for s in tree.body]
+        stmts = [_AssertRewriter(plan, i, top, True, distrust).visit(s) for s in tree.body]
         body.extend(_guard(i, stmts))
-    plan.module.body.append(_function(plan.entry, [CK], body))
-    ast.fix_missing_locations(plan.module)
+    fn = _function(plan.entry, [CK], body)
+    plan.module.body.append(_stamp(fn, body[0]) if body else fn)
     return plan
 
 
@@ -153,13 +195,12 @@ def plan_check(check_source: str) -> Plan:
             continue
         index = len(plan.tests)
         plan.tests.append(ast.unparse(stmt))
-        stmts = [*pending, _AssertRewriter(plan, index, set(), allow_trust=False).visit(stmt)]
+        stmts = [*pending, _AssertRewriter(plan, index, set(), False, frozenset()).visit(stmt)]
         pending = []
         body.extend(_guard(index, stmts))
     body.extend(pending)
     if not plan.tests:
         raise ValueError("`check` contains no assert statements")
-    fn.args.args.append(ast.arg(CK))
+    fn.args.args.append(_stamp(ast.arg(CK), fn))
     fn.body = body
-    ast.fix_missing_locations(plan.module)
     return plan

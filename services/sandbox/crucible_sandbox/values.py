@@ -100,7 +100,7 @@ def decode(tree: Any) -> Any:
         if tag in _SEQS:
             return _SEQS[tag](decode(v) for v in tree[1])
         if tag in _PAIRS:
-            return _PAIRS[tag]((decode(k), decode(v)) for k, v in tree[1])
+            return _PAIRS[tag](dict((decode(k), decode(v)) for k, v in tree[1]))
         if tag == "Fraction":
             return fractions.Fraction(int(tree[1], 16), int(tree[2], 16))
         if tag == "Decimal":

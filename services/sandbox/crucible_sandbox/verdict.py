@@ -68,8 +68,8 @@ def _process_status(proc: ProcessOutcome) -> str | None:
         return "output_exceeded"
     if proc.killed == "timeout" or proc.signal == 24:
         return "timeout"
-    if proc.signal == 9:  # killed by the kernel, not by us: out of memory
-        return "memory_exceeded"
+    # A SIGKILL we did not send is not assumed to be the OOM killer: the address-space limit
+    # turns memory exhaustion into MemoryError, and a program can SIGKILL itself.
     return None
 
 
@@ -90,7 +90,9 @@ def _not_run(index: int, source: str, message: str = "") -> dict[str, Any]:
     return {"index": index, "test": source, "status": "not_run", "message": message}
 
 
-def failure_message(source: str, op: str | None, actual: str, expected: str | None, why: str | None = None) -> str:
+def failure_message(
+    source: str, op: str | None, actual: str, expected: str | None, why: str | None = None
+) -> str:
     """One line saying what a failed assert saw.
 
     >>> failure_message("assert add(2, 2) == 4", "==", "5", "4")
@@ -123,10 +125,14 @@ def judge_tests(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
         status = _process_status(proc)
         out["status"] = status or "sandbox_error"
         out["message"] = (
-            "the test suite's own set-up ran out of time" if status == "timeout" else "the harness did not start"
+            "the test suite's own set-up ran out of time"
+            if status == "timeout"
+            else "the harness did not start"
         )
         if status is None:
-            out["message"] += f" (exit status {proc.exit_code}, signal {proc.signal}); stderr: {proc.stderr[-300:]}"
+            out["message"] += (
+                f" (exit status {proc.exit_code}, signal {proc.signal}); stderr: {proc.stderr[-300:]}"
+            )
         out["tests"] = [_not_run(i, s) for i, s in enumerate(plan.tests)]
         return out
 
@@ -156,7 +162,9 @@ def judge_tests(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
         out["exception_type"] = _text(crash.get("exc"))
         out["message"] = f"{_text(crash.get('msg'))} ({where})"
         out["traceback"] = _text(crash.get("tb"))
-        out["tests"] = [_not_run(i, s, "the program failed before the tests ran") for i, s in enumerate(plan.tests)]
+        out["tests"] = [
+            _not_run(i, s, "the program failed before the tests ran") for i, s in enumerate(plan.tests)
+        ]
         proc_status = _process_status(proc)
         out["status"] = worst([out["status"], proc_status] if proc_status else [out["status"]])
         return out
@@ -199,14 +207,22 @@ def judge_tests(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
 
 
 def _map_test_status(status: str) -> str:
-    return {"passed": "passed", "failed": "failed", "not_run": "failed", "error": "error", "timeout": "timeout"}[status]
+    return {
+        "passed": "passed",
+        "failed": "failed",
+        "not_run": "failed",
+        "error": "error",
+        "timeout": "timeout",
+    }[status]
 
 
 def _text(value: Any, limit: int = 4000) -> str | None:
     return None if value is None else str(value)[:limit]
 
 
-def _judge_one(plan: Plan, index: int, source: str, rec: dict[str, Any], expected: dict[int, Any]) -> dict[str, Any]:
+def _judge_one(
+    plan: Plan, index: int, source: str, rec: dict[str, Any], expected: dict[int, Any]
+) -> dict[str, Any]:
     claimed = rec.get("status")
     verdict: dict[str, Any] = {"index": index, "test": source, "status": "passed", "message": ""}
     ms = rec.get("ms")
@@ -242,7 +258,9 @@ def _judge_one(plan: Plan, index: int, source: str, rec: dict[str, Any], expecte
                 value = decode(got["value"])
                 equal = value == want
             except (ValueError, RecursionError, TypeError):
-                verdict.update(status="error", message="the program wrote malformed data to the harness channel")
+                verdict.update(
+                    status="error", message="the program wrote malformed data to the harness channel"
+                )
                 return verdict
             if not (type(equal) is bool and equal):
                 actual_repr, expected_repr = short_repr(value), short_repr(want)
@@ -260,7 +278,11 @@ def _judge_one(plan: Plan, index: int, source: str, rec: dict[str, Any], expecte
                 actual=actual_repr,
                 expected=short_repr(want),
                 message=failure_message(
-                    site.source, "==", str(actual_repr), None, f"a {type_name} is not compared with the expected value"
+                    site.source,
+                    "==",
+                    str(actual_repr),
+                    None,
+                    f"a {type_name} is not compared with the expected value",
                 ),
             )
             return verdict
@@ -334,22 +356,37 @@ def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcom
     elif proc_status == "memory_exceeded" or (crash and crash.get("memory")):
         verdict.update(status="error", message="memory limit exceeded", memory=True)
     elif crash is not None:
-        message = _text(crash.get("msg"), 500) if crash.get("t") == "crash" else f"exit status {crash.get('code')}"
-        verdict.update(status="error", exception_type=_text(crash.get("exc")), message=message, traceback=_text(crash.get("tb")))
+        message = (
+            _text(crash.get("msg"), 500) if crash.get("t") == "crash" else f"exit status {crash.get('code')}"
+        )
+        verdict.update(
+            status="error",
+            exception_type=_text(crash.get("exc")),
+            message=message,
+            traceback=_text(crash.get("tb")),
+        )
     elif "done" not in kinds and (proc.exit_code != 0 or proc.signal is not None):
         verdict.update(status="error", message=_ended_how(proc)[1])
     else:
         diff = compare_output(proc.stdout, expected_output)
         if diff:
             verdict.update(
-                status="failed", message=diff, actual=short_repr(proc.stdout, 300), expected=short_repr(expected_output, 300)
+                status="failed",
+                message=diff,
+                actual=short_repr(proc.stdout, 300),
+                expected=short_repr(expected_output, 300),
             )
     return verdict
 
 
-def summarise_cases(verdicts: list[dict[str, Any]], procs: list[ProcessOutcome], total: int) -> dict[str, Any]:
+def summarise_cases(
+    verdicts: list[dict[str, Any]], procs: list[ProcessOutcome], total: int
+) -> dict[str, Any]:
     """Run-level result for the stdio form."""
-    shown = next((p for v, p in zip(verdicts, procs, strict=False) if v["status"] != "passed"), procs[0] if procs else ProcessOutcome())
+    shown = next(
+        (p for v, p in zip(verdicts, procs, strict=False) if v["status"] != "passed"),
+        procs[0] if procs else ProcessOutcome(),
+    )
     out = _base(total, shown)
     out["duration_ms"] = round(sum(p.duration_ms for p in procs), 3)
     statuses = []

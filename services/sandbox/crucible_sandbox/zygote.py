@@ -14,8 +14,10 @@ from __future__ import annotations
 # Modules model-written programs commonly import, loaded once here so each run starts warm.
 import bisect  # noqa: F401
 import collections  # noqa: F401
+import contextlib
 import dataclasses
 import functools  # noqa: F401
+import gc
 import heapq  # noqa: F401
 import itertools  # noqa: F401
 import json
@@ -145,10 +147,8 @@ class Zygote:
             if proc.killed:
                 break
         if status is None:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(child.pid, signal.SIGKILL)
-            except OSError:
-                pass
             _, status = os.waitpid(child.pid, 0)
         isolation.kill_everything(child.pid, self.caps)
         sel.close()
@@ -191,12 +191,19 @@ class Zygote:
             remaining = budget_end - time.monotonic()
             if remaining <= 0:
                 verdicts.extend(
-                    {"index": j, "test": c["input"][:200], "status": "not_run", "message": "the run's time budget ran out"}
+                    {
+                        "index": j,
+                        "test": c["input"][:200],
+                        "status": "not_run",
+                        "message": "the run's time budget ran out",
+                    }
                     for j, c in enumerate(cases[i:], start=i)
                 )
                 break
             spec = {**request, "stdin": case["input"], "tests": {"kind": "stdio"}}
-            proc = self.collect(self.take_child(), spec, min(limits["test_time_s"], remaining), limits["output_bytes"])
+            proc = self.collect(
+                self.take_child(), spec, min(limits["test_time_s"], remaining), limits["output_bytes"]
+            )
             syntax = next((f for f in proc.frames if isinstance(f, dict) and f.get("t") == "syntax"), None)
             if syntax is not None:
                 result = verdict.summarise_cases([], [proc], len(cases))
@@ -205,7 +212,10 @@ class Zygote:
                     message=str(syntax.get("msg")),
                     traceback=syntax.get("tb"),
                     exception_type="SyntaxError",
-                    tests=[{"index": j, "test": c["input"][:200], "status": "not_run", "message": ""} for j, c in enumerate(cases)],
+                    tests=[
+                        {"index": j, "test": c["input"][:200], "status": "not_run", "message": ""}
+                        for j, c in enumerate(cases)
+                    ],
                     passed=0,
                 )
                 return result
@@ -214,7 +224,15 @@ class Zygote:
         return verdict.summarise_cases(verdicts, procs, len(cases))
 
     def serve(self) -> None:
-        write_frame(1, {"ready": True, "pid": os.getpid(), "caps": dataclasses.asdict(self.caps), "mode": self.caps.mode})
+        write_frame(
+            1,
+            {
+                "ready": True,
+                "pid": os.getpid(),
+                "caps": dataclasses.asdict(self.caps),
+                "mode": self.caps.mode,
+            },
+        )
         self.spare = self.spawn()
         while True:
             request = read_frame(0)
@@ -223,7 +241,12 @@ class Zygote:
             try:
                 result = self.run(request)
             except Exception as exc:  # a bug of ours: report it as an infrastructure fault
-                result = {"status": "sandbox_error", "passed": 0, "total": 0, "message": f"zygote error: {exc!r}"}
+                result = {
+                    "status": "sandbox_error",
+                    "passed": 0,
+                    "total": 0,
+                    "message": f"zygote error: {exc!r}",
+                }
             write_frame(1, result)
             if self.spare is None:
                 self.spare = self.spawn()
@@ -234,7 +257,12 @@ class Zygote:
 def main() -> None:
     cfg = isolation.IsolationConfig(**json.loads(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: it closes our stdin
-    Zygote(cfg).serve()
+    zygote = Zygote(cfg)
+    # Everything loaded so far lives as long as the zygote: keep it out of the collector, so
+    # a run's `gc.collect()` is cheap and forked pages stay shared.
+    gc.collect()
+    gc.freeze()
+    zygote.serve()
 
 
 if __name__ == "__main__":

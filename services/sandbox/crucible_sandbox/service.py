@@ -1,0 +1,202 @@
+"""Sandbox logic, independent of HTTP: validation, limits, cache, admission, batching."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from typing import Any
+
+from crucible_shared.http import ApiError
+from crucible_shared.sandbox import RunRequest, RunResult, RunStatus
+
+from crucible_sandbox import metrics
+from crucible_sandbox.plan import plan_check
+from crucible_sandbox.pool import ZygotePool
+from crucible_sandbox.settings import Settings
+
+LANGUAGES = ("python",)
+_UNCACHED = {RunStatus.sandbox_error, RunStatus.timeout}
+
+
+class ResultCache:
+    """LRU of run results keyed by the hash of (code, tests, effective limits)."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self.data: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        hit = self.data.get(key)
+        if hit is not None:
+            self.data.move_to_end(key)
+        return hit
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        if self.entries <= 0:
+            return
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while len(self.data) > self.entries:
+            self.data.popitem(last=False)
+
+
+class SandboxService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = ZygotePool(
+            settings.workers,
+            {
+                "uid_base": settings.uid_base,
+                "tmpfs_mb": settings.tmpfs_mb,
+                "work_root": settings.work_root,
+                "want_namespaces": settings.isolate,
+                "want_cgroup": settings.isolate,
+            },
+        )
+        self.cache = ResultCache(settings.cache_entries)
+        self.key_slots: dict[str, asyncio.Semaphore] = {}
+        self.batch_slots = settings.batch_concurrency or settings.workers
+
+    async def start(self) -> None:
+        await self.pool.start()
+        metrics.WORKERS.set(self.settings.workers)
+
+    async def stop(self) -> None:
+        await self.pool.stop()
+
+    # -- validation ---------------------------------------------------------------------------
+    def prepare(self, run: RunRequest, where: str = "") -> dict[str, Any]:
+        """Check one run against the server's rules and resolve its limits. Raises ApiError."""
+        s = self.settings
+        if run.language.lower() not in LANGUAGES:
+            raise ApiError(
+                400,
+                f"unsupported language {run.language!r}; supported: {', '.join(LANGUAGES)}",
+                field=f"{where}language",
+                code="unsupported_language",
+            )
+        if len(run.code.encode()) > s.max_code_bytes:
+            raise ApiError(413, f"code is larger than {s.max_code_bytes} bytes", field=f"{where}code")
+        tests = run.tests.model_dump(mode="json")
+        if len(json.dumps(tests).encode()) > s.max_tests_bytes:
+            raise ApiError(413, f"tests are larger than {s.max_tests_bytes} bytes", field=f"{where}tests")
+        self._check_tests(tests, f"{where}tests")
+        lim = run.limits
+        wall = min(lim.wall_time_s or s.default_wall_time_s, s.max_wall_time_s)
+        limits = {
+            "wall_time_s": wall,
+            "test_time_s": min(lim.test_time_s or s.default_test_time_s, wall),
+            "cpu_time_s": min(lim.cpu_time_s or wall, s.max_wall_time_s),
+            "memory_mb": min(lim.memory_mb or s.default_memory_mb, s.max_memory_mb),
+            "output_bytes": min(
+                lim.output_bytes if lim.output_bytes is not None else s.default_output_bytes,
+                s.max_output_bytes,
+            ),
+            "file_bytes": s.file_bytes,
+            "open_files": s.open_files,
+            "processes": s.processes,
+        }
+        return {"code": run.code, "tests": tests, "limits": limits}
+
+    @staticmethod
+    def _check_tests(tests: dict[str, Any], where: str) -> None:
+        """Test code must parse: a broken test is the caller's error (422), not the candidate's."""
+        try:
+            if tests["kind"] == "asserts":
+                for i, source in enumerate(tests["asserts"]):
+                    try:
+                        ast.parse(source)
+                    except SyntaxError as e:
+                        raise ApiError(
+                            422,
+                            f"test {i} is not valid Python: {e.msg} (line {e.lineno})",
+                            field=f"{where}.asserts.{i}",
+                        ) from None
+                ast.parse(tests.get("setup", ""))
+            elif tests["kind"] == "check":
+                plan_check(tests["check"])
+        except SyntaxError as e:
+            field = f"{where}.setup" if tests["kind"] == "asserts" else f"{where}.check"
+            raise ApiError(422, f"not valid Python: {e.msg} (line {e.lineno})", field=field) from None
+        except ValueError as e:
+            raise ApiError(422, str(e), field=f"{where}.check") from None
+
+    @staticmethod
+    def cache_key(prepared: dict[str, Any]) -> str:
+        return hashlib.sha256(json.dumps(prepared, sort_keys=True).encode()).hexdigest()
+
+    # -- admission ----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def admit(self, count: int):
+        """Reserve queue room for `count` runs, or answer 429 with Retry-After."""
+        pool = self.pool
+        if pool.pending + count > self.settings.queue_size:
+            metrics.REJECTED.inc()
+            retry = max(1, int(pool.pending / max(self.settings.workers, 1) * 0.05) + 1)
+            raise ApiError(
+                429,
+                f"the sandbox queue is full ({pool.pending} runs pending); retry later",
+                headers={"Retry-After": str(retry)},
+            )
+        pool.pending += count
+        metrics.QUEUE.set(pool.pending)
+        try:
+            yield
+        finally:
+            pool.pending -= count
+            metrics.QUEUE.set(pool.pending)
+
+    def _key_slot(self, key: str | None) -> asyncio.Semaphore | None:
+        if key is None:
+            return None
+        if key not in self.key_slots:
+            self.key_slots[key] = asyncio.Semaphore(self.settings.per_key_concurrency)
+        return self.key_slots[key]
+
+    # -- execution ----------------------------------------------------------------------------
+    async def execute(self, prepared: dict[str, Any], use_cache: bool, key: str | None = None) -> RunResult:
+        cache_key = self.cache_key(prepared)
+        if use_cache and self.settings.cache_entries:
+            hit = self.cache.get(cache_key)
+            if hit is not None:
+                metrics.CACHE.labels("hit").inc()
+                return RunResult.model_validate({**hit, "cached": True})
+            metrics.CACHE.labels("miss").inc()
+        slot = self._key_slot(key)
+        started = time.perf_counter()
+        if slot is not None:
+            async with slot:
+                raw = await self.pool.run(prepared)
+        else:
+            raw = await self.pool.run(prepared)
+        result = RunResult.model_validate(raw)
+        metrics.RUNS.labels(result.status.value).inc()
+        metrics.RUN_SECONDS.observe(time.perf_counter() - started)
+        if result.status not in _UNCACHED:
+            self.cache.put(cache_key, raw)
+        return result
+
+    async def run_one(self, run: RunRequest, key: str | None = None) -> RunResult:
+        prepared = self.prepare(run)
+        async with self.admit(1):
+            return await self.execute(prepared, run.use_cache, key)
+
+    async def run_batch(self, runs: list[RunRequest], key: str | None = None) -> list[RunResult]:
+        if len(runs) > self.settings.max_batch_runs:
+            raise ApiError(413, f"a batch holds at most {self.settings.max_batch_runs} runs", field="runs")
+        prepared = [self.prepare(r, f"runs.{i}.") for i, r in enumerate(runs)]
+        async with self.admit(len(runs)):
+            gate = asyncio.Semaphore(self.batch_slots)
+
+            async def one(p: dict[str, Any], use_cache: bool) -> RunResult:
+                async with gate:
+                    return await self.execute(p, use_cache, key)
+
+            return list(
+                await asyncio.gather(*(one(p, r.use_cache) for p, r in zip(prepared, runs, strict=True)))
+            )

@@ -1,0 +1,67 @@
+"""Sandbox settings, read from `CRUCIBLE_SANDBOX_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_SANDBOX_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8001, ge=0, le=65535)
+    workers: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, le=512, description="Zygote slots."
+    )
+    queue_size: int = Field(4096, ge=1, description="Runs waiting or running before new work gets a 429.")
+    batch_concurrency: int = Field(0, ge=0, description="Slots one batch may hold at once (0 = workers).")
+    cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Accepted bearer keys, comma-separated in the env; empty = auth off.",
+    )
+    per_key_concurrency: int = Field(64, ge=1, description="Runs one API key may have in flight.")
+
+    # Request size limits.
+    max_code_bytes: int = Field(256 << 10, ge=1)
+    max_tests_bytes: int = Field(16 << 20, ge=1)
+    max_batch_runs: int = Field(4096, ge=1)
+    max_body_bytes: int = Field(64 << 20, ge=1)
+
+    # Defaults applied when a request leaves a limit unset, and the maxima that cap any request.
+    default_wall_time_s: float = 10.0
+    default_test_time_s: float = 5.0
+    default_memory_mb: int = 512
+    default_output_bytes: int = 64 << 10
+    max_wall_time_s: float = 60.0
+    max_memory_mb: int = 4096
+    max_output_bytes: int = 8 << 20
+    file_bytes: int = Field(16 << 20, description="Largest file a run may write.")
+    open_files: int = 64
+    processes: int = Field(32, description="Processes per run (enforced with the per-slot uid).")
+
+    # Isolation.
+    isolate: bool = Field(True, description="Use namespaces, uid switch and cgroups where the host allows.")
+    uid_base: int = Field(61000, ge=1000, description="Run uid of slot i is uid_base + i (root only).")
+    tmpfs_mb: int = Field(64, ge=1, description="Size of each run's private /tmp.")
+    work_root: str = "/tmp/crucible-sandbox"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        weak = [k for k in self.api_keys if len(k) < 16 or k in ("changeme", "secret", "change-me-please")]
+        if weak:
+            raise ValueError("api_keys: every key must be at least 16 characters and not a placeholder")
+        if self.default_wall_time_s > self.max_wall_time_s:
+            raise ValueError("default_wall_time_s exceeds max_wall_time_s")
+        return self
