@@ -15,6 +15,7 @@ Nothing here decides `passed`: the zygote does, from these frames and its own pl
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import gc
@@ -288,7 +289,8 @@ def _expected_values(tests: dict[str, Any], sites: list[plan_mod.Site]) -> dict[
         if not site.trusted:
             continue
         try:
-            values[str(site_id)] = encode(eval(compile(site.rhs or "None", "<expected>", "eval"), scratch))
+            expression = ast.Expression(body=site.rhs or ast.Constant(None, lineno=1, col_offset=0))
+            values[str(site_id)] = encode(eval(compile(expression, "<expected>", "eval"), scratch))
         except BaseException:
             values[str(site_id)] = None
     return values
@@ -316,7 +318,7 @@ def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) ->
     entry_point = tests.get("entry_point")
     sites, entry = plan.sites, plan.entry
     for site in sites:
-        site.rhs = None
+        site.rhs = site.node = None  # the expected-value expressions leave this process's reach
     test_time = spec["limits"]["test_time_s"]
     del spec, tests, plan, expected
     gc.collect()

@@ -9,9 +9,11 @@ Every run is a process forked from a small zygote (never from the HTTP server). 
 * **Resources** (rlimits): CPU seconds, address space, file size, open files, processes
   (per-slot uid, see below), no core dumps; a wall-clock backstop in the zygote; output read
   concurrently and capped.
-* **Filesystem**: a private mount namespace with fresh size-limited tmpfs on `/tmp`,
-  `/var/tmp` and `/dev/shm`, which is also the working directory; it vanishes with the run,
-  so nothing a run writes there is seen by the next one and disk fill is bounded.
+* **Filesystem**: each zygote has a private mount namespace with size-limited tmpfs on
+  `/tmp` (the working directory), `/var/tmp` and `/dev/shm`; the zygote empties them after
+  every run, once the run's processes are dead, so nothing a run writes is seen by the next
+  one and disk fill is bounded. The rest of the filesystem is the host's (read-only to the
+  run uid where permissions say so).
 * **Identity**: when the service runs as root, each zygote slot runs its programs as its own
   unprivileged uid/gid (no supplementary groups, `no_new_privs`), so a program cannot signal
   the server, the zygote or other runs, nor read `/proc/<server>/environ`.
@@ -109,20 +111,10 @@ def setup_zygote(cfg: IsolationConfig) -> Capabilities:
         except OSError as e:
             caps.notes.append(f"no network namespace ({e.strerror})")
         try:
-            # Probe in a throwaway child: can a run get its own mount namespace and tmpfs?
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    _enter_mount_namespace(cfg, probe=True)
-                    os._exit(0)
-                except BaseException:
-                    os._exit(1)
-            _, status = os.waitpid(pid, 0)
-            caps.mount_namespace = os.waitstatus_to_exitcode(status) == 0
-            if not caps.mount_namespace:
-                caps.notes.append("no private mount namespace")
+            _enter_mount_namespace(cfg)
+            caps.mount_namespace = True
         except OSError as e:
-            caps.notes.append(f"mount namespace probe failed ({e.strerror})")
+            caps.notes.append(f"no private mount namespace ({e.strerror})")
         caps.uid_switch = True
     elif not root:
         caps.notes.append("not root: no namespaces and no uid switch; rely on the container")
@@ -147,7 +139,8 @@ def _make_cgroup(cfg: IsolationConfig) -> str | None:
         return None
 
 
-def _enter_mount_namespace(cfg: IsolationConfig, probe: bool = False) -> None:
+def _enter_mount_namespace(cfg: IsolationConfig) -> None:
+    """Give the zygote (and so its runs) private tmpfs scratch dirs, emptied after every run."""
     _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     opts = f"size={cfg.tmpfs_mb}m,mode=1777,nr_inodes=4096".encode()
@@ -157,8 +150,6 @@ def _enter_mount_namespace(cfg: IsolationConfig, probe: bool = False) -> None:
                 _libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount tmpfs {target!r}"
             )
     _expose_python()
-    if probe:
-        return
 
 
 def _python_dirs() -> list[str]:
@@ -222,7 +213,6 @@ def enter_run(cfg: IsolationConfig, caps: Capabilities) -> str:
         except OSError:
             pass
     if caps.mount_namespace:
-        _enter_mount_namespace(cfg)
         workdir = "/tmp"
     else:
         workdir = os.path.join(cfg.work_root, f"run-{os.getpid()}")
@@ -293,6 +283,29 @@ def kill_everything(pgid: int | None, caps: Capabilities, spare: set[int] | None
         if pid == 0:
             break
     return strays
+
+
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def empty_scratch() -> None:
+    """Delete everything a run left in the zygote's private tmpfs mounts."""
+    import shutil
+
+    for root in SCRATCH:
+        try:
+            entries = os.listdir(root)
+        except OSError:
+            continue
+        for name in entries:
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
 
 def remove_workdir(path: str) -> None:

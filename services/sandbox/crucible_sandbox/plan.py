@@ -35,10 +35,18 @@ _OPS = {
 class Site:
     """One assert statement."""
 
-    source: str
+    node: ast.Assert | None
     op: str | None  # comparison operator, or None for a plain truth test
-    rhs: str | None  # source of the right-hand side, for comparisons
+    rhs: ast.expr | None  # the right-hand side, for comparisons
     trusted: bool = False  # expected value computed before the candidate runs
+    _source: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The assert's source, normalised (computed on demand: only failures need it)."""
+        if self._source is None:
+            self._source = ast.unparse(self.node) if self.node is not None else "assert"
+        return self._source
 
 
 @dataclass
@@ -82,12 +90,12 @@ class _AssertRewriter(ast.NodeTransformer):
                 and id(node) in self.top_level
                 and site_id not in self.distrust
             )
-            site = Site(ast.unparse(node), op, ast.unparse(rhs), trusted)
+            site = Site(node, op, rhs, trusted)
             # A trusted site's expected value is computed before the candidate runs and kept
             # outside its process, so the instrumented code does not contain it at all.
             args = [_thunk(lhs), ast.Constant(None) if trusted else _thunk(rhs)]
         else:
-            site = Site(ast.unparse(node), None, None)
+            site = Site(node, None, None)
             args = [_thunk(test), ast.Constant(None)]
         self.plan.sites.append(site)
         self.plan.site_test.append(self.test_index)

@@ -60,7 +60,7 @@ class SandboxService:
         )
         self.cache = ResultCache(settings.cache_entries)
         self.key_slots: dict[str, asyncio.Semaphore] = {}
-        self.batch_slots = settings.batch_concurrency or settings.workers
+        self.batch_slots = settings.batch_concurrency or max(1, settings.workers - 1)
 
     async def start(self) -> None:
         await self.pool.start()

@@ -18,7 +18,9 @@ class Settings(BaseSettings):
         default_factory=lambda: os.cpu_count() or 1, ge=1, le=512, description="Zygote slots."
     )
     queue_size: int = Field(4096, ge=1, description="Runs waiting or running before new work gets a 429.")
-    batch_concurrency: int = Field(0, ge=0, description="Slots one batch may hold at once (0 = workers).")
+    batch_concurrency: int = Field(
+        0, ge=0, description="Slots one batch may hold at once (0 = all but one, so single runs never queue behind a batch)."
+    )
     cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

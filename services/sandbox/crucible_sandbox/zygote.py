@@ -157,6 +157,8 @@ class Zygote:
             os.close(fd)
         if child.workdir:
             isolation.remove_workdir(child.workdir)
+        elif self.caps.mount_namespace:
+            isolation.empty_scratch()
         proc.duration_ms = (time.perf_counter() - started) * 1000
         if os.WIFSIGNALED(status):
             proc.signal = os.WTERMSIG(status)
