@@ -10,7 +10,7 @@ def main() -> None:
         description="Serve the Crucible sandbox (settings: CRUCIBLE_SANDBOX_* env vars)."
     )
     parser.add_argument("--host", help="bind address (default from settings)")
-    parser.add_argument("--port", type=int, help="port (default 8001)")
+    parser.add_argument("--port", type=int, help="port (default 8002)")
     parser.add_argument("--workers", type=int, help="zygote worker slots (default: CPU count)")
     args = parser.parse_args()
 

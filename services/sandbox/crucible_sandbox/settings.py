@@ -13,7 +13,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CRUCIBLE_SANDBOX_", extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = Field(8001, ge=0, le=65535)
+    port: int = Field(8002, ge=0, le=65535)
     workers: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, le=512, description="Zygote slots."
     )
