@@ -1,0 +1,1 @@
+"""Crucible trainer: datasets and prompts, evaluation, and the online RL worker."""
