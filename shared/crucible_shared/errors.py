@@ -15,7 +15,9 @@ class ErrorDetail(BaseModel):
     message: str = Field(description="Human-readable explanation saying what to fix.")
     status: int = Field(description="The HTTP status code, repeated for clients that lose it.")
     field: str | None = Field(default=None, description="Dotted path of the offending field, if any.")
-    details: list[dict] | None = Field(default=None, description="Every validation problem, when there were several.")
+    details: list[dict] | None = Field(
+        default=None, description="Every validation problem, when there were several."
+    )
 
 
 class ErrorEnvelope(BaseModel):

@@ -8,6 +8,19 @@ import typer
 app = typer.Typer(name="crucible", help="Crucible: RL for code models, rewarded by running the code.", no_args_is_help=True)
 
 
+@app.callback()
+def _root() -> None:
+    """Crucible: RL for code models, rewarded by running the code."""
+
+
+@app.command()
+def version() -> None:
+    """Print Crucible's version."""
+    from importlib.metadata import version as dist_version
+
+    typer.echo(f"crucible {dist_version('crucible-trainer')}")
+
+
 def _register() -> None:
     # Each module adds its commands to `app`; a missing one (not built yet) is simply absent.
     import importlib
