@@ -1,0 +1,208 @@
+"""The generator server, spawned with the real SmolLM2, through the official `openai` client."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from tests.integration.generator_fixtures import *  # noqa: F403
+from tests.integration.generator_fixtures import BASE
+
+PROMPT = "def fibonacci(n):"
+
+
+def test_models_lists_the_base_model(client):
+    (card,) = [m for m in client.models.list().data if m.id == BASE]
+    assert card.model_extra["max_model_len"] == 8192
+    assert card.model_extra["parent"] is None
+
+
+def test_completion_token_ids_round_trip(client, tokenizer):
+    out = client.completions.create(
+        model=BASE,
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        logprobs=0,
+        extra_body={"return_token_ids": True},
+    )
+    (choice,) = out.choices
+    token_ids = choice.model_extra["token_ids"]
+    assert choice.text and choice.finish_reason in {"stop", "length"}
+    assert choice.model_extra["prompt_token_ids"] == tokenizer(PROMPT).input_ids
+    assert tokenizer.decode(token_ids, skip_special_tokens=True) == choice.text
+    assert len(token_ids) == out.usage.completion_tokens
+    assert out.usage.prompt_tokens == len(tokenizer(PROMPT).input_ids)
+    assert len(choice.logprobs.token_logprobs) == len(token_ids)
+    assert "".join(choice.logprobs.tokens) == tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_are_the_models_raw_logprobs(client, tokenizer, temperature):
+    """What the trainer relies on: the returned logprob of each sampled token is log_softmax of the
+    model's own logits (temperature 1), whatever the sampling temperature."""
+    from crucible_shared.models import load_model
+
+    out = client.completions.create(
+        model=BASE, prompt=PROMPT, max_tokens=12, temperature=temperature, seed=5, logprobs=0,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = out.choices[0]
+    prompt_ids, token_ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+    model, _ = load_model(BASE, device="cpu", dtype="float32")
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(choice.logprobs.token_logprobs), expected, atol=1e-3)
+
+
+def test_chat_completion_uses_the_chat_template(client, tokenizer):
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    out = client.chat.completions.create(
+        model=BASE, messages=messages, max_tokens=24, temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = out.choices[0]
+    expected_prompt = tokenizer(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    ).input_ids
+    assert out.model_extra["prompt_token_ids"] == expected_prompt
+    assert choice.message.role == "assistant" and choice.message.content
+    assert len(choice.logprobs.content) == len(choice.model_extra["token_ids"]) == out.usage.completion_tokens
+    assert all(len(c.top_logprobs) == 2 for c in choice.logprobs.content)
+
+
+def test_n_samples_expand_in_one_request(client):
+    out = client.completions.create(
+        model=BASE,
+        prompt=PROMPT,
+        n=4,
+        max_tokens=12,
+        temperature=1.0,
+        seed=11,
+        extra_body={"return_token_ids": True},
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert len({c.text for c in out.choices}) > 1
+    assert out.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in out.choices)
+
+
+def test_batched_prompts_give_prompt_major_choices(client):
+    out = client.completions.create(
+        model=BASE, prompt=["def add(a, b):", "def sub(a, b):"], n=2, max_tokens=4
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+
+
+def test_stop_sequences_truncate_and_report_the_stop(client):
+    free = client.completions.create(model=BASE, prompt=PROMPT, max_tokens=24, temperature=0).choices[0]
+    stop = free.text.strip()[3:6]  # a string that occurs in the greedy continuation
+    cut = client.completions.create(
+        model=BASE, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop]
+    ).choices[0]
+    assert cut.text == free.text[: free.text.index(stop)]
+    assert cut.finish_reason == "stop" and cut.model_extra["stop_reason"] == stop
+
+
+def test_seeded_sampling_is_deterministic(client):
+    def draw(seed):
+        out = client.completions.create(
+            model=BASE, prompt=PROMPT, n=2, max_tokens=16, temperature=1.0, seed=seed
+        )
+        return [c.text for c in out.choices]
+
+    first = draw(1234)
+    assert draw(1234) == first
+    assert draw(4321) != first
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(client):
+    alone = client.completions.create(model=BASE, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=99)
+    results = {}
+
+    def other(i):
+        results[i] = client.completions.create(
+            model=BASE, prompt="x" * (i + 1) + " = [", max_tokens=8, temperature=1.0
+        )
+
+    threads = [threading.Thread(target=other, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    batched = client.completions.create(model=BASE, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=99)
+    for t in threads:
+        t.join()
+    assert batched.choices[0].text == alone.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "param"),
+    [
+        ({"model": "no-such-model"}, openai.NotFoundError, "model"),
+        ({"temperature": -1.0}, openai.BadRequestError, "temperature"),
+        ({"top_p": 0.0}, openai.BadRequestError, "top_p"),
+        ({"n": 0}, openai.BadRequestError, "n"),
+        ({"max_tokens": 100_000}, openai.BadRequestError, "max_tokens"),
+        ({"logprobs": 50}, openai.BadRequestError, "logprobs"),
+        ({"extra_body": {"n": "two"}}, openai.BadRequestError, "n"),
+    ],
+)
+def test_bad_requests_get_vllm_shaped_errors(client, kwargs, error, param):
+    request = {"model": BASE, "prompt": PROMPT, "max_tokens": 4, **kwargs}
+    with pytest.raises(error) as caught:
+        client.completions.create(**request)
+    body = caught.value.body
+    assert set(body) >= {"message", "type", "param", "code"}  # the client unwraps {"error": {...}}
+    assert body["code"] == caught.value.status_code and body["param"] == param
+
+
+def test_error_envelope_on_the_wire(generator):
+    response = httpx.post(f"{generator.url}/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": {
+            "message": "The model `nope` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+    invalid = httpx.post(f"{generator.url}/v1/chat/completions", json={"model": BASE})
+    assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.slow
+def test_health_answers_while_a_long_batch_runs(generator, client):
+    done = threading.Event()
+
+    def long_request():
+        client.completions.create(
+            model=BASE, prompt=PROMPT, max_tokens=160, temperature=0, extra_body={"ignore_eos": True}
+        )
+        done.set()
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    time.sleep(1.0)  # let the batch start decoding
+    latencies = []
+    while not done.is_set() and len(latencies) < 10:
+        started = time.perf_counter()
+        assert httpx.get(f"{generator.url}/health", timeout=5).status_code == 200
+        latencies.append(time.perf_counter() - started)
+        time.sleep(0.1)
+    thread.join()
+    assert len(latencies) >= 3, "the long request finished before /health was probed"
+    assert max(latencies) < 0.5
+
+
+def test_metrics_count_tokens(generator, client):
+    client.completions.create(model=BASE, prompt=PROMPT, max_tokens=2)
+    text = httpx.get(f"{generator.url}/metrics").text
+    assert "crucible_generator_generation_tokens_total" in text
+    assert 'crucible_generator_requests_total{route="/v1/completions",status="200"}' in text
