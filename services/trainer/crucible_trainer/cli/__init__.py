@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(name="crucible", help="Crucible: RL for code models, rewarded by running the code.", no_args_is_help=True)
+app = typer.Typer(
+    name="crucible", help="Crucible: RL for code models, rewarded by running the code.", no_args_is_help=True
+)
 
 
 @app.callback()

@@ -1,0 +1,166 @@
+"""The policy: the base model with a trainable LoRA adapter (PEFT), and what the trainer asks of it.
+
+Log-probabilities are computed for exactly the token ids the generator sampled (never by
+re-tokenising text), left-padded so every completion ends at the last position and only the
+last `max_completion + 1` logits are materialised.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from crucible_shared.jobs import ModelSpec, OptimSpec
+from crucible_shared.models import load_model
+
+
+@dataclass
+class Batch:
+    """Left-padded prompt+completion ids with the completion tokens right-aligned in a tail."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    tail_mask: torch.Tensor  # [B, K]: 1 on completion tokens
+    tail: int  # K = longest completion
+
+
+def make_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: str) -> Batch:
+    seqs = [p + c for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(s) for s in seqs)
+    tail = max(1, max(len(c) for c in completions))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    tail_mask = torch.zeros((len(seqs), tail), dtype=torch.float32)
+    for i, (s, c) in enumerate(zip(seqs, completions, strict=True)):
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
+        if c:
+            tail_mask[i, tail - len(c) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return Batch(ids.to(device), mask.to(device), positions.to(device), tail_mask.to(device), tail)
+
+
+def right_align(rows: list[list[float]], tail: int, device: str) -> torch.Tensor:
+    """Per-token values (e.g. old log-probs) placed like `Batch.tail_mask`."""
+    out = torch.zeros((len(rows), tail), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, tail - len(r) :] = torch.tensor(r, dtype=torch.float32)
+    return out.to(device)
+
+
+class Policy:
+    """Base model + LoRA adapter + AdamW over the adapter's parameters."""
+
+    def __init__(self, spec: ModelSpec, optim: OptimSpec, seed: int = 0) -> None:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        torch.manual_seed(seed)
+        base, tokenizer = load_model(spec.base, device=spec.device, dtype=spec.dtype)
+        self.tokenizer = tokenizer
+        self.device = str(base.device)
+        if spec.init_adapter:
+            self.model = PeftModel.from_pretrained(base, spec.init_adapter, is_trainable=True)
+        else:
+            config = LoraConfig(
+                r=spec.lora_r,
+                lora_alpha=spec.lora_alpha,
+                lora_dropout=spec.lora_dropout,
+                target_modules=spec.target_modules,
+                task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(base, config)
+        if spec.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.enable_input_require_grads()
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: min(1.0, (step + 1) / optim.warmup_steps) if optim.warmup_steps else 1.0,
+        )
+        self.max_grad_norm = optim.max_grad_norm
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # -- scoring ------------------------------------------------------------------------------
+    def token_logprobs(self, batch: Batch, *, reference: bool = False) -> torch.Tensor:
+        """[B, K] log-probabilities of the completion tokens (zeros elsewhere); keeps the graph."""
+        if reference:
+            with self.model.disable_adapter():
+                return self._forward(batch)
+        return self._forward(batch)
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        k = batch.tail
+        out = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=k + 1,
+            use_cache=False,
+        )
+        logits = out.logits[:, -(k + 1) : -1, :].float()
+        targets = batch.input_ids[:, -k:]
+        picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+        logp = picked - torch.logsumexp(logits, dim=-1)
+        return logp * batch.tail_mask
+
+    @torch.no_grad()
+    def score(
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        micro_batch: int = 16,
+        reference: bool = False,
+    ) -> list[list[float]]:
+        """Per-token log-probs of each completion, without gradients."""
+        out: list[list[float]] = []
+        for i in range(0, len(prompts), micro_batch):
+            b = make_batch(
+                prompts[i : i + micro_batch], completions[i : i + micro_batch], self.pad_id, self.device
+            )
+            lp = self.token_logprobs(b, reference=reference).cpu()
+            for row, c in zip(lp, completions[i : i + micro_batch], strict=True):
+                out.append(row[b.tail - len(c) :].tolist() if c else [])
+        return out
+
+    # -- optimisation ---------------------------------------------------------------------------
+    def step(self) -> float:
+        """Clip, step the optimizer and the schedule; returns the pre-clip gradient norm."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.max_grad_norm:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+        else:
+            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    # -- persistence ----------------------------------------------------------------------------
+    def save_adapter(self, path: Path) -> Path:
+        """Write the adapter (PEFT format) to `path` atomically: a temp dir, then a rename."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        try:
+            self.model.save_pretrained(tmp)
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path

@@ -1,0 +1,96 @@
+"""Publishing adapter versions to the generator replicas, and the stale-policy check.
+
+Each version gets a new name `<job>-v<step>` (vLLM caches by name: reusing one would serve
+stale weights). After the broadcast load returns on every replica, rollouts switch to the new
+name and versions older than the staleness window are unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crucible_shared.generator_client import GeneratorPool, samples
+
+from crucible_trainer.policy import Policy
+
+
+@dataclass
+class Publisher:
+    pool: GeneratorPool
+    adapter_dir: Path
+    job_id: str
+    window: int
+    base_name: str
+    live: list[str] = field(default_factory=list)
+    current: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """What rollouts should ask for: the newest loaded version, or the base model."""
+        return self.current or self.base_name
+
+    async def publish(self, policy: Policy, version: int) -> dict[str, float]:
+        started = time.perf_counter()
+        path = self.adapter_dir / self.job_id / f"v{version}"
+        await asyncio.to_thread(policy.save_adapter, path)
+        saved = time.perf_counter()
+        name = f"{self.job_id}-v{version}"
+        await self.pool.load_adapter(name, str(path.resolve()))
+        loaded = time.perf_counter()
+        self.live.append(name)
+        self.current = name
+        while len(self.live) > self.window + 1:
+            old = self.live.pop(0)
+            await self.pool.unload_adapter(old, missing_ok=True)
+        return {
+            "publish/save_s": saved - started,
+            "publish/load_s": loaded - saved,
+            "publish/total_s": time.perf_counter() - started,
+        }
+
+    async def adopt(self, version: int) -> None:
+        """After a resume: load the checkpoint's adapter version if the generator lost it."""
+        path = self.adapter_dir / self.job_id / f"v{version}"
+        if path.exists():
+            name = f"{self.job_id}-v{version}"
+            await self.pool.load_adapter(name, str(path.resolve()))
+            self.live, self.current = [name], name
+
+    async def retire_all(self) -> None:
+        for name in self.live:
+            await self.pool.unload_adapter(name, missing_ok=True)
+        self.live, self.current = [], None
+
+
+async def stale_check(
+    pool: GeneratorPool, policy: Policy, model_name: str, probe_prompt: str, tokens: int = 24
+) -> dict[str, float]:
+    """Score a fixed probe with the generator (version `model_name`) and with the trainer's policy.
+
+    The generator decodes the probe greedily and reports its log-probs; the trainer scores the
+    same token ids with the current adapter and with the adapter disabled. A fresh generator is
+    close to the policy; one still serving older weights is not (and may be closer to the base).
+    """
+    response = await pool.complete(
+        probe_prompt,
+        model=model_name,
+        n=1,
+        max_tokens=tokens,
+        temperature=0.0,
+        logprobs=0,
+        return_token_ids=True,
+    )
+    s = samples(response)[0]
+    comp, gen_lp = list(s.token_ids or []), list(s.logprobs or [])
+    if not comp or len(gen_lp) != len(comp):
+        return {"stale/diff": float("nan"), "stale/ok": 0.0}
+    prompt_ids = list(s.prompt_token_ids or [])
+    now = (await asyncio.to_thread(policy.score, [prompt_ids], [comp]))[0]
+    base = (await asyncio.to_thread(policy.score, [prompt_ids], [comp], 16, True))[0]
+    diff = sum(abs(a - b) for a, b in zip(now, gen_lp, strict=True)) / len(comp)
+    diff_base = sum(abs(a - b) for a, b in zip(base, gen_lp, strict=True)) / len(comp)
+    moved = sum(abs(a - b) for a, b in zip(now, base, strict=True)) / len(comp)
+    return {"stale/diff": diff, "stale/diff_to_base": diff_base, "stale/policy_moved": moved}

@@ -1,0 +1,65 @@
+"""Advantages: from rewards to per-sample weights of the policy gradient. Pure functions.
+
+>>> group_advantages([[1.0, 0.0, 0.0, 1.0]], scale="group")
+[[1.0, -1.0, -1.0, 1.0]]
+>>> group_advantages([[0.0, 0.0, 0.0]], scale="group")  # no signal in a uniform group
+[[0.0, 0.0, 0.0]]
+>>> batch_normalised([1.0, 2.0, 3.0])
+[-1.2247, 0.0, 1.2247]
+>>> mean_baseline([1.0, 0.0])
+[0.5, -0.5]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+EPS = 1e-6
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / len(values)  # population std, as GRPO papers use
+    return mean, math.sqrt(var)
+
+
+def group_advantages(
+    groups: list[list[float]], scale: Literal["group", "batch", "none"] = "group"
+) -> list[list[float]]:
+    """GRPO: reward minus its group's mean, divided by the group's std, the batch's std, or 1."""
+    centred = []
+    for rewards in groups:
+        mean, _ = _mean_std(rewards)
+        centred.append([r - mean for r in rewards])
+    if scale == "none":
+        return [[round(a, 4) for a in g] for g in centred]
+    if scale == "batch":
+        _, std = _mean_std([r for g in groups for r in g])
+        return [[round(a / (std + EPS), 4) for a in g] for g in centred]
+    out = []
+    for rewards, adv in zip(groups, centred, strict=True):
+        _, std = _mean_std(rewards)
+        out.append([round(a / (std + EPS), 4) if std > 0 else 0.0 for a in adv])
+    return out
+
+
+def zero_signal(groups: list[list[float]]) -> int:
+    """Number of groups whose rewards are all equal: they contribute no gradient.
+
+    >>> zero_signal([[1, 1], [0, 1], [0, 0]])
+    2
+    """
+    return sum(1 for g in groups if max(g) - min(g) < 1e-9)
+
+
+def batch_normalised(rewards: list[float]) -> list[float]:
+    """PPO: (r - mean) / (std + eps) over the whole batch."""
+    mean, std = _mean_std(rewards)
+    return [round((r - mean) / (std + EPS), 4) for r in rewards]
+
+
+def mean_baseline(rewards: list[float]) -> list[float]:
+    """REINFORCE with a baseline: r - mean(r)."""
+    mean = sum(rewards) / len(rewards)
+    return [round(r - mean, 4) for r in rewards]

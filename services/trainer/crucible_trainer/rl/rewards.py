@@ -1,0 +1,65 @@
+"""Rewards: pure functions of a sandbox result (and the completion's length).
+
+A sandbox infrastructure fault (`sandbox_error`) is not the program's doing: `reward` returns
+None for it and the caller drops the sample instead of scoring it.
+
+>>> from crucible_shared.sandbox import RunResult
+>>> ok = RunResult(status="passed", passed=3, total=3)
+>>> half = RunResult(status="failed", passed=1, total=2)
+>>> reward(ok, "all_pass"), reward(half, "all_pass"), reward(half, "fraction")
+(1.0, 0.0, 0.5)
+>>> reward(RunResult(status="syntax_error", passed=0, total=3), "graded")
+-0.5
+>>> reward(ok, "fraction", generated_tokens=150, length_penalty=0.1)
+0.85
+>>> reward(RunResult(status="sandbox_error", passed=0, total=0), "fraction") is None
+True
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from crucible_shared.sandbox import RunResult, RunStatus
+
+RewardKind = Literal["all_pass", "fraction", "graded"]
+
+
+def all_pass(result: RunResult) -> float:
+    """1 when every test passed, else 0."""
+    return 1.0 if result.status == RunStatus.passed else 0.0
+
+
+def fraction(result: RunResult) -> float:
+    """Fraction of the tests that passed."""
+    return result.passed / result.total if result.total else 0.0
+
+
+def graded(result: RunResult) -> float:
+    """Execution reward: +1 ran and printed output, +0.5 ran silently, -0.5 syntax error, -1 crashed or timed out.
+
+    "Ran" means the program and its tests executed to the end (whatever the answers were).
+    """
+    if result.status == RunStatus.syntax_error:
+        return -0.5
+    if result.status in (RunStatus.passed, RunStatus.failed):
+        return 1.0 if result.stdout.strip() else 0.5
+    return -1.0
+
+
+_KINDS = {"all_pass": all_pass, "fraction": fraction, "graded": graded}
+
+
+def length_penalty(generated_tokens: int, alpha: float) -> float:
+    """alpha * generated_tokens / 100 (REINFORCE's length penalty)."""
+    return alpha * generated_tokens / 100.0
+
+
+def reward(
+    result: RunResult, kind: RewardKind, *, generated_tokens: int = 0, length_penalty: float = 0.0
+) -> float | None:
+    """The scalar reward of one sample, or None for an infrastructure fault (drop the sample)."""
+    if result.status == RunStatus.sandbox_error:
+        return None
+    value = _KINDS[kind](result) - length_penalty * generated_tokens / 100.0
+    return round(value, 10)

@@ -1,0 +1,135 @@
+"""Rollouts: prompts -> completions from the generator -> programs run by the sandbox -> rewards.
+
+All prompts of a step are requested concurrently (the generator batches them); each prompt's
+programs go to the sandbox as soon as its completions arrive, so execution overlaps generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from crucible_shared.generator_client import GeneratorPool, samples
+from crucible_shared.jobs import RewardSpec
+from crucible_shared.sandbox import RunResult
+from crucible_shared.sandbox_client import SandboxClient
+
+from crucible_trainer.rl.rewards import reward as reward_of
+
+
+@dataclass
+class Sample:
+    """One completion with everything the update and the metrics need."""
+
+    task_index: int
+    group: int  # samples of one group share an advantage baseline
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    code: str
+    gen_logprobs: list[float] | None
+    finish_reason: str | None
+    phase: str = "c1"  # "c1" first attempt, "c2" refinement (SRRL)
+    parent: int | None = None  # index of the c1 sample a refinement refines
+    result: RunResult | None = None
+    reward: float | None = None
+    advantage: float = 0.0
+
+
+@dataclass
+class Timing:
+    generate_s: float = 0.0  # wall time until the last completion arrived
+    execute_tail_s: float = 0.0  # wall time after that until the last result (execution not hidden)
+    execute_busy_s: float = 0.0  # summed time of sandbox requests (mostly overlapped)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Prompt:
+    task_index: int
+    group: int
+    text: str
+    phase: str = "c1"
+    parent: int | None = None
+
+
+class Roller:
+    """Samples and scores completions for a list of prompts."""
+
+    def __init__(
+        self, generator: GeneratorPool, sandbox: SandboxClient, tasks: list[Any], reward: RewardSpec, extract
+    ) -> None:
+        self.generator, self.sandbox, self.tasks, self.reward_spec = generator, sandbox, tasks, reward
+        self.extract = extract  # text -> code
+
+    async def roll(
+        self,
+        prompts: list[Prompt],
+        *,
+        model: str,
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        stop: list[str] | None,
+        seed: int,
+        extract=None,
+        timing: Timing | None = None,
+    ) -> list[Sample]:
+        extract = extract or self.extract
+        timing = timing or Timing()
+        started = time.perf_counter()
+        last_generated = [started]
+
+        async def one(i: int, prompt: Prompt) -> list[Sample]:
+            response = await self.generator.complete(
+                prompt.text,
+                model=model,
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=seed * 100_003 + i,
+                logprobs=0,
+                return_token_ids=True,
+            )
+            last_generated[0] = max(last_generated[0], time.perf_counter())
+            out = []
+            for s in samples(response):
+                code = extract(s.text)
+                out.append(
+                    Sample(
+                        task_index=prompt.task_index,
+                        group=prompt.group,
+                        prompt_ids=list(s.prompt_token_ids or []),
+                        completion_ids=list(s.token_ids or []),
+                        text=s.text,
+                        code=code,
+                        gen_logprobs=s.logprobs,
+                        finish_reason=s.finish_reason,
+                        phase=prompt.phase,
+                        parent=prompt.parent,
+                    )
+                )
+            t = time.perf_counter()
+            task = self.tasks[prompt.task_index]
+            results = await self.sandbox.run_batch([task.run_request(x.code) for x in out])
+            timing.execute_busy_s += time.perf_counter() - t
+            for x, result in zip(out, results, strict=True):
+                x.result = result
+                x.reward = reward_of(
+                    result,
+                    self.reward_spec.kind,
+                    generated_tokens=len(x.completion_ids),
+                    length_penalty=self.reward_spec.length_penalty,
+                )
+            return out
+
+        groups = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        finished = time.perf_counter()
+        timing.generate_s += last_generated[0] - started
+        timing.execute_tail_s += finished - last_generated[0]
+        return [s for g in groups for s in g]

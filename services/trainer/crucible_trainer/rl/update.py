@@ -1,0 +1,111 @@
+"""The policy update shared by every method: micro-batches, accumulation, iterations/epochs."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from crucible_trainer.policy import Policy, make_batch, right_align
+from crucible_trainer.rl import losses
+from crucible_trainer.rl.rollout import Sample
+
+
+@dataclass
+class UpdateConfig:
+    objective: Literal["clip", "reinforce"] = "clip"
+    iterations: int = 1  # GRPO's mu, or PPO's epochs
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_beta: float = 0.0
+    aggregation: Literal["sequence", "token", "dr_grpo"] = "token"
+    micro_batch: int = 16
+    grad_accum: int | None = None  # micro-batches per optimizer step; None: all of them
+    max_tokens: int = 256  # Dr. GRPO's constant normaliser
+    always_score_old: bool = False  # PPO: log p_old from a separate no-grad pass
+
+
+def trainable(batch: list[Sample], kl_beta: float) -> list[Sample]:
+    """Samples that carry gradient: scored, non-empty, and (without KL) with a non-zero advantage."""
+    keep = [s for s in batch if s.reward is not None and s.completion_ids]
+    if kl_beta == 0:
+        keep = [s for s in keep if abs(s.advantage) > 1e-8]
+    return keep
+
+
+def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
+    """Run `cfg.iterations` passes over `batch`; returns averaged metrics (and per-iteration ratios)."""
+    samples = trainable(batch, cfg.kl_beta)
+    metrics: dict[str, float] = {"update/sequences": float(len(samples))}
+    if not samples:
+        metrics.update({"loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "kl": 0.0})
+        return metrics
+    prompts = [s.prompt_ids for s in samples]
+    comps = [s.completion_ids for s in samples]
+    old = (
+        policy.score(prompts, comps, cfg.micro_batch)
+        if (cfg.iterations > 1 or cfg.always_score_old)
+        else None
+    )
+    ref = policy.score(prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    total_tokens = sum(len(c) for c in comps)
+    rng = random.Random(seed)
+    order = list(range(len(samples)))
+    micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
+    accum = cfg.grad_accum or len(micro)
+    sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio": 0.0}
+    counts = {"micro": 0, "steps": 0}
+    for iteration in range(cfg.iterations):
+        if iteration > 0:
+            rng.shuffle(order)
+            micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
+        ratio_sum, ratio_n = 0.0, 0
+        for m, idx in enumerate(micro):
+            b = make_batch([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id, policy.device)
+            adv = torch.tensor([samples[i].advantage for i in idx], dtype=torch.float32, device=policy.device)
+            logp = policy.token_logprobs(b)
+            if cfg.objective == "reinforce":
+                out = losses.reinforce(logp, adv, b.tail_mask)
+                weight = len(idx) / len(samples)
+            else:
+                old_lp = (
+                    right_align([old[i] for i in idx], b.tail, policy.device)
+                    if old is not None
+                    else logp.detach()
+                )
+                ref_lp = (
+                    right_align([ref[i] for i in idx], b.tail, policy.device) if ref is not None else None
+                )
+                out = losses.clipped_surrogate(
+                    logp,
+                    old_lp,
+                    adv,
+                    b.tail_mask,
+                    clip_eps=cfg.clip_eps,
+                    clip_eps_high=cfg.clip_eps_high,
+                    ref_logp=ref_lp,
+                    kl_beta=cfg.kl_beta,
+                    aggregation=cfg.aggregation,
+                    max_tokens=cfg.max_tokens,
+                )
+                tokens = float(b.tail_mask.sum())
+                weight = tokens / total_tokens if cfg.aggregation == "token" else len(idx) / len(samples)
+            (out.loss * weight).backward()
+            sums["loss"] += float(out.loss.detach()) * weight
+            sums["clip_fraction"] += out.clip_fraction
+            sums["kl"] += out.kl
+            ratio_sum += out.ratio_mean
+            ratio_n += 1
+            counts["micro"] += 1
+            if (m + 1) % accum == 0 or m == len(micro) - 1:
+                sums["grad_norm"] += policy.step()
+                counts["steps"] += 1
+        metrics[f"update/ratio_mean_iter{iteration}"] = ratio_sum / max(ratio_n, 1)
+    metrics["loss"] = sums["loss"] / cfg.iterations
+    metrics["clip_fraction"] = sums["clip_fraction"] / max(counts["micro"], 1)
+    metrics["kl"] = sums["kl"] / max(counts["micro"], 1)
+    metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
+    metrics["update/optimizer_steps"] = float(counts["steps"])
+    return metrics

@@ -1,0 +1,32 @@
+"""Trainer settings, read from `CRUCIBLE_TRAINER_*` (and `REDIS_URL`) environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_TRAINER_", extra="ignore")
+
+    generator_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8001"], description="Generator replicas (comma-separated)."
+    )
+    sandbox_url: str = "http://127.0.0.1:8002"
+    sandbox_api_key: str | None = None
+    adapter_dir: Path = Field(Path("runs/adapters"), description="Adapter store shared with the generators.")
+    runs_dir: Path = Field(Path("runs/jobs"), description="Per-job run dirs: metrics, reports, checkpoints.")
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("CRUCIBLE_TRAINER_REDIS_URL", "REDIS_URL")
+    )
+    cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks its cancel flag.")
+
+    @field_validator("generator_urls", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value

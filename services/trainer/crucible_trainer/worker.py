@@ -1,0 +1,42 @@
+"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `train` and `eval` queues."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="Run a Crucible trainer worker (settings: CRUCIBLE_TRAINER_*, REDIS_URL)."
+    )
+    parser.add_argument("--queues", default="train,eval", help="comma-separated queues, in priority order")
+    parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    parser.add_argument("--name", help="worker name")
+    args = parser.parse_args()
+
+    from crucible_trainer.settings import Settings
+
+    settings = Settings()
+    if not settings.redis_url:
+        raise SystemExit(
+            "crucible worker: set REDIS_URL (e.g. redis://127.0.0.1:6379/0) so the worker can find its queues"
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from redis import Redis
+    from rq import Queue, SimpleWorker
+    from rq.serializers import JSONSerializer
+
+    redis = Redis.from_url(settings.redis_url)
+    queues = [
+        Queue(q.strip(), connection=redis, serializer=JSONSerializer)
+        for q in args.queues.split(",")
+        if q.strip()
+    ]
+    worker = SimpleWorker(queues, connection=redis, serializer=JSONSerializer, name=args.name)
+    worker.work(burst=args.burst, with_scheduler=False)
+
+
+if __name__ == "__main__":
+    main()

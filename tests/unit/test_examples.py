@@ -1,0 +1,42 @@
+"""Every shipped job spec parses, and bad specs fail naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from crucible_shared.jobs import EvalJob, JobSpec, TrainJob
+from pydantic import TypeAdapter, ValidationError
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+SPEC = TypeAdapter(JobSpec)
+
+
+def test_there_are_examples() -> None:
+    assert len(EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_parses(path: Path) -> None:
+    spec = SPEC.validate_python(yaml.safe_load(path.read_text()))
+    assert isinstance(spec, TrainJob | EvalJob)
+    assert SPEC.validate_json(spec.model_dump_json()) == spec  # JSON round trip (RQ payloads are JSON)
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        ({"kind": "train", "method": {"name": "grpo"}, "rollout": {"group_size": 1}}, "group_size"),
+        ({"kind": "train", "method": {"name": "srrl", "c1": 10, "budget": 10}}, "c1"),
+        ({"kind": "train", "method": {"name": "nope"}}, "method"),
+        ({"kind": "train", "optim": {"lr": -1}}, "optim.lr"),
+        ({"kind": "train", "data": {"dataset": "stdio"}}, "path"),
+        ({"kind": "eval", "n": 2, "ks": [5]}, "ks"),
+        ({"kind": "train", "surprise": True}, "surprise"),
+    ],
+)
+def test_bad_specs_name_the_field(spec: dict, where: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        SPEC.validate_python(spec)
+    assert where in str(info.value)
