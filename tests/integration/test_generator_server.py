@@ -206,3 +206,14 @@ def test_metrics_count_tokens(generator, client):
     text = httpx.get(f"{generator.url}/metrics").text
     assert "crucible_generator_generation_tokens_total" in text
     assert 'crucible_generator_requests_total{route="/v1/completions",status="200"}' in text
+
+
+@pytest.mark.slow
+def test_a_client_that_hangs_up_stops_its_generation(generator):
+    body = {"model": BASE, "prompt": PROMPT, "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{generator.url}/v1/completions", json=body, timeout=1.5)
+    deadline = time.monotonic() + 5
+    while "crucible_generator_running_sequences 0.0" not in httpx.get(f"{generator.url}/metrics").text:
+        assert time.monotonic() < deadline, "the abandoned request is still decoding"
+        time.sleep(0.2)

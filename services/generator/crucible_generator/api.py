@@ -7,11 +7,12 @@ The model is loaded in the lifespan hook, so `/health` answers only once the ser
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +35,8 @@ from .protocol import (
 from .service import GeneratorService, build_service
 from .settings import Settings
 
+T = TypeVar("T")
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 500, 501)
 }
@@ -48,6 +51,53 @@ def _clean_loc(loc: tuple | list) -> str | None:
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=type_, param=param, code=status))
     return JSONResponse(body.model_dump(), status_code=status)
+
+
+class ClientGone(Exception):
+    """The client hung up before its completion was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.5) -> T:
+    """Await `work`, cancelling it if the client disconnects first (its sequences leave the batch)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ClientGone
+
+
+class RequestMetrics:
+    """Counts requests by route and status (a plain ASGI middleware: Starlette's `BaseHTTPMiddleware`
+    would hide client disconnects from the routes)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def send_and_record(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            service = getattr(scope["app"].state, "service", None)
+            if service is not None:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                metrics = service.engine.metrics
+                metrics.requests.labels(route=route, status=str(status["code"])).inc()
+                if route.endswith("completions"):
+                    metrics.request_seconds.labels(route=route).observe(time.perf_counter() - started)
 
 
 def create_app(settings: Settings | None = None, service: GeneratorService | None = None) -> FastAPI:
@@ -65,24 +115,10 @@ def create_app(settings: Settings | None = None, service: GeneratorService | Non
                 app.state.service.engine.stop()
 
     app = FastAPI(title="Crucible generator", version="1", lifespan=lifespan)
+    app.add_middleware(RequestMetrics)
 
     def svc(request: Request) -> GeneratorService:
         return request.app.state.service
-
-    @app.middleware("http")
-    async def count_requests(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        if hasattr(request.app.state, "service"):
-            metrics = request.app.state.service.engine.metrics
-            matched = request.scope.get("route")
-            route = getattr(matched, "path", "unmatched")
-            metrics.requests.labels(route=route, status=str(response.status_code)).inc()
-            if route.endswith("completions"):
-                metrics.request_seconds.labels(route=route).observe(time.perf_counter() - started)
-        return response
 
     @app.exception_handler(GeneratorError)
     async def generator_error(_: Request, exc: GeneratorError) -> JSONResponse:
@@ -106,6 +142,10 @@ def create_app(settings: Settings | None = None, service: GeneratorService | Non
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail), HTTPStatus(exc.status_code).phrase)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(_: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
     @app.exception_handler(Exception)
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
         return _error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
@@ -125,12 +165,12 @@ def create_app(settings: Settings | None = None, service: GeneratorService | Non
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> JSONResponse:
-        result = await svc(request).complete(body)
+        result = await until_disconnect(request, svc(request).complete(body))
         return JSONResponse(result.model_dump())
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse:
-        result = await svc(request).chat(body)
+        result = await until_disconnect(request, svc(request).chat(body))
         return JSONResponse(result.model_dump())
 
     @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
