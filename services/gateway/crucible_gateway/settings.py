@@ -1,0 +1,48 @@
+"""Gateway settings, read from `CRUCIBLE_GATEWAY_*` (and `REDIS_URL`) environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_GATEWAY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", validation_alias=AliasChoices("CRUCIBLE_GATEWAY_REDIS_URL", "REDIS_URL")
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Accepted bearer keys; empty = auth off."
+    )
+    runs_dir: Path = Field(
+        Path("runs/jobs"), description="The trainer's run dirs (artifacts are served from here)."
+    )
+    adapter_dir: Path = Field(Path("runs/adapters"), description="The adapter store.")
+    train_job_timeout_s: int = Field(7 * 24 * 3600, ge=60, description="RQ job_timeout of train jobs.")
+    eval_job_timeout_s: int = Field(24 * 3600, ge=60, description="RQ job_timeout of eval jobs.")
+    heartbeat_timeout_s: float = Field(
+        60.0, gt=0, description="A running job silent this long is marked failed."
+    )
+    production: bool = Field(False, description="Refuse to start without API keys.")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        weak = [k for k in self.api_keys if len(k) < 16 or k in ("changeme", "secret", "change-me-please")]
+        if weak:
+            raise ValueError("api_keys: every key must be at least 16 characters and not a placeholder")
+        if self.production and not self.api_keys:
+            raise ValueError("production: set CRUCIBLE_GATEWAY_API_KEYS")
+        return self
