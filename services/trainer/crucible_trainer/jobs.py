@@ -29,6 +29,34 @@ def record(redis: Any, job_id: str, **fields: Any) -> None:
     redis.hset(keys.job(job_id), mapping=mapping)
 
 
+class Heartbeat:
+    """Writes `heartbeat_at` into the job record every few seconds from a thread, so a killed
+    worker shows up as a silent job (the gateway then marks it failed) even mid-step."""
+
+    def __init__(self, redis: Any, job_id: str, every_s: float = 5.0) -> None:
+        import threading
+
+        self.redis, self.job_id, self.every_s = redis, job_id, every_s
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                record(self.redis, self.job_id, heartbeat_at=time.time())
+            except Exception as exc:  # a Redis blip must not kill the job
+                log.warning("heartbeat failed: %r", exc)
+            self.stop_event.wait(self.every_s)
+
+    def __enter__(self) -> Heartbeat:
+        if self.redis is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+
+
 def run_job(job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Entry point of every queued job."""
     from redis import Redis
@@ -38,14 +66,15 @@ def run_job(job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     settings = Settings()
     redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
     parsed = _SPEC.validate_python(spec)
-    record(redis, job_id, status="running", started_at=time.time())
+    record(redis, job_id, status="running", started_at=time.time(), heartbeat_at=time.time())
     try:
-        if isinstance(parsed, TrainJob):
-            from crucible_trainer.train import run_train_job
+        with Heartbeat(redis, job_id, settings.heartbeat_s):
+            if isinstance(parsed, TrainJob):
+                from crucible_trainer.train import run_train_job
 
-            summary = asyncio.run(run_train_job(parsed, job_id, settings, redis=redis))
-        else:
-            summary = asyncio.run(run_eval_job(parsed, job_id, settings, redis=redis))
+                summary = asyncio.run(run_train_job(parsed, job_id, settings, redis=redis))
+            else:
+                summary = asyncio.run(run_eval_job(parsed, job_id, settings, redis=redis))
     except BaseException as exc:
         record(
             redis,

@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, validation_alias=AliasChoices("CRUCIBLE_TRAINER_REDIS_URL", "REDIS_URL")
     )
+    heartbeat_s: float = Field(5.0, gt=0, description="How often a running job reports that it is alive.")
     cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks its cancel flag.")
 
     @field_validator("generator_urls", mode="before")

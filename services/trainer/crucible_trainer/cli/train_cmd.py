@@ -1,10 +1,10 @@
-"""`crucible train --config spec.yaml`: run a training job directly, without the queue.
-
-Same code path as a queued job (`crucible_trainer.train`); needs a generator and a sandbox.
-"""
+"""`crucible train --config spec.yaml`: submit a training job to the gateway and follow it, or,
+with `--local`, run it in this process without gateway or queue (the same code path a queued
+job takes: `crucible_trainer.train`; it then needs a generator and a sandbox)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -44,13 +44,22 @@ def load_spec(path: Path, expect: str):
 @app.command("train")
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="Job spec (YAML or JSON)."),
+    local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
+    gateway: str = typer.Option(
+        os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"), "--gateway", help="Gateway URL."
+    ),
+    api_key: str = typer.Option(os.environ.get("CRUCIBLE_API_KEY"), "--api-key", help="Gateway API key."),
+    detach: bool = typer.Option(False, "--detach", help="Submit and return without following the job."),
     generator: list[str] = typer.Option(None, "--generator", help="Generator URL (repeat for replicas)."),
     sandbox: str = typer.Option(None, "--sandbox", help="Sandbox URL."),
     job_id: str = typer.Option(None, "--job-id", help="Resume this job (its run dir holds the checkpoints)."),
     runs_dir: Path = typer.Option(None, "--runs-dir", help="Where run dirs go (default runs/jobs)."),
 ) -> None:
-    """Train directly (no gateway, no queue)."""
+    """Train: submit to the gateway and follow the job (or run it here with --local)."""
     spec = load_spec(config, "train")
+    if not local:
+        submit_and_follow(spec, gateway, api_key, detach)
+        return
     import asyncio
     import logging
 
@@ -84,3 +93,35 @@ def train(
         typer.echo("interrupted; the last checkpoint is in the run dir (resume with --job-id)", err=True)
         raise typer.Exit(130) from None
     typer.echo(f"{summary.get('status')}: adapter {summary.get('adapter')}")
+
+
+def submit_and_follow(spec, gateway: str, api_key: str | None, detach: bool) -> None:
+    """Submit a job spec; unless detached, follow it to the end (exit 1 unless it finished)."""
+    from crucible_shared.gateway_client import GatewayClient, GatewayError, GatewayUnreachable
+    from rich.console import Console
+
+    from crucible_trainer.cli.stack_cmd import follow
+
+    console = Console()
+    try:
+        with GatewayClient(gateway, api_key) as client:
+            created = client.submit(spec.model_dump(mode="json"))
+            console.print(f"submitted {created['id']} ({created['location']})")
+            if detach:
+                return
+            final = follow(client, created["id"], console)
+    except (GatewayError, OSError) as exc:
+        hint = (
+            "" if isinstance(exc, GatewayError) else " (is the stack up? `crucible up`, or run with --local)"
+        )
+        typer.echo(f"error: {exc}{hint}", err=True)
+        raise typer.Exit(1) from None
+    console.print(
+        f"{final['id']}: {final['status']}" + (f" ({final['error']})" if final.get("error") else "")
+    )
+    if final.get("summary"):
+        for key in ("adapter", "learning_curve", "before_after", "run_dir"):
+            if final["summary"].get(key):
+                console.print(f"  {key}: {final['summary'][key]}")
+    if final["status"] != "finished":
+        raise typer.Exit(1)

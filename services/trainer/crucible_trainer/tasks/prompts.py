@@ -1,0 +1,90 @@
+"""What the model sees, and how its answer becomes a program.
+
+Two prompt styles:
+
+* **chat** (`build_messages`, instruct models): a short system message and the problem, with
+  MBPP's one shown test so the function name is known, asking for a ```python block.
+* **completion** (`build_completion_prompt`, base models): MBPP and stdin/stdout problems as a
+  docstring the model answers with code; HumanEval's prompt as is, for the model to continue.
+
+`answer_to_code` turns a completion into the candidate code the sandbox runs (together with the
+task's preamble, see `Task.program`); `stop_sequences` are the stops a completion-style request
+should use.
+"""
+
+from __future__ import annotations
+
+from .extract import defines, extract_code, sanitize
+from .task import Task
+
+SYSTEM = "You are an expert Python programmer. Answer with the complete code in one ```python block."
+
+# Where a base model's answer is over (bigcode-evaluation-harness conventions).
+FUNCTION_STOPS = ["\nclass", "\nassert", '\n"""', "\nprint", "\nif __name__", "\n```", "\n<|"]
+CONTINUATION_STOPS = ["\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif", "\n```", "\n<|"]
+PROGRAM_STOPS = ['\n"""', "\n```", "\n<|"]
+
+
+def build_messages(task: Task) -> list[dict[str, str]]:
+    """Chat messages asking an instruct model to solve `task`."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem_statement(task)}]
+
+
+def problem_statement(task: Task) -> str:
+    """The problem as told to a chat model (also the start of the refinement prompt)."""
+    if task.prompt_is_code:
+        return (
+            "Complete the following Python function. Write the whole function, signature included.\n\n"
+            f"```python\n{task.prompt.strip()}\n```"
+        )
+    if task.tests.kind == "stdio":
+        return (
+            f"{task.prompt.strip()}\n\n"
+            "Write a complete Python program that reads the input from standard input and prints "
+            "the answer to standard output."
+        )
+    text = task.prompt.strip()
+    if task.shown_test:
+        text += f"\nYour code should pass this test:\n\n```python\n{task.shown_test.strip()}\n```"
+    elif task.entry_point:
+        text += f"\nThe function must be called `{task.entry_point}`."
+    return text
+
+
+def build_completion_prompt(task: Task) -> str:
+    """A plain-text prompt for base models; the model's continuation is the code."""
+    if task.prompt_is_code:
+        return task.prompt
+    if task.tests.kind == "stdio":
+        return f'"""\n{task.prompt.strip()}\nRead from standard input and write to standard output.\n"""\n'
+    shown = f"\n{task.shown_test.strip()}" if task.shown_test else ""
+    return f'"""\n{task.prompt.strip()}{shown}\n"""\n'
+
+
+def stop_sequences(task: Task, chat: bool) -> list[str] | None:
+    """Default stop strings for a request about `task` (chat models stop on their own)."""
+    if chat:
+        return None
+    if task.prompt_is_code:
+        return CONTINUATION_STOPS
+    if task.tests.kind == "stdio":
+        return PROGRAM_STOPS
+    return FUNCTION_STOPS
+
+
+def answer_to_code(task: Task, text: str, *, chat: bool, clean: bool = True) -> str:
+    """The candidate code in a model's answer (`chat`: a chat reply; else a completion of the prompt).
+
+    `clean` drops top-level example calls and asserts (`sanitize`) from function answers; stdin/stdout
+    programs are never cleaned. Returns "" when the answer holds no code.
+    """
+    if not chat and task.prompt_is_code:
+        return task.prompt + text
+    code = extract_code(text, task.entry_point)
+    body_only = code.startswith((" ", "\t")) and not defines(code, task.entry_point or "")
+    if chat and task.prompt_is_code and task.entry_point and body_only:
+        # A reply holding only the function's body: it continues the prompt.
+        code = task.prompt + code
+    if clean and task.tests.kind != "stdio":
+        code = sanitize(code)
+    return code if code.strip() else ""
