@@ -151,6 +151,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(client):
         ({"max_tokens": 100_000}, openai.BadRequestError, "max_tokens"),
         ({"logprobs": 50}, openai.BadRequestError, "logprobs"),
         ({"extra_body": {"n": "two"}}, openai.BadRequestError, "n"),
+        ({"extra_body": {"prompt_logprobs": 1}}, openai.BadRequestError, "prompt_logprobs"),
     ],
 )
 def test_bad_requests_get_vllm_shaped_errors(client, kwargs, error, param):

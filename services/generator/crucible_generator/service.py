@@ -38,6 +38,8 @@ from .settings import Settings
 
 log = logging.getLogger(__name__)
 
+# vLLM request fields this server does not implement: refused rather than silently ignored.
+UNSUPPORTED = ("prompt_logprobs", "use_beam_search", "logit_bias", "guided_json", "structured_outputs")
 LOGPROB_FLOOR = -9999.0  # what vLLM sends instead of -inf (not JSON-serializable)
 
 
@@ -260,6 +262,9 @@ class GeneratorService:
     ) -> SamplingParams:
         if request.stream:
             raise BadRequest("stream=true is not supported by this server.", param="stream")
+        for name in UNSUPPORTED:
+            if (request.model_extra or {}).get(name):
+                raise BadRequest(f"{name} is not supported by this server.", param=name)
         if request.n < 1:
             raise BadRequest(f"n must be at least 1, got {request.n}.", param="n")
         if max_tokens < 1:
