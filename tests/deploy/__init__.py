@@ -1,0 +1,1 @@
+"""Helpers for the deployment tests: compose files, Kustomize, Dockerfiles and who reads which variable."""

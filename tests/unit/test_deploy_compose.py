@@ -1,0 +1,199 @@
+"""compose.yaml (GPU host) and compose.cpu.yaml: valid, hardened, healthy-before-use, wired right."""
+
+from __future__ import annotations
+
+import crucible_shared
+import jsonschema
+import pytest
+from check_jsonschema.builtin_schemas import get_builtin_schema
+
+from tests.deploy import compose, docker
+from tests.deploy.env import IMAGES
+from tests.deploy.stack import COMPOSE_FILES, ROOT, SECRETS, compose_stack
+
+VARIANTS = ["gpu", "cpu"]
+# Services that may write to their root filesystem, and why.
+WRITABLE_ROOT = {"sandbox-lb": "compose writes its inline config into the container"}
+# One-shot services (depended on with service_completed_successfully rather than a health check).
+ONE_SHOT = {"volumes-init"}
+
+
+def services(variant: str) -> dict:
+    return compose_stack(variant)["services"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_valid_against_the_compose_specification(variant: str) -> None:
+    schema = get_builtin_schema("vendor.compose-spec")
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(compose_stack(variant))]
+    assert not errors
+
+
+def test_schema_check_catches_a_misspelt_key() -> None:
+    schema = get_builtin_schema("vendor.compose-spec")
+    broken = {"services": {"sandbox": {"image": "x", "read_olny": True}}}
+    assert not jsonschema.validators.validator_for(schema)(schema).is_valid(broken)
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+def test_refuses_to_start_without_each_secret(secret: str) -> None:
+    env = {k: v for k, v in SECRETS.items() if k != secret}
+    with pytest.raises(compose.MissingVariable, match=secret):
+        compose.resolve(COMPOSE_FILES["gpu"], env)
+
+
+def test_every_variable_has_a_default_or_is_a_required_secret_and_is_documented() -> None:
+    docs = (ROOT / "docs/deploy.md").read_text()
+    for path in COMPOSE_FILES["cpu"]:
+        for name, op in compose.variables(compose.load(path)).items():
+            assert op in (":-", ":?"), f"{path.name}: ${{{name}}} needs a default or an error message"
+            assert (op == ":?") == (name in SECRETS), name
+            assert f"`{name}`" in docs, f"{name} is not documented in docs/deploy.md"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_service_is_hardened(variant: str) -> None:
+    for name, svc in services(variant).items():
+        assert svc.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert not svc.get("privileged"), name
+        assert svc.get("network_mode") in (None, "none"), name
+        assert bool(svc.get("read_only")) is (name not in WRITABLE_ROOT), name
+        assert set(svc.get("cap_add", [])) <= ({"CHOWN"} if name in ONE_SHOT else set()), name
+        user = svc.get("user")
+        if user is not None and name not in ONE_SHOT:
+            assert user.split(":")[0] not in ("0", "root"), name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_health_checks_and_healthy_dependencies(variant: str) -> None:
+    all_services = services(variant)
+    for name, svc in all_services.items():
+        if name in ONE_SHOT:
+            assert svc.get("restart") == "no"
+            continue
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        assert svc.get("restart") == "unless-stopped", name
+        for dependency, condition in svc.get("depends_on", {}).items():
+            expected = "service_completed_successfully" if dependency in ONE_SHOT else "service_healthy"
+            assert condition["condition"] == expected, f"{name} -> {dependency}"
+    crucible = [n for n, s in all_services.items() if s.get("image", "").startswith("crucible/")]
+    for name in crucible:
+        if any(v.startswith(("models", "adapters", "runs")) for v in all_services[name].get("volumes", [])):
+            assert "volumes-init" in all_services[name]["depends_on"], name
+    assert set(all_services["trainer"]["depends_on"]) >= {"redis", "generator", "sandbox-lb"}
+    assert "redis" in all_services["gateway"]["depends_on"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_images_are_built_from_this_repository(variant: str) -> None:
+    version = crucible_shared.__version__
+    for name, svc in services(variant).items():
+        image = svc["image"]
+        if not image.startswith("crucible/"):
+            assert "build" not in svc, name
+            continue
+        repository, _, tag = image.partition(":")
+        assert tag == version, f"{name}: tag {tag}, package version {version}"
+        dockerfile, _ = IMAGES[repository]
+        build = svc["build"]
+        context = ROOT / build["context"]
+        assert context.is_dir(), name
+        assert (context / build.get("dockerfile", "Dockerfile")).resolve() == (ROOT / dockerfile).resolve(), (
+            name
+        )
+
+
+def test_sandbox_is_contained() -> None:
+    svc = services("gpu")["sandbox"]
+    tmp = [t for t in svc["tmpfs"] if t.startswith("/tmp:")]
+    assert tmp and {"noexec", "nosuid", "nodev"} <= set(tmp[0].split(":", 1)[1].split(","))
+    assert 0 < svc["pids_limit"] <= 4096
+    assert int(svc["deploy"]["replicas"]) >= 2
+    assert svc["deploy"]["resources"]["limits"]["memory"]
+    networks = compose_stack("gpu")["networks"]
+    assert svc["networks"] == ["sandbox"] and networks["sandbox"]["internal"] is True, "no egress"
+    assert "ports" not in svc, "reached through sandbox-lb"
+    keys = svc["environment"]["CRUCIBLE_SANDBOX_API_KEYS"].split(",")
+    assert SECRETS["CRUCIBLE_TRAINER_SANDBOX_API_KEY"] in keys
+
+
+def test_sandbox_load_balancer_is_the_published_entry() -> None:
+    stack = compose_stack("gpu")
+    lb = stack["services"]["sandbox-lb"]
+    assert set(lb["networks"]) == {"backend", "sandbox"}
+    assert [p.rsplit(":", 1)[1] for p in lb["ports"]] == ["8002"]
+    config = stack["configs"][lb["configs"][0]["source"]]["content"]
+    assert "bind :8002" in config
+    assert "server-template sandbox 1-32 sandbox:8002 check resolvers docker" in config
+    assert "option httpchk GET /health" in config
+    trainer = stack["services"]["trainer"]["environment"]
+    assert trainer["CRUCIBLE_TRAINER_SANDBOX_URL"] == "http://sandbox-lb:8002"
+
+
+def test_gateway_is_published_with_keys_required() -> None:
+    svc = services("gpu")["gateway"]
+    assert [p.rsplit(":", 1)[1] for p in svc["ports"]] == ["8000"]
+    assert svc["environment"]["CRUCIBLE_GATEWAY_API_KEYS"] == SECRETS["CRUCIBLE_GATEWAY_API_KEYS"]
+    assert svc["environment"]["CRUCIBLE_GATEWAY_PRODUCTION"] == "true"
+    assert all(v.endswith(":ro") for v in svc["volumes"]), "the gateway only reads run dirs and adapters"
+
+
+def test_redis_persists_its_data() -> None:
+    svc = services("gpu")["redis"]
+    command = svc["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert "redis-data:/data" in svc["volumes"]
+    assert "ports" not in svc
+
+
+def _gpu_devices(svc: dict) -> list[dict]:
+    return svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+def test_gpu_host_runs_vllm_and_the_trainer_on_gpus() -> None:
+    stack = services("gpu")
+    generator, trainer = stack["generator"], stack["trainer"]
+    for svc in (generator, trainer):
+        (device,) = _gpu_devices(svc)
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        assert device.get("device_ids") or device.get("count")
+        assert svc["shm_size"]
+    assert generator["build"]["context"] == "services/generator/vllm"
+    env = generator["environment"]
+    assert env["HF_HOME"].startswith("/models/")
+    assert "models:/models" in generator["volumes"]
+    assert int(env["GENERATOR_MAX_LORAS"]) >= 2, "the new version loads while the old one serves"
+    assert generator["healthcheck"]["test"][1] == "python3", "the vLLM image has python3, maybe no curl"
+    assert not any(_gpu_devices(s) for n, s in stack.items() if n not in ("generator", "trainer"))
+
+
+def test_cpu_override_swaps_in_crucibles_generator_and_a_cpu_trainer() -> None:
+    stack = services("cpu")
+    assert not any(_gpu_devices(svc) for svc in stack.values())
+    generator = stack["generator"]
+    assert generator["image"].startswith("crucible/generator:")
+    assert generator["build"] == {"context": ".", "dockerfile": "services/generator/Dockerfile"}
+    assert set(generator["environment"]) == {
+        "CRUCIBLE_GENERATOR_MODEL",
+        "CRUCIBLE_GENERATOR_MAX_LORAS",
+        "CRUCIBLE_GENERATOR_MAX_LORA_RANK",
+        "HF_TOKEN",
+    }
+    trainer = stack["trainer"]
+    assert trainer["image"].startswith("crucible/trainer-cpu:")
+    assert trainer["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    gpu = services("gpu")
+    assert set(stack) == set(gpu), "the same stack"
+    for name in ("redis", "gateway", "sandbox", "sandbox-lb"):
+        assert stack[name] == gpu[name]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_generator_health_check_matches_its_image(variant: str) -> None:
+    svc = services(variant)["generator"]
+    dockerfile, _ = IMAGES[svc["image"].partition(":")[0]]
+    assert "/health" in " ".join(svc["healthcheck"]["test"])
+    if "vllm" not in dockerfile:
+        assert any(i.keyword == "HEALTHCHECK" for i in docker.parse((ROOT / dockerfile).read_text()))
