@@ -72,15 +72,15 @@ def test_concurrent_requests_each_get_their_own_adapter(client, loaded):
 
 
 def test_unload_gives_404_and_frees_the_name(generator, client, lora_dirs):
-    assert load(generator.url, "gone-v1", lora_dirs["v1"]).status_code == 200
-    greedy(client, "gone-v1", max_tokens=2)
-    response = unload(generator.url, "gone-v1")
+    assert load(generator.url, "job.7-v1", lora_dirs["v1"]).status_code == 200
+    greedy(client, "job.7-v1", max_tokens=2)
+    response = unload(generator.url, "job.7-v1")
     assert response.status_code == 200 and "removed successfully" in response.text
     with pytest.raises(openai.NotFoundError):
-        greedy(client, "gone-v1", max_tokens=2)
-    again = unload(generator.url, "gone-v1")
+        greedy(client, "job.7-v1", max_tokens=2)
+    again = unload(generator.url, "job.7-v1")
     assert again.status_code == 404 and again.json()["error"]["type"] == "NotFoundError"
-    assert "gone-v1" not in {m.id for m in client.models.list().data}
+    assert "job.7-v1" not in {m.id for m in client.models.list().data}
 
 
 def test_load_errors_are_vllm_shaped(generator, lora_dirs, loaded, tmp_path):

@@ -72,3 +72,9 @@ def test_unload_waits_for_in_flight_sequences(tmp_path):
 def test_unknown_unload_is_404():
     with pytest.raises(NotFound, match="cannot be found"):
         AdapterRegistry(max_loras=1, max_lora_rank=8).begin_unload("nope")
+
+
+def test_each_load_gets_its_own_peft_slot(tmp_path):
+    registry = AdapterRegistry(max_loras=3, max_lora_rank=16)
+    slots = [registry.reserve(name, fake_adapter(tmp_path / name)).slot for name in ("a.1", "a.2")]
+    assert len(set(slots)) == 2 and all("." not in slot for slot in slots)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from pydantic import ValidationError
@@ -32,6 +33,10 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv)
+    # Sleeping (not spinning) OpenMP workers: on a CPU host shared with other torch processes
+    # (trainer, sandbox, tests), spinning workers slow every process down by an order of magnitude.
+    # Must be set before torch loads its OpenMP runtime; an explicit setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -9,6 +9,7 @@ loop acquires and the engine thread releases.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -34,6 +35,7 @@ class Adapter:
     name: str
     path: str
     rank: int
+    slot: str  # the adapter's name inside PEFT: client names may hold characters PEFT refuses (".")
     state: AdapterState = AdapterState.loading
     refs: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
@@ -66,6 +68,7 @@ class AdapterRegistry:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self._adapters: dict[str, Adapter] = {}
+        self._slots = itertools.count()
         self._lock = threading.Lock()
 
     def reserve(self, name: str, path: str) -> Adapter:
@@ -94,7 +97,7 @@ class AdapterRegistry:
                     f"Cannot load lora adapter '{name}': max_loras={self.max_loras} adapters are already "
                     f"loaded ({', '.join(sorted(a.name for a in active))}). Unload one first."
                 )
-            adapter = Adapter(name=name, path=path, rank=rank)
+            adapter = Adapter(name=name, path=path, rank=rank, slot=f"lora{next(self._slots)}")
             self._adapters[name] = adapter
             return adapter
 
@@ -107,13 +110,19 @@ class AdapterRegistry:
         with self._lock:
             self._adapters.pop(name, None)
 
-    def acquire(self, name: str, count: int) -> None:
+    def acquire(self, name: str, count: int) -> Adapter:
         """Count `count` new sequences on `name`; `NotFound` unless it is ready."""
         with self._lock:
             adapter = self._adapters.get(name)
             if adapter is None or adapter.state is not AdapterState.ready:
                 raise NotFound(f"The model `{name}` does not exist.", param="model")
             adapter.refs += count
+            return adapter
+
+    def slot(self, name: str) -> str:
+        """The PEFT name of adapter `name`."""
+        with self._lock:
+            return self._adapters[name].slot
 
     def release(self, name: str, count: int = 1) -> bool:
         """Uncount finished sequences; True when the caller must now delete the adapter's weights."""

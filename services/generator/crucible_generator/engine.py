@@ -85,7 +85,8 @@ class _Sequence:
     index: int
     prompt_ids: list[int]
     params: SamplingParams
-    adapter: str | None
+    adapter: str | None  # the name clients use
+    slot: str | None  # the adapter's name inside PEFT
     row: RowParams
     enqueued: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
@@ -180,8 +181,7 @@ class Engine:
         """
         loop = asyncio.get_running_loop()
         total = len(prompts) * n
-        if adapter is not None:
-            self.adapters.acquire(adapter, total)
+        slot = self.adapters.acquire(adapter, total).slot if adapter is not None else None
         request = _Request(loop=loop, future=loop.create_future(), results=[None] * total, remaining=total)
         seqs = []
         for p, prompt in enumerate(prompts):
@@ -197,7 +197,7 @@ class Engine:
                     top_k=params.top_k,
                     generator=generator,
                 )
-                seqs.append(_Sequence(request, p * n + j, list(prompt), params, adapter, row))
+                seqs.append(_Sequence(request, p * n + j, list(prompt), params, adapter, slot, row))
         with self._cond:
             self._waiting.extend(seqs)
             self.metrics.waiting.set(len(self._waiting))
@@ -217,13 +217,14 @@ class Engine:
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would."""
-        self.adapters.reserve(name, path)
+        slot = self.adapters.reserve(name, path).slot
         started = time.perf_counter()
 
         def attach() -> None:
             try:
-                self._attach(name, path)
+                self._attach(name, slot, path)
             except Exception:
+                self._drop_slot(slot)  # a half-injected adapter must not linger
                 self.adapters.forget(name)
                 raise
             self.adapters.mark_ready(name)
@@ -260,27 +261,32 @@ class Engine:
 
     # --- engine thread: adapters -------------------------------------------------------------
 
-    def _attach(self, name: str, path: str) -> None:
+    def _attach(self, name: str, slot: str, path: str) -> None:
         from peft import PeftModel
 
         if self.peft is None:
-            self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=name, is_trainable=False)
+            self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=slot, is_trainable=False)
             self.peft.eval()
         else:
-            self.peft.load_adapter(path, adapter_name=name, is_trainable=False)
-        log.info("loaded LoRA adapter %s from %s", name, path)
+            self.peft.load_adapter(path, adapter_name=slot, is_trainable=False)
+        log.info("loaded LoRA adapter %s from %s as %s", name, path, slot)
 
     def _detach(self, name: str) -> None:
-        if self.peft is not None and name in self.peft.peft_config:
-            self.peft.delete_adapter(name)
-            if not self.peft.peft_config:
-                # PEFT cannot run with zero adapters: go back to the plain model.
-                self.base = self.peft.unload()
-                self.peft = None
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+        self._drop_slot(self.adapters.slot(name))
         self.adapters.forget(name)
         log.info("unloaded LoRA adapter %s", name)
+
+    def _drop_slot(self, slot: str) -> None:
+        if self.peft is None:
+            return
+        if slot in self.peft.peft_config:
+            self.peft.delete_adapter(slot)
+        if not self.peft.peft_config:
+            # PEFT cannot run with zero adapters: go back to the plain model.
+            self.base = self.peft.unload()
+            self.peft = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _run_control_ops(self) -> None:
         with self._cond:
@@ -361,7 +367,7 @@ class Engine:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.base.config)
-        adapters = [s.adapter or BASE_ADAPTER for s in seqs]
+        adapters = [s.slot or BASE_ADAPTER for s in seqs]
         logits = self._forward(input_ids, mask, positions, cache, adapters)
         self.metrics.prompt_tokens.inc(int(mask.sum()))
         next_pos = positions[:, -1:] + 1

@@ -358,7 +358,11 @@ def _utf8(text: str) -> list[int]:
 
 def build_service(settings: Settings) -> GeneratorService:
     """Load the model named by `settings`, start an engine on it and wrap it in a service."""
+    import torch
     from crucible_shared.models import load_model, resolve_model_path
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
 
     model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     log.info("loaded %s on %s (%s)", settings.model, model.device, model.dtype)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
         default=None, ge=16, description="Prompt + completion token limit (default: the model's context)."
     )
     max_logprobs: int = Field(default=20, ge=0, description="Most top logprobs a request may ask for.")
+    threads: int | None = Field(
+        default=None, ge=1, description="CPU threads for torch (default: torch's choice)."
+    )
     seed: int | None = Field(default=None, description="Seed of the sampler for requests without a `seed`.")
     log_level: str = Field(default="info", description="uvicorn / logging level.")
 
