@@ -11,7 +11,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Computed as the numerically stable product 1 - prod_{i=n-c+1}^{n} (1 - k/i); exactly 1.0 when
     fewer than `k` samples fail (every draw of `k` contains a correct one).
 
-    >>> pass_at_k(10, 0, 1), pass_at_k(10, 3, 1), pass_at_k(10, 9, 5)
+    >>> pass_at_k(10, 0, 1), round(pass_at_k(10, 3, 1), 6), pass_at_k(10, 9, 5)
     (0.0, 0.3, 1.0)
     >>> round(pass_at_k(10, 3, 5), 6)  # 1 - C(7,5)/C(10,5) = 1 - 21/252
     0.916667
