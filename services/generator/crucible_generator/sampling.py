@@ -65,12 +65,22 @@ def sample(logits: torch.Tensor, rows: list[RowParams], num_top: int = 0) -> Sam
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)
     tokens = torch.argmax(logits, dim=-1)
-    for i, row in enumerate(rows):
-        if row.greedy:
-            continue
-        scaled = filter_logits(logits[i] / row.temperature, row.top_p, row.top_k)
+    sampled = [i for i, row in enumerate(rows) if not row.greedy]
+    if sampled:
+        temperatures = torch.tensor([rows[i].temperature for i in sampled], device=logits.device)
+        scaled = logits[sampled] / temperatures.unsqueeze(1)
+        for j, i in enumerate(sampled):
+            if rows[i].top_p < 1.0 or rows[i].top_k > 0:
+                scaled[j] = filter_logits(scaled[j], rows[i].top_p, rows[i].top_k)
         probs = torch.softmax(scaled, dim=-1)
-        tokens[i] = torch.multinomial(probs, 1, generator=row.generator)[0]
+        # One draw per generator: rows sharing one (unseeded requests) are drawn together.
+        groups: dict[int, list[int]] = {}
+        for j, i in enumerate(sampled):
+            groups.setdefault(id(rows[i].generator), []).append(j)
+        for members in groups.values():
+            generator = rows[sampled[members[0]]].generator
+            draws = torch.multinomial(probs[members], 1, generator=generator).squeeze(1)
+            tokens[[sampled[j] for j in members]] = draws
     chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     out = SampleOutput(tokens=tokens, logprobs=chosen)
     if num_top > 0:
