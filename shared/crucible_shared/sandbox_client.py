@@ -82,7 +82,7 @@ class SandboxClient:
         return [r for part in parts for r in part]
 
     async def _chunk(self, runs: list[RunRequest]) -> list[RunResult]:
-        body = {"runs": [r.model_dump(mode="json", exclude_defaults=True) for r in runs]}
+        body = {"runs": [r.model_dump(mode="json") for r in runs]}
         delay = 0.2
         last: str = ""
         async with self.gate:

@@ -96,10 +96,10 @@ async def run_eval_job(spec: EvalJob, job_id: str, settings: Any, *, redis: Any 
     from crucible_shared.generator_client import GeneratorPool
     from crucible_shared.sandbox_client import SandboxClient
 
-    from crucible_trainer import evaluation, tasks
+    from crucible_trainer import evaluation
     from crucible_trainer.cancel import CancelToken
     from crucible_trainer.events import EventSink
-    from crucible_trainer.train import served_base_name
+    from crucible_trainer.train import load_selection, served_base_name
 
     run_dir = Path(settings.runs_dir) / job_id
     events = EventSink(job_id, run_dir, redis)
@@ -115,7 +115,7 @@ async def run_eval_job(spec: EvalJob, job_id: str, settings: Any, *, redis: Any 
             adapter_name = f"eval-{job_id}"
             await pool.load_adapter(adapter_name, str(Path(spec.adapter).resolve()))
             model = adapter_name
-        selected = tasks.load_tasks(spec.data)
+        selected = load_selection(spec.data)
         config = evaluation.EvalConfig(
             model=model,
             n=spec.n,

@@ -33,6 +33,15 @@ from crucible_trainer.settings import Settings
 log = logging.getLogger(__name__)
 
 
+def load_selection(data: Any) -> list[Any]:
+    """Tasks of a job's data section."""
+    return tasks.load_tasks(tasks.DataSpec.model_validate(data.model_dump(exclude_none=True)))
+
+
+def refined_code(text: str, task: Any) -> str:
+    return tasks.extract_refined_code(text)
+
+
 class StalePolicyError(RuntimeError):
     """The generator does not serve the policy the trainer just published."""
 
@@ -85,7 +94,7 @@ class TrainRun:
         (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
         self.cancel.start()
         self.events.emit("status", status="starting")
-        self.tasks = tasks.load_tasks(spec.data)
+        self.tasks = load_selection(spec.data)
         if not self.tasks:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")
         policy = await asyncio.to_thread(Policy, spec.model, spec.optim, spec.seed)
@@ -124,7 +133,8 @@ class TrainRun:
         self, policy: Policy, pool: GeneratorPool, sandbox: SandboxClient, publisher: Publisher
     ) -> dict[str, Any]:
         spec = self.spec
-        roller = Roller(pool, sandbox, self.tasks, spec.reward, tasks.extract_code)
+        chat = spec.model.chat
+        roller = Roller(pool, sandbox, self.tasks, spec.reward, lambda text, task: tasks.answer_to_code(task, text, chat=chat))
         start = 1
         found = checkpoint.latest(self.run_dir)
         if found is not None:
@@ -287,7 +297,7 @@ class TrainRun:
 
         spec = self.spec.eval
         assert spec is not None
-        eval_tasks = tasks.load_tasks(spec.data)
+        eval_tasks = load_selection(spec.data)
         config = evaluation.EvalConfig(
             model=model_name,
             n=spec.n,

@@ -111,9 +111,8 @@ def submit_and_follow(spec, gateway: str, api_key: str | None, detach: bool) -> 
                 return
             final = follow(client, created["id"], console)
     except (GatewayError, OSError) as exc:
-        hint = (
-            "" if isinstance(exc, GatewayError) else " (is the stack up? `crucible up`, or run with --local)"
-        )
+        unreachable = isinstance(exc, GatewayUnreachable | OSError)
+        hint = " (is the stack up? `crucible up`, or run with --local)" if unreachable else ""
         typer.echo(f"error: {exc}{hint}", err=True)
         raise typer.Exit(1) from None
     console.print(

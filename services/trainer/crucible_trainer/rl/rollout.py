@@ -62,7 +62,7 @@ class Roller:
         self, generator: GeneratorPool, sandbox: SandboxClient, tasks: list[Any], reward: RewardSpec, extract
     ) -> None:
         self.generator, self.sandbox, self.tasks, self.reward_spec = generator, sandbox, tasks, reward
-        self.extract = extract  # text -> code
+        self.extract = extract  # (text, task) -> code
 
     async def roll(
         self,
@@ -73,7 +73,7 @@ class Roller:
         temperature: float,
         top_p: float,
         max_tokens: int,
-        stop: list[str] | None,
+        stop: list[str] | None = None,
         seed: int,
         extract=None,
         timing: Timing | None = None,
@@ -98,8 +98,9 @@ class Roller:
             )
             last_generated[0] = max(last_generated[0], time.perf_counter())
             out = []
+            task = self.tasks[prompt.task_index]
             for s in samples(response):
-                code = extract(s.text)
+                code = extract(s.text, task)
                 out.append(
                     Sample(
                         task_index=prompt.task_index,
@@ -115,7 +116,6 @@ class Roller:
                     )
                 )
             t = time.perf_counter()
-            task = self.tasks[prompt.task_index]
             results = await self.sandbox.run_batch([task.run_request(x.code) for x in out])
             timing.execute_busy_s += time.perf_counter() - t
             for x, result in zip(out, results, strict=True):

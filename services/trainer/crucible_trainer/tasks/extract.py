@@ -20,7 +20,9 @@ _CODE_TAG = re.compile(r"<code>(.*?)(?:</code>|\Z)", re.S)
 _FENCE = re.compile(r"^\s*```+\s*([\w+#.-]*)")
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3", "pycon", "ipython", "sage"}
 _CODE_START = re.compile(
-    r"^(?:async\s+def|def|class|import|from\s+[\w.]+\s+import|@[\w.]+|if\s+__name__|[A-Za-z_]\w*\s*(?:,\s*[A-Za-z_]\w*\s*)*=[^=])"
+    r"^(?:async\s+def\s|def\s|class\s|import\s|from\s+[\w.]+\s+import\s|@[\w.]+|"
+    r"(?:if|for|while|with)\s.*:\s*$|try:|print\(|[A-Za-z_][\w.]*\(|"
+    r"[A-Za-z_][\w.\[\]]*\s*(?:,\s*[A-Za-z_]\w*\s*)*=[^=])"
 )
 _MAX_PARSE_LINES = 400
 
@@ -132,11 +134,11 @@ def _pick(blocks: list[str], entry_point: str | None) -> str:
 
 
 def _raw_code(text: str) -> str:
-    """The longest parsable stretch of `text` starting at its first line that looks like code."""
+    """The longest parsable stretch of `text` from its first line that looks like code ("" if none)."""
     lines = text.strip("\n").splitlines()
     start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
     if start is None:
-        return text.strip()
+        return ""
     lines = lines[start : start + _MAX_PARSE_LINES]
     for end in range(len(lines), 0, -1):
         candidate = "\n".join(lines[:end]).rstrip()
@@ -147,4 +149,5 @@ def _raw_code(text: str) -> str:
         except (SyntaxError, ValueError):
             continue
         return candidate
+    # Nothing parses: keep it all, so the sandbox reports the syntax error.
     return "\n".join(lines).rstrip()

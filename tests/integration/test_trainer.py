@@ -1,0 +1,212 @@
+"""The trainer on CPU with the real SmolLM2 model against a spawned generator and sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from crucible_shared.jobs import TrainJob
+from safetensors.torch import load_file
+
+from tests.integration.stack_fixtures import *  # noqa: F403
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_job(**overrides) -> TrainJob:
+    spec = {
+        "kind": "train",
+        "method": {"name": "grpo"},
+        "data": {"dataset": "mbpp", "ids": [601, 602]},
+        "rollout": {"group_size": 4, "max_tokens": 64, "temperature": 1.0},
+        "reward": {"kind": "graded"},
+        "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
+        "publish": {"every": 1, "staleness_window": 1},
+        "eval": None,
+        "checkpoint": {"every": 1},
+        "logging": {"wandb_mode": "disabled"},
+        "seed": 1,
+    }
+    for key, value in overrides.items():
+        spec[key] = (
+            {**spec[key], **value} if isinstance(value, dict) and isinstance(spec.get(key), dict) else value
+        )
+    return TrainJob.model_validate(spec)
+
+
+def settings_for(stack_generator, sandbox, stack_dirs):
+    from crucible_trainer.settings import Settings
+
+    return Settings(
+        generator_urls=[stack_generator.url],
+        sandbox_url=sandbox.url,
+        adapter_dir=stack_dirs["adapters"],
+        runs_dir=stack_dirs["runs"],
+        cancel_poll_s=0.5,
+    )
+
+
+def lora_b_norm(adapter_dir: Path) -> float:
+    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    return sum(float(t.float().norm()) for name, t in weights.items() if "lora_B" in name)
+
+
+def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dirs) -> None:
+    from crucible_trainer.train import run_train_job
+
+    settings = settings_for(stack_generator, sandbox, stack_dirs)
+    summary = asyncio.run(run_train_job(tiny_job(), "grpo-it", settings))
+    assert summary["status"] == "finished"
+    run_dir = Path(summary["run_dir"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in (
+            "reward_mean",
+            "reward_std",
+            "pass_rate",
+            "zero_signal_fraction",
+            "completion_tokens_mean",
+            "clip_fraction",
+            "grad_norm",
+            "lr",
+            "time/generate_s",
+            "time/train_s",
+            "publish/load_s",
+        ):
+            assert key in row, key
+        # The generator serves what the trainer just published (stale-policy check).
+        assert row["stale/diff"] <= 0.05
+    # v1 and v2 were published; the generator serves both (staleness window 1) under new names.
+    assert (stack_dirs["adapters"] / "grpo-it" / "v1" / "adapter_config.json").exists()
+    assert (stack_dirs["adapters"] / "grpo-it" / "v2" / "adapter_config.json").exists()
+    served = {m["id"] for m in httpx.get(f"{stack_generator.url}/v1/models").json()["data"]}
+    assert {"grpo-it-v1", "grpo-it-v2"} <= served
+    # Training changed the LoRA weights (lora_B starts at zero).
+    updated = [r["update/sequences"] for r in rows]
+    assert sum(updated) > 0, f"no group had a learning signal: {rows}"
+    assert lora_b_norm(run_dir / "adapter") > 0
+    assert (
+        lora_b_norm(stack_dirs["adapters"] / "grpo-it" / "v1")
+        != lora_b_norm(stack_dirs["adapters"] / "grpo-it" / "v2")
+        or updated[1] == 0
+    )
+    assert (run_dir / "learning_curve.png").exists()
+
+
+def test_srrl_step_refines_failed_attempts(stack_generator, sandbox, stack_dirs) -> None:
+    from crucible_trainer.train import run_train_job
+
+    spec = tiny_job(
+        method={"name": "srrl", "c1": 2, "c2": 2, "budget": 6},
+        optim={"steps": 1},
+        reward={"kind": "fraction"},
+    )
+    summary = asyncio.run(run_train_job(spec, "srrl-it", settings_for(stack_generator, sandbox, stack_dirs)))
+    row = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0 <= row["c2_rescue_rate"] <= 1
+    # SmolLM2 fails these problems almost always: every failed first attempt got 2 refinements.
+    assert row["refinements_per_problem"] > 0
+    assert row["samples"] == 4 + row["refinements_per_problem"] * 2
+
+
+def test_refinement_prompt_holds_actual_and_expected(sandbox) -> None:
+    from crucible_shared.sandbox_client import SandboxClient
+    from crucible_trainer import tasks
+
+    task = tasks.load_tasks(tasks.DataSpec(dataset="mbpp", ids=[601]))[0]
+    wrong = "def max_chain_length(arr, n):\n    return n + 1\n"
+
+    async def run():
+        async with SandboxClient(sandbox.url) as client:
+            return await client.run(task.run_request(wrong))
+
+    result = asyncio.run(run())
+    messages = tasks.build_refinement_messages(task, wrong, result)
+    text = "\n".join(m["content"] for m in messages)
+    failing = next(t for t in result.tests if t.status == "failed")
+    assert failing.actual and failing.expected
+    assert f"got {failing.actual}" in text and failing.expected in text
+    assert "<analysis>" in text and "<code>" in text and "return n + 1" in text
+
+
+def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> None:
+    from crucible_trainer.cancel import CancelToken
+    from crucible_trainer.train import run_train_job
+
+    async def go():
+        token = CancelToken()
+        job = asyncio.create_task(
+            run_train_job(
+                tiny_job(optim={"steps": 50}),
+                "cancel-it",
+                settings_for(stack_generator, sandbox, stack_dirs),
+                cancel=token,
+            )
+        )
+        metrics = stack_dirs["runs"] / "cancel-it" / "metrics.jsonl"
+        while not metrics.exists():
+            await asyncio.sleep(0.2)
+            assert not job.done(), job
+        token.cancel()
+        started = time.monotonic()
+        summary = await asyncio.wait_for(job, 60)
+        return summary, time.monotonic() - started
+
+    summary, took = asyncio.run(go())
+    assert summary["status"] == "cancelled"
+    assert took < 30
+
+
+def test_killed_job_resumes_from_its_checkpoint(stack_generator, sandbox, stack_dirs, tmp_path) -> None:
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_job(optim={"steps": 3}).model_dump(mode="json")))
+    runs = tmp_path / "runs"
+    cmd = [
+        sys.executable,
+        "-m",
+        "crucible_trainer.cli",
+        "train",
+        "--local",
+        "-c",
+        str(spec_file),
+        "--job-id",
+        "resume-it",
+        "--generator",
+        stack_generator.url,
+        "--sandbox",
+        sandbox.url,
+        "--runs-dir",
+        str(runs),
+    ]
+    env = {
+        **os.environ,
+        "WANDB_MODE": "disabled",
+        "CRUCIBLE_TRAINER_ADAPTER_DIR": str(stack_dirs["adapters"]),
+    }
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    ckpt = runs / "resume-it" / "checkpoints"
+    deadline = time.monotonic() + 600
+    while not any(ckpt.glob("step-*")):
+        assert proc.poll() is None, "the job ended before its first checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = sorted(p.name for p in ckpt.glob("step-*"))
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [json.loads(line) for line in (runs / "resume-it" / "metrics.jsonl").read_text().splitlines()]
+    resumed_from = int(first[-1].split("-")[1])
+    assert [r["step"] for r in rows][-1] == 3
+    assert [r["step"] for r in rows].count(resumed_from) == 1  # the finished step was not redone
+    assert "resumed" in done.stderr + done.stdout
