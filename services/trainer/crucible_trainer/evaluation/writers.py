@@ -230,6 +230,7 @@ def _plot_curve(report: EvalReport, path: Path) -> None:
     fig = _figure(6, 4)
     ax = fig.add_subplot()
     _draw_curve(ax, report, label=None)
+    ax.set_ylim(bottom=0)
     ax.set_title(f"pass@k: {title(report)}", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.savefig(path)
@@ -265,7 +266,6 @@ def _draw_curve(ax, report: EvalReport, label: str | None) -> None:
         ax.get_xaxis().set_major_formatter(_int_formatter())
     ax.set_xlabel("k")
     ax.set_ylabel("% of problems solved")
-    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
 
 
@@ -294,6 +294,7 @@ def _plot_comparison(before: EvalReport, after: EvalReport, path: Path) -> None:
     bars.grid(axis="y", alpha=0.3)
     _draw_curve(curves, before, "before")
     _draw_curve(curves, after, "after")
+    curves.set_ylim(bottom=0)
     curves.set_title("pass@k", fontsize=9)
     curves.legend(fontsize=7, loc="lower right")
     fig.savefig(path)
