@@ -14,9 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import SECRET
-
-UID_BASE = 61000
+from tests.integration.conftest import SECRET, UID_BASE
 FULL = os.geteuid() == 0  # the CI and dev machines run as root: full isolation is exercised
 
 

@@ -123,8 +123,8 @@ def test_refinement_prompt_holds_actual_and_expected(sandbox) -> None:
     from crucible_shared.sandbox_client import SandboxClient
     from crucible_trainer import tasks
 
-    task = tasks.load_tasks(tasks.DataSpec(dataset="mbpp", ids=[601]))[0]
-    wrong = "def max_chain_length(arr, n):\n    return n + 1\n"
+    task = tasks.load_tasks(tasks.DataSpec(dataset="mbpp", ids=[11]))[0]
+    wrong = "def remove_Occ(s, ch):\n    return s.replace(ch, '')\n"
 
     async def run():
         async with SandboxClient(sandbox.url) as client:
@@ -135,8 +135,8 @@ def test_refinement_prompt_holds_actual_and_expected(sandbox) -> None:
     text = "\n".join(m["content"] for m in messages)
     failing = next(t for t in result.tests if t.status == "failed")
     assert failing.actual and failing.expected
-    assert f"got {failing.actual}" in text and failing.expected in text
-    assert "<analysis>" in text and "<code>" in text and "return n + 1" in text
+    assert f"Actual value: {failing.actual}" in text and f"Expected value: {failing.expected}" in text
+    assert "<analysis>" in text and "<code>" in text and "s.replace(ch, '')" in text
 
 
 def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> None:

@@ -8,11 +8,12 @@ name and versions older than the staleness window are unloaded.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crucible_shared.generator_client import GeneratorPool, samples
+from crucible_shared.generator_client import AdapterBroadcastError, GeneratorAPIError, GeneratorPool, samples
 
 from crucible_trainer.policy import Policy
 
@@ -52,12 +53,29 @@ class Publisher:
         }
 
     async def adopt(self, version: int) -> None:
-        """After a resume: load the checkpoint's adapter version if the generator lost it."""
+        """After a resume from the checkpoint of `version`: make the generators serve exactly it.
+
+        Versions published after that checkpoint (the job died before checkpointing them) are
+        unloaded, because the resumed job publishes new weights under those step numbers again.
+        """
+        pattern = re.compile(rf"^{re.escape(self.job_id)}-v(\d+)$")
+        for client in self.pool.clients:
+            listing = await client.models()
+            for card in listing.data:
+                match = pattern.match(card.id)
+                if match and int(match.group(1)) != version:
+                    await client.unload_adapter(card.id, missing_ok=True)
         path = self.adapter_dir / self.job_id / f"v{version}"
-        if path.exists():
-            name = f"{self.job_id}-v{version}"
+        if version == 0 or not path.exists():
+            return
+        name = f"{self.job_id}-v{version}"
+        try:
             await self.pool.load_adapter(name, str(path.resolve()))
-            self.live, self.current = [name], name
+        except AdapterBroadcastError as exc:
+            # Still loaded from before the restart: names are immutable, so it is the same weights.
+            if not all(isinstance(e, GeneratorAPIError) and e.already_loaded for e in exc.failures.values()):
+                raise
+        self.live, self.current = [name], name
 
     async def retire_all(self) -> None:
         for name in self.live:

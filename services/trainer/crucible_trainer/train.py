@@ -209,7 +209,7 @@ class TrainRun:
             )
         elif isinstance(method, SRRLConfig):
             collected = srrl.collect(
-                ctx, method, batch_tasks, self.build_prompt, self.build_refinement, tasks.extract_refined_code
+                ctx, method, batch_tasks, self.build_prompt, self.build_refinement, refined_code
             )
             ucfg = srrl.update_config(
                 method, spec.optim.micro_batch, spec.optim.grad_accum, spec.rollout.max_tokens
