@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all lint format bench clean
+.PHONY: setup demo sandbox-demo test test-all lint format bench clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,9 @@ $(STAMP): requirements.txt shared/pyproject.toml services/*/pyproject.toml
 	touch $(STAMP)
 
 demo: setup
+	$(BIN)/crucible demo
+
+sandbox-demo: setup
 	$(BIN)/python -m crucible_sandbox.demo
 
 test: setup
@@ -35,6 +38,7 @@ format: setup
 
 bench: setup
 	$(BIN)/python bench/sandbox_throughput.py
+	$(BIN)/python bench/generator.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

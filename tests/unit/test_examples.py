@@ -40,3 +40,10 @@ def test_bad_specs_name_the_field(spec: dict, where: str) -> None:
     with pytest.raises(ValidationError) as info:
         SPEC.validate_python(spec)
     assert where in str(info.value)
+
+
+def test_demo_job_is_the_tiny_example() -> None:
+    from crucible_trainer.cli.demo_cmd import DEMO_JOB
+
+    example = yaml.safe_load((EXAMPLES[0].parent / "grpo_tiny.yaml").read_text())
+    assert TrainJob.model_validate(DEMO_JOB) == TrainJob.model_validate(example)

@@ -113,7 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def list_jobs(
         status: JobStatus | None = None,
         kind: Annotated[str | None, Query(pattern="^(train|eval)$")] = None,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> JobList:
         jobs, total = await asyncio.to_thread(service.list, status, kind, offset, limit)

@@ -99,7 +99,7 @@ async def run_eval_job(spec: EvalJob, job_id: str, settings: Any, *, redis: Any 
     from crucible_trainer import evaluation
     from crucible_trainer.cancel import CancelToken
     from crucible_trainer.events import EventSink
-    from crucible_trainer.train import load_selection, served_base_name
+    from crucible_trainer.train import eval_config, load_selection, served_base_name
 
     run_dir = Path(settings.runs_dir) / job_id
     events = EventSink(job_id, run_dir, redis)
@@ -116,16 +116,8 @@ async def run_eval_job(spec: EvalJob, job_id: str, settings: Any, *, redis: Any 
             await pool.load_adapter(adapter_name, str(Path(spec.adapter).resolve()))
             model = adapter_name
         selected = load_selection(spec.data)
-        config = evaluation.EvalConfig(
-            model=model,
-            n=spec.n,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            max_tokens=spec.max_tokens,
-            greedy=spec.temperature == 0,
-            ks=spec.ks,
-            seed=spec.seed,
-            chat=spec.model.chat,
+        config = eval_config(
+            model, spec.n, spec.temperature, spec.top_p, spec.max_tokens, spec.ks, spec.seed, spec.model.chat
         )
         events.emit("status", status="running", tasks=len(selected))
         report = await cancel.guard(evaluation.evaluate(selected, pool, sandbox, config))

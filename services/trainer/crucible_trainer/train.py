@@ -134,7 +134,13 @@ class TrainRun:
     ) -> dict[str, Any]:
         spec = self.spec
         chat = spec.model.chat
-        roller = Roller(pool, sandbox, self.tasks, spec.reward, lambda text, task: tasks.answer_to_code(task, text, chat=chat))
+        roller = Roller(
+            pool,
+            sandbox,
+            self.tasks,
+            spec.reward,
+            lambda text, task: tasks.answer_to_code(task, text, chat=chat),
+        )
         start = 1
         found = checkpoint.latest(self.run_dir)
         if found is not None:
@@ -298,15 +304,15 @@ class TrainRun:
         spec = self.spec.eval
         assert spec is not None
         eval_tasks = load_selection(spec.data)
-        config = evaluation.EvalConfig(
-            model=model_name,
-            n=spec.n,
-            temperature=spec.temperature,
-            max_tokens=spec.max_tokens,
-            greedy=spec.temperature == 0,
-            ks=spec.ks,
-            seed=self.spec.seed,
-            chat=self.spec.model.chat,
+        config = eval_config(
+            model_name,
+            spec.n,
+            spec.temperature,
+            1.0,
+            spec.max_tokens,
+            spec.ks,
+            self.spec.seed,
+            self.spec.model.chat,
         )
         self.events.emit("eval_started", label=label, model=model_name, tasks=len(eval_tasks))
         report = await self.cancel.guard(evaluation.evaluate(eval_tasks, pool, sandbox, config))
@@ -354,13 +360,42 @@ class TrainRun:
         (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))
 
 
+def eval_config(
+    model: str,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    ks: list[int],
+    seed: int,
+    chat: bool,
+) -> Any:
+    """Temperature 0: one greedy answer per problem; else n samples at that temperature."""
+    from crucible_trainer import evaluation
+
+    if temperature == 0:
+        return evaluation.EvalConfig(
+            model=model, n=0, greedy=True, ks=[1], max_tokens=max_tokens, seed=seed, chat=chat
+        )
+    return evaluation.EvalConfig(
+        model=model,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        greedy=False,
+        ks=ks,
+        max_tokens=max_tokens,
+        seed=seed,
+        chat=chat,
+    )
+
+
 def _eval_summary(report: Any) -> dict[str, Any]:
-    data = report.model_dump(mode="json") if hasattr(report, "model_dump") else dict(report)
-    keep = {}
-    for key in ("pass_at_k", "greedy_pass_at_1", "mean_generated_tokens", "num_tasks"):
-        if key in data:
-            keep[key] = data[key]
-    return keep
+    return {
+        **report.summary(),
+        "problems": report.num_problems,
+        "mean_generated_tokens": report.mean_generated_tokens,
+    }
 
 
 async def run_train_job(

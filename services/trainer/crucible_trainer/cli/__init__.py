@@ -27,7 +27,7 @@ def _register() -> None:
     # Each module adds its commands to `app`; a missing one (not built yet) is simply absent.
     import importlib
 
-    for name in ("eval_cmd", "train_cmd", "stack_cmd"):
+    for name in ("eval_cmd", "train_cmd", "stack_cmd", "demo_cmd"):
         try:
             importlib.import_module(f"crucible_trainer.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -63,28 +63,25 @@ def extract_refined_code(text: str) -> str:
 def sanitize(code: str) -> str:
     """Keep imports, functions, classes and assignments at the top level; drop everything else.
 
-    Code that does not parse is returned unchanged (its syntax error is the truth).
+    Assignments that call a function the code defines (`result = solve(example)`) are example
+    usage too, and go. Code that does not parse is returned unchanged (its syntax error is the truth).
 
-    >>> sanitize("def f(x):\\n    return x\\n\\nprint(f(2))\\nassert f(1) == 2")
+    >>> sanitize("def f(x):\\n    return x\\n\\nprint(f(2))\\ny = f(1)\\nassert y == 2")
     'def f(x):\\n    return x'
     """
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return code
-    keep = (
-        ast.Import,
-        ast.ImportFrom,
-        ast.FunctionDef,
-        ast.AsyncFunctionDef,
-        ast.ClassDef,
-        ast.Assign,
-        ast.AnnAssign,
-    )
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
     lines = code.splitlines()
     kept: list[str] = []
     for node in tree.body:
-        if isinstance(node, keep) or _is_docstring(node, tree):
+        if _keep(node, tree, defined):
             start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
             kept.append("\n".join(lines[start - 1 : node.end_lineno]))
     return "\n\n".join(kept)
@@ -95,7 +92,13 @@ def defines(code: str, name: str) -> bool:
     return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", code, flags=re.M) is not None
 
 
-def _is_docstring(node: ast.stmt, tree: ast.Module) -> bool:
+def _keep(node: ast.stmt, tree: ast.Module, defined: set[str]) -> bool:
+    if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return True
+    if isinstance(node, ast.Assign | ast.AnnAssign):
+        calls = (n.func for n in ast.walk(node) if isinstance(n, ast.Call))
+        return not any(isinstance(f, ast.Name) and f.id in defined for f in calls)
+    # A module docstring.
     return node is tree.body[0] and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
 
 
