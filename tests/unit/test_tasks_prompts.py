@@ -155,3 +155,32 @@ def test_humaneval_chat_answer_gets_the_preamble(humaneval_task: Task) -> None:
     program = humaneval_task.program(code)
     ast.parse(program)
     assert "def is_palindrome" in program
+
+
+def test_sanitize_drops_assignments_that_call_the_solution() -> None:
+    code = "import re\nPATTERN = re.compile('a+')\n\ndef f(x):\n    return x\n\nf = f([1, 2])\nresult = f(3)"
+    assert sanitize(code) == "import re\n\nPATTERN = re.compile('a+')\n\ndef f(x):\n    return x"
+
+
+def test_continuation_stops_at_a_fence_or_stop_string(humaneval_task: Task) -> None:
+    body = "    return string\n"
+    assert (
+        answer_to_code(humaneval_task, body + "```\nThis returns it.", chat=False)
+        == humaneval_task.prompt + body
+    )
+    assert (
+        answer_to_code(humaneval_task, body + "\ndef other():\n    pass", chat=False)
+        == humaneval_task.prompt + body
+    )
+    assert answer_to_code(humaneval_task, "```\n\nThe function returns...", chat=False) == ""
+    assert answer_to_code(humaneval_task, "", chat=False) == ""
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from crucible_trainer.evaluation import passk, timing
+    from crucible_trainer.tasks import extract
+
+    for module in (extract, passk, timing):
+        assert doctest.testmod(module).failed == 0, module.__name__

@@ -14,6 +14,8 @@ should use.
 
 from __future__ import annotations
 
+import re
+
 from .extract import defines, extract_code, sanitize
 from .task import Task
 
@@ -79,7 +81,12 @@ def answer_to_code(task: Task, text: str, *, chat: bool, clean: bool = True) -> 
     programs are never cleaned. Returns "" when the answer holds no code.
     """
     if not chat and task.prompt_is_code:
-        return task.prompt + text
+        # The continuation ends where a code fence or a stop string starts, even at its very start
+        # (a server only sees a stop string once it follows generated text).
+        body = re.split(
+            r"^```|" + "|".join(re.escape(s) for s in CONTINUATION_STOPS), text, maxsplit=1, flags=re.M
+        )[0]
+        return task.prompt + body if body.strip() else ""
     code = extract_code(text, task.entry_point)
     body_only = code.startswith((" ", "\t")) and not defines(code, task.entry_point or "")
     if chat and task.prompt_is_code and task.entry_point and body_only:
