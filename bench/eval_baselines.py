@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument(
         "--runs", default="mbpp-greedy,humaneval-greedy,mbpp-sampled", help="Comma-separated runs."
     )
-    parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
         "--sampled-limit", type=int, default=None, help="mbpp-sampled: only the first N tasks."
     )
