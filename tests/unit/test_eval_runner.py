@@ -48,6 +48,7 @@ class ScriptedGenerator:
         self, delay: float = 0.0, answers: dict[int, list[str]] | None = None, refuse: set[int] = frozenset()
     ):
         self.delay, self.answers, self.refuse = delay, answers or {}, refuse
+        self.crash: set[int] = set()
         self.requests: list[dict] = []
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -60,6 +61,10 @@ class ScriptedGenerator:
         await asyncio.sleep(self.delay)
         prompt = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
         problem = int(re.search(r"Problem (\d+)", prompt).group(1))
+        if problem in self.crash:
+            return httpx.Response(
+                422, json={"error": {"message": "bad field", "type": "BadRequestError", "code": 422}}
+            )
         if problem in self.refuse:
             error = {
                 "message": "This model's maximum context length is 8192 tokens.",
@@ -288,3 +293,12 @@ def test_config_checks() -> None:
     assert EvalConfig(ks=[10, 1, 10]).ks == [1, 10]
     assert EvalConfig(n=4, ks=[1, 5]).reported_ks == [1]
     assert EvalConfig.model_validate_json(EvalConfig(n=3).model_dump_json()) == EvalConfig(n=3)
+
+
+def test_a_generator_error_stops_the_evaluation_with_that_error() -> None:
+    from crucible_shared.generator_client import GeneratorAPIError
+
+    generator = ScriptedGenerator()
+    generator.crash = {2}
+    with pytest.raises(GeneratorAPIError, match="bad field"):
+        run([make_task(i) for i in range(4)], generator, ScriptedSandbox(), EvalConfig(n=1))

@@ -73,7 +73,6 @@ def task_seed(seed: int, task_id: str) -> int:
 
 @dataclass
 class _Pending:
-    problem: int
     sample: SampleResult
     request: RunRequest
 
@@ -102,16 +101,20 @@ class _Evaluation:
             self.progress(EvalProgress(self.generated, self.executed, self.total))
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            consumer = group.create_task(self._execute_queue())
-            async with asyncio.TaskGroup() as generation:
-                for i in range(len(self.tasks)):
-                    if self.config.greedy:
-                        generation.create_task(self._generate(i, "greedy"))
-                    if self.config.n > 0:
-                        generation.create_task(self._generate(i, "sampled"))
-            await self.queue.put(None)
-            await consumer
+        try:
+            async with asyncio.TaskGroup() as group:
+                consumer = group.create_task(self._execute_queue())
+                async with asyncio.TaskGroup() as generation:
+                    for i in range(len(self.tasks)):
+                        if self.config.greedy:
+                            generation.create_task(self._generate(i, "greedy"))
+                        if self.config.n > 0:
+                            generation.create_task(self._generate(i, "sampled"))
+                await self.queue.put(None)
+                await consumer
+        except ExceptionGroup as group:
+            # Callers see the error that stopped the evaluation, not the task group around it.
+            raise _first_error(group) from group
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -157,7 +160,7 @@ class _Evaluation:
             self._store(i, sample)
             self.generated += 1
             if code:
-                await self.queue.put(_Pending(i, sample, task.run_request(code, config.limits)))
+                await self.queue.put(_Pending(sample, task.run_request(code, config.limits)))
             else:
                 sample.message = "no code found in the answer"
                 self.executed += 1
@@ -240,6 +243,11 @@ class _Evaluation:
                 )
             )
         return out
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_error(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _score(sample: SampleResult, result: RunResult) -> None:
