@@ -1,0 +1,171 @@
+"""GRPO step time and reward with Crucible's own stack, in the setup of TRL's GRPOTrainer baseline:
+SmolLM2-135M-Instruct, LoRA r16 on all linear layers, MBPP train tasks (601-974), 8 prompts x 8
+samples per step, 256 new tokens, fraction-of-tests reward.
+
+Starts a sandbox and a generator (CUDA + bf16 when present) as subprocesses, runs the training
+job in-process (`crucible_trainer.train`, exactly what a queued job runs), and prints seconds per
+step with the time split (generate / execute / train / publish) and the median over steps 2+.
+With `--eval-tasks N` it also evaluates greedy pass@1 on the first N MBPP test tasks before and
+after training (the learning run; `--method srrl` for SRRL at the same sample budget).
+
+Usage: python bench/grpo_race.py [--steps 8] [--method grpo|srrl] [--eval-tasks 0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def start(module: str, port_var: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    from tests.servers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module],
+        env={**os.environ, **env, port_var: str(port)},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{module} exited; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.25)
+    raise TimeoutError(module)
+
+
+def job_spec(method: str, steps: int, eval_tasks: int, model: str) -> dict:
+    method_cfg = (
+        {"name": "grpo"}
+        if method == "grpo"
+        else {"name": "srrl", "c1": 2, "c2": 4, "c2_temperature": 0.3, "budget": 10}
+    )
+    group = 8 if method == "grpo" else 2
+    return {
+        "kind": "train",
+        "method": method_cfg,
+        "model": {"base": model, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+        "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": 0},
+        "rollout": {"group_size": group, "temperature": 1.0, "max_tokens": 256},
+        "reward": {"kind": "fraction"},
+        "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": 8, "micro_batch": 64},
+        "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
+        "eval": {"data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks}, "max_tokens": 256}
+        if eval_tasks
+        else None,
+        "checkpoint": {"every": 10_000},
+        "logging": {"wandb_mode": "disabled"},
+        "seed": 0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--method", choices=["grpo", "srrl"], default="grpo")
+    parser.add_argument(
+        "--eval-tasks", type=int, default=0, help="MBPP test tasks to evaluate before/after (0: none)"
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.settings import Settings
+    from crucible_trainer.train import run_train_job
+
+    work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
+    sandbox, sandbox_url = start("crucible_sandbox", "CRUCIBLE_SANDBOX_PORT", {}, work / "sandbox.log")
+    generator, generator_url = start(
+        "crucible_generator",
+        "CRUCIBLE_GENERATOR_PORT",
+        {
+            "CRUCIBLE_GENERATOR_MODEL": args.model,
+            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
+            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+        },
+        work / "generator.log",
+    )
+    try:
+        settings = Settings(
+            generator_urls=[generator_url],
+            sandbox_url=sandbox_url,
+            adapter_dir=work / "adapters",
+            runs_dir=work / "jobs",
+        )
+        spec = TrainJob.model_validate(job_spec(args.method, args.steps, args.eval_tasks, args.model))
+        t = time.perf_counter()
+        summary = asyncio.run(run_train_job(spec, f"race-{args.method}", settings))
+        total = time.perf_counter() - t
+    finally:
+        for proc in (generator, sandbox):
+            proc.terminate()
+            proc.wait()
+    rows = [
+        json.loads(line)
+        for line in (work / "jobs" / f"race-{args.method}" / "metrics.jsonl").read_text().splitlines()
+    ]
+    keys = [
+        "time/step_s",
+        "time/generate_s",
+        "time/execute_tail_s",
+        "time/train_s",
+        "publish/total_s",
+        "reward_mean",
+        "zero_signal_fraction",
+        "completion_tokens_mean",
+    ]
+    print(f"{args.method}: {len(rows)} steps in {total:.1f} s ({summary.get('status')})")
+    for r in rows:
+        extra = f" c2_rescue {r['c2_rescue_rate']:.2f}" if "c2_rescue_rate" in r else ""
+        print(
+            f"step {r['step']}: "
+            + " ".join(f"{k.split('/')[-1]} {r.get(k, float('nan')):.2f}" for k in keys)
+            + f" stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}"
+        )
+    later = [r["time/step_s"] for r in rows[1:]] or [rows[0]["time/step_s"]]
+    median = statistics.median(later)
+    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:5]}
+    print(
+        f"median step (steps 2+): {median:.2f} s; split: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
+    )
+    if summary.get("eval"):
+        print("eval:", json.dumps(summary["eval"]))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "method": args.method,
+                    "rows": rows,
+                    "median_step_s": median,
+                    "split": split,
+                    "eval": summary.get("eval"),
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

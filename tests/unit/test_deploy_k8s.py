@@ -1,0 +1,277 @@
+"""k8s/: both overlays render, every object validates against the Kubernetes schemas, and the
+workloads are hardened, probed, sized and wired as docs/deploy.md says."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import crucible_shared
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy import kustomize
+from tests.deploy.env import IMAGES
+from tests.deploy.stack import OVERLAYS, ROOT, find, k8s_objects, workloads
+
+K8S_VERSION = "1.33"
+VARIANTS = ["gpu", "cpu"]
+SECRET = "crucible-api-keys"
+REQUIRED_SECRET_KEYS = {"gateway-api-keys", "sandbox-api-keys", "trainer-sandbox-key"}
+OPTIONAL_SECRET_KEYS = {"hf-token", "wandb-api-key"}
+
+
+def _key(obj: dict) -> tuple:
+    return obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_overlay_renders(variant: str) -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in k8s_objects(variant)}
+    for name in ("gateway", "sandbox", "trainer"):
+        assert ("Deployment", name) in kinds and ("ServiceAccount", name) in kinds
+    for name in ("generator", "redis"):
+        assert ("StatefulSet", name) in kinds and ("ServiceAccount", name) in kinds
+    assert {
+        ("HorizontalPodAutoscaler", "sandbox"),
+        ("NetworkPolicy", "sandbox"),
+        ("Ingress", "crucible"),
+    } <= kinds
+    assert all(
+        o["metadata"].get("namespace") == "crucible" for o in k8s_objects(variant) if o["kind"] != "Namespace"
+    )
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_python_renderer_agrees_with_kubectl_kustomize(variant: str) -> None:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(OVERLAYS[variant])],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    expected = {_key(o): o for o in yaml.safe_load_all(out) if o}
+    assert {_key(o): o for o in k8s_objects(variant)} == expected
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_object_validates_against_the_kubernetes_schema(variant: str) -> None:
+    for obj in k8s_objects(variant):
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {exc.message}")
+
+
+def test_schema_validation_catches_a_misspelt_field() -> None:
+    deployment = yaml.safe_load(yaml.safe_dump(find("gpu", "Deployment", "gateway")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_pod_is_restricted(variant: str) -> None:
+    """The `restricted` Pod Security Standard the namespace enforces, plus read-only roots."""
+    namespace = find(variant, "Namespace", "crucible")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    accounts = {o["metadata"]["name"]: o for o in k8s_objects(variant) if o["kind"] == "ServiceAccount"}
+    for obj, spec in workloads(variant):
+        name = obj["metadata"]["name"]
+        assert spec["serviceAccountName"] in accounts, name
+        assert accounts[spec["serviceAccountName"]]["automountServiceAccountToken"] is False
+        assert spec["automountServiceAccountToken"] is False, name
+        assert spec["enableServiceLinks"] is False, f"{name}: service links inject GENERATOR_PORT=tcp://..."
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] >= 999, name
+        assert pod["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), name
+        for volume in spec.get("volumes", []):
+            assert set(volume) & {"emptyDir", "persistentVolumeClaim", "secret", "configMap"}, volume
+        for container in spec["containers"] + spec.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, name
+            assert ctx["readOnlyRootFilesystem"] is True, name
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, name
+            assert not ctx.get("privileged"), name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_container_has_probes_and_resources(variant: str) -> None:
+    for obj, spec in workloads(variant):
+        for container in spec["containers"]:
+            name = f"{obj['metadata']['name']}/{container['name']}"
+            assert "livenessProbe" in container, name
+            assert "readinessProbe" in container or obj["metadata"]["name"] == "trainer", name
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(container["resources"][kind]), f"{name} {kind}"
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                http = container.get(probe, {}).get("httpGet")
+                if http:
+                    assert http["path"] == "/health", name
+                    assert http["port"] in [p["name"] for p in container["ports"]], name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_images_are_ours_and_versioned(variant: str) -> None:
+    for _, spec in workloads(variant):
+        for container in spec["containers"]:
+            name, tag, _ = kustomize.split_image(container["image"])
+            if name.startswith("crucible/"):
+                assert name in IMAGES, name
+                assert tag == crucible_shared.__version__, container["image"]
+                assert container["imagePullPolicy"] == "IfNotPresent"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_services_select_workloads_and_named_ports(variant: str) -> None:
+    pods = {}
+    for _, spec in workloads(variant):
+        for container in spec["containers"]:
+            pods[spec["serviceAccountName"]] = {p["name"] for p in container.get("ports", [])}
+    for obj in k8s_objects(variant):
+        if obj["kind"] != "Service":
+            continue
+        target = obj["spec"]["selector"]["app.kubernetes.io/name"]
+        assert target in pods, obj["metadata"]["name"]
+        for port in obj["spec"]["ports"]:
+            assert port["targetPort"] in pods[target]
+
+
+def test_sandbox_scales_and_has_no_egress() -> None:
+    deployment = find("gpu", "Deployment", "sandbox")
+    assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
+    hpa = find("gpu", "HorizontalPodAutoscaler", "sandbox")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sandbox"}
+    assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"], "the autoscaler measures utilisation of the request"
+    policy = find("gpu", "NetworkPolicy", "sandbox")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert "Egress" in policy["spec"]["policyTypes"] and policy["spec"]["egress"] == []
+    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [8002]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert volumes[tmp["name"]]["emptyDir"]["medium"] == "Memory"
+
+
+def _resources(variant: str, kind: str, name: str) -> dict:
+    return find(variant, kind, name)["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def test_gpu_overlay_runs_vllm_and_trainers_on_gpus() -> None:
+    generator = find("gpu", "StatefulSet", "generator")
+    spec = generator["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["image"].startswith("crucible/generator-vllm:")
+    for kind, name in (("StatefulSet", "generator"), ("Deployment", "trainer")):
+        resources = _resources("gpu", kind, name)
+        assert resources["limits"]["nvidia.com/gpu"] == "1", name
+        tolerations = find("gpu", kind, name)["spec"]["template"]["spec"]["tolerations"]
+        assert any(t["key"] == "nvidia.com/gpu" for t in tolerations), name
+    shm = next(m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == shm["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800, "model load + compile"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GENERATOR_MODEL"] and int(env["GENERATOR_MAX_LORAS"]) >= 2
+
+
+def test_cpu_overlay_has_no_gpus() -> None:
+    for _, spec in workloads("cpu"):
+        for container in spec["containers"]:
+            assert "nvidia.com/gpu" not in str(container["resources"])
+        assert not spec.get("tolerations")
+    generator = find("cpu", "StatefulSet", "generator")["spec"]["template"]["spec"]["containers"][0]
+    assert generator["image"].startswith("crucible/generator:")
+    trainer = find("cpu", "Deployment", "trainer")["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["image"].startswith("crucible/trainer-cpu:")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_trainer_broadcasts_to_every_generator_replica(variant: str) -> None:
+    generator = find(variant, "StatefulSet", "generator")
+    service = find(variant, "Service", generator["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None", "headless: one DNS name per replica"
+    port = service["spec"]["ports"][0]["port"]
+    trainer = find(variant, "Deployment", "trainer")["spec"]["template"]["spec"]["containers"][0]
+    urls = next(e["value"] for e in trainer["env"] if e["name"] == "CRUCIBLE_TRAINER_GENERATOR_URLS")
+    expected = [
+        f"http://generator-{i}.{service['metadata']['name']}:{port}"
+        for i in range(generator["spec"]["replicas"])
+    ]
+    assert urls.split(",") == expected
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shared_volumes(variant: str) -> None:
+    claims = {o["metadata"]["name"]: o for o in k8s_objects(variant) if o["kind"] == "PersistentVolumeClaim"}
+    mounts: dict[str, dict[str, tuple[str, bool]]] = {}
+    for obj, spec in workloads(variant):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for m in spec["containers"][0]["volumeMounts"]:
+            claim = volumes.get(m["name"], {}).get("persistentVolumeClaim")
+            if claim:
+                assert claim["claimName"] in claims
+                mounts.setdefault(claim["claimName"], {})[obj["metadata"]["name"]] = (
+                    m["mountPath"],
+                    bool(m.get("readOnly")),
+                )
+    for claim in ("crucible-adapters", "crucible-runs", "crucible-models"):
+        assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], claim
+    assert mounts["crucible-adapters"] == {
+        "trainer": ("/data/adapters", False),
+        "generator": ("/data/adapters", True),
+        "gateway": ("/data/adapters", True),
+    }, "adapters are loaded by the path the trainer wrote them to"
+    assert mounts["crucible-runs"] == {"trainer": ("/data/runs", False), "gateway": ("/data/runs", True)}
+
+
+def test_redis_is_a_statefulset_with_a_volume_and_persistence() -> None:
+    redis = find("gpu", "StatefulSet", "redis")
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    assert [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/data"] == [
+        claim["metadata"]["name"]
+    ]
+    args = container["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_keys_come_from_one_secret(variant: str) -> None:
+    used: dict[str, bool] = {}
+    for _, spec in workloads(variant):
+        for container in spec["containers"]:
+            assert "envFrom" not in container
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] == SECRET
+                    used[ref["key"]] = bool(ref.get("optional"))
+                elif "KEY" in env["name"] or "TOKEN" in env["name"]:
+                    pytest.fail(f"{env['name']} must come from the Secret")
+    assert {k for k, optional in used.items() if not optional} == REQUIRED_SECRET_KEYS
+    assert {k for k, optional in used.items() if optional} <= OPTIONAL_SECRET_KEYS
+    docs = (ROOT / "docs/deploy.md").read_text()
+    for key in REQUIRED_SECRET_KEYS | OPTIONAL_SECRET_KEYS:
+        assert f"{key}=" in docs, f"docs/deploy.md does not show how to set {key}"
+
+
+def test_ingress_routes_to_the_gateway_and_the_sandbox() -> None:
+    ingress = find("gpu", "Ingress", "crucible")
+    backends = {
+        path["backend"]["service"]["name"]: path["backend"]["service"]["port"]["name"]
+        for rule in ingress["spec"]["rules"]
+        for path in rule["http"]["paths"]
+    }
+    assert backends == {"gateway": "http", "sandbox": "http"}
+    for name, port in backends.items():
+        assert port in [p["name"] for p in find("gpu", "Service", name)["spec"]["ports"]]
+    assert ingress["spec"]["tls"]
