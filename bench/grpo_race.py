@@ -52,7 +52,9 @@ def start(module: str, port_var: str, env: dict[str, str], log: Path) -> tuple[s
     raise TimeoutError(module)
 
 
-def job_spec(method: str, steps: int, eval_tasks: int, model: str) -> dict:
+def job_spec(
+    method: str, steps: int, eval_tasks: int, model: str, prompts: int = 8, max_tokens: int = 256
+) -> dict:
     method_cfg = (
         {"name": "grpo"}
         if method == "grpo"
@@ -64,9 +66,9 @@ def job_spec(method: str, steps: int, eval_tasks: int, model: str) -> dict:
         "method": method_cfg,
         "model": {"base": model, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
         "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": 0},
-        "rollout": {"group_size": group, "temperature": 1.0, "max_tokens": 256},
+        "rollout": {"group_size": group, "temperature": 1.0, "max_tokens": max_tokens},
         "reward": {"kind": "fraction"},
-        "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": 8, "micro_batch": 64},
+        "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": prompts, "micro_batch": 64},
         "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
         "eval": {"data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks}, "max_tokens": 256}
         if eval_tasks
@@ -87,6 +89,10 @@ def main() -> None:
         "--eval-tasks", type=int, default=0, help="MBPP test tasks to evaluate before/after (0: none)"
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=8, help="problems per step (the race uses 8)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=256, help="new tokens per completion (the race uses 256)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -113,7 +119,9 @@ def main() -> None:
             adapter_dir=work / "adapters",
             runs_dir=work / "jobs",
         )
-        spec = TrainJob.model_validate(job_spec(args.method, args.steps, args.eval_tasks, args.model))
+        spec = TrainJob.model_validate(
+            job_spec(args.method, args.steps, args.eval_tasks, args.model, args.prompts, args.max_tokens)
+        )
         t = time.perf_counter()
         summary = asyncio.run(run_train_job(spec, f"race-{args.method}", settings))
         total = time.perf_counter() - t

@@ -116,7 +116,15 @@ class TrainRun:
             publisher = Publisher(
                 pool, Path(settings.adapter_dir), self.job_id, spec.publish.staleness_window, base_name
             )
-            return await self._loop(policy, pool, sandbox, publisher)
+            try:
+                return await self._loop(policy, pool, sandbox, publisher)
+            finally:
+                # A finished, cancelled or failed job frees its generator slots (--max-loras is
+                # small); its adapters stay in the store for evaluation or serving.
+                try:
+                    await publisher.retire_all()
+                except Exception as exc:
+                    log.warning("could not unload %s's adapters: %r", self.job_id, exc)
         except Cancelled:
             self.events.emit("status", status="cancelled")
             self.summary["status"] = "cancelled"
