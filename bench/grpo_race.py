@@ -153,7 +153,7 @@ def main() -> None:
         )
     later = [r["time/step_s"] for r in rows[1:]] or [rows[0]["time/step_s"]]
     median = statistics.median(later)
-    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:5]}
+    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:6]}
     print(
         f"median step (steps 2+): {median:.2f} s; split: "
         + ", ".join(f"{k} {v:.2f}" for k, v in split.items())

@@ -256,8 +256,10 @@ class TrainRun:
             )
             if spec.publish.stale_check:
                 probe = self._probe_prompt(policy)
+                t3 = time.perf_counter()
                 check = await stale_check(pool, policy, publisher.model_name, probe)
                 metrics.update(check)
+                metrics["time/stale_check_s"] = time.perf_counter() - t3
                 if not check["stale/diff"] <= spec.publish.stale_tolerance:
                     self.events.emit("stale_policy", step=step, **check)
                     raise StalePolicyError(
