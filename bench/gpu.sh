@@ -12,7 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-export PYTHONPATH=/tmp/site:$ROOT/shared:$ROOT/services/sandbox:$ROOT/services/generator:$ROOT/services/trainer:$ROOT
+# Our packages by symlink (a services/ dir on the path would expose services/generator/vllm as `vllm`).
+mkdir -p /tmp/crucible-pkgs
+for pkg in shared/crucible_shared services/*/crucible_*; do ln -sfn "$ROOT/$pkg" /tmp/crucible-pkgs/; done
+export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
 M=/root/m
 
