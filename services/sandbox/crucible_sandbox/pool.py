@@ -30,6 +30,8 @@ class Zygote:
 
     async def start(self) -> None:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
+        # The zygote imports exactly what the server imports, installed or not (nothing secret here).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
