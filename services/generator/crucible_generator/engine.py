@@ -347,12 +347,19 @@ class Engine:
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, adapters: list[str]) -> torch.Tensor:
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
-        model = self.base
-        if self.peft is not None:
-            model = self.peft
-            kwargs["adapter_names"] = adapters
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
-        return out.logits[:, -1, :]
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if self.peft is None:
+            return self.base(**inputs, **kwargs).logits[:, -1, :]
+        first = adapters[0]
+        if any(a != first for a in adapters):
+            # Rows of several adapters: PEFT's mixed-batch LoRA (slower: it splits every layer's batch).
+            return self.peft(**inputs, adapter_names=adapters, **kwargs).logits[:, -1, :]
+        if first == BASE_ADAPTER:
+            with self.peft.disable_adapter():
+                return self.peft(**inputs, **kwargs).logits[:, -1, :]
+        if self.peft.active_adapter != first:
+            self.peft.set_adapter(first)
+        return self.peft(**inputs, **kwargs).logits[:, -1, :]
 
     def _decode(self, seqs: list[_Sequence]) -> None:
         """Prefill `seqs` together, then decode one token per step until every row has finished."""
@@ -372,42 +379,53 @@ class Engine:
         self.metrics.prompt_tokens.inc(int(mask.sum()))
         next_pos = positions[:, -1:] + 1
 
-        alive = seqs
+        # Tensor rows stay in place while they finish; only once half of them are done are the
+        # caches compacted (copying every layer's KV cache at each finish costs more than the
+        # wasted rows). Finished rows are never sampled, so seeded draws do not depend on it.
+        rows = seqs
+        done = [False] * len(rows)
         while True:
-            num_top = max((s.params.logprobs or 0) for s in alive)
-            picked = sample(logits, [s.row for s in alive], num_top=num_top)
+            live = [i for i, d in enumerate(done) if not d]
+            live_rows = [rows[i] for i in live]
+            num_top = max((s.params.logprobs or 0) for s in live_rows)
+            live_logits = logits if len(live) == len(rows) else logits[torch.tensor(live, device=self.device)]
+            picked = sample(live_logits, [s.row for s in live_rows], num_top=num_top)
             tokens = picked.tokens.tolist()
             lps = picked.logprobs.tolist()
             top_ids = picked.top_ids.tolist() if picked.top_ids is not None else None
             top_lps = picked.top_logprobs.tolist() if picked.top_logprobs is not None else None
-            keep = []
-            for i, seq in enumerate(alive):
+            for j, i in enumerate(live):
+                seq = rows[i]
                 if seq.request.cancelled:
                     self._drop(seq)
+                    done[i] = True
                     continue
-                seq.output_ids.append(tokens[i])
-                seq.logprobs.append(lps[i])
+                seq.output_ids.append(tokens[j])
+                seq.logprobs.append(lps[j])
                 if seq.params.logprobs and top_ids is not None and top_lps is not None:
                     k = seq.params.logprobs
-                    seq.top.append(list(zip(top_ids[i][:k], top_lps[i][:k], strict=True)))
+                    seq.top.append(list(zip(top_ids[j][:k], top_lps[j][:k], strict=True)))
                 if self._finished(seq):
                     self._complete(seq)
-                else:
-                    keep.append(i)
-            self.metrics.generation_tokens.inc(len(alive))
+                    done[i] = True
+            self.metrics.generation_tokens.inc(len(live))
             # Between two steps: the one safe moment to change adapters.
             self._run_control_ops()
-            if not keep:
+            still = [i for i, d in enumerate(done) if not d]
+            if not still:
                 break
-            if len(keep) < len(alive):
-                index = torch.tensor(keep, device=self.device)
+            next_tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=self.device)
+            next_tokens[torch.tensor(live, device=self.device)] = picked.tokens
+            if len(still) <= len(rows) // 2:
+                index = torch.tensor(still, device=self.device)
                 cache.batch_select_indices(index)
-                mask, next_pos, picked.tokens = mask[index], next_pos[index], picked.tokens[index]
-                alive = [alive[i] for i in keep]
-                adapters = [adapters[i] for i in keep]
-                self.metrics.running.set(len(alive))
-            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
-            logits = self._forward(picked.tokens.unsqueeze(1), mask, next_pos, cache, adapters)
+                mask, next_pos, next_tokens = mask[index], next_pos[index], next_tokens[index]
+                rows = [rows[i] for i in still]
+                adapters = [adapters[i] for i in still]
+                done = [False] * len(rows)
+                self.metrics.running.set(len(rows))
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            logits = self._forward(next_tokens.unsqueeze(1), mask, next_pos, cache, adapters)
             next_pos = next_pos + 1
         self.metrics.running.set(0)
 
