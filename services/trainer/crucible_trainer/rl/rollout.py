@@ -13,7 +13,7 @@ from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool, samples
 from crucible_shared.jobs import RewardSpec
-from crucible_shared.sandbox import RunResult
+from crucible_shared.sandbox import Limits, RunResult
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer.rl.rewards import reward as reward_of
@@ -116,7 +116,8 @@ class Roller:
                     parent=prompt.parent,
                 )
             )
-        results = await self.sandbox.run_batch([self.tasks[x.task_index].run_request(x.code) for x in out])
+        limits = Limits(wall_time_s=self.reward_spec.time_limit_s, test_time_s=self.reward_spec.time_limit_s)
+        results = await self.sandbox.run_batch([self.tasks[x.task_index].run_request(x.code, limits) for x in out])
         finished = time.perf_counter()
         for x, result in zip(out, results, strict=True):
             x.result = result
