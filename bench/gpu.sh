@@ -42,6 +42,33 @@ PY
     python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
   learn)
     python3 bench/grpo_race.py --method "$2" --steps "$3" --eval-tasks "$4" --json "${OUT:-/tmp}/learn-$2.json" ;;
+  eval-adapter)  # greedy pass@1 of a saved adapter on the first N MBPP test tasks
+    python3 - "$2" "${3:-500}" <<'PY'
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from bench.grpo_race import start
+from crucible_shared.generator_client import GeneratorPool
+from crucible_shared.sandbox_client import SandboxClient
+from crucible_trainer import evaluation, tasks
+adapter, limit = sys.argv[1], int(sys.argv[2])
+work = Path(tempfile.mkdtemp())
+sb, sb_url = start("crucible_sandbox", "CRUCIBLE_SANDBOX_PORT", {}, work / "sandbox.log")
+gen, gen_url = start("crucible_generator", "CRUCIBLE_GENERATOR_PORT", {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256"}, work / "generator.log")
+async def main():
+    pool = GeneratorPool.from_urls([gen_url])
+    await pool.load_adapter("after", str(Path(adapter).resolve()))
+    async with SandboxClient(sb_url) as sandbox:
+        selected = tasks.load_tasks(tasks.DataSpec(dataset="mbpp", split="test", limit=limit))
+        cfg = evaluation.EvalConfig(model="after", n=0, greedy=True, ks=[1], max_tokens=256, concurrency=256)
+        report = await evaluation.evaluate(selected, pool, sandbox, cfg)
+    await pool.aclose()
+    print("after:", json.dumps(report.summary()), "wall", report.timing.wall_s if hasattr(report.timing, "wall_s") else "")
+try:
+    asyncio.run(main())
+finally:
+    gen.terminate(); sb.terminate()
+PY
+    ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   *)
