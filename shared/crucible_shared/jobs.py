@@ -127,7 +127,10 @@ class RewardSpec(_Spec):
     )
     length_penalty: float = Field(0.0, ge=0, description="alpha in r - alpha * generated_tokens / 100.")
     time_limit_s: float = Field(
-        5.0, gt=0, le=60, description="Wall-clock limit of one program's run (a step waits for its slowest program)."
+        5.0,
+        gt=0,
+        le=60,
+        description="Wall-clock limit of one program's run (a step waits for its slowest program).",
     )
 
 

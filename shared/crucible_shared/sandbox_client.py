@@ -104,7 +104,9 @@ class SandboxClient:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         log.warning("sandbox unreachable after %d attempts: %s", self.retries + 1, last)
-        failure = RunResult(status=RunStatus.sandbox_error, passed=0, total=0, message=f"sandbox unavailable: {last}")
+        failure = RunResult(
+            status=RunStatus.sandbox_error, passed=0, total=0, message=f"sandbox unavailable: {last}"
+        )
         return [failure.model_copy() for _ in runs]
 
 

@@ -16,6 +16,10 @@ UID_BASE = 62000 + 64 * (os.getpid() % 200)
 
 @pytest.fixture(scope="session")
 def sandbox() -> Service:
-    env = {"CRUCIBLE_SANDBOX_WORKERS": "2", "CRUCIBLE_SANDBOX_CANARY_SECRET": SECRET, "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE)}
+    env = {
+        "CRUCIBLE_SANDBOX_WORKERS": "2",
+        "CRUCIBLE_SANDBOX_CANARY_SECRET": SECRET,
+        "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE),
+    }
     with spawn("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT") as service:
         yield service

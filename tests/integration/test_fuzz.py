@@ -6,7 +6,6 @@ to every operation of the running services.
 
 from __future__ import annotations
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -14,7 +13,9 @@ from schemathesis import GenerationMode
 
 from tests.integration.stack_fixtures import *  # noqa: F403
 
-FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+FUZZ = settings(
+    max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
 
 
 def fuzz(url: str) -> list[str]:
@@ -36,7 +37,9 @@ def fuzz(url: str) -> list[str]:
                 response = case.call(timeout=60)
                 calls[0] += 1
                 if response.status_code >= 500:
-                    failures.append(f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}")
+                    failures.append(
+                        f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}"
+                    )
 
             try:
                 check()

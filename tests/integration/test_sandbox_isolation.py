@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import SECRET, UID_BASE
+
 FULL = os.geteuid() == 0  # the CI and dev machines run as root: full isolation is exercised
 
 

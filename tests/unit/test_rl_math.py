@@ -34,8 +34,12 @@ def test_graded_reward_table() -> None:
 
 def test_length_penalty() -> None:
     # r - alpha * tokens / 100
-    assert rewards.reward(result("passed", 2), "all_pass", generated_tokens=250, length_penalty=0.2) == pytest.approx(0.5)
-    assert rewards.reward(result("failed", 1), "fraction", generated_tokens=100, length_penalty=0.1) == pytest.approx(0.4)
+    assert rewards.reward(
+        result("passed", 2), "all_pass", generated_tokens=250, length_penalty=0.2
+    ) == pytest.approx(0.5)
+    assert rewards.reward(
+        result("failed", 1), "fraction", generated_tokens=100, length_penalty=0.1
+    ) == pytest.approx(0.4)
 
 
 def test_group_advantages_hand_computed() -> None:
@@ -57,7 +61,16 @@ def test_srrl_advantages_are_normalised_per_problem() -> None:
         return Sample(0, group, [1], [2], "", "", None, None, phase=phase, reward=reward)
 
     # Problem 0: c1 both fail, one of four refinements passes; problem 1: all pass (no signal).
-    batch = [s(0, 0.0, "c1"), s(0, 0.0, "c1"), s(0, 1.0, "c2"), s(0, 0.0, "c2"), s(0, 0.0, "c2"), s(0, 0.0, "c2"), s(1, 1.0, "c1"), s(1, 1.0, "c1")]
+    batch = [
+        s(0, 0.0, "c1"),
+        s(0, 0.0, "c1"),
+        s(0, 1.0, "c2"),
+        s(0, 0.0, "c2"),
+        s(0, 0.0, "c2"),
+        s(0, 0.0, "c2"),
+        s(1, 1.0, "c1"),
+        s(1, 1.0, "c1"),
+    ]
     groups, zero = assign_group_advantages(batch, "group")
     assert (groups, zero) == (2, 1)
     mean, std = 1 / 6, math.sqrt(5) / 6
@@ -86,15 +99,21 @@ def test_clipped_surrogate_hand_computed() -> None:
     assert float(dr.loss) == pytest.approx(-((2 / 4) + (-2 / 4)) / 2)
     # ratio e^0.5 > 1.2 with A > 0 is clipped to 1.2
     new = torch.full((1, 1), 0.5)
-    clipped = losses.clipped_surrogate(new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_eps=0.2)
+    clipped = losses.clipped_surrogate(
+        new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_eps=0.2
+    )
     assert float(clipped.loss) == pytest.approx(-1.2) and clipped.clip_fraction == 1.0
-    higher = losses.clipped_surrogate(new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_eps=0.2, clip_eps_high=0.28)
+    higher = losses.clipped_surrogate(
+        new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_eps=0.2, clip_eps_high=0.28
+    )
     assert float(higher.loss) == pytest.approx(-1.28)
 
 
 def test_kl_k3_estimator() -> None:
     logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-1.5]])
-    out = losses.clipped_surrogate(logp, logp, torch.tensor([0.0]), torch.ones(1, 1), clip_eps=0.2, ref_logp=ref, kl_beta=0.1)
+    out = losses.clipped_surrogate(
+        logp, logp, torch.tensor([0.0]), torch.ones(1, 1), clip_eps=0.2, ref_logp=ref, kl_beta=0.1
+    )
     d = -0.5
     assert out.kl == pytest.approx(math.exp(d) - d - 1)
     assert float(out.loss) == pytest.approx(0.1 * (math.exp(d) - d - 1))
@@ -150,7 +169,9 @@ def _batch() -> list[Sample]:
 def test_ppo_ratio_is_one_on_the_first_epoch_and_moves_after() -> None:
     # One optimizer step per epoch (one micro-batch): epoch 0 runs on the policy that produced log p_old.
     fresh = TinyPolicy()
-    one = update(fresh, _batch(), UpdateConfig(iterations=2, clip_eps=0.2, micro_batch=16, always_score_old=True))
+    one = update(
+        fresh, _batch(), UpdateConfig(iterations=2, clip_eps=0.2, micro_batch=16, always_score_old=True)
+    )
     assert one["update/ratio_mean_iter0"] == pytest.approx(1.0, abs=1e-6)
     assert one["update/ratio_mean_iter1"] != pytest.approx(1.0, abs=1e-6)
     assert one["update/sequences"] == 2.0  # the zero-advantage sample carries no gradient

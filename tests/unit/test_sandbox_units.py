@@ -114,6 +114,7 @@ def test_trusted_site_is_judged_outside_the_program() -> None:
 def test_status_mapping() -> None:
     p = plan.plan_asserts(["assert f() == 1", "assert f() == 2", "assert f() == 3"])
     exp = {"t": "expected", "values": {str(i): values.encode(i + 1) for i in range(3)}}
+
     def ok(i):
         return {
             "t": "test",
@@ -121,6 +122,7 @@ def test_status_mapping() -> None:
             "status": "passed",
             "actuals": {str(i): {"value": values.encode(i + 1)}},
         }
+
     # Died during test 1 (e.g. os._exit(0)): test 1 is an error, test 2 never ran.
     out = judge_tests(p, _proc(exp, ok(0)))
     assert [t["status"] for t in out["tests"]] == ["passed", "error", "not_run"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from crucible_shared.settings import check_api_keys, split_csv
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -33,16 +34,12 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys", mode="before")
     @classmethod
-    def _split(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
-        return value
+    def _split_keys(cls, value: object) -> object:
+        return split_csv(value)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        weak = [k for k in self.api_keys if len(k) < 16 or k in ("changeme", "secret", "change-me-please")]
-        if weak:
-            raise ValueError("api_keys: every key must be at least 16 characters and not a placeholder")
+        check_api_keys(self.api_keys)
         if self.production and not self.api_keys:
             raise ValueError("production: set CRUCIBLE_GATEWAY_API_KEYS")
         return self

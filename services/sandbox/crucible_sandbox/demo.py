@@ -50,7 +50,9 @@ def find_mbpp() -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tasks", type=int, default=8, help="how many MBPP test-split tasks (default 8)")
     parser.add_argument("--url", help="use a running sandbox instead of starting one")
     args = parser.parse_args()
@@ -70,7 +72,9 @@ def main() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "crucible_sandbox", "--port", str(port)], env=os.environ.copy())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "crucible_sandbox", "--port", str(port)], env=os.environ.copy()
+        )
         url = f"http://127.0.0.1:{port}"
         with console.status("starting the sandbox"):
             for _ in range(300):
@@ -105,7 +109,11 @@ def main() -> None:
     for (task_id, label), res in zip(labels, results, strict=True):
         colour = colours.get(res["status"], "red")
         table.add_row(
-            str(task_id), label, f"[{colour}]{res['status']}[/]", f"{res['passed']}/{res['total']}", res["message"][:110]
+            str(task_id),
+            label,
+            f"[{colour}]{res['status']}[/]",
+            f"{res['passed']}/{res['total']}",
+            res["message"][:110],
         )
     console.print(table)
     console.print(f"{len(runs)} runs in {elapsed * 1000:.0f} ms through POST /v1/runs/batch")

@@ -223,6 +223,18 @@ def child_main(spec_fd: int, report_fd: int) -> None:
     os._exit(0)
 
 
+def _report_exception(report_fd: int, kind: str, exc: BaseException) -> None:
+    """Tell the zygote the program (or the test set-up) raised outside any test."""
+    frame = {
+        "t": kind,
+        "exc": type(exc).__name__,
+        "msg": _exception_message(exc),
+        "tb": trimmed_traceback(exc),
+    }
+    frame["memory"] = isinstance(exc, MemoryError)
+    write_frame(report_fd, frame)
+
+
 def _feed_stdin(text: str) -> None:
     """Put the case's input behind fd 0 through an unlinked file (no pipe to fill up)."""
     path = ".stdin"
@@ -263,16 +275,7 @@ def _run_program(spec: dict[str, Any], report_fd: int) -> None:
             write_frame(report_fd, {"t": "exit", "code": str(exc.code)[:200]})
             return
     except BaseException as exc:
-        write_frame(
-            report_fd,
-            {
-                "t": "crash",
-                "exc": type(exc).__name__,
-                "msg": _exception_message(exc),
-                "tb": trimmed_traceback(exc),
-                "memory": isinstance(exc, MemoryError),
-            },
-        )
+        _report_exception(report_fd, "crash", exc)
         return
     write_frame(report_fd, {"t": "done"})
 
@@ -327,29 +330,12 @@ def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) ->
     try:
         exec(code, namespace)
     except BaseException as exc:
-        write_frame(
-            report_fd,
-            {
-                "t": "crash",
-                "exc": type(exc).__name__,
-                "msg": _exception_message(exc),
-                "tb": trimmed_traceback(exc),
-                "memory": isinstance(exc, MemoryError),
-            },
-        )
+        _report_exception(report_fd, "crash", exc)
         return
     try:
         exec(setup, namespace)
     except BaseException as exc:
-        write_frame(
-            report_fd,
-            {
-                "t": "setup_error",
-                "exc": type(exc).__name__,
-                "msg": _exception_message(exc),
-                "tb": trimmed_traceback(exc),
-            },
-        )
+        _report_exception(report_fd, "setup_error", exc)
         return
     checker = Checker(sites, report_fd, test_time, deadline)
     try:
@@ -373,14 +359,6 @@ def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) ->
             runner(namespace[entry_point], checker)
     except BaseException as exc:
         # The check module itself failed outside any test (e.g. at its top level).
-        write_frame(
-            report_fd,
-            {
-                "t": "setup_error",
-                "exc": type(exc).__name__,
-                "msg": _exception_message(exc),
-                "tb": trimmed_traceback(exc),
-            },
-        )
+        _report_exception(report_fd, "setup_error", exc)
         return
     write_frame(report_fd, {"t": "done"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Annotated
 
+from crucible_shared.settings import check_api_keys, split_csv
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -19,7 +20,9 @@ class Settings(BaseSettings):
     )
     queue_size: int = Field(4096, ge=1, description="Runs waiting or running before new work gets a 429.")
     batch_concurrency: int = Field(
-        0, ge=0, description="Slots one batch may hold at once (0 = all but one, so single runs never queue behind a batch)."
+        0,
+        ge=0,
+        description="Slots one batch may hold at once (0 = all but one, so single runs never queue behind a batch).",
     )
     cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
     api_keys: Annotated[list[str], NoDecode] = Field(
@@ -55,15 +58,11 @@ class Settings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
-        return value
+        return split_csv(value)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        weak = [k for k in self.api_keys if len(k) < 16 or k in ("changeme", "secret", "change-me-please")]
-        if weak:
-            raise ValueError("api_keys: every key must be at least 16 characters and not a placeholder")
+        check_api_keys(self.api_keys)
         if self.default_wall_time_s > self.max_wall_time_s:
             raise ValueError("default_wall_time_s exceeds max_wall_time_s")
         return self

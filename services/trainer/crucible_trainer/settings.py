@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from crucible_shared.settings import split_csv
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -28,6 +29,4 @@ class Settings(BaseSettings):
     @field_validator("generator_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [u.strip() for u in value.split(",") if u.strip()]
-        return value
+        return split_csv(value)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def load_selection(data: Any) -> list[Any]:
     """Tasks of a job's data section."""
-    return tasks.load_tasks(tasks.DataSpec.model_validate(data.model_dump(exclude_none=True)))
+    return tasks.load_tasks(data)
 
 
 def refined_code(text: str, task: Any) -> str:

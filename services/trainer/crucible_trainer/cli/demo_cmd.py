@@ -33,7 +33,9 @@ DEMO_JOB = {
 
 @app.command("demo")
 def demo(
-    state_dir: Path = typer.Option(Path("runs/demo"), help="Where the stack keeps adapters, run dirs and logs."),
+    state_dir: Path = typer.Option(
+        Path("runs/demo"), help="Where the stack keeps adapters, run dirs and logs."
+    ),
     steps: int = typer.Option(2, min=1, help="Training steps."),
 ) -> None:
     """Start the stack, evaluate, train GRPO with adapter hot-swap, evaluate again, print before/after."""
@@ -54,7 +56,10 @@ def demo(
     try:
         with console.status("starting the stack") as status:
             urls = stack.start(progress=lambda m: status.update(m))
-        console.print(f"stack up in {time.monotonic() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in urls.items()))
+        console.print(
+            f"stack up in {time.monotonic() - started:.0f} s: "
+            + ", ".join(f"{k} {v}" for k, v in urls.items())
+        )
         with GatewayClient(urls["gateway"], timeout=120) as client:
             created = client.submit(spec.model_dump(mode="json"))
             console.print(f"submitted {created['id']}: evaluate, train {steps} GRPO steps, evaluate again")
@@ -65,17 +70,26 @@ def demo(
     finally:
         stack.stop()
     if final["status"] != "finished":
-        console.print(f"[red]{final['id']} {final['status']}: {final.get('error')}[/]  (logs: {state_dir / 'logs'})")
+        console.print(
+            f"[red]{final['id']} {final['status']}: {final.get('error')}[/]  (logs: {state_dir / 'logs'})"
+        )
         raise typer.Exit(1)
     summary = final.get("summary") or {}
     evals = summary.get("eval", {})
-    table = Table(title=f"SmolLM2-135M-Instruct on {evals.get('before', {}).get('problems', '?')} MBPP test tasks")
+    table = Table(
+        title=f"SmolLM2-135M-Instruct on {evals.get('before', {}).get('problems', '?')} MBPP test tasks"
+    )
     table.add_column("")
     table.add_column("before")
     table.add_column("after")
-    for key, label in (("greedy_pass@1", "greedy pass@1"), ("mean_generated_tokens", "mean generated tokens")):
+    for key, label in (
+        ("greedy_pass@1", "greedy pass@1"),
+        ("mean_generated_tokens", "mean generated tokens"),
+    ):
         row = [evals.get(when, {}).get(key) for when in ("before", "after")]
-        table.add_row(label, *("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+        table.add_row(
+            label, *("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row)
+        )
     console.print(table)
     metrics = final.get("metrics") or {}
     console.print(

@@ -117,7 +117,9 @@ class Roller:
                 )
             )
         limits = Limits(wall_time_s=self.reward_spec.time_limit_s, test_time_s=self.reward_spec.time_limit_s)
-        results = await self.sandbox.run_batch([self.tasks[x.task_index].run_request(x.code, limits) for x in out])
+        results = await self.sandbox.run_batch(
+            [self.tasks[x.task_index].run_request(x.code, limits) for x in out]
+        )
         finished = time.perf_counter()
         for x, result in zip(out, results, strict=True):
             x.result = result
