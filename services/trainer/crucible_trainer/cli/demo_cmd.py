@@ -21,7 +21,7 @@ DEMO_JOB = {
     "method": {"name": "grpo"},
     "data": {"dataset": "mbpp", "split": "train", "limit": 4},
     "rollout": {"group_size": 4, "max_tokens": 96, "temperature": 1.0},
-    "reward": {"kind": "fraction"},
+    "reward": {"kind": "graded"},
     "optim": {"lr": 1.0e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
     "publish": {"every": 1},
     "eval": {"data": {"dataset": "mbpp", "split": "test", "limit": 4}, "max_tokens": 128},
@@ -94,7 +94,7 @@ def demo(
     metrics = final.get("metrics") or {}
     console.print(
         f"last step: reward {metrics.get('reward_mean', 0):.3f}, zero-signal groups {metrics.get('zero_signal_fraction', 0):.0%}, "
-        f"adapter {final.get('policy_version')} served by the generator"
+        f"last adapter version {final.get('policy_version')} (hot-swapped into the generator after each update)"
     )
     for key in ("adapter", "before_after", "learning_curve", "run_dir"):
         if summary.get(key):
