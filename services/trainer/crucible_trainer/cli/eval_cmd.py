@@ -10,6 +10,7 @@ Writes `report.json`, `report.md` and `pass_at_k.png` into `--out` (and `compari
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -95,8 +96,28 @@ def eval_command(
         None, "--compare", help="An earlier report (file or folder) to compare with."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    config_file: Path = typer.Option(
+        None, "--config", "-c", help="Submit this eval job spec (YAML/JSON) to the gateway instead."
+    ),
+    gateway: str = typer.Option(
+        os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"),
+        "--gateway",
+        help="Gateway URL (with --config).",
+    ),
+    api_key: str = typer.Option(
+        os.environ.get("CRUCIBLE_API_KEY"), "--api-key", help="Gateway API key (with --config)."
+    ),
+    detach: bool = typer.Option(False, "--detach", help="With --config: submit and return."),
 ) -> None:
-    """Evaluate a model or adapter: generate, run in the sandbox, write pass@k reports."""
+    """Evaluate a model or adapter: generate, run in the sandbox, write pass@k reports.
+
+    With --config, submit an eval job to the gateway and follow it instead.
+    """
+    if config_file is not None:
+        from crucible_trainer.cli.train_cmd import load_spec, submit_and_follow
+
+        submit_and_follow(load_spec(config_file, "eval"), gateway, api_key, detach)
+        return
     from pydantic import ValidationError
 
     from crucible_trainer.evaluation.config import EvalConfig

@@ -112,7 +112,7 @@ def submit_and_follow(spec, gateway: str, api_key: str | None, detach: bool) -> 
             final = follow(client, created["id"], console)
     except (GatewayError, OSError) as exc:
         unreachable = isinstance(exc, GatewayUnreachable | OSError)
-        hint = " (is the stack up? `crucible up`, or run with --local)" if unreachable else ""
+        hint = " (is the stack up? start it with `crucible up`)" if unreachable else ""
         typer.echo(f"error: {exc}{hint}", err=True)
         raise typer.Exit(1) from None
     console.print(
