@@ -51,6 +51,13 @@ class StepContext:
         )
 
 
+def first_prompts(ctx: StepContext, task_indices: list[int], build_prompt) -> list[Prompt]:
+    """One first-attempt prompt per problem of the step; each problem is its own group."""
+    return [
+        Prompt(task_index=t, group=i, text=ctx.render(build_prompt(t))) for i, t in enumerate(task_indices)
+    ]
+
+
 def reward_metrics(batch: list[Sample]) -> dict[str, float]:
     """Mean/std reward, pass rate, completion length and dropped (sandbox fault) samples."""
     scored = [s for s in batch if s.reward is not None]

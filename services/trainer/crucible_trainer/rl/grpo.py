@@ -7,8 +7,8 @@ from collections import defaultdict
 from crucible_shared.jobs import GRPOConfig
 
 from crucible_trainer.rl.advantages import group_advantages, zero_signal
-from crucible_trainer.rl.context import StepContext, reward_metrics
-from crucible_trainer.rl.rollout import Prompt, Sample
+from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
+from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
 
@@ -31,9 +31,7 @@ def assign_group_advantages(batch: list[Sample], scale: str) -> tuple[int, int]:
 async def collect(
     ctx: StepContext, cfg: GRPOConfig, task_indices: list[int], build_prompt
 ) -> tuple[list[Sample], dict[str, float]]:
-    prompts = [
-        Prompt(task_index=t, group=i, text=ctx.render(build_prompt(t))) for i, t in enumerate(task_indices)
-    ]
+    prompts = first_prompts(ctx, task_indices, build_prompt)
     batch = await ctx.sample(prompts, ctx.job.rollout.group_size)
     n_groups, zero = assign_group_advantages(batch, cfg.scale)
     metrics = reward_metrics(batch)

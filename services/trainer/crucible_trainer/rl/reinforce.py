@@ -6,17 +6,15 @@ from __future__ import annotations
 from crucible_shared.jobs import ReinforceConfig
 
 from crucible_trainer.rl.advantages import mean_baseline
-from crucible_trainer.rl.context import StepContext, reward_metrics
-from crucible_trainer.rl.rollout import Prompt, Sample
+from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
+from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
 
 async def collect(
     ctx: StepContext, cfg: ReinforceConfig, task_indices: list[int], build_prompt
 ) -> tuple[list[Sample], dict[str, float]]:
-    prompts = [
-        Prompt(task_index=t, group=i, text=ctx.render(build_prompt(t))) for i, t in enumerate(task_indices)
-    ]
+    prompts = first_prompts(ctx, task_indices, build_prompt)
     batch = await ctx.sample(prompts, cfg.samples)
     scored = [s for s in batch if s.reward is not None]
     if scored:

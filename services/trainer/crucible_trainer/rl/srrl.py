@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from crucible_shared.jobs import SRRLConfig
 
-from crucible_trainer.rl.context import StepContext, reward_metrics
+from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
 from crucible_trainer.rl.grpo import assign_group_advantages
 from crucible_trainer.rl.rollout import Prompt, Sample
 from crucible_trainer.rl.update import UpdateConfig
@@ -35,9 +35,7 @@ async def collect(
     build_refinement,
     extract_refined,
 ) -> tuple[list[Sample], dict[str, float]]:
-    prompts = [
-        Prompt(task_index=t, group=i, text=ctx.render(build_prompt(t))) for i, t in enumerate(task_indices)
-    ]
+    prompts = first_prompts(ctx, task_indices, build_prompt)
     first = await ctx.sample(prompts, cfg.c1)
     refine_prompts: list[Prompt] = []
     counts: list[int] = []

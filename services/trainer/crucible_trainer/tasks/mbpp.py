@@ -9,7 +9,6 @@ convention that tells the model the function's name and signature.
 from __future__ import annotations
 
 import builtins
-import json
 import keyword
 import os
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from crucible_shared.sandbox import AssertTests
 
+from .files import read_jsonl
 from .task import DatasetError, Task
 
 SPLITS: dict[str, tuple[int, int]] = {
@@ -53,18 +53,11 @@ def load(path: str | Path | None = None, *, challenge_tests: bool = True) -> lis
     if not file.is_file():
         raise DatasetError("MBPP file not found (set CRUCIBLE_DATA_DIR or `path`)", path=str(file))
     tasks = []
-    with file.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise DatasetError(f"not valid JSON: {exc}", path=str(file), line=number) from exc
-            missing = [f for f in _FIELDS if f not in row]
-            if missing:
-                raise DatasetError("missing", path=str(file), line=number, field=missing[0])
-            tasks.append(_task(row, challenge_tests))
+    for number, row in read_jsonl(file):
+        missing = [f for f in _FIELDS if f not in row]
+        if missing:
+            raise DatasetError("missing", path=str(file), line=number, field=missing[0])
+        tasks.append(_task(row, challenge_tests))
     return sorted(tasks, key=lambda t: t.metadata["number"])
 
 
