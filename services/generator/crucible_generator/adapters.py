@@ -119,6 +119,15 @@ class AdapterRegistry:
             adapter.refs += count
             return adapter
 
+    def rebind(self, name: str, slot: str) -> None:
+        """`name` (still loading) was loaded into the existing PEFT adapter `slot`."""
+        with self._lock:
+            self._adapters[name].slot = slot
+
+    def path(self, name: str) -> str:
+        with self._lock:
+            return self._adapters[name].path
+
     def slot(self, name: str) -> str:
         """The PEFT name of adapter `name`."""
         with self._lock:

@@ -12,6 +12,10 @@ with a forward pass and never wait for a long batch to end. Loading adds new mod
 and leaves the others untouched, so requests in flight on an older version keep decoding with it.
 An unloaded adapter is deleted (its memory freed) when its last sequence finishes.
 
+A batch whose rows all use one adapter (or none) takes the fast path when it is on
+(`fastpath.py`: merged weights, a static KV cache, CUDA graphs); mixed batches, adapters that
+cannot be merged and models it does not support take the eager PEFT path below.
+
 The event loop never blocks: results come back through `loop.call_soon_threadsafe`.
 """
 
@@ -33,8 +37,10 @@ from transformers import DynamicCache
 
 from .adapters import AdapterRegistry
 from .errors import BadRequest, GeneratorError, ServerError
+from .fastpath import FastDecoder, FastSession, supports
 from .metrics import Metrics
 from .sampling import RowParams, make_generator, sample
+from .slots import SpareSlot, config_signature
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +128,8 @@ class Engine:
         max_lora_rank: int = 64,
         seed: int | None = None,
         metrics: Metrics | None = None,
+        fast_decode: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
@@ -141,6 +149,13 @@ class Engine:
         self._default_generator = make_generator(
             seed if seed is not None else int.from_bytes(os.urandom(8), "little"), self.device
         )
+        self._spare: SpareSlot | None = None  # an unloaded adapter's modules, kept for reuse
+        self.fast: FastDecoder | None = None
+        if fast_decode == "on" or (fast_decode == "auto" and self.device.type == "cuda"):
+            if supports(model.config):
+                self.fast = FastDecoder(model, use_graphs=cuda_graphs, max_batch_size=max_batch_size)
+            else:
+                log.info("fast decoding does not handle this model's attention layers; using the eager path")
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
         self._control: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]] = deque()
@@ -264,6 +279,13 @@ class Engine:
     def _attach(self, name: str, slot: str, path: str) -> None:
         from peft import PeftModel
 
+        spare, self._spare = self._spare, None
+        if spare is not None and self.peft is not None:
+            if spare.fill(self.peft, path):
+                self.adapters.rebind(name, spare.slot)
+                log.info("loaded LoRA adapter %s from %s into %s (reused)", name, path, spare.slot)
+                return
+            self._delete_slot(spare.slot)
         if self.peft is None:
             self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=slot, is_trainable=False)
             self.peft.eval()
@@ -272,11 +294,23 @@ class Engine:
         log.info("loaded LoRA adapter %s from %s as %s", name, path, slot)
 
     def _detach(self, name: str) -> None:
-        self._drop_slot(self.adapters.slot(name))
+        slot, signature = self.adapters.slot(name), config_signature(self.adapters.path(name))
         self.adapters.forget(name)
+        if self.fast is not None:
+            self.fast.merged.forget(slot)
+        if self._spare is None and signature is not None and self.peft is not None:
+            self._spare = SpareSlot(slot, signature)  # the next same-shaped load fills it
+        else:
+            self._delete_slot(slot)
         log.info("unloaded LoRA adapter %s", name)
 
     def _drop_slot(self, slot: str) -> None:
+        """Delete a half-loaded adapter."""
+        if self.fast is not None:
+            self.fast.merged.forget(slot)
+        self._delete_slot(slot)
+
+    def _delete_slot(self, slot: str) -> None:
         if self.peft is None:
             return
         if slot in self.peft.peft_config:
@@ -361,10 +395,8 @@ class Engine:
             self.peft.set_adapter(first)
         return self.peft(**inputs, **kwargs).logits[:, -1, :]
 
-    def _decode(self, seqs: list[_Sequence]) -> None:
-        """Prefill `seqs` together, then decode one token per step until every row has finished."""
-        self.metrics.batch_size.observe(len(seqs))
-        self.metrics.running.set(len(seqs))
+    def _prepare(self, seqs: list[_Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids, their attention mask and position ids, on the device."""
         width = max(len(s.prompt_ids) for s in seqs)
         input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -372,16 +404,37 @@ class Engine:
             input_ids[i, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
             mask[i, width - len(seq.prompt_ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.base.config)
-        adapters = [s.slot or BASE_ADAPTER for s in seqs]
-        logits = self._forward(input_ids, mask, positions, cache, adapters)
-        self.metrics.prompt_tokens.inc(int(mask.sum()))
-        next_pos = positions[:, -1:] + 1
+        return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
-        # Tensor rows stay in place while they finish; only once half of them are done are the
-        # caches compacted (copying every layer's KV cache at each finish costs more than the
-        # wasted rows). Finished rows are never sampled, so seeded draws do not depend on it.
+    def _open_fast(self, seqs: list[_Sequence], inputs: tuple[torch.Tensor, ...]) -> FastSession | None:
+        slot = seqs[0].slot
+        if self.fast is None or any(s.slot != slot for s in seqs):
+            return None
+        max_new = max(min(s.params.max_tokens, self.max_model_len - len(s.prompt_ids)) for s in seqs)
+        try:
+            return self.fast.open(self.peft, slot, *inputs, max_new=max(max_new, 1))
+        except Exception:
+            log.exception("fast decoding failed to start; using the eager path from now on")
+            self.fast = None
+            return None
+
+    def _decode(self, seqs: list[_Sequence]) -> None:
+        """Prefill `seqs` together, then decode one token per step until every row has finished."""
+        self.metrics.batch_size.observe(len(seqs))
+        self.metrics.running.set(len(seqs))
+        inputs = self._prepare(seqs)
+        session: FastSession | _EagerSession | None = self._open_fast(seqs, inputs)
+        if session is not None:
+            try:
+                logits = session.prefill()
+            except Exception:
+                log.exception("fast prefill failed; using the eager path from now on")
+                self.fast, session = None, None
+        if session is None:
+            session = _EagerSession(self, seqs, *inputs)
+            logits = session.prefill()
+        self.metrics.prompt_tokens.inc(int(inputs[1].sum()))
+
         rows = seqs
         done = [False] * len(rows)
         while True:
@@ -416,17 +469,11 @@ class Engine:
                 break
             next_tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=self.device)
             next_tokens[torch.tensor(live, device=self.device)] = picked.tokens
-            if len(still) <= len(rows) // 2:
-                index = torch.tensor(still, device=self.device)
-                cache.batch_select_indices(index)
-                mask, next_pos, next_tokens = mask[index], next_pos[index], next_tokens[index]
-                rows = [rows[i] for i in still]
-                adapters = [adapters[i] for i in still]
+            logits, keep = session.step(next_tokens, still)
+            if keep is not None:
+                rows = [rows[i] for i in keep]
                 done = [False] * len(rows)
                 self.metrics.running.set(len(rows))
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            logits = self._forward(next_tokens.unsqueeze(1), mask, next_pos, cache, adapters)
-            next_pos = next_pos + 1
         self.metrics.running.set(0)
 
     # --- engine thread: stopping rules and results ---------------------------------------------
@@ -448,7 +495,15 @@ class Engine:
         return seq.finish_reason is not None
 
     def _hit_stop_string(self, seq: _Sequence) -> bool:
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        skip = seq.params.skip_special_tokens
+        # A new stop string must end in the newest token: decoding a short tail first keeps this
+        # check O(1) per token (decoding the whole output at every step is quadratic).
+        tail = 2 * max(len(s) for s in seq.params.stop) + 8
+        if len(seq.output_ids) > tail:
+            recent = self.tokenizer.decode(seq.output_ids[-tail:], skip_special_tokens=skip)
+            if not any(s in recent for s in seq.params.stop):
+                return False
+        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=skip)
         hits = [(text.find(s), s) for s in seq.params.stop if s in text]
         if not hits:
             return False
@@ -489,3 +544,38 @@ class Engine:
         if seq.adapter is not None and self.adapters.release(seq.adapter):
             self._detach(seq.adapter)
             self._update_adapter_gauge()
+
+
+class _EagerSession:
+    """The general decode path: PEFT adapters (mixed batches included) and a dynamic KV cache.
+
+    Tensor rows stay in place while they finish; only once half of them are done are the caches
+    compacted (copying every layer's KV cache at each finish costs more than the wasted rows).
+    Finished rows are never sampled, so seeded draws do not depend on it.
+    """
+
+    def __init__(self, engine: Engine, seqs: list[_Sequence], input_ids, mask, positions) -> None:
+        self.engine = engine
+        self.input_ids, self.mask, self.positions = input_ids, mask, positions
+        self.adapters = [s.slot or BASE_ADAPTER for s in seqs]
+        self.cache = DynamicCache(config=engine.base.config)
+        self.next_pos = positions[:, -1:] + 1
+
+    def prefill(self) -> torch.Tensor:
+        return self.engine._forward(self.input_ids, self.mask, self.positions, self.cache, self.adapters)
+
+    def step(self, tokens: torch.Tensor, still: list[int]) -> tuple[torch.Tensor, list[int] | None]:
+        """Feed one token per row; returns the logits and, when rows were dropped, which stayed."""
+        keep = None
+        if len(still) <= len(self.adapters) // 2:
+            keep = still
+            index = torch.tensor(still, device=tokens.device)
+            self.cache.batch_select_indices(index)
+            self.mask, self.next_pos, tokens = self.mask[index], self.next_pos[index], tokens[index]
+            self.adapters = [self.adapters[i] for i in still]
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.adapters), 1))], dim=1)
+        logits = self.engine._forward(
+            tokens.unsqueeze(1), self.mask, self.next_pos, self.cache, self.adapters
+        )
+        self.next_pos = self.next_pos + 1
+        return logits, keep

@@ -4,6 +4,11 @@ Logprobs are always the log-softmax of the model's raw logits (temperature 1, be
 like vLLM's default `logprobs_mode="raw_logprobs"`: the trainer compares them with its own policy's
 logprobs, which are computed without any sampling transform. A per-row `torch.Generator` makes a
 seeded request's random draws independent of whatever else shares its batch.
+
+Everything is batched over rows: one sort for every row's top-k/top-p filter, one softmax, and
+the "exponential race" (`argmax(p / q)` with `q ~ Exp(1)`, an exact draw from `p`) so that each
+generator fills only its own rows' noise with a single kernel. A per-row Python loop of
+filters and `multinomial` calls cost hundreds of kernel launches per decode step at batch 64.
 """
 
 from __future__ import annotations
@@ -40,20 +45,28 @@ class SampleOutput:
     top_logprobs: torch.Tensor | None = None  # [B, k] float32
 
 
-def filter_logits(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """Mask (to -inf) the tokens outside the top-k and outside the top-p nucleus of a 1-D logit row."""
-    out = logits
-    if top_k > 0 and top_k < out.shape[-1]:
-        kth = torch.topk(out, top_k).values[-1]
-        out = out.masked_fill(out < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(out, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep a token when the mass strictly before it is below top_p (the first token always stays).
-        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        out = out.masked_fill(drop, float("-inf"))
-    return out
+def filter_logits(
+    logits: torch.Tensor, top_p: float | torch.Tensor, top_k: int | torch.Tensor
+) -> torch.Tensor:
+    """Mask (to -inf) the tokens outside each row's top-k and top-p nucleus.
+
+    `logits` is one row `[V]` or a batch `[B, V]`; `top_p` / `top_k` are scalars or one value per
+    row (`top_k <= 0` keeps all, `top_p >= 1` keeps all). One descending sort serves both filters.
+    """
+    single = logits.dim() == 1
+    rows = logits.unsqueeze(0) if single else logits
+    batch, vocab = rows.shape
+    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=rows.device).reshape(-1, 1).expand(batch, 1)
+    top_k = torch.as_tensor(top_k, dtype=torch.long, device=rows.device).reshape(-1, 1).expand(batch, 1)
+    sorted_logits, order = torch.sort(rows, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=rows.device).unsqueeze(0)
+    drop = (top_k > 0) & (rank >= top_k)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep a token when the mass strictly before it is below top_p (the first token always stays).
+    drop |= ((torch.cumsum(probs, dim=-1) - probs) >= top_p) & (top_p < 1.0)
+    out = rows.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    return out[0] if single else out
 
 
 def sample(logits: torch.Tensor, rows: list[RowParams], num_top: int = 0) -> SampleOutput:
@@ -67,20 +80,39 @@ def sample(logits: torch.Tensor, rows: list[RowParams], num_top: int = 0) -> Sam
     tokens = torch.argmax(logits, dim=-1)
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
     if sampled:
-        temperatures = torch.tensor([rows[i].temperature for i in sampled], device=logits.device)
-        scaled = logits[sampled] / temperatures.unsqueeze(1)
-        for j, i in enumerate(sampled):
-            if rows[i].top_p < 1.0 or rows[i].top_k > 0:
-                scaled[j] = filter_logits(scaled[j], rows[i].top_p, rows[i].top_k)
+        device = logits.device
+        index = torch.tensor(sampled, device=device) if len(sampled) < len(rows) else None
+        part = logits if index is None else logits[index]
+        temperatures = torch.tensor([rows[i].temperature for i in sampled], device=device)
+        scaled = part / temperatures.unsqueeze(1)
+        if any(rows[i].top_p < 1.0 or rows[i].top_k > 0 for i in sampled):
+            top_p = torch.tensor([rows[i].top_p for i in sampled], device=device)
+            top_k = torch.tensor([rows[i].top_k for i in sampled], device=device)
+            scaled = filter_logits(scaled, top_p, top_k)
         probs = torch.softmax(scaled, dim=-1)
-        # One draw per generator: rows sharing one (unseeded requests) are drawn together.
+        noise = torch.empty_like(probs)
+        # One fill per generator: rows sharing one (unseeded requests) draw together, and a
+        # seeded row's noise comes only from its own generator, whatever shares the batch.
         groups: dict[int, list[int]] = {}
         for j, i in enumerate(sampled):
             groups.setdefault(id(rows[i].generator), []).append(j)
         for members in groups.values():
             generator = rows[sampled[members[0]]].generator
-            draws = torch.multinomial(probs[members], 1, generator=generator).squeeze(1)
-            tokens[[sampled[j] for j in members]] = draws
+            if len(members) == 1:
+                noise[members[0]].exponential_(generator=generator)
+            elif members == list(range(members[0], members[0] + len(members))):
+                noise[members[0] : members[0] + len(members)].exponential_(generator=generator)
+            else:
+                fill = torch.empty((len(members), probs.shape[1]), device=device).exponential_(
+                    generator=generator
+                )
+                noise[torch.tensor(members, device=device)] = fill
+        # Exp(1) can return exactly 0 (a division by zero would pick a zero-probability token).
+        draws = torch.argmax(probs / noise.clamp_(min=1e-20), dim=-1)
+        if index is None:
+            tokens = draws
+        else:
+            tokens[index] = draws
     chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     out = SampleOutput(tokens=tokens, logprobs=chosen)
     if num_top > 0:

@@ -375,6 +375,8 @@ def build_service(settings: Settings) -> GeneratorService:
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
         seed=settings.seed,
+        fast_decode=settings.fast_decode,
+        cuda_graphs=settings.cuda_graphs,
     )
     engine.start()
     return GeneratorService(

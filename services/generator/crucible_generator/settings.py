@@ -5,6 +5,8 @@ Defaults serve the built-in SmolLM2-135M-Instruct on whatever device the host ha
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -41,6 +43,13 @@ class Settings(BaseSettings):
     max_logprobs: int = Field(default=20, ge=0, description="Most top logprobs a request may ask for.")
     threads: int | None = Field(
         default=None, ge=1, description="CPU threads for torch (default: torch's choice)."
+    )
+    fast_decode: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Merged-weight static-cache decoding for single-adapter batches (`auto`: on CUDA).",
+    )
+    cuda_graphs: bool = Field(
+        default=True, description="Replay decode steps as CUDA graphs (fast path, CUDA)."
     )
     seed: int | None = Field(default=None, description="Seed of the sampler for requests without a `seed`.")
     log_level: str = Field(default="info", description="uvicorn / logging level.")
