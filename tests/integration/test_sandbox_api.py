@@ -93,6 +93,25 @@ def test_syntax_error(sandbox) -> None:
     assert out["status"] == "syntax_error"
     assert out["tests"][0]["status"] == "not_run"
     assert "SyntaxError" in out["message"]
+    cases = [{"input": "1\n", "output": "1\n"}, {"input": "2\n", "output": "2\n"}]
+    stdio = run(sandbox, "print(int(input())", {"kind": "stdio", "cases": cases})
+    assert stdio["status"] == "syntax_error" and stdio["passed"] == 0
+    assert [t["status"] for t in stdio["tests"]] == ["not_run", "not_run"]
+
+
+def test_expected_value_that_needs_the_program(sandbox) -> None:
+    # `g(2)` cannot be computed before the candidate runs: the assert is checked in-process.
+    code = "def f(x):\n    return x * 2\ndef g(x):\n    return x + x\n"
+    out = run(sandbox, code, asserts("assert f(2) == g(2)", "assert f(3) == g(2)", "assert f(1) == 2"))
+    assert [t["status"] for t in out["tests"]] == ["passed", "failed", "passed"]
+    assert out["tests"][1]["message"] == "assert f(3) == g(2) -> got 6"
+
+
+def test_program_is_compiled_as_plain_python(sandbox) -> None:
+    # Annotations are evaluated at definition time (no `from __future__ import annotations`).
+    code = "def f(x: int) -> int:\n    return x\n"
+    out = run(sandbox, code, asserts("assert f.__annotations__['x'] is int"))
+    assert out["status"] == "passed", out["message"]
 
 
 def test_each_test_runs_after_a_timeout(sandbox) -> None:

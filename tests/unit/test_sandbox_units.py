@@ -142,3 +142,43 @@ def test_stdio_comparator() -> None:
     assert compare_output("12\n", "1\n") == "line 1: expected '1', got '12'"
     assert compare_output("1\n2\n", "1\n") == "1 extra line(s) after the expected output"
     assert compare_output("", "") is None
+
+
+def _constants(code) -> list:
+    """Every constant in a code object and the code objects nested in it."""
+    out = []
+    for const in code.co_consts:
+        out.extend(_constants(const) if hasattr(const, "co_consts") else [const])
+    return out
+
+
+def test_compiled_tests_keep_expected_values_out_of_the_test_code() -> None:
+    from crucible_sandbox.worker import compile_tests
+
+    plan_, program = compile_tests({"kind": "asserts", "asserts": ["assert f(2) == 12345"], "setup": ""})
+    assert plan_.sites[0].trusted
+    assert 12345 not in _constants(program["module"])
+    assert 12345 in _constants(program["expected"][0])
+    assert program["sites"] == [("==", True)]
+
+
+def test_plan_cache_compiles_each_suite_once() -> None:
+    from crucible_sandbox.worker import PlanCache
+
+    cache = PlanCache(entries=1)
+    a = {"kind": "asserts", "asserts": ["assert f(1) == 1"], "setup": ""}
+    first = cache.get(a)
+    assert cache.get(dict(a)) is first
+    cache.get({"kind": "asserts", "asserts": ["assert f(2) == 2"], "setup": ""})
+    assert cache.get(a) is not first  # evicted: the cache holds one entry
+
+
+def test_candidates_compile_without_the_harness_future_imports() -> None:
+    from crucible_sandbox.harness import compile_candidate
+
+    code, syntax = compile_candidate("def f(x: int) -> int:\n    return x\n")
+    namespace: dict = {}
+    exec(code, namespace)
+    assert syntax is None and namespace["f"].__annotations__["x"] is int  # not the string 'int'
+    code, syntax = compile_candidate("def f(:\n")
+    assert code is None and syntax["t"] == "syntax" and "SyntaxError" in syntax["msg"]

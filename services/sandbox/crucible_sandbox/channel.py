@@ -1,13 +1,20 @@
-"""Length-prefixed JSON frames over a file descriptor (zygote <-> server, run <-> zygote)."""
+"""Length-prefixed frames over a file descriptor.
+
+JSON frames between the server and its workers and from a run's process to its worker; a
+marshalled spec from a worker to a run's process (marshal carries compiled code, and only the
+run's process, which trusts its worker, ever loads it).
+"""
 
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import struct
 from typing import Any
 
 _HEADER = struct.Struct(">I")
+_SPEC = struct.Struct(">II")
 MAX_FRAME = 256 << 20
 
 
@@ -46,6 +53,26 @@ def read_frame(fd: int) -> Any:
     if body is None:
         return None
     return json.loads(body)
+
+
+def encode_spec(run: dict[str, Any], program: bytes = b"") -> bytes:
+    """A run's spec: the run itself (code, limits, form) and its marshalled compiled tests."""
+    head = marshal.dumps(run)
+    return _SPEC.pack(len(head), len(program)) + head + program
+
+
+def read_spec(fd: int) -> tuple[dict[str, Any], Any] | None:
+    """Read what `encode_spec` wrote: (run, compiled tests or None); None at end of stream."""
+    header = _read_exact(fd, _SPEC.size)
+    if header is None:
+        return None
+    head_size, program_size = _SPEC.unpack(header)
+    body = _read_exact(fd, head_size + program_size)
+    if body is None:
+        return None
+    view = memoryview(body)
+    program = marshal.loads(view[head_size:]) if program_size else None
+    return marshal.loads(view[:head_size]), program
 
 
 def split_frames(buffer: bytearray) -> list[Any]:

@@ -3,19 +3,19 @@
 It is imported once by the zygote, so every forked run starts with it (and the usual stdlib
 modules) already loaded. Order of events inside a run:
 
-1. read the run spec from a pipe (it never sits in the zygote's memory before the fork);
+1. read the run spec from a pipe (it never sits in the zygote's memory); the worker has
+   already planned and compiled the tests, so the run does no parsing of its own;
 2. compile the candidate (a syntax error ends the run here);
 3. *before any candidate code runs*, compute the expected value of every top-level
-   `assert <expr> == <expected>` and send it to the zygote; then drop the test sources,
+   `assert <expr> == <expected>` and send it to the worker; then drop the test code,
    so the candidate's process no longer holds what it would need to fake an answer;
 4. run the candidate, the setup code and each test, reporting one frame per test.
 
-Nothing here decides `passed`: the zygote does, from these frames and its own plan.
+Nothing here decides `passed`: the worker does, from these frames and its own plan.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import gc
@@ -27,10 +27,11 @@ import signal
 import sys
 import time
 import traceback
+from types import CodeType
 from typing import Any
 
 from crucible_sandbox import plan as plan_mod
-from crucible_sandbox.channel import read_frame, write_frame
+from crucible_sandbox.channel import read_spec, write_frame
 from crucible_sandbox.values import Unencodable, encode, short_repr
 
 CANDIDATE = "<candidate>"
@@ -102,7 +103,9 @@ def _encode_or_none(value: Any) -> Any:
 class Checker:
     """Receives every rewritten assert and the begin/fail/end of every test."""
 
-    def __init__(self, sites: list[plan_mod.Site], report: int, test_time_s: float, deadline: float) -> None:
+    def __init__(
+        self, sites: list[tuple[str | None, bool]], report: int, test_time_s: float, deadline: float
+    ) -> None:
         self.sites, self.report = sites, report
         self.test_time_s, self.deadline = test_time_s, deadline
         self.record: dict[str, Any] = {}
@@ -139,10 +142,10 @@ class Checker:
 
     # -- per assert -----------------------------------------------------------------------
     def check(self, site_id: int, lhs: Any, rhs: Any) -> None:
-        site = self.sites[site_id]
+        op, trusted = self.sites[site_id]
         left = lhs()
-        if site.trusted:
-            # The zygote holds the expected value; only the actual value leaves this process.
+        if trusted:
+            # The worker holds the expected value; only the actual value leaves this process.
             enc = _encode_or_none(left)
             if enc is None:
                 self.record["actuals"][str(site_id)] = {
@@ -152,7 +155,7 @@ class Checker:
             else:
                 self.record["actuals"][str(site_id)] = {"value": enc}
             return
-        if site.op is None:
+        if op is None:
             if defined_by_candidate(left):
                 self._failed(
                     site_id, left, None, "a value of a type defined by the program is not trusted as true"
@@ -161,11 +164,11 @@ class Checker:
                 self._failed(site_id, left, None, None)
             return
         right = rhs()
-        if site.op in ("==", "!=", "<", "<=", ">", ">=") and (
+        if op in ("==", "!=", "<", "<=", ">", ">=") and (
             defined_by_candidate(left) or defined_by_candidate(right)
         ):
             self._failed(site_id, left, right, "values of types defined by the program are not compared")
-        outcome = _OPS[site.op](left, right)
+        outcome = _OPS[op](left, right)
         if type(outcome) is not bool:
             outcome = bool(outcome)
         if not outcome:
@@ -199,21 +202,21 @@ def _apply_limits(limits: dict[str, Any]) -> None:
 
 def child_main(spec_fd: int, report_fd: int) -> None:
     """Entry point of a run's process, after isolation is in place. Never returns."""
-    holder = [read_frame(spec_fd)]
+    holder = [read_spec(spec_fd)]
     os.close(spec_fd)
-    spec = holder[0]
-    if spec is None:
+    if holder[0] is None:
         os._exit(3)
+    spec = holder[0][0]
     deadline = time.monotonic() + spec["limits"]["wall_time_s"]
     signal.signal(signal.SIGALRM, _on_alarm)
     if spec.get("stdin") is not None:
         _feed_stdin(spec["stdin"])
     _apply_limits(spec["limits"])
-    stdio = spec["tests"]["kind"] == "stdio"
+    stdio = spec["kind"] == "stdio"
     del spec  # `_run_tests` drops the last reference once the expected values are out
     try:
         if stdio:
-            _run_program(holder.pop(), report_fd)
+            _run_program(holder.pop()[0], report_fd)
         else:
             _run_tests(holder, report_fd, deadline)
     finally:
@@ -246,27 +249,32 @@ def _feed_stdin(text: str) -> None:
     os.close(fd)
 
 
-def _compile_candidate(code: str, report_fd: int) -> Any:
-    linecache.cache[CANDIDATE] = (len(code), None, code.splitlines(True), CANDIDATE)
+def compile_candidate(source: str) -> tuple[CodeType | None, dict[str, Any] | None]:
+    """(code, None), or (None, the `syntax` frame) when the program does not compile.
+
+    Called by the worker, so the run's process only loads the code object. Compiled as plain
+    Python would (`dont_inherit`: none of this module's `__future__` imports apply).
+    """
     try:
-        return compile(code, CANDIDATE, "exec")
+        return compile(source, CANDIDATE, "exec", dont_inherit=True), None
     except (SyntaxError, ValueError) as exc:  # ValueError: source contains null bytes
-        write_frame(
-            report_fd,
-            {
-                "t": "syntax",
-                "msg": _exception_message(exc),
-                "tb": "".join(traceback.format_exception_only(type(exc), exc)),
-            },
-        )
-        return None
+        frame = {
+            "t": "syntax",
+            "msg": _exception_message(exc),
+            "tb": "".join(traceback.format_exception_only(type(exc), exc)),
+        }
+        return None, frame
+
+
+def _show_candidate(source: str) -> None:
+    """Let tracebacks quote the candidate's lines."""
+    linecache.cache[CANDIDATE] = (len(source), None, source.splitlines(True), CANDIDATE)
 
 
 def _run_program(spec: dict[str, Any], report_fd: int) -> None:
-    """stdin/stdout form: the candidate is the whole program; the zygote judges its output."""
-    code = _compile_candidate(spec["code"], report_fd)
-    if code is None:
-        return
+    """stdin/stdout form: the candidate is the whole program; the worker judges its output."""
+    _show_candidate(spec["source"])
+    code = spec["program"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
         exec(code, namespace)
@@ -280,50 +288,41 @@ def _run_program(spec: dict[str, Any], report_fd: int) -> None:
     write_frame(report_fd, {"t": "done"})
 
 
-def _expected_values(tests: dict[str, Any], sites: list[plan_mod.Site]) -> dict[str, Any]:
+def _expected_values(setup: Any, expected: dict[int, Any]) -> dict[str, Any]:
     """Phase 1: evaluate trusted right-hand sides before any candidate code has run."""
     scratch: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     try:
-        exec(compile(tests.get("setup", ""), "<setup>", "exec"), scratch)
+        exec(setup, scratch)
     except BaseException:
         pass  # the setup may need the candidate; such sites fall back to in-process checks
     values: dict[str, Any] = {}
-    for site_id, site in enumerate(sites):
-        if not site.trusted:
-            continue
+    for site_id, code in expected.items():
         try:
-            expression = ast.Expression(body=site.rhs or ast.Constant(None, lineno=1, col_offset=0))
-            values[str(site_id)] = encode(eval(compile(expression, "<expected>", "eval"), scratch))
+            values[str(site_id)] = encode(eval(code, scratch))
         except BaseException:
             values[str(site_id)] = None
     return values
 
 
-def _run_tests(holder: list[dict[str, Any]], report_fd: int, deadline: float) -> None:
-    spec = holder.pop()
-    tests = spec["tests"]
-    plan = (
-        plan_mod.plan_asserts(tests["asserts"])
-        if tests["kind"] == "asserts"
-        else plan_mod.plan_check(tests["check"])
-    )
-    code = _compile_candidate(spec["code"], report_fd)
-    if code is None:
-        return
-    expected = _expected_values(tests, plan.sites)
-    # A trusted site whose expected value could not be computed up front is checked in-process.
+def _run_tests(holder: list[Any], report_fd: int, deadline: float) -> None:
+    spec, tests = holder.pop()
+    _show_candidate(spec["source"])
+    code = spec["program"]
+    expected = _expected_values(tests["setup"], tests["expected"])
+    # A trusted site whose expected value could not be computed up front is checked in-process,
+    # which needs test code that keeps its right-hand side: only then is anything parsed here.
     distrust = frozenset(int(k) for k, v in expected.items() if v is None)
     if distrust:
         plan = plan_mod.plan_asserts(tests["asserts"], distrust)
+        tests["module"] = compile(plan.module, "<tests>", "exec", dont_inherit=True)
+        tests["sites"] = [(site.op, site.trusted) for site in plan.sites]
+        del plan
     write_frame(report_fd, {"t": "expected", "values": expected})
-    test_code = compile(plan.module, "<tests>", "exec")
-    setup = compile(tests.get("setup", ""), "<setup>", "exec")
-    entry_point = tests.get("entry_point")
-    sites, entry = plan.sites, plan.entry
-    for site in sites:
-        site.rhs = site.node = None  # the expected-value expressions leave this process's reach
+    test_code, setup, sites = tests["module"], tests["setup"], tests["sites"]
+    entry, entry_point = tests["entry"], tests["entry_point"]
     test_time = spec["limits"]["test_time_s"]
-    del spec, tests, plan, expected
+    # The expected-value code and the test sources leave this process's reach.
+    del spec, tests, expected
     gc.collect()
 
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}

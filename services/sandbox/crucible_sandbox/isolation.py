@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import time
 from dataclasses import dataclass, field
@@ -49,7 +48,19 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+def _load_libc() -> ctypes.CDLL:
+    # `ctypes.util` imports subprocess, threading and random; forked runs would then pay for
+    # their at-fork hooks, so it is only the fallback for a libc with another name.
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        from ctypes.util import find_library
+
+        return ctypes.CDLL(find_library("c"), use_errno=True)
+
+
+_libc = _load_libc()
 
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 
@@ -87,6 +98,33 @@ class IsolationConfig:
     want_cgroup: bool = True
 
 
+class CgroupFiles:
+    """The zygote's cgroup, its control files opened once (a run costs a `write`, not an `open`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.procs = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        self.kill = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+        self.events = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+
+    def join(self) -> None:
+        """Move the calling process into the cgroup ("0" means the writer itself)."""
+        os.write(self.procs, b"0")
+
+    def populated(self) -> bool:
+        return b"populated 1" in os.pread(self.events, 128, 0)
+
+    def kill_all(self) -> None:
+        os.write(self.kill, b"1")
+
+    def close(self) -> None:
+        """Close the files and remove the (by now empty) cgroup."""
+        for fd in (self.procs, self.kill, self.events):
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
+
+
 def _cgroup2_root() -> str | None:
     try:
         with open("/proc/mounts") as f:
@@ -99,7 +137,77 @@ def _cgroup2_root() -> str | None:
     return None
 
 
-def setup_zygote(cfg: IsolationConfig) -> Capabilities:
+class Isolation:
+    """What `setup_zygote` set up, and the per-run steps that use it.
+
+    A run costs the zygote one fork and a few syscalls here: the cgroup files are opened
+    once, and scratch directories are only listed when their tmpfs has an inode in use.
+    """
+
+    def __init__(self, cfg: IsolationConfig, caps: Capabilities, cgroup: CgroupFiles | None) -> None:
+        self.cfg, self.caps, self.cgroup = cfg, caps, cgroup
+        self.uid = cfg.uid_base + cfg.slot
+        # Free inodes of each scratch tmpfs, freshly mounted and so empty: any other count means
+        # a run left something behind (a count cannot be faked the way a timestamp can).
+        self.scratch_free = (
+            {d: os.statvfs(d).f_ffree for d in SCRATCH if os.path.isdir(d)} if caps.mount_namespace else {}
+        )
+
+    def workdir(self, pid: int) -> str:
+        """The run's working directory: the private /tmp, or a fresh directory without one."""
+        return "/tmp" if self.caps.mount_namespace else os.path.join(self.cfg.work_root, f"run-{pid}")
+
+    def enter_run(self) -> None:
+        """Called in a freshly forked run process (still privileged), before any spec is read.
+
+        Kept to bare syscalls: every page of the zygote this touches is copied for the run.
+        """
+        caps = self.caps
+        os.setsid()
+        _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        if self.cgroup is not None:
+            try:
+                self.cgroup.join()
+            except OSError:
+                pass  # still killed through its process group and the subreaper
+        if caps.mount_namespace:
+            workdir = "/tmp"
+        else:
+            workdir = self.workdir(os.getpid())
+            os.makedirs(workdir, mode=0o700)
+            os.environ["TMPDIR"] = os.environ["HOME"] = workdir
+        if caps.uid_switch:
+            if not caps.mount_namespace:
+                os.chown(workdir, self.uid, self.uid)
+            os.setgroups([])
+            os.setgid(self.uid)
+            os.setuid(self.uid)
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        os.chdir(workdir)
+        os.umask(0o077)
+
+    def end_run(self, pid: int) -> int:
+        """After the run's process was reaped: kill what it left behind and empty its scratch.
+
+        Returns how many stray processes had to be killed.
+        """
+        strays = 0
+        # As a subreaper the zygote inherits every orphaned descendant, and the cgroup holds
+        # every process a run started; with neither showing one, nothing is left to kill.
+        if not self.caps.subreaper or _children() or (self.cgroup is not None and self.cgroup.populated()):
+            strays = kill_everything(pid, self.caps, cgroup=self.cgroup)
+        if self.caps.mount_namespace:
+            empty_scratch(self.scratch_free)
+        else:
+            remove_workdir(self.workdir(pid))
+        return strays
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.close()
+
+
+def setup_zygote(cfg: IsolationConfig) -> Isolation:
     """Run once in the zygote before it forks any run."""
     caps = Capabilities()
     caps.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -118,13 +226,17 @@ def setup_zygote(cfg: IsolationConfig) -> Capabilities:
         caps.uid_switch = True
     elif not root:
         caps.notes.append("not root: no namespaces and no uid switch; rely on the container")
-    if cfg.want_cgroup:
-        caps.cgroup = _make_cgroup(cfg)
-    os.makedirs(cfg.work_root, exist_ok=True)
-    return caps
+    cgroup = _make_cgroup(cfg) if cfg.want_cgroup else None
+    caps.cgroup = cgroup.path if cgroup else None
+    if not caps.mount_namespace:
+        os.makedirs(cfg.work_root, exist_ok=True)  # runs' private directories go here
+    # Runs inherit this environment (set once here rather than rewritten in every run).
+    os.environ.clear()
+    os.environ.update(SAFE_ENV)
+    return Isolation(cfg, caps, cgroup)
 
 
-def _make_cgroup(cfg: IsolationConfig) -> str | None:
+def _make_cgroup(cfg: IsolationConfig) -> CgroupFiles | None:
     root = _cgroup2_root()
     if root is None:
         return None
@@ -134,7 +246,7 @@ def _make_cgroup(cfg: IsolationConfig) -> str | None:
         if not os.path.exists(os.path.join(path, "cgroup.kill")):
             os.rmdir(path)
             return None
-        return path
+        return CgroupFiles(path)
     except OSError:
         return None
 
@@ -144,10 +256,11 @@ def _enter_mount_namespace(cfg: IsolationConfig) -> None:
     _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     opts = f"size={cfg.tmpfs_mb}m,mode=1777,nr_inodes=4096".encode()
-    for target in (b"/tmp", b"/var/tmp", b"/dev/shm"):
+    for target in SCRATCH:
         if os.path.isdir(target):
             _check(
-                _libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount tmpfs {target!r}"
+                _libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
+                f"mount tmpfs {target}",
             )
     _expose_python()
 
@@ -202,51 +315,19 @@ def _expose_python() -> None:
             os.close(fd)
 
 
-def enter_run(cfg: IsolationConfig, caps: Capabilities) -> str:
-    """Called in a freshly forked run process (still privileged). Returns its working directory."""
-    os.setsid()
-    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
-    if caps.cgroup:
-        try:
-            with open(os.path.join(caps.cgroup, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-        except OSError:
-            pass
-    if caps.mount_namespace:
-        workdir = "/tmp"
-    else:
-        workdir = os.path.join(cfg.work_root, f"run-{os.getpid()}")
-        os.makedirs(workdir, mode=0o700)
-    if caps.uid_switch:
-        uid = cfg.uid_base + cfg.slot
-        if not caps.mount_namespace:
-            os.chown(workdir, uid, uid)
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    os.chdir(workdir)
-    os.environ.clear()
-    os.environ.update(SAFE_ENV)
-    if not caps.mount_namespace:
-        os.environ["TMPDIR"] = workdir
-        os.environ["HOME"] = workdir
-    os.umask(0o077)
-    return workdir
-
-
 def _children() -> list[int]:
-    pids: list[int] = []
+    """PIDs of this (single-threaded) process's children, zombies included."""
     try:
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.extend(int(p) for p in f.read().split())
+        fd = os.open("/proc/thread-self/children", os.O_RDONLY)
     except OSError:
-        pass
-    return pids
+        return []
+    try:
+        return [int(p) for p in os.read(fd, 1 << 16).split()]
+    finally:
+        os.close(fd)
 
 
-def kill_everything(pgid: int | None, caps: Capabilities, spare: set[int] | None = None) -> int:
+def kill_everything(pgid: int | None, caps: Capabilities, cgroup: CgroupFiles | None = None) -> int:
     """Kill a finished run's process group, its cgroup and every re-parented descendant.
 
     Returns how many stray processes had to be killed after the run's own process exited.
@@ -254,16 +335,12 @@ def kill_everything(pgid: int | None, caps: Capabilities, spare: set[int] | None
     if pgid:
         with contextlib.suppress(OSError):
             os.killpg(pgid, 9)
-    if caps.cgroup:
-        try:
-            with open(os.path.join(caps.cgroup, "cgroup.kill"), "w") as f:
-                f.write("1")
-        except OSError:
-            pass
-    spare = spare or set()
+    if cgroup is not None:
+        with contextlib.suppress(OSError):
+            cgroup.kill_all()
     strays = 0
     for _ in range(200):
-        live = [p for p in _children() if p not in spare]
+        live = _children()
         if not live:
             break
         for pid in live:
@@ -288,15 +365,20 @@ def kill_everything(pgid: int | None, caps: Capabilities, spare: set[int] | None
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 
 
-def empty_scratch() -> None:
-    """Delete everything a run left in the zygote's private tmpfs mounts."""
-    import shutil
+def empty_scratch(free_when_empty: dict[str, int]) -> None:
+    """Delete everything a run left in the zygote's private tmpfs mounts.
 
-    for root in SCRATCH:
+    A mount whose free-inode count is what it was when empty holds nothing and is not listed.
+    """
+    for root, free in free_when_empty.items():
         try:
+            if os.statvfs(root).f_ffree == free:
+                continue
             entries = os.listdir(root)
         except OSError:
             continue
+        import shutil  # only when a run left something behind
+
         for name in entries:
             path = os.path.join(root, name)
             if os.path.isdir(path) and not os.path.islink(path):

@@ -93,65 +93,71 @@ class _AssertRewriter(ast.NodeTransformer):
             site = Site(node, op, rhs, trusted)
             # A trusted site's expected value is computed before the candidate runs and kept
             # outside its process, so the instrumented code does not contain it at all.
-            args = [_thunk(lhs), ast.Constant(None) if trusted else _thunk(rhs)]
+            loc = _loc(node)
+            args = [_thunk(lhs, loc), ast.Constant(None, **loc) if trusted else _thunk(rhs, loc)]
         else:
             site = Site(node, None, None)
-            args = [_thunk(test), ast.Constant(None)]
+            loc = _loc(node)
+            args = [_thunk(test, loc), ast.Constant(None, **loc)]
         self.plan.sites.append(site)
         self.plan.site_test.append(self.test_index)
-        call = ast.Call(
-            func=ast.Attribute(value=ast.Name(CK, ast.Load()), attr="check", ctx=ast.Load()),
-            args=[ast.Constant(site_id), *args],
-            keywords=[],
-        )
-        return _stamp(ast.Expr(call), node)
+        return _ck_call("check", [ast.Constant(site_id, **loc), *args], loc)
 
 
-def _stamp(new: ast.AST, ref: ast.AST) -> ast.AST:
-    """Give `new` and its location-less descendants `ref`'s location (cheaper than fix_missing_locations)."""
-    todo = [new]
-    while todo:
-        node = todo.pop()
-        if "lineno" in node._attributes and getattr(node, "lineno", None) is not None:
-            continue  # an original node: it and its subtree already have locations
-        if "lineno" in node._attributes:
-            for attr in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
-                setattr(node, attr, getattr(ref, attr, 1))
-        todo.extend(ast.iter_child_nodes(node))
-    return new
+# New nodes get their locations when built (compile needs them): walking the finished tree to
+# fill them in afterwards was most of the time spent building a plan.
+_NOWHERE = {"lineno": 1, "col_offset": 0, "end_lineno": 1, "end_col_offset": 0}
 
 
-def _thunk(expr: ast.expr) -> ast.Lambda:
-    no_args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], defaults=[])
-    return ast.Lambda(args=no_args, body=expr)
+def _loc(ref: ast.AST) -> dict[str, int]:
+    """The source location of `ref`, to give to nodes built in its place."""
+    return {
+        "lineno": ref.lineno,
+        "col_offset": ref.col_offset,
+        "end_lineno": ref.end_lineno or ref.lineno,
+        "end_col_offset": ref.end_col_offset or ref.col_offset,
+    }
+
+
+def _ck_call(name: str, args: list[ast.expr], loc: dict[str, int]) -> ast.Expr:
+    """`__ck.<name>(*args)` as a statement."""
+    func = ast.Attribute(value=ast.Name(CK, ast.Load(), **loc), attr=name, ctx=ast.Load(), **loc)
+    return ast.Expr(ast.Call(func=func, args=args, keywords=[], **loc), **loc)
+
+
+def _no_args() -> ast.arguments:
+    return ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], defaults=[])
+
+
+def _thunk(expr: ast.expr, loc: dict[str, int]) -> ast.Lambda:
+    return ast.Lambda(args=_no_args(), body=expr, **loc)
 
 
 def _guard(index: int, body: list[ast.stmt]) -> list[ast.stmt]:
     """`__ck.begin(i); try: <body> except BaseException as e: __ck.fail(i, e) finally: __ck.end(i)`."""
-
-    def ck_call(name: str, *args: ast.expr) -> ast.Expr:
-        attr = ast.Attribute(value=ast.Name(CK, ast.Load()), attr=name, ctx=ast.Load())
-        return ast.Expr(ast.Call(func=attr, args=list(args), keywords=[]))
-
+    loc = _loc(body[0]) if body else _NOWHERE
+    exc = "__crucible_exc"
     handler = ast.ExceptHandler(
-        type=ast.Name("BaseException", ast.Load()),
-        name="__crucible_exc",
-        body=[ck_call("fail", ast.Constant(index), ast.Name("__crucible_exc", ast.Load()))],
+        type=ast.Name("BaseException", ast.Load(), **loc),
+        name=exc,
+        body=[_ck_call("fail", [ast.Constant(index, **loc), ast.Name(exc, ast.Load(), **loc)], loc)],
+        **loc,
     )
     guarded = ast.Try(
-        body=body or [ast.Pass()],
+        body=body or [ast.Pass(**loc)],
         handlers=[handler],
         orelse=[],
-        finalbody=[ck_call("end", ast.Constant(index))],
+        finalbody=[_ck_call("end", [ast.Constant(index, **loc)], loc)],
+        **loc,
     )
-    ref = body[0] if body else ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)
-    return [_stamp(ck_call("begin", ast.Constant(index)), ref), _stamp(guarded, ref)]
+    return [_ck_call("begin", [ast.Constant(index, **loc)], loc), guarded]
 
 
 def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
+    loc = _loc(body[0]) if body else _NOWHERE
     args = ast.arguments(
         posonlyargs=[],
-        args=[ast.arg(p) for p in params],
+        args=[ast.arg(p, **loc) for p in params],
         vararg=None,
         kwonlyargs=[],
         kw_defaults=[],
@@ -159,7 +165,13 @@ def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.Functio
     )
     extra = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
     return ast.FunctionDef(
-        name=name, args=args, body=body or [ast.Pass()], decorator_list=[], returns=None, **extra
+        name=name,
+        args=args,
+        body=body or [ast.Pass(**loc)],
+        decorator_list=[],
+        returns=None,
+        **extra,
+        **loc,
     )
 
 
@@ -175,8 +187,7 @@ def plan_asserts(asserts: list[str], distrust: frozenset[int] = frozenset()) -> 
         top = {id(s) for s in tree.body if isinstance(s, ast.Assert)}
         stmts = [_AssertRewriter(plan, i, top, True, distrust).visit(s) for s in tree.body]
         body.extend(_guard(i, stmts))
-    fn = _function(plan.entry, [CK], body)
-    plan.module.body.append(_stamp(fn, body[0]) if body else fn)
+    plan.module.body.append(_function(plan.entry, [CK], body))
     return plan
 
 
@@ -209,6 +220,6 @@ def plan_check(check_source: str) -> Plan:
     body.extend(pending)
     if not plan.tests:
         raise ValueError("`check` contains no assert statements")
-    fn.args.args.append(_stamp(ast.arg(CK), fn))
+    fn.args.args.append(ast.arg(CK, **_loc(fn)))
     fn.body = body
     return plan

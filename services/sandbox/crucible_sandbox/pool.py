@@ -1,8 +1,8 @@
-"""A pool of zygote processes, one per worker slot, driven from the server's event loop.
+"""A pool of worker processes (each with its zygote), one per slot, driven from the server's event loop.
 
-Each zygote serves one run at a time. Runs wait for a free zygote in FIFO order; a batch
+Each worker serves one run at a time. Runs wait for a free worker in FIFO order; a batch
 holds at most `batch_concurrency` slots at once, so a single run submitted during a large
-batch waits for about one run, not for the whole batch. A zygote that dies is restarted and
+batch waits for about one run, not for the whole batch. A worker that dies is restarted and
 its run is answered with `sandbox_error`.
 """
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 
 
-class Zygote:
+class Worker:
     def __init__(self, slot: int, config: dict[str, Any]) -> None:
         self.slot, self.config = slot, config
         self.proc: asyncio.subprocess.Process | None = None
@@ -30,12 +30,13 @@ class Zygote:
 
     async def start(self) -> None:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
-        # The zygote imports exactly what the server imports, installed or not (nothing secret here).
+        # Workers and zygotes import exactly what the server imports, installed or not (nothing
+        # secret here); the server's own environment, with its secrets, is not passed on.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "crucible_sandbox.zygote",
+            "crucible_sandbox.worker",
             json.dumps({**self.config, "slot": self.slot}),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -67,35 +68,35 @@ class Zygote:
                 await self.proc.wait()
 
 
-class ZygotePool:
+class WorkerPool:
     def __init__(self, workers: int, config: dict[str, Any]) -> None:
         self.size, self.config = workers, config
-        self.idle: asyncio.Queue[Zygote] = asyncio.Queue()
-        self.zygotes: list[Zygote] = []
+        self.idle: asyncio.Queue[Worker] = asyncio.Queue()
+        self.workers: list[Worker] = []
         self.pending = 0  # runs admitted and not finished
         self.restarts = 0
 
     async def start(self) -> None:
-        self.zygotes = [Zygote(i, self.config) for i in range(self.size)]
-        await asyncio.gather(*(z.start() for z in self.zygotes))
-        for z in self.zygotes:
-            self.idle.put_nowait(z)
+        self.workers = [Worker(i, self.config) for i in range(self.size)]
+        await asyncio.gather(*(w.start() for w in self.workers))
+        for w in self.workers:
+            self.idle.put_nowait(w)
 
     @property
     def isolation(self) -> dict[str, Any]:
-        return self.zygotes[0].info if self.zygotes else {}
+        return self.workers[0].info if self.workers else {}
 
     async def stop(self) -> None:
-        await asyncio.gather(*(z.stop() for z in self.zygotes), return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
 
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        zygote = await self.idle.get()
+        worker = await self.idle.get()
         try:
-            return await zygote.run(request)
+            return await worker.run(request)
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, json.JSONDecodeError) as exc:
-            log.warning("zygote %d failed (%r); restarting it", zygote.slot, exc)
+            log.warning("worker %d failed (%r); restarting it", worker.slot, exc)
             self.restarts += 1
-            await self._restart(zygote)
+            await self._restart(worker)
             return {
                 "status": "sandbox_error",
                 "passed": 0,
@@ -103,14 +104,14 @@ class ZygotePool:
                 "message": "sandbox worker crashed; retry the run",
             }
         except asyncio.CancelledError:
-            # The client went away mid-run: the zygote's answer would be read by the next run.
-            await self._restart(zygote)
+            # The client went away mid-run: the worker's answer would be read by the next run.
+            await self._restart(worker)
             raise
         finally:
-            self.idle.put_nowait(zygote)
+            self.idle.put_nowait(worker)
 
-    async def _restart(self, zygote: Zygote) -> None:
-        if zygote.proc and zygote.proc.returncode is None:
-            zygote.proc.kill()
-            await zygote.proc.wait()
-        await zygote.start()
+    async def _restart(self, worker: Worker) -> None:
+        if worker.proc and worker.proc.returncode is None:
+            worker.proc.kill()
+            await worker.proc.wait()
+        await worker.start()

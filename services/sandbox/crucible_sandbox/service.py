@@ -16,7 +16,7 @@ from crucible_shared.sandbox import RunRequest, RunResult, RunStatus
 
 from crucible_sandbox import metrics
 from crucible_sandbox.plan import plan_check
-from crucible_sandbox.pool import ZygotePool
+from crucible_sandbox.pool import WorkerPool
 from crucible_sandbox.settings import Settings
 
 LANGUAGES = ("python",)
@@ -48,7 +48,7 @@ class ResultCache:
 class SandboxService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.pool = ZygotePool(
+        self.pool = WorkerPool(
             settings.workers,
             {
                 "uid_base": settings.uid_base,

@@ -379,6 +379,19 @@ def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcom
     return verdict
 
 
+def syntax_error_cases(cases: list[dict[str, Any]], syntax: dict[str, Any]) -> dict[str, Any]:
+    """Run-level result for a stdio program that does not compile (no case ran)."""
+    out = _base(len(cases), ProcessOutcome())
+    out.update(
+        status="syntax_error",
+        message=str(syntax.get("msg")),
+        traceback=syntax.get("tb"),
+        exception_type="SyntaxError",
+        tests=[_not_run(j, c["input"][:200]) for j, c in enumerate(cases)],
+    )
+    return out
+
+
 def summarise_cases(
     verdicts: list[dict[str, Any]], procs: list[ProcessOutcome], total: int
 ) -> dict[str, Any]:

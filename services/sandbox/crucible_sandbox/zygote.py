@@ -1,21 +1,34 @@
-"""The zygote: a small process that forks one isolated child per run.
+"""The zygote: a small pre-forked process that forks one isolated child per run.
 
-The server starts one zygote per worker slot with a minimal environment. A zygote imports the
-harness and common stdlib modules once, sets up its isolation (see `isolation`), and then
-serves runs one at a time over length-prefixed JSON frames on stdin/stdout. It keeps one
-blank child forked ahead of time, so a run's fork and namespace set-up are off the critical
-path. Forking from this small process (never from the HTTP server) keeps fork cheap.
+Each worker slot (see `worker`) starts one zygote. The zygote imports the harness and the stdlib
+modules programs commonly use, sets up its isolation (see `isolation`), freezes its heap, and
+from then on only forks: for every run its worker sends the run's four pipe ends (spec in;
+report, stdout and stderr out) over a Unix socket; the zygote forks the run's process, waits for
+it (killing it at the wall-clock deadline, or when the worker asks because the output cap was
+hit), kills whatever the run left behind, empties the scratch directories and answers with the
+wait status.
 
-Usage (by the server): python -m crucible_sandbox.zygote '<IsolationConfig as JSON>'
+Why a process of its own: a fork copies the parent's page tables, and every page either side
+writes afterwards costs a copy-on-write fault. Those faults, not the Python work, dominated the
+cost of a run while one process both forked and judged. The zygote is small and touches almost
+nothing between forks; the worker, which parses requests, plans tests and judges results,
+never forks.
+
+Protocol on the socket (SOCK_SEQPACKET, one message per datagram):
+
+* zygote -> worker, once: the isolation it set up, as JSON;
+* worker -> zygote: `RUN` + wall seconds (with the four fds attached), or `KILL`;
+* zygote -> worker: `DONE` + wait status + whether the wall-clock backstop fired.
+
+Usage (by the worker): python -m crucible_sandbox.zygote '<IsolationConfig as JSON>' <socket fd>
 """
 
 from __future__ import annotations
 
 # Modules model-written programs commonly import, loaded once here so each run starts warm.
+# (Nothing here may import `threading` or `random`: their at-fork hooks would run in every child.)
 import bisect  # noqa: F401
 import collections  # noqa: F401
-import contextlib
-import dataclasses
 import functools  # noqa: F401
 import gc
 import heapq  # noqa: F401
@@ -24,244 +37,127 @@ import json
 import math  # noqa: F401
 import os
 import re  # noqa: F401
-import selectors
+import select
 import signal
+import socket
 import string  # noqa: F401
+import struct
 import sys
 import time
 import typing  # noqa: F401
 
-from crucible_sandbox import harness, isolation, verdict
-from crucible_sandbox.channel import read_frame, split_frames, write_frame
-from crucible_sandbox.plan import plan_asserts, plan_check
+from crucible_sandbox import harness, isolation
 
-_READ = 1 << 16
-
-
-@dataclasses.dataclass
-class Child:
-    pid: int
-    spec_w: int
-    report_r: int
-    out_r: int
-    err_r: int
-    workdir: str | None = None
+RUN, KILL, DONE = b"R", b"K", b"D"
+RUN_MSG = struct.Struct(">cd")  # RUN, wall-clock seconds
+DONE_MSG = struct.Struct(">ci?")  # DONE, wait status, killed by the wall-clock backstop
+EXIT_SETUP_FAILED = 70
 
 
 class Zygote:
-    def __init__(self, cfg: isolation.IsolationConfig) -> None:
-        self.cfg = cfg
-        self.caps = isolation.setup_zygote(cfg)
-        self.spare: Child | None = None
+    def __init__(self, iso: isolation.Isolation, sock: socket.socket) -> None:
+        self.iso, self.sock = iso, sock
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
 
-    # -- children ---------------------------------------------------------------------------
-    def spawn(self) -> Child:
-        spec_r, spec_w = os.pipe()
-        report_r, report_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the run's process
+    def _child(self, fds: list[int]) -> None:
+        """The run's process: wire up its fds, confine it, hand over to the harness. Never returns."""
+        try:
+            spec_r, report_w, out_w, err_w = fds
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            lo = 3  # close everything else: the worker socket above all
+            for fd in sorted({spec_r, report_w}):
+                os.closerange(lo, fd)
+                lo = fd + 1
+            os.closerange(lo, 1 << 16)
+            self.iso.enter_run()
+            harness.child_main(spec_r, report_w)
+        except BaseException as exc:  # isolation failed: say so on stderr, never run the code
             try:
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                keep = sorted({spec_r, report_w})
-                lo = 3
-                for fd in keep:
-                    os.closerange(lo, fd)
-                    lo = fd + 1
-                os.closerange(lo, 1 << 16)
-                isolation.enter_run(self.cfg, self.caps)
-                harness.child_main(spec_r, report_w)
-            except BaseException as exc:  # isolation failed: say so on stderr, never run the code
-                try:
-                    os.write(2, f"sandbox: run set-up failed: {exc!r}\n".encode())
-                finally:
-                    os._exit(70)
-            os._exit(0)
-        for fd in (spec_r, report_w, out_w, err_w):
-            os.close(fd)
-        workdir = None if self.caps.mount_namespace else os.path.join(self.cfg.work_root, f"run-{pid}")
-        return Child(pid, spec_w, report_r, out_r, err_r, workdir)
+                os.write(2, f"sandbox: run set-up failed: {exc!r}\n".encode())
+            finally:
+                os._exit(EXIT_SETUP_FAILED)
+        os._exit(0)
 
-    def take_child(self) -> Child:
-        child, self.spare = self.spare, None
-        return child or self.spawn()
-
-    def collect(self, child: Child, spec: dict, wall_s: float, output_cap: int) -> verdict.ProcessOutcome:
-        """Send the spec, then read the child's report, stdout and stderr until it ends."""
-        started = time.perf_counter()
+    def _wait(self, pid: int, wall_s: float) -> tuple[int, bool]:
+        """Wait for the run's process; kill it at the deadline or on the worker's KILL."""
+        pidfd = os.pidfd_open(pid)
+        self.poller.register(pidfd, select.POLLIN)
         deadline = time.monotonic() + wall_s
-        proc = verdict.ProcessOutcome()
+        timed_out = False
         try:
-            write_frame(child.spec_w, spec)
-        except OSError:
-            pass  # the child died before reading: seen below as a harness that did not start
-        os.close(child.spec_w)
-        buffers = {child.report_r: bytearray(), child.out_r: bytearray(), child.err_r: bytearray()}
-        sel = selectors.DefaultSelector()
-        for fd in buffers:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ)
-        pidfd = os.pidfd_open(child.pid)
-        sel.register(pidfd, selectors.EVENT_READ)
-        output = 0
-        status: int | None = None
-        exited_at: float | None = None
-        open_fds = set(buffers)
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                proc.killed = "timeout"
-                break
-            if exited_at is not None and (not open_fds or now - exited_at > 0.05):
-                break  # a descendant may hold the pipes open; it is killed below
-            for key, _ in sel.select(min(deadline - now, 0.05) if exited_at else deadline - now):
-                fd = key.fd
-                if fd == pidfd:
-                    _, status = os.waitpid(child.pid, 0)
-                    exited_at = time.monotonic()
-                    sel.unregister(pidfd)
-                    continue
-                try:
-                    data = os.read(fd, _READ)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    sel.unregister(fd)
-                    open_fds.discard(fd)
-                    continue
-                if fd == child.report_r:
-                    buffers[fd] += data
-                    continue
-                output += len(data)
-                room = output_cap - (output - len(data))
-                if room > 0:
-                    buffers[fd] += data[:room]
-                if output > output_cap:
-                    proc.killed = "output"
-                    proc.truncated = True
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
                     break
-            if proc.killed:
-                break
-        if status is None:
-            with contextlib.suppress(OSError):
-                os.killpg(child.pid, signal.SIGKILL)
-            _, status = os.waitpid(child.pid, 0)
-        isolation.kill_everything(child.pid, self.caps)
-        sel.close()
-        os.close(pidfd)
-        for fd in buffers:
-            os.close(fd)
-        if child.workdir:
-            isolation.remove_workdir(child.workdir)
-        elif self.caps.mount_namespace:
-            isolation.empty_scratch()
-        proc.duration_ms = (time.perf_counter() - started) * 1000
-        if os.WIFSIGNALED(status):
-            proc.signal = os.WTERMSIG(status)
-        else:
-            proc.exit_code = os.WEXITSTATUS(status)
-        if proc.killed:
-            proc.signal = None
-        try:
-            proc.frames = split_frames(buffers[child.report_r])
-        except (ValueError, UnicodeDecodeError):
-            proc.frame_error = True
-        proc.stdout = buffers[child.out_r].decode("utf-8", "replace")
-        proc.stderr = buffers[child.err_r].decode("utf-8", "replace")
-        return proc
+                events = self.poller.poll(remaining * 1000)
+                if any(fd == pidfd for fd, _ in events):
+                    break  # it exited
+                if events:
+                    message = self.sock.recv(64)
+                    if message == KILL:
+                        break
+                    if not message:  # the worker is gone: end the run and then ourselves
+                        self._kill(pid)
+                        os.waitpid(pid, 0)
+                        self.iso.end_run(pid)
+                        raise SystemExit(0)
+            self._kill(pid)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            self.poller.unregister(pidfd)
+            os.close(pidfd)
+        return status, timed_out
 
-    # -- runs -------------------------------------------------------------------------------
-    def run(self, request: dict) -> dict:
-        limits = request["limits"]
-        tests = request["tests"]
-        if tests["kind"] == "stdio":
-            return self._run_stdio(request)
-        plan = plan_asserts(tests["asserts"]) if tests["kind"] == "asserts" else plan_check(tests["check"])
-        proc = self.collect(self.take_child(), request, limits["wall_time_s"] + 0.05, limits["output_bytes"])
-        return verdict.judge_tests(plan, proc)
-
-    def _run_stdio(self, request: dict) -> dict:
-        limits = request["limits"]
-        cases = request["tests"]["cases"]
-        budget_end = time.monotonic() + limits["wall_time_s"]
-        verdicts, procs = [], []
-        for i, case in enumerate(cases):
-            remaining = budget_end - time.monotonic()
-            if remaining <= 0:
-                verdicts.extend(
-                    {
-                        "index": j,
-                        "test": c["input"][:200],
-                        "status": "not_run",
-                        "message": "the run's time budget ran out",
-                    }
-                    for j, c in enumerate(cases[i:], start=i)
-                )
-                break
-            spec = {**request, "stdin": case["input"], "tests": {"kind": "stdio"}}
-            proc = self.collect(
-                self.take_child(), spec, min(limits["test_time_s"], remaining), limits["output_bytes"]
-            )
-            syntax = next((f for f in proc.frames if isinstance(f, dict) and f.get("t") == "syntax"), None)
-            if syntax is not None:
-                result = verdict.summarise_cases([], [proc], len(cases))
-                result.update(
-                    status="syntax_error",
-                    message=str(syntax.get("msg")),
-                    traceback=syntax.get("tb"),
-                    exception_type="SyntaxError",
-                    tests=[
-                        {"index": j, "test": c["input"][:200], "status": "not_run", "message": ""}
-                        for j, c in enumerate(cases)
-                    ],
-                    passed=0,
-                )
-                return result
-            verdicts.append(verdict.judge_case(i, case["input"], case["output"], proc))
-            procs.append(proc)
-        return verdict.summarise_cases(verdicts, procs, len(cases))
+    @staticmethod
+    def _kill(pid: int) -> None:
+        for kill in (os.killpg, os.kill):  # its group (it called setsid), then itself in any case
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def serve(self) -> None:
-        write_frame(
-            1,
-            {
-                "ready": True,
-                "pid": os.getpid(),
-                "caps": dataclasses.asdict(self.caps),
-                "mode": self.caps.mode,
-            },
-        )
-        self.spare = self.spawn()
+        sock = self.sock
         while True:
-            request = read_frame(0)
-            if request is None:
+            message, fds, _, _ = socket.recv_fds(sock, 64, 4)
+            if not message:
                 break
+            if message[:1] != RUN or len(fds) != 4:
+                for fd in fds:
+                    os.close(fd)
+                continue  # a KILL that arrived after its run had already ended
+            _, wall_s = RUN_MSG.unpack(message)
             try:
-                result = self.run(request)
-            except Exception as exc:  # a bug of ours: report it as an infrastructure fault
-                result = {
-                    "status": "sandbox_error",
-                    "passed": 0,
-                    "total": 0,
-                    "message": f"zygote error: {exc!r}",
-                }
-            write_frame(1, result)
-            if self.spare is None:
-                self.spare = self.spawn()
-        if self.spare:
-            os.kill(self.spare.pid, signal.SIGKILL)
+                pid = os.fork()
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(DONE_MSG.pack(DONE, EXIT_SETUP_FAILED << 8, False))
+                continue
+            if pid == 0:
+                self._child(fds)
+            for fd in fds:
+                os.close(fd)
+            status, timed_out = self._wait(pid, wall_s)
+            self.iso.end_run(pid)
+            sock.send(DONE_MSG.pack(DONE, status, timed_out))
+        self.iso.close()
 
 
 def main() -> None:
     cfg = isolation.IsolationConfig(**json.loads(sys.argv[1]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: it closes our stdin
-    zygote = Zygote(cfg)
-    # Everything loaded so far lives as long as the zygote: keep it out of the collector, so
-    # a run's `gc.collect()` is cheap and forked pages stay shared.
+    sock = socket.socket(fileno=int(sys.argv[2]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: its workers close our socket
+    iso = isolation.setup_zygote(cfg)
+    sock.send(json.dumps({"caps": vars(iso.caps), "mode": iso.caps.mode, "pid": os.getpid()}).encode())
+    zygote = Zygote(iso, sock)
+    # Everything loaded so far lives as long as the zygote: keep it out of the collector, so a
+    # run's `gc.collect()` is cheap and forked pages stay shared.
     gc.collect()
     gc.freeze()
     zygote.serve()
