@@ -44,3 +44,19 @@ def test_graph_decoding_matches_eager_decoding_on_smollm2():
     # bf16: allow an occasional late divergence, but the start of every answer must agree.
     for eager, fast in zip(outputs["off"], outputs["on"], strict=True):
         assert fast.token_ids[:16] == eager.token_ids[:16]
+
+
+def test_left_padding_never_produces_nan_in_a_large_batch():
+    # Prompts from 3 to ~400 tokens in one bucket: padding positions must not poison real rows.
+    from crucible_generator.engine import Engine, SamplingParams
+    from crucible_shared import models
+
+    model, tokenizer = models.load_model(device="cuda")
+    prompts = [tokenizer.encode("def f(x):\n    return x" + " + x" * (i * 7)) for i in range(100)]
+    engine = Engine(model, tokenizer, max_batch_size=128, fast_decode="on")
+    engine.start()
+    try:
+        out = asyncio.run(engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)))
+    finally:
+        engine.stop()
+    assert all(lp == lp for c in out for lp in c.logprobs)  # NaN != NaN

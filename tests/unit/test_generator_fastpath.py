@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 from crucible_generator.engine import Engine, SamplingParams
-from crucible_generator.fastpath import MergedModel, bucket, supports
+from crucible_generator.fastpath import MergedModel, bucket, prefill_mask, supports
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
@@ -165,3 +165,16 @@ def test_a_same_shaped_load_reuses_an_unloaded_slot(engines, tmp_path):
         asyncio.run(engine.load_adapter("v3", str(tmp_path / "v1")))
     assert [c.token_ids for c in generate(fast, "v3")] == [c.token_ids for c in generate(eager, "v3")]
     assert [c.token_ids for c in generate(fast, "v3")] == before
+
+
+def test_prefill_mask_leaves_no_query_without_a_key():
+    mask2d = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    mask = prefill_mask(mask2d, 8, torch.bfloat16)
+    visible = mask[:, 0] == 0  # [B, q, k]
+    assert visible.any(-1).all()  # every query row sees at least one key (no NaN in fused kernels)
+    assert not visible[..., 4:].any()  # nothing beyond the prompt
+    # Real tokens see exactly the real tokens up to themselves.
+    assert visible[0, 3].tolist()[:4] == [False, False, True, True]
+    assert visible[1, 2].tolist()[:4] == [True, True, True, False]
+    # A padding position sees only itself.
+    assert visible[0, 1].tolist()[:4] == [False, True, False, False]

@@ -140,6 +140,23 @@ class MergedModel:
         return layers
 
 
+def prefill_mask(mask2d: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive `[B, 1, width, length]` mask of a left-padded prefill into a static cache.
+
+    Real tokens see the real tokens up to themselves. A padding position sees only itself: a query
+    row with every key masked makes fused attention kernels return NaN, and that NaN, stored in
+    the cache as the padding position's key, would poison every later query of the row even
+    through the mask (NaN times a zero weight is still NaN).
+    """
+    batch, width = mask2d.shape
+    causal = torch.ones((width, width), dtype=torch.bool, device=mask2d.device).tril()
+    allowed = causal.unsqueeze(0) & mask2d.unsqueeze(1)  # [B, q, k]
+    allowed |= torch.eye(width, dtype=torch.bool, device=mask2d.device)
+    mask = torch.full((batch, 1, width, length), torch.finfo(dtype).min, dtype=dtype, device=mask2d.device)
+    mask[:, 0, :, :width].masked_fill_(allowed, 0.0)
+    return mask
+
+
 class _Entry:
     """Everything one (batch, length) bucket keeps between batches."""
 
@@ -226,14 +243,9 @@ class FastSession:
         self.positions = torch.nn.functional.pad(positions, (0, 0, 0, pad))
 
     def prefill(self) -> torch.Tensor:
-        entry, width, length = self.entry, self.width, self.entry.length
+        entry, width = self.entry, self.width
         hidden = torch.finfo(entry.mask.dtype).min
-        causal = torch.ones((width, width), dtype=torch.bool, device=self.input_ids.device).tril()
-        allowed = causal.unsqueeze(0) & self.mask2d.unsqueeze(1)  # [B, q, k]
-        mask = torch.full(
-            (entry.batch, 1, width, length), hidden, dtype=entry.mask.dtype, device=allowed.device
-        )
-        mask[:, 0, :, :width].masked_fill_(allowed, 0.0)
+        mask = prefill_mask(self.mask2d, entry.length, entry.mask.dtype)
         entry.cache.position.zero_()
         logits = self.decoder.forward(entry, self.input_ids, mask, self.positions)
         # Decode state: the next token of every row goes to slot `width`, one position past its last.
@@ -241,7 +253,6 @@ class FastSession:
         entry.positions.copy_(self.positions[:, -1:] + 1)
         entry.mask.fill_(hidden)
         entry.mask[:, 0, 0, :width].masked_fill_(self.mask2d, 0.0)
-        self._first = True
         return logits[: self.rows]
 
     def step(self, tokens: torch.Tensor, still: list[int] | None = None) -> tuple[torch.Tensor, None]:
