@@ -5,14 +5,35 @@ from __future__ import annotations
 import hmac
 from contextlib import asynccontextmanager
 
-from crucible_shared.http import ERROR_RESPONSES, ApiError, install_error_handlers
+from crucible_shared.http import ERROR_RESPONSES, ApiError, error_body, install_error_handlers
 from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from crucible_sandbox.service import SandboxService
 from crucible_sandbox.settings import Settings
+
+
+class BodyLimit:
+    """413 for a declared body over `max_bytes`, before it is read.
+
+    A plain ASGI middleware: Starlette's `BaseHTTPMiddleware` costs a task group per request.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = Headers(scope=scope).get("content-length")
+            if length and length.isdigit() and int(length) > self.max_bytes:
+                body = error_body(413, f"request body is larger than {self.max_bytes} bytes", field="body")
+                await JSONResponse(body, status_code=413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -34,19 +55,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service = service
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def _body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > settings.max_body_bytes:
-            from crucible_shared.http import error_body
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
-            body = error_body(
-                413, f"request body is larger than {settings.max_body_bytes} bytes", field="body"
-            )
-            return JSONResponse(body, status_code=413)
-        return await call_next(request)
-
-    def api_key(request: Request) -> str | None:
+    # async: a plain `def` dependency would be run in a thread for every request.
+    async def api_key(request: Request) -> str | None:
         if not settings.api_keys:
             return None
         header = request.headers.get("authorization", "")
