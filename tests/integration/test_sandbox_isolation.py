@@ -241,9 +241,16 @@ def test_server_environment_is_not_readable(sandbox) -> None:
     ],
 )
 def test_reward_hacks_do_not_pass(sandbox, code) -> None:
-    tests = {"kind": "asserts", "asserts": ["assert add(2, 2) == 4", "assert add(1, 1) == 2"]}
-    out = _run_batch(sandbox, [{"code": code, "tests": tests, "use_cache": False}])[0]
-    assert out["status"] != "passed" and out["passed"] == 0, out
+    # One assert per test (run by the harness itself) and tests of several statements (run as
+    # instrumented code): each form has its own path through the harness.
+    single = ["assert add(2, 2) == 4", "assert add(1, 1) == 2"]
+    several = ["x = add(2, 2)\nassert x == 4", "y = add(1, 1)\nassert y == 2"]
+    runs = [
+        {"code": code, "tests": {"kind": "asserts", "asserts": a}, "use_cache": False}
+        for a in (single, several)
+    ]
+    for out in _run_batch(sandbox, runs):
+        assert out["status"] != "passed" and out["passed"] == 0, out
 
 
 def test_reward_hacks_do_not_pass_check_form(sandbox) -> None:

@@ -155,11 +155,33 @@ def _constants(code) -> list:
 def test_compiled_tests_keep_expected_values_out_of_the_test_code() -> None:
     from crucible_sandbox.worker import compile_tests
 
-    plan_, program = compile_tests({"kind": "asserts", "asserts": ["assert f(2) == 12345"], "setup": ""})
-    assert plan_.sites[0].trusted
+    # Every test one assert: operands compiled alone, no instrumented module.
+    plan_, program = compile_tests(
+        {"kind": "asserts", "asserts": ["assert f(2) == 12345", "assert g(1) < 777"], "setup": ""}
+    )
+    assert plan_.module is None and "module" not in program
+    assert program["sites"] == [("==", True), ("<", False)]
+    (lhs, rhs), (_, rhs2) = program["single"]
+    assert rhs is None and 12345 not in _constants(lhs) and 12345 in _constants(program["expected"][0])
+    assert 777 in _constants(rhs2)  # not trusted: compared in the run's process
+    # A test with more than one statement: the instrumented module, still without 12345.
+    plan_, program = compile_tests(
+        {"kind": "asserts", "asserts": ["x = 2\nassert f(x) == 12345"], "setup": ""}
+    )
+    assert plan_.module is not None and "single" not in program
     assert 12345 not in _constants(program["module"])
     assert 12345 in _constants(program["expected"][0])
-    assert program["sites"] == [("==", True)]
+
+
+def test_single_assert_plans_match_instrumented_plans() -> None:
+    asserts = ["assert f(2) == 4", "assert g(1)", "assert h() != 3", "assert a == b == c"]
+    single, full = plan.plan_single_asserts(asserts), plan.plan_asserts(asserts)
+    assert single is not None
+    assert [(s.op, s.trusted) for s in single.sites] == [(s.op, s.trusted) for s in full.sites]
+    assert single.site_test == full.site_test == [0, 1, 2, 3]
+    assert [s.source for s in single.sites] == [s.source for s in full.sites]
+    assert plan.plan_single_asserts(["x = 1\nassert f(x) == 1"]) is None
+    assert plan.plan_single_asserts(["for i in [1]:\n    assert f(i)"]) is None
 
 
 def test_plan_cache_compiles_each_suite_once() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import gc
+import json
 import linecache
 import operator
 import os
@@ -30,12 +31,13 @@ import traceback
 from types import CodeType
 from typing import Any
 
-from crucible_sandbox import plan as plan_mod
 from crucible_sandbox.channel import read_spec, write_frame
 from crucible_sandbox.values import Unencodable, encode, short_repr
 
 CANDIDATE = "<candidate>"
-_HIDDEN_FILES = (__file__, plan_mod.__file__, "<tests>", "<expected>")
+_HIDDEN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "plan.py"), "<tests>", "<expected>")
+# The candidate's source, for tracebacks: handed to `linecache` only when one is formatted.
+_candidate_source = [""]
 
 _OPS = {
     "==": operator.eq,
@@ -65,6 +67,8 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 def trimmed_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
     """The traceback without the harness's own frames, capped in length."""
+    source = _candidate_source[0]
+    linecache.cache[CANDIDATE] = (len(source), None, source.splitlines(True), CANDIDATE)
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename not in _HIDDEN_FILES]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines.extend(traceback.format_exception_only(type(exc), exc))
@@ -266,14 +270,9 @@ def compile_candidate(source: str) -> tuple[CodeType | None, dict[str, Any] | No
         return None, frame
 
 
-def _show_candidate(source: str) -> None:
-    """Let tracebacks quote the candidate's lines."""
-    linecache.cache[CANDIDATE] = (len(source), None, source.splitlines(True), CANDIDATE)
-
-
 def _run_program(spec: dict[str, Any], report_fd: int) -> None:
     """stdin/stdout form: the candidate is the whole program; the worker judges its output."""
-    _show_candidate(spec["source"])
+    _candidate_source[0] = spec["source"]
     code = spec["program"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
@@ -306,20 +305,30 @@ def _expected_values(setup: Any, expected: dict[int, Any]) -> dict[str, Any]:
 
 def _run_tests(holder: list[Any], report_fd: int, deadline: float) -> None:
     spec, tests = holder.pop()
-    _show_candidate(spec["source"])
+    _candidate_source[0] = spec["source"]
     code = spec["program"]
     expected = _expected_values(tests["setup"], tests["expected"])
-    # A trusted site whose expected value could not be computed up front is checked in-process,
-    # which needs test code that keeps its right-hand side: only then is anything parsed here.
+    # A trusted site whose expected value could not be computed up front is checked in-process.
     distrust = frozenset(int(k) for k, v in expected.items() if v is None)
-    if distrust:
-        plan = plan_mod.plan_asserts(tests["asserts"], distrust)
+    sites, single = tests["sites"], tests.get("single")
+    if distrust and single is not None:
+        # Compared here, with its expected-value code as the right-hand side.
+        sites = [(op, trusted and i not in distrust) for i, (op, trusted) in enumerate(sites)]
+        single = [
+            (lhs, tests["expected"][i] if i in distrust else rhs) for i, (lhs, rhs) in enumerate(single)
+        ]
+    elif distrust:
+        # Instrumented code that keeps those right-hand sides: only now is anything parsed
+        # here, and the planner imported (no MBPP or HumanEval suite needs it).
+        from crucible_sandbox import plan as plan_mod
+
+        plan = plan_mod.plan_asserts(json.loads(tests["asserts"]), distrust)
         tests["module"] = compile(plan.module, "<tests>", "exec", dont_inherit=True)
-        tests["sites"] = [(site.op, site.trusted) for site in plan.sites]
+        sites = [(site.op, site.trusted) for site in plan.sites]
         del plan
     write_frame(report_fd, {"t": "expected", "values": expected})
-    test_code, setup, sites = tests["module"], tests["setup"], tests["sites"]
-    entry, entry_point = tests["entry"], tests["entry_point"]
+    setup, entry, entry_point = tests["setup"], tests.get("entry"), tests["entry_point"]
+    test_code = tests.get("module")
     test_time = spec["limits"]["test_time_s"]
     # The expected-value code and the test sources leave this process's reach.
     del spec, tests, expected
@@ -338,26 +347,48 @@ def _run_tests(holder: list[Any], report_fd: int, deadline: float) -> None:
         return
     checker = Checker(sites, report_fd, test_time, deadline)
     try:
-        exec(test_code, namespace)
-        runner = namespace[entry]
-        if entry_point is None:
-            runner(checker)
+        if single is not None:
+            _run_single_asserts(single, namespace, checker)
         else:
-            if entry_point not in namespace:
-                write_frame(
-                    report_fd,
-                    {
-                        "t": "crash",
-                        "exc": "NameError",
-                        "msg": f"NameError: the program does not define `{entry_point}`",
-                        "tb": None,
-                        "memory": False,
-                    },
-                )
-                return
-            runner(namespace[entry_point], checker)
+            exec(test_code, namespace)
+            runner = namespace[entry]
+            if entry_point is None:
+                runner(checker)
+            else:
+                if entry_point not in namespace:
+                    write_frame(
+                        report_fd,
+                        {
+                            "t": "crash",
+                            "exc": "NameError",
+                            "msg": f"NameError: the program does not define `{entry_point}`",
+                            "tb": None,
+                            "memory": False,
+                        },
+                    )
+                    return
+                runner(namespace[entry_point], checker)
     except BaseException as exc:
-        # The check module itself failed outside any test (e.g. at its top level).
+        # The tests failed outside any test (e.g. the time budget ran out between two).
         _report_exception(report_fd, "setup_error", exc)
         return
     write_frame(report_fd, {"t": "done"})
+
+
+def _run_single_asserts(steps: list[tuple[Any, Any]], namespace: dict[str, Any], checker: Checker) -> None:
+    """Tests that are one `assert` each, run as their instrumented form would run them.
+
+    `steps[i]` is (left operand or whole test, right operand or None), compiled by the worker.
+    """
+    for i, (lhs, rhs) in enumerate(steps):
+        checker.begin(i)
+        try:
+            checker.check(
+                i,
+                lambda lhs=lhs: eval(lhs, namespace),
+                None if rhs is None else (lambda rhs=rhs: eval(rhs, namespace)),
+            )
+        except BaseException as exc:
+            checker.fail(i, exc)
+        finally:
+            checker.end(i)

@@ -41,7 +41,6 @@ import contextlib
 import ctypes
 import os
 import time
-from dataclasses import dataclass, field
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
@@ -71,16 +70,18 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-@dataclass
+# Plain classes rather than dataclasses: `dataclasses` imports `inspect`, about 1.5 MB of the
+# zygote's heap, and every fork copies the page tables of all of it.
 class Capabilities:
-    """What this zygote could set up; reported by `GET /health`."""
+    """What this zygote could set up; reported by `GET /health` (as `vars()`)."""
 
-    network_namespace: bool = False
-    mount_namespace: bool = False
-    uid_switch: bool = False
-    cgroup: str | None = None
-    subreaper: bool = False
-    notes: list[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.network_namespace = False
+        self.mount_namespace = False
+        self.uid_switch = False
+        self.cgroup: str | None = None
+        self.subreaper = False
+        self.notes: list[str] = []
 
     @property
     def mode(self) -> str:
@@ -88,14 +89,20 @@ class Capabilities:
         return "full" if full else "reduced"
 
 
-@dataclass
 class IsolationConfig:
-    slot: int
-    uid_base: int = 61000
-    tmpfs_mb: int = 64
-    work_root: str = "/tmp/crucible-sandbox"
-    want_namespaces: bool = True
-    want_cgroup: bool = True
+    """How a slot's zygote isolates its runs (sent by the worker as JSON)."""
+
+    def __init__(
+        self,
+        slot: int,
+        uid_base: int = 61000,
+        tmpfs_mb: int = 64,
+        work_root: str = "/tmp/crucible-sandbox",
+        want_namespaces: bool = True,
+        want_cgroup: bool = True,
+    ) -> None:
+        self.slot, self.uid_base, self.tmpfs_mb, self.work_root = slot, uid_base, tmpfs_mb, work_root
+        self.want_namespaces, self.want_cgroup = want_namespaces, want_cgroup
 
 
 class CgroupFiles:
@@ -182,7 +189,6 @@ class Isolation:
             os.setgroups([])
             os.setgid(self.uid)
             os.setuid(self.uid)
-        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         os.chdir(workdir)
         os.umask(0o077)
 
@@ -211,6 +217,9 @@ def setup_zygote(cfg: IsolationConfig) -> Isolation:
     """Run once in the zygote before it forks any run."""
     caps = Capabilities()
     caps.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    # Inherited by every run it forks (the zygote itself never execs; runs may, without gaining
+    # privileges from setuid binaries or file capabilities).
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     root = os.geteuid() == 0
     if cfg.want_namespaces and root:
         try:

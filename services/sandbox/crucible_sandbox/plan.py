@@ -1,12 +1,14 @@
-"""Turn a test suite into an instrumented plan: which statements form each test, and each assert site.
+"""Turn a test suite into a plan: which statements form each test, and each assert site.
 
-The same plan is built on both sides of the sandbox boundary: inside the run (to instrument the
-tests) and in the trusted zygote (to know what each test asserts). Every `assert` becomes a call
-to the checker `__ck`, a *parameter* of the generated test function, so a candidate cannot swap
-it by rebinding a global:
+Plans are built by the trusted worker, which keeps them to judge the run and compiles the code
+the run executes. When every test is one `assert` statement (all of MBPP), the plan just lists
+each assert's operands and the harness evaluates them one by one (`plan_single_asserts`).
+Otherwise the tests are instrumented: every `assert` becomes a call to the checker `__ck`, a
+*parameter* of the generated test function, so a candidate cannot swap it by rebinding a global:
 
-    assert f(2) == 4          ->   __ck.check(0, lambda: f(2), lambda: 4)
+    assert f(2) == 4          ->   __ck.check(0, lambda: f(2), None)   # 4: trusted, kept outside
     assert is_even(3)         ->   __ck.check(1, lambda: is_even(3), None)
+    assert g(x) < 3           ->   __ck.check(2, lambda: g(x), lambda: 3)
 
 Each test's statements are wrapped so that one test failing never stops the next one.
 """
@@ -40,6 +42,7 @@ class Site:
     rhs: ast.expr | None  # the right-hand side, for comparisons
     trusted: bool = False  # expected value computed before the candidate runs
     _source: str | None = None
+    lhs: ast.expr | None = None  # the left-hand side (or the whole test), for single-assert plans
 
     @property
     def source(self) -> str:
@@ -54,7 +57,7 @@ class Plan:
     """Instrumented test code plus what the trusted side needs to judge it."""
 
     tests: list[str]  # display source of each test
-    module: ast.Module  # defines the test function(s); see `entry`
+    module: ast.Module | None  # defines the test function(s), see `entry`; None for single asserts
     entry: str  # name of the function the harness calls
     sites: list[Site] = field(default_factory=list)
     site_test: list[int] = field(default_factory=list)  # test index of each site
@@ -188,6 +191,31 @@ def plan_asserts(asserts: list[str], distrust: frozenset[int] = frozenset()) -> 
         stmts = [_AssertRewriter(plan, i, top, True, distrust).visit(s) for s in tree.body]
         body.extend(_guard(i, stmts))
     plan.module.body.append(_function(plan.entry, [CK], body))
+    return plan
+
+
+def plan_single_asserts(asserts: list[str]) -> Plan | None:
+    """A plan without instrumented code, or None unless every test is one `assert` statement.
+
+    Such a test is one site: its operands are compiled on their own and the harness evaluates
+    them itself, which is far cheaper than compiling an instrumented module. Sites are the
+    same as `plan_asserts` would make (`assert L == R` trusted, anything else checked in-process).
+    Raises SyntaxError (with `filename` set to `<test N>`) when a test does not parse.
+    """
+    plan = Plan(tests=list(asserts), module=None, entry="")
+    for i, source in enumerate(asserts):
+        tree = ast.parse(source, filename=f"<test {i}>")
+        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+            return None
+        node = tree.body[0]
+        test = node.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            op = _OPS[type(test.ops[0])]
+            site = Site(node, op, test.comparators[0], trusted=op == "==", lhs=test.left)
+        else:
+            site = Site(node, None, None, lhs=test)
+        plan.sites.append(site)
+        plan.site_test.append(i)
     return plan
 
 

@@ -1,9 +1,15 @@
 """A pool of worker processes (each with its zygote), one per slot, driven from the server's event loop.
 
-Each worker serves one run at a time. Runs wait for a free worker in FIFO order; a batch
-holds at most `batch_concurrency` slots at once, so a single run submitted during a large
-batch waits for about one run, not for the whole batch. A worker that dies is restarted and
-its run is answered with `sandbox_error`.
+Each worker serves one run at a time. Slots come in two kinds:
+
+* **batch slots** (`batch_slots` of them): the only ones batch runs use. Their worker, zygote
+  and run processes have a lower CPU priority (`batch_nice`), so while a batch keeps every core
+  busy, a single run still gets the CPU first;
+* **interactive slots** (the rest): kept for single runs, so one submitted during a large batch
+  waits for neither the batch nor the CPU.
+
+A single run takes an idle interactive slot, else any idle slot, else waits (FIFO) for the first
+one to come free. A worker that dies is restarted and its run is answered with `sandbox_error`.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ _HEADER = struct.Struct(">I")
 
 
 class Worker:
-    def __init__(self, slot: int, config: dict[str, Any]) -> None:
-        self.slot, self.config = slot, config
+    def __init__(self, slot: int, config: dict[str, Any], nice: int = 0) -> None:
+        self.slot, self.config, self.nice = slot, config, nice
         self.proc: asyncio.subprocess.Process | None = None
         self.info: dict[str, Any] = {}
 
@@ -38,6 +44,7 @@ class Worker:
             "-m",
             "crucible_sandbox.worker",
             json.dumps({**self.config, "slot": self.slot}),
+            str(self.nice),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
@@ -69,18 +76,24 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, workers: int, config: dict[str, Any]) -> None:
+    def __init__(self, workers: int, config: dict[str, Any], batch_slots: int, batch_nice: int = 0) -> None:
         self.size, self.config = workers, config
-        self.idle: asyncio.Queue[Worker] = asyncio.Queue()
+        self.batch_slots, self.batch_nice = min(batch_slots, workers), batch_nice
         self.workers: list[Worker] = []
+        self.idle_batch: list[Worker] = []
+        self.idle_interactive: list[Worker] = []
+        self.freed = asyncio.Condition()
         self.pending = 0  # runs admitted and not finished
         self.restarts = 0
 
     async def start(self) -> None:
-        self.workers = [Worker(i, self.config) for i in range(self.size)]
+        self.workers = [
+            Worker(i, self.config, nice=self.batch_nice if i < self.batch_slots else 0)
+            for i in range(self.size)
+        ]
         await asyncio.gather(*(w.start() for w in self.workers))
         for w in self.workers:
-            self.idle.put_nowait(w)
+            self._idle_list(w).append(w)
 
     @property
     def isolation(self) -> dict[str, Any]:
@@ -89,8 +102,33 @@ class WorkerPool:
     async def stop(self) -> None:
         await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
 
-    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        worker = await self.idle.get()
+    def _idle_list(self, worker: Worker) -> list[Worker]:
+        return self.idle_batch if worker.slot < self.batch_slots else self.idle_interactive
+
+    def _take(self, batch: bool) -> Worker | None:
+        if batch:
+            return self.idle_batch.pop() if self.idle_batch else None
+        for idle in (self.idle_interactive, self.idle_batch):
+            if idle:
+                return idle.pop()
+        return None
+
+    async def _acquire(self, batch: bool) -> Worker:
+        worker = self._take(batch)
+        if worker is not None:
+            return worker
+        async with self.freed:  # waiters are woken in arrival order
+            while (worker := self._take(batch)) is None:
+                await self.freed.wait()
+        return worker
+
+    async def _release(self, worker: Worker) -> None:
+        self._idle_list(worker).append(worker)
+        async with self.freed:
+            self.freed.notify_all()
+
+    async def run(self, request: dict[str, Any], batch: bool = False) -> dict[str, Any]:
+        worker = await self._acquire(batch)
         try:
             return await worker.run(request)
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, json.JSONDecodeError) as exc:
@@ -108,7 +146,7 @@ class WorkerPool:
             await self._restart(worker)
             raise
         finally:
-            self.idle.put_nowait(worker)
+            await self._release(worker)
 
     async def _restart(self, worker: Worker) -> None:
         if worker.proc and worker.proc.returncode is None:

@@ -48,6 +48,7 @@ class ResultCache:
 class SandboxService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.batch_slots = min(settings.batch_concurrency or max(1, settings.workers - 1), settings.workers)
         self.pool = WorkerPool(
             settings.workers,
             {
@@ -57,10 +58,11 @@ class SandboxService:
                 "want_namespaces": settings.isolate,
                 "want_cgroup": settings.isolate,
             },
+            batch_slots=self.batch_slots,
+            batch_nice=settings.batch_nice,
         )
         self.cache = ResultCache(settings.cache_entries)
         self.key_slots: dict[str, asyncio.Semaphore] = {}
-        self.batch_slots = settings.batch_concurrency or max(1, settings.workers - 1)
 
     async def start(self) -> None:
         await self.pool.start()
@@ -159,7 +161,9 @@ class SandboxService:
         return self.key_slots[key]
 
     # -- execution ----------------------------------------------------------------------------
-    async def execute(self, prepared: dict[str, Any], use_cache: bool, key: str | None = None) -> RunResult:
+    async def execute(
+        self, prepared: dict[str, Any], use_cache: bool, key: str | None = None, batch: bool = False
+    ) -> RunResult:
         cache_key = self.cache_key(prepared)
         if use_cache and self.settings.cache_entries:
             hit = self.cache.get(cache_key)
@@ -171,9 +175,9 @@ class SandboxService:
         started = time.perf_counter()
         if slot is not None:
             async with slot:
-                raw = await self.pool.run(prepared)
+                raw = await self.pool.run(prepared, batch)
         else:
-            raw = await self.pool.run(prepared)
+            raw = await self.pool.run(prepared, batch)
         result = RunResult.model_validate(raw)
         metrics.RUNS.labels(result.status.value).inc()
         metrics.RUN_SECONDS.observe(time.perf_counter() - started)
@@ -195,7 +199,7 @@ class SandboxService:
 
             async def one(p: dict[str, Any], use_cache: bool) -> RunResult:
                 async with gate:
-                    return await self.execute(p, use_cache, key)
+                    return await self.execute(p, use_cache, key, batch=True)
 
             return list(
                 await asyncio.gather(*(one(p, r.use_cache) for p, r in zip(prepared, runs, strict=True)))

@@ -16,13 +16,22 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8002, ge=0, le=65535)
     workers: int = Field(
-        default_factory=lambda: os.cpu_count() or 1, ge=1, le=512, description="Zygote slots."
+        default_factory=lambda: 2 * (os.cpu_count() or 1),
+        ge=1,
+        le=512,
+        description="Worker slots (a worker and its zygote each); two per core keeps every core busy.",
     )
     queue_size: int = Field(4096, ge=1, description="Runs waiting or running before new work gets a 429.")
     batch_concurrency: int = Field(
         0,
         ge=0,
-        description="Slots one batch may hold at once (0 = all but one, so single runs never queue behind a batch).",
+        description="Slots batches run on (0 = all but one, so single runs never queue behind a batch).",
+    )
+    batch_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="CPU niceness of the batch slots' processes, so single runs get the CPU first.",
     )
     cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
     api_keys: Annotated[list[str], NoDecode] = Field(

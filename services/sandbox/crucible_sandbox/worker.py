@@ -11,7 +11,8 @@ stdin/stdout, one run at a time. For each run the worker
    concurrently, capping the output (past the cap it has the zygote kill the run);
 4. judges the result from its own plan and what the run reported (`verdict`).
 
-Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>'
+Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness]
+(a batch slot's niceness is inherited by its zygote and every run it forks).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from crucible_sandbox import verdict
 from crucible_sandbox.channel import encode_spec, read_frame, split_frames, write_frame
 from crucible_sandbox.harness import compile_candidate
-from crucible_sandbox.plan import Plan, plan_asserts, plan_check
+from crucible_sandbox.plan import Plan, plan_asserts, plan_check, plan_single_asserts
 from crucible_sandbox.zygote import DONE, DONE_MSG, KILL, RUN, RUN_MSG
 
 _READ = 1 << 16
@@ -47,28 +48,51 @@ class ZygoteLost(RuntimeError):
     """The zygote died or stopped answering; the worker exits and the server restarts the slot."""
 
 
+def _expression(node: ast.expr) -> CodeType:
+    return compile(ast.Expression(body=node), "<tests>", "eval", dont_inherit=True)
+
+
 def compile_tests(tests: dict[str, Any]) -> tuple[Plan, dict[str, Any]]:
     """The trusted plan (kept here, for judging) and the compiled test code the run receives.
 
     Trusted sites' expected-value expressions are compiled on their own (the run evaluates them
-    before any candidate code, then drops them); the instrumented test code does not contain them.
+    before any candidate code, then drops them); the code that runs the tests does not contain
+    them. Suites of single asserts get each assert's operands compiled alone (see `plan`).
     """
-    plan = plan_asserts(tests["asserts"]) if tests["kind"] == "asserts" else plan_check(tests["check"])
-    expected = {
-        i: compile(ast.Expression(body=site.rhs), "<expected>", "eval", dont_inherit=True)
-        for i, site in enumerate(plan.sites)
-        if site.trusted and site.rhs is not None
-    }
-    program = {
-        "module": compile(plan.module, "<tests>", "exec", dont_inherit=True),
-        "entry": plan.entry,
+    single = plan_single_asserts(tests["asserts"]) if tests["kind"] == "asserts" else None
+    if single is not None:
+        plan = single
+    elif tests["kind"] == "asserts":
+        plan = plan_asserts(tests["asserts"])
+    else:
+        plan = plan_check(tests["check"])
+    program: dict[str, Any] = {
         "entry_point": tests.get("entry_point"),
         "setup": compile(tests.get("setup", ""), "<setup>", "exec", dont_inherit=True),
         "sites": [(site.op, site.trusted) for site in plan.sites],
-        "expected": expected,
-        # Only needed when some expected value cannot be computed up front (see `harness`).
-        "asserts": tests.get("asserts"),
+        "expected": {
+            i: compile(ast.Expression(body=site.rhs), "<expected>", "eval", dont_inherit=True)
+            for i, site in enumerate(plan.sites)
+            if site.trusted and site.rhs is not None
+        },
     }
+    if single is not None:
+        # (left operand or whole test, right operand when it is checked in-process)
+        program["single"] = [
+            (
+                _expression(site.lhs),
+                _expression(site.rhs) if site.rhs is not None and not site.trusted else None,
+            )
+            for site in plan.sites
+            if site.lhs is not None
+        ]
+    else:
+        assert plan.module is not None
+        program["module"] = compile(plan.module, "<tests>", "exec", dont_inherit=True)
+        program["entry"] = plan.entry
+        # Only needed when some expected value cannot be computed up front (see `harness`):
+        # one string, not a list of them, so the run has one object fewer per test to load.
+        program["asserts"] = json.dumps(tests.get("asserts"))
     return plan, program
 
 
@@ -297,6 +321,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: it closes our stdin
+    if len(sys.argv) > 2 and int(sys.argv[2]):
+        os.nice(int(sys.argv[2]))
     worker = Worker(json.loads(sys.argv[1]))
     try:
         worker.serve()
