@@ -206,10 +206,13 @@ def _apply_limits(limits: dict[str, Any]) -> None:
 
 def child_main(spec_fd: int, report_fd: int) -> None:
     """Entry point of a run's process, after isolation is in place. Never returns."""
+    # Bound before any candidate code runs: a program that replaces `os._exit` cannot keep its
+    # process alive past the end of its run.
+    _exit = os._exit
     holder = [read_spec(spec_fd)]
     os.close(spec_fd)
     if holder[0] is None:
-        os._exit(3)
+        _exit(3)
     spec = holder[0][0]
     deadline = time.monotonic() + spec["limits"]["wall_time_s"]
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -227,7 +230,12 @@ def child_main(spec_fd: int, report_fd: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 stream.flush()
-    os._exit(0)
+    # Closing our ends first lets the worker see end-of-file, and answer, while this process is
+    # still being torn down (its zygote reaps it and cleans up before the slot's next run).
+    for fd in (1, 2, report_fd):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _exit(0)
 
 
 def _report_exception(report_fd: int, kind: str, exc: BaseException) -> None:

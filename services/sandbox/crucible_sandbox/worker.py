@@ -32,7 +32,7 @@ from types import CodeType
 from typing import Any
 
 from crucible_sandbox import verdict
-from crucible_sandbox.channel import encode_spec, read_frame, split_frames, write_frame
+from crucible_sandbox.channel import encode_frame, encode_spec, read_frame, split_frames, write_frame
 from crucible_sandbox.harness import compile_candidate
 from crucible_sandbox.plan import Plan, plan_asserts, plan_check, plan_single_asserts
 from crucible_sandbox.zygote import DONE, DONE_MSG, KILL, RUN, RUN_MSG
@@ -42,6 +42,7 @@ _READ = 1 << 16
 # last bytes in its pipes; and how long past the wall time before the zygote is declared stuck.
 _DRAIN_S = 0.05
 _ZYGOTE_GRACE_S = 10.0
+_DONE_FRAME = encode_frame({"t": "done"})  # the harness's last frame
 
 
 class ZygoteLost(RuntimeError):
@@ -134,12 +135,16 @@ class Worker:
             raise ZygoteLost("the zygote did not start")
         self.info = json.loads(message)
         self.plans = PlanCache()
+        self.awaiting_done = False
         self.selector = selectors.DefaultSelector()
         self.selector.register(ours, selectors.EVENT_READ)
 
     # -- one process ----------------------------------------------------------------------------
     def execute(self, spec: bytes, wall_s: float, output_cap: int) -> verdict.ProcessOutcome:
         """Have the zygote fork a process for `spec`; collect what it writes until it is over."""
+        if self.awaiting_done:  # the previous run's process is reaped and cleaned up first
+            self._done()
+            self.awaiting_done = False
         started = time.perf_counter()
         spec_r, spec_w = os.pipe()
         report_r, report_w = os.pipe()
@@ -178,6 +183,12 @@ class Worker:
         give_up = time.monotonic() + wall_s + _ZYGOTE_GRACE_S
         try:
             while open_fds or done is None:
+                if not open_fds and not proc.killed and buffers[report_r].endswith(_DONE_FRAME):
+                    # The harness is through and has closed its ends: answer now, while the
+                    # process is torn down; its DONE is collected before the slot's next run.
+                    self.awaiting_done = True
+                    done = (0, False)
+                    break
                 timeout = give_up - time.monotonic()
                 if timeout <= 0:
                     if done is None:

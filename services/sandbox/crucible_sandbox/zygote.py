@@ -62,6 +62,7 @@ class Zygote:
 
     def _child(self, fds: list[int]) -> None:
         """The run's process: wire up its fds, confine it, hand over to the harness. Never returns."""
+        _exit = os._exit  # bound before the candidate's code could replace it
         try:
             spec_r, report_w, out_w, err_w = fds
             os.dup2(out_w, 1)
@@ -79,8 +80,8 @@ class Zygote:
             try:
                 os.write(2, f"sandbox: run set-up failed: {exc!r}\n".encode())
             finally:
-                os._exit(EXIT_SETUP_FAILED)
-        os._exit(0)
+                _exit(EXIT_SETUP_FAILED)
+        _exit(0)
 
     def _wait(self, pid: int, wall_s: float) -> tuple[int, bool]:
         """Wait for the run's process; kill it at the deadline or on the worker's KILL."""
@@ -98,7 +99,10 @@ class Zygote:
                 if any(fd == pidfd for fd, _ in events):
                     break  # it exited
                 if events:
-                    message = self.sock.recv(64)
+                    try:
+                        message = self.sock.recv(64)
+                    except ConnectionResetError:
+                        message = b""
                     if message == KILL:
                         break
                     if not message:  # the worker is gone: end the run and then ourselves
@@ -124,7 +128,10 @@ class Zygote:
     def serve(self) -> None:
         sock = self.sock
         while True:
-            message, fds, _, _ = socket.recv_fds(sock, 64, 4)
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, 64, 4)
+            except ConnectionResetError:  # the worker closed with our last DONE unread
+                break
             if not message:
                 break
             if message[:1] != RUN or len(fds) != 4:
