@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
@@ -204,8 +205,11 @@ def _apply_limits(limits: dict[str, Any]) -> None:
         cap(resource.RLIMIT_NPROC, int(limits["processes"]))
 
 
-def child_main(spec_fd: int, report_fd: int) -> None:
-    """Entry point of a run's process, after isolation is in place. Never returns."""
+def child_main(spec_fd: int, report_fd: int, become_run_user: Callable[[], None]) -> None:
+    """Entry point of a run's process, once confined; it may wait here, forked ahead of its run.
+
+    `become_run_user` drops its privileges as soon as the spec is in. Never returns.
+    """
     # Bound before any candidate code runs: a program that replaces `os._exit` cannot keep its
     # process alive past the end of its run.
     _exit = os._exit
@@ -213,6 +217,7 @@ def child_main(spec_fd: int, report_fd: int) -> None:
     os.close(spec_fd)
     if holder[0] is None:
         _exit(3)
+    become_run_user()
     spec = holder[0][0]
     deadline = time.monotonic() + spec["limits"]["wall_time_s"]
     signal.signal(signal.SIGALRM, _on_alarm)

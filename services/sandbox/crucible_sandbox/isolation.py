@@ -165,7 +165,7 @@ class Isolation:
         return "/tmp" if self.caps.mount_namespace else os.path.join(self.cfg.work_root, f"run-{pid}")
 
     def enter_run(self) -> None:
-        """Called in a freshly forked run process (still privileged), before any spec is read.
+        """Called in a freshly forked run process (still privileged), before its spec is read.
 
         Kept to bare syscalls: every page of the zygote this touches is copied for the run.
         """
@@ -183,14 +183,21 @@ class Isolation:
             workdir = self.workdir(os.getpid())
             os.makedirs(workdir, mode=0o700)
             os.environ["TMPDIR"] = os.environ["HOME"] = workdir
-        if caps.uid_switch:
-            if not caps.mount_namespace:
+            if caps.uid_switch:
                 os.chown(workdir, self.uid, self.uid)
+        os.chdir(workdir)
+        os.umask(0o077)
+
+    def become_run_user(self) -> None:
+        """Drop to the slot's uid: called by the harness once its spec is read, before any of it runs.
+
+        (A process forked ahead of its run stays the zygote's until then, so nothing owned by a
+        run uid outlives its run.)
+        """
+        if self.caps.uid_switch:
             os.setgroups([])
             os.setgid(self.uid)
             os.setuid(self.uid)
-        os.chdir(workdir)
-        os.umask(0o077)
 
     def end_run(self, pid: int) -> int:
         """After the run's process was reaped: kill what it left behind and empty its scratch.

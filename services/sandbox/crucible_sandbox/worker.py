@@ -3,13 +3,12 @@
 The server starts one worker per slot and talks to it in length-prefixed JSON frames on
 stdin/stdout, one run at a time. For each run the worker
 
-1. plans the tests (`plan`) and compiles the instrumented test code, so the run's process
-   does no parsing of its own (plans are cached: many samples of one problem share them);
-2. makes the run's pipes and hands their far ends to its zygote, which forks the run's process
-   (see `zygote` for why forking lives in another process);
-3. writes the run's spec into the spec pipe, then reads the report, stdout and stderr pipes
-   concurrently, capping the output (past the cap it has the zygote kill the run);
-4. judges the result from its own plan and what the run reported (`verdict`).
+1. compiles the candidate, plans the tests (`plan`) and compiles the test code, so the run's
+   process does no parsing of its own (plans are cached: many samples of one problem share them);
+2. writes the run's spec to the process its zygote forked ahead for it (see `zygote` for why
+   forking lives in another process), then reads that process's report, stdout and stderr
+   pipes concurrently, capping the output (past the cap it has the zygote kill the run);
+3. judges the result from its own plan and what the run reported (`verdict`).
 
 Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness]
 (a batch slot's niceness is inherited by its zygote and every run it forks).
@@ -135,39 +134,38 @@ class Worker:
             raise ZygoteLost("the zygote did not start")
         self.info = json.loads(message)
         self.plans = PlanCache()
+        self.prepared: list[int] | None = None  # the worker's ends of the next process's pipes
         self.awaiting_done = False
+        self._done()  # the first prepared process
         self.selector = selectors.DefaultSelector()
         self.selector.register(ours, selectors.EVENT_READ)
 
     # -- one process ----------------------------------------------------------------------------
     def execute(self, spec: bytes, wall_s: float, output_cap: int) -> verdict.ProcessOutcome:
-        """Have the zygote fork a process for `spec`; collect what it writes until it is over."""
+        """Run `spec` in the process the zygote prepared; collect what it writes until it is over."""
         if self.awaiting_done:  # the previous run's process is reaped and cleaned up first
             self._done()
-            self.awaiting_done = False
+        if self.prepared is None:
+            raise ZygoteLost("the zygote has no process ready")
+        spec_w, report_r, out_r, err_r = self.prepared
+        self.prepared = None
         started = time.perf_counter()
-        spec_r, spec_w = os.pipe()
-        report_r, report_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        theirs = [spec_r, report_w, out_w, err_w]
         try:
-            socket.send_fds(self.sock, [RUN_MSG.pack(RUN, wall_s)], theirs)
-        except OSError as exc:
-            raise ZygoteLost(f"cannot reach the zygote: {exc!r}") from None
-        finally:
-            for fd in theirs:
-                os.close(fd)
-        try:
-            _write_all(spec_w, spec)
-        except OSError:
-            pass  # it died before reading its spec: seen below as a harness that did not start
-        os.close(spec_w)
-        try:
+            try:
+                self.sock.send(RUN_MSG.pack(RUN, wall_s))
+            except OSError as exc:
+                raise ZygoteLost(f"cannot reach the zygote: {exc!r}") from None
+            try:
+                _write_all(spec_w, spec)
+            except OSError:
+                pass  # it died before reading its spec: seen below as a harness that did not start
+            os.close(spec_w)
+            spec_w = -1
             return self._collect(report_r, out_r, err_r, wall_s, output_cap, started)
         finally:
-            for fd in (report_r, out_r, err_r):
-                os.close(fd)
+            for fd in (spec_w, report_r, out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
 
     def _collect(
         self, report_r: int, out_r: int, err_r: int, wall_s: float, output_cap: int, started: float
@@ -237,12 +235,19 @@ class Worker:
         return proc
 
     def _done(self) -> tuple[int, bool]:
-        message = self.sock.recv(64)
+        """The zygote's DONE: (wait status, timed out); keeps the next prepared process's pipes."""
+        try:
+            message, fds, _, _ = socket.recv_fds(self.sock, 64, 4)
+        except OSError as exc:
+            raise ZygoteLost(f"cannot reach the zygote: {exc!r}") from None
         if not message:
             raise ZygoteLost("the zygote exited")
         kind, status, timed_out = DONE_MSG.unpack(message)
-        if kind != DONE:
+        if kind != DONE or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
             raise ZygoteLost(f"unexpected message from the zygote: {message!r}")
+        self.prepared, self.awaiting_done = fds, False
         return status, timed_out
 
     # -- runs -----------------------------------------------------------------------------------

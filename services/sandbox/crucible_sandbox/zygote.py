@@ -2,11 +2,12 @@
 
 Each worker slot (see `worker`) starts one zygote. The zygote imports the harness and the stdlib
 modules programs commonly use, sets up its isolation (see `isolation`), freezes its heap, and
-from then on only forks: for every run its worker sends the run's four pipe ends (spec in;
-report, stdout and stderr out) over a Unix socket; the zygote forks the run's process, waits for
-it (killing it at the wall-clock deadline, or when the worker asks because the output cap was
-hit), kills whatever the run left behind, empties the scratch directories and answers with the
-wait status.
+from then on only forks. It keeps the next run's process forked ahead: that process confines
+itself and waits for its spec on a pipe, and the worker holds the other ends of its pipes (spec
+in; report, stdout and stderr out), passed over a Unix socket. When the worker has written a
+spec and says RUN, the zygote waits for the process (killing it at the wall-clock deadline, or
+when the worker asks because the output cap was hit), kills whatever the run left behind,
+empties the scratch directories, forks the next process and answers with the wait status.
 
 Why a process of its own: a fork copies the parent's page tables, and every page either side
 writes afterwards costs a copy-on-write fault. Those faults, not the Python work, dominated the
@@ -16,9 +17,10 @@ never forks.
 
 Protocol on the socket (SOCK_SEQPACKET, one message per datagram):
 
-* zygote -> worker, once: the isolation it set up, as JSON;
-* worker -> zygote: `RUN` + wall seconds (with the four fds attached), or `KILL`;
-* zygote -> worker: `DONE` + wait status + whether the wall-clock backstop fired.
+* zygote -> worker, once: the isolation it set up, as JSON; then a first `DONE` (see below);
+* worker -> zygote: `RUN` + wall seconds (the worker has written the spec), or `KILL`;
+* zygote -> worker: `DONE` + wait status + whether the wall-clock backstop fired, with the
+  worker's ends of the next run's pipes attached: that process is already forked and set up.
 
 Usage (by the worker): python -m crucible_sandbox.zygote '<IsolationConfig as JSON>' <socket fd>
 """
@@ -60,6 +62,36 @@ class Zygote:
         self.poller = select.poll()
         self.poller.register(sock.fileno(), select.POLLIN)
 
+    def _prepare(self) -> tuple[int, list[int]]:
+        """Fork the next run's process ahead of its run: (pid, the worker's ends of its pipes).
+
+        It confines itself and then waits for its spec, so a run's fork and set-up are off the
+        critical path of a single run's latency.
+        """
+        spec_r, spec_w = os.pipe()
+        report_r, report_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()  # an OSError here ends the zygote: the server restarts the slot
+        if pid == 0:
+            self._child([spec_r, report_w, out_w, err_w])
+        for fd in (spec_r, report_w, out_w, err_w):
+            os.close(fd)
+        return pid, [spec_w, report_r, out_r, err_r]
+
+    def _offer(self, status: int, timed_out: bool) -> int:
+        """Answer DONE, handing over the pipes of a freshly prepared process; returns its pid."""
+        pid, theirs = self._prepare()
+        try:
+            socket.send_fds(self.sock, [DONE_MSG.pack(DONE, status, timed_out)], theirs)
+        except OSError:  # the worker is gone
+            self._end(pid)
+            raise SystemExit(0) from None
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return pid
+
     def _child(self, fds: list[int]) -> None:
         """The run's process: wire up its fds, confine it, hand over to the harness. Never returns."""
         _exit = os._exit  # bound before the candidate's code could replace it
@@ -75,7 +107,7 @@ class Zygote:
                 lo = fd + 1
             os.closerange(lo, 1 << 16)
             self.iso.enter_run()
-            harness.child_main(spec_r, report_w)
+            harness.child_main(spec_r, report_w, self.iso.become_run_user)
         except BaseException as exc:  # isolation failed: say so on stderr, never run the code
             try:
                 os.write(2, f"sandbox: run set-up failed: {exc!r}\n".encode())
@@ -99,16 +131,11 @@ class Zygote:
                 if any(fd == pidfd for fd, _ in events):
                     break  # it exited
                 if events:
-                    try:
-                        message = self.sock.recv(64)
-                    except ConnectionResetError:
-                        message = b""
+                    message = self._receive()
                     if message == KILL:
                         break
                     if not message:  # the worker is gone: end the run and then ourselves
-                        self._kill(pid)
-                        os.waitpid(pid, 0)
-                        self.iso.end_run(pid)
+                        self._end(pid)
                         raise SystemExit(0)
             self._kill(pid)
             _, status = os.waitpid(pid, 0)
@@ -116,6 +143,18 @@ class Zygote:
             self.poller.unregister(pidfd)
             os.close(pidfd)
         return status, timed_out
+
+    def _receive(self) -> bytes:
+        try:
+            return self.sock.recv(64)
+        except ConnectionResetError:  # the worker closed with our last DONE unread
+            return b""
+
+    def _end(self, pid: int) -> None:
+        """Kill and reap a process that will not run (the worker is gone)."""
+        self._kill(pid)
+        os.waitpid(pid, 0)
+        self.iso.end_run(pid)
 
     @staticmethod
     def _kill(pid: int) -> None:
@@ -126,34 +165,18 @@ class Zygote:
                 pass
 
     def serve(self) -> None:
-        sock = self.sock
+        pid = self._offer(0, False)  # the first prepared process
         while True:
-            try:
-                message, fds, _, _ = socket.recv_fds(sock, 64, 4)
-            except ConnectionResetError:  # the worker closed with our last DONE unread
-                break
+            message = self._receive()
             if not message:
                 break
-            if message[:1] != RUN or len(fds) != 4:
-                for fd in fds:
-                    os.close(fd)
+            if message[:1] != RUN:
                 continue  # a KILL that arrived after its run had already ended
             _, wall_s = RUN_MSG.unpack(message)
-            try:
-                pid = os.fork()
-            except OSError:
-                for fd in fds:
-                    os.close(fd)
-                sock.send(DONE_MSG.pack(DONE, EXIT_SETUP_FAILED << 8, False))
-                continue
-            if pid == 0:
-                self._child(fds)
-            for fd in fds:
-                os.close(fd)
             status, timed_out = self._wait(pid, wall_s)
             self.iso.end_run(pid)
-            sock.send(DONE_MSG.pack(DONE, status, timed_out))
-        self.iso.close()
+            pid = self._offer(status, timed_out)
+        self._end(pid)
 
 
 def main() -> None:
@@ -167,7 +190,10 @@ def main() -> None:
     # run's `gc.collect()` is cheap and forked pages stay shared.
     gc.collect()
     gc.freeze()
-    zygote.serve()
+    try:
+        zygote.serve()
+    finally:
+        iso.close()
 
 
 if __name__ == "__main__":
