@@ -17,6 +17,8 @@ Every run is a process forked from a small zygote (never from the HTTP server). 
 * **Identity**: when the service runs as root, each zygote slot runs its programs as its own
   unprivileged uid/gid (no supplementary groups, `no_new_privs`), so a program cannot signal
   the server, the zygote or other runs, nor read `/proc/<server>/environ`.
+  A run's process is forked ahead of its run and takes that uid as soon as its spec is read,
+  before any of it runs.
 * **Network**: the zygote unshares a network namespace at start: runs see only a down
   loopback interface.
 * **Environment**: scrubbed to `PATH`, `HOME`, `TMPDIR`, `LANG`; the zygote itself is started
