@@ -7,7 +7,7 @@
 #   bash bench/gpu.sh setup           # second call: wheels, GGUF, dense copy in Crucible's cache
 #   bash bench/gpu.sh trl STEPS       # TRL GRPOTrainer baseline
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
-#   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS
+#   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,9 @@ PY
   race)
     python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
   learn)
-    python3 bench/grpo_race.py --method "$2" --steps "$3" --eval-tasks "$4" --json "${OUT:-/tmp}/learn-$2.json" ;;
+    method=$2 steps=$3 tasks=$4; shift 4
+    tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
+    python3 bench/grpo_race.py --method "$method" --steps "$steps" --eval-tasks "$tasks" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
   eval-adapter)  # greedy pass@1 of a saved adapter on the first N MBPP test tasks
     python3 - "$2" "${3:-500}" <<'PY'
 import asyncio, json, sys, tempfile

@@ -53,10 +53,17 @@ def start(module: str, port_var: str, env: dict[str, str], log: Path) -> tuple[s
 
 
 def job_spec(
-    method: str, steps: int, eval_tasks: int, model: str, prompts: int = 8, max_tokens: int = 256
+    method: str,
+    steps: int,
+    eval_tasks: int,
+    model: str,
+    prompts: int = 8,
+    max_tokens: int = 256,
+    reward: str = "fraction",
+    difficulty_filter: bool = False,
 ) -> dict:
     method_cfg = (
-        {"name": "grpo"}
+        {"name": "grpo", "difficulty_filter": difficulty_filter}
         if method == "grpo"
         else {"name": "srrl", "c1": 2, "c2": 4, "c2_temperature": 0.3, "budget": 10}
     )
@@ -67,7 +74,7 @@ def job_spec(
         "model": {"base": model, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
         "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": 0},
         "rollout": {"group_size": group, "temperature": 1.0, "max_tokens": max_tokens},
-        "reward": {"kind": "fraction"},
+        "reward": {"kind": reward},
         "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": prompts, "micro_batch": 64},
         "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
         "eval": {"data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks}, "max_tokens": 256}
@@ -92,6 +99,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="problems per step (the race uses 8)")
     parser.add_argument(
         "--max-tokens", type=int, default=256, help="new tokens per completion (the race uses 256)"
+    )
+    parser.add_argument("--reward", default="fraction", choices=["fraction", "all_pass", "graded"])
+    parser.add_argument(
+        "--difficulty-filter", action="store_true", help="GRPO: train only on tasks with 0 < pass rate < 1"
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -120,7 +131,16 @@ def main() -> None:
             runs_dir=work / "jobs",
         )
         spec = TrainJob.model_validate(
-            job_spec(args.method, args.steps, args.eval_tasks, args.model, args.prompts, args.max_tokens)
+            job_spec(
+                args.method,
+                args.steps,
+                args.eval_tasks,
+                args.model,
+                args.prompts,
+                args.max_tokens,
+                args.reward,
+                args.difficulty_filter,
+            )
         )
         t = time.perf_counter()
         summary = asyncio.run(run_train_job(spec, f"race-{args.method}", settings))
@@ -158,6 +178,8 @@ def main() -> None:
         f"median step (steps 2+): {median:.2f} s; split: "
         + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
     )
+    if summary.get("difficulty_filter"):
+        print("difficulty filter:", json.dumps(summary["difficulty_filter"]))
     if summary.get("eval"):
         print("eval:", json.dumps(summary["eval"]))
     if args.json:
@@ -169,6 +191,8 @@ def main() -> None:
                     "median_step_s": median,
                     "split": split,
                     "eval": summary.get("eval"),
+                    "difficulty_filter": summary.get("difficulty_filter"),
+                    "reward": args.reward,
                 },
                 indent=1,
             )

@@ -291,6 +291,7 @@ class TrainRun:
             if 0 < rate < 1:
                 keep.append(t)
         self.events.emit("difficulty_filter", kept=len(keep), of=len(indices))
+        self.summary["difficulty_filter"] = {"kept": len(keep), "of": len(indices)}
         if not keep:
             log.warning("difficulty filter kept no problem; training on all of them")
             return indices
