@@ -140,6 +140,25 @@ def test_batch_keeps_order(sandbox) -> None:
     assert statuses == ["failed" if i % 3 == 0 else "passed" for i in range(30)]
 
 
+def test_batch_runs_yield_the_cpu_and_cannot_take_it_back(sandbox) -> None:
+    code = (
+        "import os\n"
+        "def policy():\n"
+        "    return os.sched_getscheduler(0)\n"
+        "def escape():\n"
+        "    try:\n"
+        "        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\n"
+        "    except PermissionError:\n"
+        "        return 'refused'\n"
+        "    return 'escaped'\n"
+    )
+    batch = {"code": code, "tests": asserts("assert policy() == 5", "assert escape() == 'refused'")}
+    r = httpx.post(f"{sandbox.url}/v1/runs/batch", json={"runs": [batch]}, timeout=60)
+    assert r.json()["results"][0]["status"] == "passed", r.text  # 5: SCHED_IDLE
+    single = run(sandbox, code, asserts("assert policy() == 0"))  # 0: SCHED_OTHER
+    assert single["status"] == "passed", single
+
+
 def test_cache_hits_and_metrics(sandbox) -> None:
     body = {"code": "def f(): return 'cache-me'", "tests": asserts("assert f() == 'cache-me'")}
     first = httpx.post(f"{sandbox.url}/v1/runs", json=body).json()

@@ -3,8 +3,8 @@
 Each worker serves one run at a time. Slots come in two kinds:
 
 * **batch slots** (`batch_slots` of them): the only ones batch runs use. Their worker, zygote
-  and run processes have a lower CPU priority (`batch_nice`), so while a batch keeps every core
-  busy, a single run still gets the CPU first;
+  and run processes run under `SCHED_IDLE` (`batch_idle`; else at niceness `batch_nice`), so
+  while a batch keeps every core busy, a single run, and the server, still get the CPU at once;
 * **interactive slots** (the rest): kept for single runs, so one submitted during a large batch
   waits for neither the batch nor the CPU.
 
@@ -29,8 +29,8 @@ _HEADER = struct.Struct(">I")
 
 
 class Worker:
-    def __init__(self, slot: int, config: dict[str, Any], nice: int = 0) -> None:
-        self.slot, self.config, self.nice = slot, config, nice
+    def __init__(self, slot: int, config: dict[str, Any], nice: int = 0, idle: bool = False) -> None:
+        self.slot, self.config, self.nice, self.idle = slot, config, nice, idle
         self.proc: asyncio.subprocess.Process | None = None
         self.info: dict[str, Any] = {}
 
@@ -45,6 +45,7 @@ class Worker:
             "crucible_sandbox.worker",
             json.dumps({**self.config, "slot": self.slot}),
             str(self.nice),
+            "idle" if self.idle else "normal",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
@@ -76,9 +77,16 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, workers: int, config: dict[str, Any], batch_slots: int, batch_nice: int = 0) -> None:
+    def __init__(
+        self,
+        workers: int,
+        config: dict[str, Any],
+        batch_slots: int,
+        batch_nice: int = 0,
+        batch_idle: bool = False,
+    ) -> None:
         self.size, self.config = workers, config
-        self.batch_slots, self.batch_nice = min(batch_slots, workers), batch_nice
+        self.batch_slots, self.batch_nice, self.batch_idle = min(batch_slots, workers), batch_nice, batch_idle
         self.workers: list[Worker] = []
         self.idle_batch: list[Worker] = []
         self.idle_interactive: list[Worker] = []
@@ -88,7 +96,9 @@ class WorkerPool:
 
     async def start(self) -> None:
         self.workers = [
-            Worker(i, self.config, nice=self.batch_nice if i < self.batch_slots else 0)
+            Worker(i, self.config, nice=self.batch_nice, idle=self.batch_idle)
+            if i < self.batch_slots
+            else Worker(i, self.config)
             for i in range(self.size)
         ]
         await asyncio.gather(*(w.start() for w in self.workers))

@@ -60,6 +60,7 @@ class SandboxService:
             },
             batch_slots=self.batch_slots,
             batch_nice=settings.batch_nice,
+            batch_idle=settings.batch_idle,
         )
         self.cache = ResultCache(settings.cache_entries)
         self.key_slots: dict[str, asyncio.Semaphore] = {}

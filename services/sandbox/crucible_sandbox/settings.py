@@ -33,6 +33,11 @@ class Settings(BaseSettings):
         le=19,
         description="CPU niceness of the batch slots' processes, so single runs get the CPU first.",
     )
+    batch_idle: bool = Field(
+        True,
+        description="Run the batch slots' processes under SCHED_IDLE: they only take CPU time that no "
+        "normal process wants (set false on a host shared with CPU-heavy jobs, or batch runs may time out).",
+    )
     cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

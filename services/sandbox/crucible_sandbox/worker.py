@@ -10,13 +10,14 @@ stdin/stdout, one run at a time. For each run the worker
    pipes concurrently, capping the output (past the cap it has the zygote kill the run);
 3. judges the result from its own plan and what the run reported (`verdict`).
 
-Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness]
-(a batch slot's niceness is inherited by its zygote and every run it forks).
+Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness [idle|normal]]
+(a batch slot's niceness and scheduling policy are inherited by its zygote and every run it forks).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import marshal
 import os
@@ -339,6 +340,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: it closes our stdin
     if len(sys.argv) > 2 and int(sys.argv[2]):
         os.nice(int(sys.argv[2]))
+    if len(sys.argv) > 3 and sys.argv[3] == "idle":
+        # Any normal process that wakes (the server, a single run's slot) preempts this one.
+        with contextlib.suppress(OSError):  # not permitted here: the niceness alone stays
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     worker = Worker(json.loads(sys.argv[1]))
     try:
         worker.serve()
