@@ -22,16 +22,21 @@ class DigitsTokenizer:
         return "".join(f"<{i}>" for i in ids if not (skip_special_tokens and i == EOS))
 
 
-@pytest.fixture(scope="module")
-def engine():
+def tiny_model(max_positions: int = 128) -> LlamaForCausalLM:
+    """A seeded random two-layer Llama with a 64-token vocabulary (GQA: 4 heads, 2 KV heads)."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, eos_token_id=EOS, pad_token_id=0,
+        num_key_value_heads=2, max_position_embeddings=max_positions, eos_token_id=EOS, pad_token_id=0,
     )  # fmt: skip
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = EOS
-    eng = Engine(model, DigitsTokenizer(), max_batch_size=8, batch_wait_s=0.05, seed=0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = Engine(tiny_model(), DigitsTokenizer(), max_batch_size=8, batch_wait_s=0.05, seed=0)
     eng.start()
     yield eng
     eng.stop()

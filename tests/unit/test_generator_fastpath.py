@@ -16,20 +16,14 @@ from crucible_generator.fastpath import MergedModel, bucket, prefill_mask, suppo
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
-from tests.unit.test_generator_engine import EOS, DigitsTokenizer
+from tests.unit.test_generator_engine import DigitsTokenizer
+from tests.unit.test_generator_engine import tiny_model as tiny_llama
 
 PROMPTS = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]
 
 
 def tiny_model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=EOS, pad_token_id=0,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = EOS
-    return model
+    return tiny_llama(max_positions=512)
 
 
 def save_adapter(base, path, seed: int, targets: list[str]) -> str:
