@@ -3,8 +3,9 @@
 Each worker serves one run at a time. Slots come in two kinds:
 
 * **batch slots** (`batch_slots` of them): the only ones batch runs use. Their worker, zygote
-  and run processes run under `SCHED_IDLE` (`batch_idle`; else at niceness `batch_nice`), so
-  while a batch keeps every core busy, a single run, and the server, still get the CPU at once;
+  and run processes run at niceness `batch_nice` under the scheduling policy `batch_policy`
+  (`SCHED_IDLE` by default), so while a batch keeps every core busy, a single run, and the
+  server, still get the CPU at once;
 * **interactive slots** (the rest): kept for single runs, so one submitted during a large batch
   waits for neither the batch nor the CPU.
 
@@ -29,8 +30,8 @@ _HEADER = struct.Struct(">I")
 
 
 class Worker:
-    def __init__(self, slot: int, config: dict[str, Any], nice: int = 0, idle: bool = False) -> None:
-        self.slot, self.config, self.nice, self.idle = slot, config, nice, idle
+    def __init__(self, slot: int, config: dict[str, Any], nice: int = 0, policy: str = "other") -> None:
+        self.slot, self.config, self.nice, self.policy = slot, config, nice, policy
         self.proc: asyncio.subprocess.Process | None = None
         self.info: dict[str, Any] = {}
 
@@ -45,7 +46,7 @@ class Worker:
             "crucible_sandbox.worker",
             json.dumps({**self.config, "slot": self.slot}),
             str(self.nice),
-            "idle" if self.idle else "normal",
+            self.policy,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
@@ -83,10 +84,14 @@ class WorkerPool:
         config: dict[str, Any],
         batch_slots: int,
         batch_nice: int = 0,
-        batch_idle: bool = False,
+        batch_policy: str = "other",
     ) -> None:
         self.size, self.config = workers, config
-        self.batch_slots, self.batch_nice, self.batch_idle = min(batch_slots, workers), batch_nice, batch_idle
+        self.batch_slots, self.batch_nice, self.batch_policy = (
+            min(batch_slots, workers),
+            batch_nice,
+            batch_policy,
+        )
         self.workers: list[Worker] = []
         self.idle_batch: list[Worker] = []
         self.idle_interactive: list[Worker] = []
@@ -96,7 +101,7 @@ class WorkerPool:
 
     async def start(self) -> None:
         self.workers = [
-            Worker(i, self.config, nice=self.batch_nice, idle=self.batch_idle)
+            Worker(i, self.config, nice=self.batch_nice, policy=self.batch_policy)
             if i < self.batch_slots
             else Worker(i, self.config)
             for i in range(self.size)

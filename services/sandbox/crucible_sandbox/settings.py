@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 from crucible_shared.settings import check_api_keys, split_csv
 from pydantic import Field, field_validator, model_validator
@@ -33,10 +33,11 @@ class Settings(BaseSettings):
         le=19,
         description="CPU niceness of the batch slots' processes, so single runs get the CPU first.",
     )
-    batch_idle: bool = Field(
-        True,
-        description="Run the batch slots' processes under SCHED_IDLE: they only take CPU time that no "
-        "normal process wants (set false on a host shared with CPU-heavy jobs, or batch runs may time out).",
+    batch_policy: Literal["idle", "batch", "other"] = Field(
+        "idle",
+        description="Linux scheduling policy of the batch slots' processes: `idle` (SCHED_IDLE: they "
+        "only take CPU time no normal process wants; on a host shared with CPU-heavy jobs batch runs "
+        "may then time out), `batch` (SCHED_BATCH: they never preempt on wake-up) or `other`.",
     )
     cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
     api_keys: Annotated[list[str], NoDecode] = Field(

@@ -10,7 +10,7 @@ stdin/stdout, one run at a time. For each run the worker
    pipes concurrently, capping the output (past the cap it has the zygote kill the run);
 3. judges the result from its own plan and what the run reported (`verdict`).
 
-Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness [idle|normal]]
+Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness [idle|batch|other]]
 (a batch slot's niceness and scheduling policy are inherited by its zygote and every run it forks).
 """
 
@@ -43,6 +43,9 @@ _READ = 1 << 16
 _DRAIN_S = 0.05
 _ZYGOTE_GRACE_S = 10.0
 _DONE_FRAME = encode_frame({"t": "done"})  # the harness's last frame
+# Batch slots' scheduling policies. SCHED_IDLE: any normal process that wakes (the server, a
+# single run's slot) preempts them at once. SCHED_BATCH: they never preempt anything on wake-up.
+_POLICIES = {"idle": os.SCHED_IDLE, "batch": os.SCHED_BATCH}
 
 
 class ZygoteLost(RuntimeError):
@@ -340,10 +343,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: it closes our stdin
     if len(sys.argv) > 2 and int(sys.argv[2]):
         os.nice(int(sys.argv[2]))
-    if len(sys.argv) > 3 and sys.argv[3] == "idle":
-        # Any normal process that wakes (the server, a single run's slot) preempts this one.
+    policy = _POLICIES.get(sys.argv[3]) if len(sys.argv) > 3 else None
+    if policy is not None:
         with contextlib.suppress(OSError):  # not permitted here: the niceness alone stays
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, policy, os.sched_param(0))
     worker = Worker(json.loads(sys.argv[1]))
     try:
         worker.serve()
