@@ -9,7 +9,7 @@ import json
 
 import pytest
 from crucible_shared.generator_client import GeneratorClient
-from crucible_shared.sandbox import RunStatus
+from crucible_shared.sandbox import Limits, RunStatus
 from crucible_shared.sandbox_client import SandboxClient
 from crucible_trainer.cli import app
 from crucible_trainer.cli import eval_cmd as _eval_cmd  # noqa: F401  (registers `crucible eval`)
@@ -37,6 +37,11 @@ def smollm2() -> Service:
         yield service
 
 
+# MBPP 123 (amicable numbers below 9999) needs 4-6 CPU seconds on a slow 2-core host, more while the
+# rest of the batch competes for the cores: the default 5 s per test would time it out.
+SLOW_REFERENCE_LIMITS = Limits(test_time_s=30, wall_time_s=60)
+
+
 @pytest.mark.slow
 def test_every_reference_solution_passes_through_the_adapters(sandbox: Service) -> None:
     tasks = load_tasks(DataSpec(dataset="mbpp", split="all")) + load_tasks(DataSpec(dataset="humaneval"))
@@ -45,7 +50,10 @@ def test_every_reference_solution_passes_through_the_adapters(sandbox: Service) 
     async def run() -> list:
         async with SandboxClient(sandbox.url) as client:
             return await client.run_batch(
-                [t.reference_request().model_copy(update={"use_cache": False}) for t in tasks]
+                [
+                    t.reference_request(SLOW_REFERENCE_LIMITS).model_copy(update={"use_cache": False})
+                    for t in tasks
+                ]
             )
 
     results = asyncio.run(run())
