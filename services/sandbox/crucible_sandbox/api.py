@@ -129,8 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service = service
     install_error_handlers(app)
 
-    # Added last, so outermost: the body limit applies to the fast path too.
     app.add_middleware(SingleRuns, service=service)
+    # Added last, so outermost: the body limit applies to the fast path too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     # async: a plain `def` dependency would be run in a thread for every request.
