@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.integration.conftest import UID_BASE
 from tests.servers import spawn
 
 
@@ -140,7 +141,28 @@ def test_batch_keeps_order(sandbox) -> None:
     assert statuses == ["failed" if i % 3 == 0 else "passed" for i in range(30)]
 
 
-def test_batch_runs_yield_the_cpu_and_cannot_take_it_back(sandbox) -> None:
+@pytest.fixture(scope="module")
+def dedicated_sandbox():
+    """A sandbox configured for a host of its own: batch runs at SCHED_IDLE and niceness 10."""
+    env = {
+        "CRUCIBLE_SANDBOX_WORKERS": "2",
+        "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE + 32),
+        "CRUCIBLE_SANDBOX_BATCH_POLICY": "idle",
+        "CRUCIBLE_SANDBOX_BATCH_NICE": "10",
+    }
+    with spawn("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT") as service:
+        yield service
+
+
+def test_batch_runs_keep_normal_priority_by_default(sandbox) -> None:
+    code = "import os\ndef priority():\n    return (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n"
+    batch = {"code": code, "tests": asserts("assert priority() == (0, 0)")}  # SCHED_OTHER, nice 0
+    r = httpx.post(f"{sandbox.url}/v1/runs/batch", json={"runs": [batch]}, timeout=60)
+    assert r.json()["results"][0]["status"] == "passed", r.text
+
+
+def test_batch_runs_yield_the_cpu_and_cannot_take_it_back(dedicated_sandbox) -> None:
+    sandbox = dedicated_sandbox
     code = (
         "import os\n"
         "def policy():\n"

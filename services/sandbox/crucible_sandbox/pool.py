@@ -4,8 +4,9 @@ Each worker serves one run at a time. Slots come in two kinds:
 
 * **batch slots** (`batch_slots` of them): the only ones batch runs use. Their worker, zygote
   and run processes run at niceness `batch_nice` under the scheduling policy `batch_policy`
-  (`SCHED_IDLE` by default), so while a batch keeps every core busy, a single run, and the
-  server, still get the CPU at once;
+  (normal priority by default: limits are wall-clock, and on a shared host deprioritised runs
+  would be starved into timeouts; a dedicated host can set `SCHED_IDLE` so that a single run,
+  and the server, get the CPU at once while a batch keeps every core busy);
 * **interactive slots** (the rest): kept for single runs, so one submitted during a large batch
   waits for neither the batch nor the CPU.
 

@@ -27,17 +27,21 @@ class Settings(BaseSettings):
         ge=0,
         description="Slots batches run on (0 = all but one, so single runs never queue behind a batch).",
     )
+    # Both default to "no lower priority": per-test limits are wall-clock, so on a host shared with
+    # CPU-heavy work (a CPU generator decoding while an evaluation executes) deprioritised batch runs
+    # would time out and get wrong verdicts. On a host of its own the sandbox can set
+    # `idle` / 10 to give single runs the CPU first.
     batch_nice: int = Field(
-        10,
+        0,
         ge=0,
         le=19,
-        description="CPU niceness of the batch slots' processes, so single runs get the CPU first.",
+        description="CPU niceness of the batch slots' processes (> 0: single runs get the CPU first).",
     )
     batch_policy: Literal["idle", "batch", "other"] = Field(
-        "idle",
-        description="Linux scheduling policy of the batch slots' processes: `idle` (SCHED_IDLE: they "
-        "only take CPU time no normal process wants; on a host shared with CPU-heavy jobs batch runs "
-        "may then time out), `batch` (SCHED_BATCH: they never preempt on wake-up) or `other`.",
+        "other",
+        description="Linux scheduling policy of the batch slots' processes: `other` (normal), `batch` "
+        "(SCHED_BATCH: they never preempt on wake-up) or `idle` (SCHED_IDLE: they only take CPU time "
+        "no normal process wants; only for a host of its own, else batch runs may time out).",
     )
     cache_entries: int = Field(20_000, ge=0, description="Result cache size (0 disables it).")
     api_keys: Annotated[list[str], NoDecode] = Field(
