@@ -108,7 +108,7 @@ def test_expected_value_that_needs_the_program(sandbox) -> None:
     assert out["tests"][1]["message"] == "assert f(3) == g(2) -> got 6"
     # The same in tests of several statements (instrumented code, rebuilt inside the run).
     out = run(sandbox, code, asserts("x = 2\nassert f(x) == g(x)", "x = 3\nassert f(x) == g(2)"))
-    assert [t["status"] for t in out["tests"]] == ["passed", "failed"], out
+    assert [t["status"] for t in out["tests"]] == ["passed", "failed"], out["message"]
     assert out["tests"][1]["message"] == "assert f(x) == g(2) -> got 6"
 
 

@@ -50,6 +50,11 @@ import typing  # noqa: F401
 
 from crucible_sandbox import harness, isolation
 
+# The planner is needed inside a run only for a rare suite (expected values that need the program,
+# in tests of several statements), but it must be imported here: a run's mount namespace hides
+# /tmp and its uid may not read the install, so an import inside the run can fail.
+from crucible_sandbox import plan  # noqa: F401  isort: skip
+
 RUN, KILL, DONE = b"R", b"K", b"D"
 RUN_MSG = struct.Struct(">cd")  # RUN, wall-clock seconds
 DONE_MSG = struct.Struct(">ci?")  # DONE, wait status, killed by the wall-clock backstop
