@@ -57,6 +57,14 @@ def error_body(
     return ErrorEnvelope(error=detail).model_dump(mode="json", exclude_none=True)
 
 
+def error_response(exc: ApiError):  # -> starlette JSONResponse (imported lazily)
+    """The envelope response for an `ApiError`, for handlers and for plain ASGI code alike."""
+    from starlette.responses import JSONResponse
+
+    body = error_body(exc.status, exc.message, field=exc.field, code=exc.code)
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
 def field_path(loc: tuple | list) -> str:
     """`("body", "runs", 0, "code")` -> `runs.0.code`."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
@@ -79,8 +87,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):  # type: ignore[no-untyped-def]
-        body = error_body(exc.status, exc.message, field=exc.field, code=exc.code)
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request, exc: RequestValidationError):  # type: ignore[no-untyped-def]

@@ -406,15 +406,20 @@ class Engine:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
-    def _open_fast(self, seqs: list[_Sequence], inputs: tuple[torch.Tensor, ...]) -> FastSession | None:
+    def _fast_prefill(
+        self, seqs: list[_Sequence], inputs: tuple[torch.Tensor, ...]
+    ) -> tuple[FastSession, torch.Tensor] | None:
+        """Open a fast session and prefill it, or None: mixed adapters, an unmergeable adapter, or
+        a failure (the fast path is then off for good and the batch goes the eager way)."""
         slot = seqs[0].slot
         if self.fast is None or any(s.slot != slot for s in seqs):
             return None
         max_new = max(min(s.params.max_tokens, self.max_model_len - len(s.prompt_ids)) for s in seqs)
         try:
-            return self.fast.open(self.peft, slot, *inputs, max_new=max(max_new, 1))
+            session = self.fast.open(self.peft, slot, *inputs, max_new=max(max_new, 1))
+            return None if session is None else (session, session.prefill())
         except Exception:
-            log.exception("fast decoding failed to start; using the eager path from now on")
+            log.exception("fast decoding failed; using the eager path from now on")
             self.fast = None
             return None
 
@@ -423,14 +428,11 @@ class Engine:
         self.metrics.batch_size.observe(len(seqs))
         self.metrics.running.set(len(seqs))
         inputs = self._prepare(seqs)
-        session: FastSession | _EagerSession | None = self._open_fast(seqs, inputs)
-        if session is not None:
-            try:
-                logits = session.prefill()
-            except Exception:
-                log.exception("fast prefill failed; using the eager path from now on")
-                self.fast, session = None, None
-        if session is None:
+        fast = self._fast_prefill(seqs, inputs)
+        session: FastSession | _EagerSession
+        if fast is not None:
+            session, logits = fast
+        else:
             session = _EagerSession(self, seqs, *inputs)
             logits = session.prefill()
         self.metrics.prompt_tokens.inc(int(inputs[1].sum()))

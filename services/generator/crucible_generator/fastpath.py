@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 LENGTH_BUCKET = 256  # cache lengths are rounded up to this, so similar batches share a graph
 MAX_ENTRIES = 4  # buckets kept (each holds a KV cache and, on CUDA, a graph)
 BASE = None  # the merged copy's state when it holds the plain base weights
+STALE = "\0stale"  # ... when its adapter was unloaded: the next select merges again
 
 
 def supports(config: Any) -> bool:
@@ -120,7 +121,7 @@ class MergedModel:
     def forget(self, slot: str) -> None:
         """`slot` is gone: a later adapter may reuse its name for other weights."""
         if self.current == slot:
-            self.current = "\0stale"  # forces a re-merge on the next select
+            self.current = STALE
 
     @staticmethod
     def _lora_layers(peft: Any, slot: str) -> dict[str, Any] | None:

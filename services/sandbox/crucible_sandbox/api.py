@@ -5,7 +5,13 @@ from __future__ import annotations
 import hmac
 from contextlib import asynccontextmanager
 
-from crucible_shared.http import ERROR_RESPONSES, ApiError, error_body, install_error_handlers
+from crucible_shared.http import (
+    ERROR_RESPONSES,
+    ApiError,
+    error_body,
+    error_response,
+    install_error_handlers,
+)
 from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -99,8 +105,7 @@ class SingleRuns:
             key = _key(self.service.settings, headers.get("authorization"))
             response = _json(await self.service.run_one(run, key))
         except ApiError as exc:
-            error = error_body(exc.status, exc.message, field=exc.field, code=exc.code)
-            response = JSONResponse(error, status_code=exc.status, headers=exc.headers)
+            response = error_response(exc)
         await response(scope, receive, send)
 
 

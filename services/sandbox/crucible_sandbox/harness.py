@@ -331,8 +331,9 @@ def _run_tests(holder: list[Any], report_fd: int, deadline: float) -> None:
             (lhs, tests["expected"][i] if i in distrust else rhs) for i, (lhs, rhs) in enumerate(single)
         ]
     elif distrust:
-        # Instrumented code that keeps those right-hand sides: only now is anything parsed
-        # here, and the planner imported (no MBPP or HumanEval suite needs it).
+        # Instrumented code that keeps those right-hand sides: only now is anything parsed here
+        # (no MBPP or HumanEval suite needs it). The zygote preloaded the planner: a run could not
+        # import it from its confinement.
         from crucible_sandbox import plan as plan_mod
 
         plan = plan_mod.plan_asserts(json.loads(tests["asserts"]), distrust)
