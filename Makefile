@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch is pinned to the CPU build so a laptop without a GPU never pulls CUDA wheels.
-$(STAMP): requirements.txt shared/pyproject.toml services/*/pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt shared/pyproject.toml services/*/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(BIN)/python -m pip install -q -r requirements.txt
 	touch $(STAMP)
 

