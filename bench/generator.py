@@ -265,7 +265,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from crucible_shared.models import load_model, pick_device, pick_dtype
+    from crucible_models import load_model, pick_device, pick_dtype
 
     device = pick_device(args.device)
     model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # Our packages by symlink (a services/ dir on the path would expose services/generator/vllm as `vllm`).
 mkdir -p /tmp/crucible-pkgs
-for pkg in shared/crucible_shared services/*/crucible_*; do ln -sfn "$ROOT/$pkg" /tmp/crucible-pkgs/; done
+for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli services/*/crucible_*; do ln -sfn "$ROOT/$pkg" /tmp/crucible-pkgs/; done
 export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
 M=/root/m
@@ -28,7 +28,7 @@ case "${1:-}" in
     echo "$(cat .carry/b/sha256)  $M/smol.gguf" | sha256sum -c
     python3 - <<'PY'
 from pathlib import Path
-from crucible_shared import models
+import crucible_models as models
 target = models.cache_dir() / "models" / f"{models.DEFAULT_MODEL}-{models._CONVERSION_VERSION}"
 if not (target / "config.json").exists():
     target.mkdir(parents=True, exist_ok=True)

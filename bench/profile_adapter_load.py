@@ -22,8 +22,8 @@ def main() -> None:
     parser.add_argument("--loads", type=int, default=6)
     args = parser.parse_args()
 
+    import crucible_models as models
     from crucible_generator.engine import Engine
-    from crucible_shared import models
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = models.load_model(device=args.device)

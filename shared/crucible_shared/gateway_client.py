@@ -1,4 +1,6 @@
-"""Client of the gateway's job API (sync; used by the CLI, the demo and tests)."""
+"""Client of the gateway's job API (sync; used by the CLI, the demo and tests). Answers are the
+typed models of `crucible_shared.gateway_protocol`; errors raise `GatewayError` with the envelope's
+message and field."""
 
 from __future__ import annotations
 
@@ -7,6 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+
+from crucible_shared.gateway_protocol import ArtifactList, JobCreated, JobList
+from crucible_shared.lifecycle import JobRecord, JobStatus
 
 
 class GatewayError(Exception):
@@ -55,25 +60,37 @@ class GatewayClient:
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.url, exc) from None
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> JobCreated:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", json=spec, headers=headers)
+        return JobCreated.model_validate(self._call("POST", "/v1/jobs", json=spec, headers=headers))
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+    def job(self, job_id: str) -> JobRecord:
+        return JobRecord.model_validate(self._call("GET", f"/v1/jobs/{job_id}"))
 
-    def jobs(self, status: str | None = None, kind: str | None = None, limit: int = 50) -> dict[str, Any]:
+    def jobs(
+        self, status: JobStatus | str | None = None, kind: str | None = None, limit: int = 50
+    ) -> JobList:
         params = {k: v for k, v in {"status": status, "kind": kind, "limit": limit}.items() if v is not None}
-        return self._call("GET", "/v1/jobs", params=params)
+        return JobList.model_validate(self._call("GET", "/v1/jobs", params=params))
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+    def cancel(self, job_id: str) -> JobRecord:
+        return JobRecord.model_validate(self._call("POST", f"/v1/jobs/{job_id}/cancel"))
 
-    def retry(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/retry")
+    def retry(self, job_id: str) -> JobRecord:
+        return JobRecord.model_validate(self._call("POST", f"/v1/jobs/{job_id}/retry"))
 
-    def artifacts(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/artifacts")
+    def artifacts(self, job_id: str) -> ArtifactList:
+        return ArtifactList.model_validate(self._call("GET", f"/v1/jobs/{job_id}/artifacts"))
+
+    def download(self, job_id: str, path: str) -> bytes:
+        """The bytes of one artifact (a path from `artifacts`)."""
+        try:
+            r = self.http.get(f"/v1/jobs/{job_id}/artifacts/{path}")
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.url, exc) from None
+        if r.status_code >= 400:
+            self._check(r)
+        return r.content
 
     def events(
         self, job_id: str, last_event_id: str | None = None, timeout: float | None = None

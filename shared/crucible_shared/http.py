@@ -5,7 +5,9 @@ FastAPI is imported lazily so `crucible_shared` installs without it (`crucible-s
 
 from __future__ import annotations
 
+import hmac
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from crucible_shared.errors import ErrorDetail, ErrorEnvelope
@@ -71,6 +73,16 @@ def field_path(loc: tuple | list) -> str:
     return ".".join(parts) or "body"
 
 
+def error_field(error: dict) -> str:
+    """The dotted field of one pydantic error; cross-field errors that name a field deeper than
+    where they were raised (`crucible_shared.jobs.unused`) carry it in their context."""
+    where = field_path(error.get("loc", ()))
+    deeper = (error.get("ctx") or {}).get("field")
+    if deeper:
+        return deeper if where == "body" else f"{where}.{deeper}"
+    return where
+
+
 # Responses to declare on routes so OpenAPI documents the envelope.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorEnvelope, "description": name.replace("_", " ")}
@@ -93,8 +105,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request, exc: RequestValidationError):  # type: ignore[no-untyped-def]
         errors = exc.errors()
         details = [
-            {"field": field_path(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
-            for e in errors
+            {"field": error_field(e), "message": e.get("msg", ""), "type": e.get("type", "")} for e in errors
         ]
         first = details[0] if details else {"field": "body", "message": "invalid request"}
         if first.get("type") == "json_invalid":
@@ -116,3 +127,101 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(500, "internal error; see the service log", code="internal"), status_code=500
         )
+
+
+async def _send_error(
+    send: Any, status: int, message: str, field: str | None, headers: dict | None = None
+) -> None:
+    """Send a whole error-envelope response on a raw ASGI `send`."""
+    import json
+
+    body = json.dumps(error_body(status, message, field=field)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a request body over `max_bytes`, declared or not.
+
+    A declared `Content-Length` over the limit is refused before anything is read; a chunked
+    body is counted as it arrives and cut off at the limit (the application sees the client
+    disconnect and its answer is replaced by the 413), so nothing past the limit is buffered.
+    A plain ASGI middleware: Starlette's `BaseHTTPMiddleware` costs a task group per request.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        message = f"request body is larger than {self.max_bytes} bytes"
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await _send_error(send, 413, message, "body")
+            return
+        state = {"received": 0, "too_large": False, "answered": False}
+
+        async def limited_receive() -> Any:
+            if state["too_large"]:
+                return {"type": "http.disconnect"}
+            event = await receive()
+            if event["type"] == "http.request":
+                state["received"] += len(event.get("body", b""))
+                if state["received"] > self.max_bytes:
+                    state["too_large"] = True
+                    return {"type": "http.disconnect"}
+            return event
+
+        async def guarded_send(event: Any) -> None:
+            if not state["too_large"]:
+                await send(event)
+            elif not state["answered"]:
+                state["answered"] = True
+                await _send_error(send, 413, message, "body")
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not state["too_large"]:
+                raise
+        if state["too_large"] and not state["answered"]:
+            state["answered"] = True
+            await _send_error(send, 413, message, "body")
+
+
+def check_bearer(keys: Sequence[str], header: str | None) -> str | None:
+    """The caller's key from an `Authorization: Bearer` header (None while `keys` is empty);
+    `ApiError` 401 without a valid one. Keys are compared in constant time."""
+    if not keys:
+        return None
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(
+            401, "missing API key: send `Authorization: Bearer <key>`", headers={"WWW-Authenticate": "Bearer"}
+        )
+    for key in keys:
+        if hmac.compare_digest(key.encode(), token.encode()):
+            return key
+    raise ApiError(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+
+
+class BearerAuth:
+    """ASGI middleware: API keys checked on `prefix` routes before the body is read or validated
+    (an unauthenticated request learns nothing about what a valid body looks like)."""
+
+    def __init__(self, app: Any, keys: Sequence[str], prefix: str = "/v1/") -> None:
+        self.app, self.keys, self.prefix = app, list(keys), prefix
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.keys and scope["path"].startswith(self.prefix):
+            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            try:
+                check_bearer(self.keys, header)
+            except ApiError as exc:
+                await _send_error(send, exc.status, exc.message, exc.field, exc.headers)
+                return
+        await self.app(scope, receive, send)

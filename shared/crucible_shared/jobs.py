@@ -3,19 +3,38 @@
 A train job is a method config (GRPO, SRRL, REINFORCE, PPO) plus model, data, rollout, reward,
 optimisation, publishing, evaluation, checkpoint and logging sections. Every field has a
 default, bounds and a one-line description; cross-field rules live in validators, so a bad
-spec fails at submission with the field named, not minutes into a run. Pure pydantic: the
+spec fails at submission with the field named, not minutes into a run. A field that would
+have no effect in its context (a sampling setting the method doesn't read, pass@k of a greedy
+evaluation) is refused rather than silently ignored. Floats must be finite. Pure pydantic: the
 gateway validates specs without torch.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+MAX_SEED = 2**63 - 1
+MAX_STEPS = 1_000_000
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    def _changed(self, name: str) -> bool:
+        """Whether `name` differs from its default. (Not "was given": a spec dumped with its
+        defaults and parsed again, as every queued job is, must still be valid.)"""
+        field = type(self).model_fields[name]
+        return getattr(self, name) != field.get_default(call_default_factory=True)
+
+
+def unused(field: str, reason: str) -> PydanticCustomError:
+    """The error for a field that would be silently ignored; `field` is the dotted path from the
+    model being validated (the gateway reports it as the error's field)."""
+    return PydanticCustomError("unused_field", "{field}: {reason}", {"field": field, "reason": reason})
 
 
 # --- data and model ------------------------------------------------------------------------------
@@ -35,20 +54,25 @@ class DataSpec(_Spec):
         "default `test`, or `all` when `ids` / `id_range` pick the tasks. Other datasets: `all` only.",
     )
     path: str | None = Field(
-        default=None, description="JSONL file (required for stdio and jsonl; overrides MBPP/HumanEval data)."
+        default=None,
+        max_length=4096,
+        description="JSONL file (required for stdio and jsonl; overrides MBPP/HumanEval data). "
+        "Must lie inside the data roots (CRUCIBLE_DATA_ROOTS).",
     )
     ids: list[int | str] | None = Field(
-        default=None, description="Task ids to keep, in this order: 11, `MBPP/11`, `HumanEval/3`, `my-task`."
+        default=None,
+        max_length=100_000,
+        description="Task ids to keep, in this order: 11, `MBPP/11`, `HumanEval/3`, `my-task`.",
     )
-    id_range: tuple[int, int] | None = Field(
-        default=None, description="Inclusive range of numeric task ids (MBPP 601-630, HumanEval 0-19)."
+    id_range: tuple[Annotated[int, Field(ge=0, le=10**9)], Annotated[int, Field(ge=0, le=10**9)]] | None = (
+        Field(default=None, description="Inclusive range of numeric task ids (MBPP 601-630, HumanEval 0-19).")
     )
-    limit: int | None = Field(default=None, ge=1, description="Keep at most this many tasks.")
+    limit: int | None = Field(default=None, ge=1, le=10**7, description="Keep at most this many tasks.")
     shuffle: bool = Field(default=False, description="Shuffle (with `seed`) before applying `limit`.")
-    seed: int = Field(default=0, description="Seed of the shuffle.")
+    seed: Seed = Field(default=0, description="Seed of the shuffle.")
     challenge_tests: bool = Field(default=True, description="MBPP: add `challenge_test_list` to the tests.")
     max_cases: int | None = Field(
-        default=None, ge=1, description="stdio: keep at most this many cases per task."
+        default=None, ge=1, le=10_000, description="stdio: keep at most this many cases per task."
     )
 
     @model_validator(mode="after")
@@ -63,6 +87,12 @@ class DataSpec(_Spec):
             raise ValueError("ids: empty list")
         if self.id_range is not None and self.id_range[0] > self.id_range[1]:
             raise ValueError(f"id_range: start {self.id_range[0]} is after end {self.id_range[1]}")
+        if self._changed("challenge_tests") and self.dataset != "mbpp":
+            raise unused("challenge_tests", f"only MBPP has challenge tests, not {self.dataset}")
+        if self.max_cases is not None and self.dataset != "stdio":
+            raise unused("max_cases", f"only stdio tasks have cases, not {self.dataset}")
+        if self._changed("seed") and not self.shuffle:
+            raise unused("seed", "it seeds the shuffle; set shuffle: true or drop it")
         return self
 
     @property
@@ -90,33 +120,59 @@ class DataSpec(_Spec):
 class ModelSpec(_Spec):
     """Base model and the LoRA adapter trained on it."""
 
-    base: str = Field("smollm2-135m-instruct", description="Built-in name, HF model id or local path.")
+    base: str = Field(
+        "smollm2-135m-instruct",
+        min_length=1,
+        max_length=4096,
+        description="Built-in name, HF model id, or a local path (absolute or ./relative) inside the "
+        "model roots (CRUCIBLE_MODEL_ROOTS).",
+    )
     chat: bool = Field(
         True, description="Prompt with the chat template (instruct models) or plain completion."
     )
     lora_r: int = Field(16, ge=1, le=512, description="LoRA rank.")
-    lora_alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    lora_alpha: float = Field(32.0, gt=0, le=1e6, description="LoRA scaling numerator (scale = alpha / r).")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        "all-linear", description="Modules that get LoRA."
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] | Literal["all-linear"] = Field(
+        "all-linear", max_length=64, description="Modules that get LoRA."
     )
-    init_adapter: str | None = Field(None, description="Start from this saved adapter (PEFT directory).")
-    dtype: str | None = Field(None, description="float32 / bfloat16; default: bf16 on CUDA, fp32 on CPU.")
-    device: str | None = Field(None, description="cpu / cuda / cuda:N; default: CUDA when present.")
+    init_adapter: str | None = Field(
+        None,
+        max_length=4096,
+        description="Start from this saved adapter (PEFT directory inside the adapter roots); "
+        "its LoRA config replaces lora_*.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(
+        None, description="Weights' dtype; default: bf16 on CUDA, fp32 on CPU."
+    )
+    device: str | None = Field(
+        None,
+        pattern=r"^(cpu|auto|cuda(:\d{1,2})?)$",
+        description="cpu / cuda / cuda:N; default: CUDA when present.",
+    )
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory in the update.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.init_adapter:
+            for name in ("lora_r", "lora_alpha", "lora_dropout", "target_modules"):
+                if self._changed(name):
+                    raise unused(name, "model.init_adapter brings its own LoRA config")
+        return self
 
 
 # --- rollout, reward, optimisation ---------------------------------------------------------------
 
 
 class RolloutSpec(_Spec):
-    """How completions are sampled from the generator."""
+    """How completions are sampled from the generator (how many per prompt is the method's)."""
 
-    group_size: int = Field(8, ge=1, le=256, description="Samples per prompt (GRPO's G).")
     temperature: float = Field(1.0, ge=0, le=5, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_tokens: int = Field(256, ge=1, le=8192, description="Max new tokens per completion.")
-    stop: list[str] | None = Field(None, description="Stop sequences.")
+    stop: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=16, description="Stop sequences."
+    )
 
 
 class RewardSpec(_Spec):
@@ -125,7 +181,9 @@ class RewardSpec(_Spec):
     kind: Literal["all_pass", "fraction", "graded"] = Field(
         "fraction", description="all_pass 1/0; fraction of tests passed; graded execution reward."
     )
-    length_penalty: float = Field(0.0, ge=0, description="alpha in r - alpha * generated_tokens / 100.")
+    length_penalty: float = Field(
+        0.0, ge=0, le=100, description="alpha in r - alpha * generated_tokens / 100."
+    )
     time_limit_s: float = Field(
         5.0,
         gt=0,
@@ -138,24 +196,83 @@ class OptimSpec(_Spec):
     """Optimisation of the LoRA parameters (AdamW)."""
 
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
-    steps: int = Field(100, ge=1, description="Policy updates (training steps).")
-    problems_per_step: int = Field(8, ge=1, description="Prompts sampled per step.")
-    micro_batch: int = Field(16, ge=1, description="Sequences per forward/backward pass.")
+    steps: int = Field(100, ge=1, le=MAX_STEPS, description="Policy updates (training steps).")
+    problems_per_step: int = Field(8, ge=1, le=4096, description="Prompts sampled per step.")
+    micro_batch: int = Field(16, ge=1, le=4096, description="Sequences per forward/backward pass.")
     grad_accum: int | None = Field(
-        None, ge=1, description="Micro-batches per optimizer step; default: the whole batch."
+        None, ge=1, le=4096, description="Micro-batches per optimizer step; default: the whole batch."
     )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping (None disables it).")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up.")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, le=1e6, description="Gradient clipping (None disables it)."
+    )
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear learning-rate warm-up.")
 
 
 # --- methods -------------------------------------------------------------------------------------
 
 
-class GRPOConfig(_Spec):
+class GroupFilter(_Spec):
+    """Which groups of samples train: all, those of a one-off pre-filter, or dynamic sampling.
+
+    Groups whose rewards are all equal have zero advantage and carry no gradient. `pre`
+    samples every problem once before training and keeps those with 0 < pass rate < 1.
+    `dynamic` (DAPO's dynamic sampling) drops zero-variance groups during training and samples
+    groups of fresh problems until the step has `problems_per_step` informative ones, drawing
+    at most `max_draw_factor` times that many groups per step.
+    """
+
+    mode: Literal["none", "pre", "dynamic"] = Field("none", description="none | pre | dynamic.")
+    pre_samples: int = Field(4, ge=2, le=64, description="pre: samples per problem in the pre-filter pass.")
+    max_draw_factor: float = Field(
+        3.0, ge=1, le=32, description="dynamic: most groups sampled per step, as a multiple of the quota."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> GroupFilter:
+        if self._changed("pre_samples") and self.mode != "pre":
+            raise unused("pre_samples", f"only the pre-filter samples ahead (mode is {self.mode})")
+        if self._changed("max_draw_factor") and self.mode != "dynamic":
+            raise unused("max_draw_factor", f"only dynamic sampling draws more groups (mode is {self.mode})")
+        return self
+
+
+def _legacy_filter(data: Any) -> Any:
+    """Specs written before `filter` existed: `difficulty_filter: true` (+ `filter_samples`) is the
+    pre-filter."""
+    if isinstance(data, dict) and ("difficulty_filter" in data or "filter_samples" in data):
+        data = dict(data)
+        on, samples = data.pop("difficulty_filter", False), data.pop("filter_samples", None)
+        if "filter" in data and (on or samples is not None):
+            raise ValueError("difficulty_filter: give `filter` alone (difficulty_filter is its old form)")
+        if on:
+            data["filter"] = {"mode": "pre", **({"pre_samples": samples} if samples is not None else {})}
+        elif samples is not None:
+            raise unused("filter_samples", "the difficulty filter is off")
+    return data
+
+
+class _ClippedMethod(_Spec):
+    """Shared checks of the methods with a clipped ratio."""
+
+    @model_validator(mode="after")
+    def _check_clip(self) -> _ClippedMethod:
+        if getattr(self, "num_iterations", 1) == 1:
+            for name in ("clip_eps", "clip_eps_high"):
+                if name in type(self).model_fields and self._changed(name):
+                    raise unused(
+                        name,
+                        "with num_iterations 1 the policy is updated once per batch, its ratio is 1 "
+                        "and nothing is clipped; raise num_iterations or drop it",
+                    )
+        return self
+
+
+class GRPOConfig(_ClippedMethod):
     """Group Relative Policy Optimisation."""
 
     name: Literal["grpo"] = "grpo"
+    group_size: int = Field(8, ge=2, le=256, description="G: samples per prompt.")
     scale: Literal["group", "batch", "none"] = Field(
         "group", description="Divide advantages by the group's / batch's std, or not."
     )
@@ -167,25 +284,34 @@ class GRPOConfig(_Spec):
         0.2, gt=0, lt=1, description="PPO clip range (low side, and high side unless set)."
     )
     clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher (DAPO) upper range.")
-    kl_beta: float = Field(0.0, ge=0, description="KL penalty to the reference (the base without adapter).")
-    num_iterations: int = Field(1, ge=1, le=16, description="mu: updates per batch of rollouts.")
-    difficulty_filter: bool = Field(
-        False,
-        description="Keep only problems with 0 < pass rate < 1 in a quick pre-sampling pass before training.",
+    kl_beta: float = Field(
+        0.0, ge=0, le=100, description="KL penalty to the reference (the starting policy)."
     )
-    filter_samples: int = Field(4, ge=2, le=64, description="Samples per problem in that pass.")
+    num_iterations: int = Field(1, ge=1, le=16, description="mu: updates per batch of rollouts.")
+    filter: GroupFilter = Field(default_factory=GroupFilter, description="Which groups train.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _legacy_filter(data)
 
 
-class SRRLConfig(_Spec):
+class SRRLConfig(_ClippedMethod):
     """Self-refined RL: first attempts (c1), refinements of the failed ones (c2), trained together."""
 
     name: Literal["srrl"] = "srrl"
     c1: int = Field(2, ge=1, le=64, description="First attempts per problem.")
     c2: int = Field(4, ge=1, le=64, description="Refinements per failed first attempt.")
     c2_temperature: float = Field(0.3, ge=0, le=5, description="Sampling temperature of refinements.")
-    budget: int = Field(10, ge=2, description="Max samples per problem (c1 + all c2), matched to GRPO's G.")
+    budget: int = Field(
+        10, ge=2, le=4096, description="Max samples per problem (c1 + all c2), matched to GRPO's G."
+    )
     refine_max_tokens: int | None = Field(
-        None, ge=1, description="Max new tokens of a refinement (default: rollout's)."
+        None, ge=1, le=8192, description="Max new tokens of a refinement (default: rollout's)."
+    )
+    feedback: Literal["first_failure", "all_tests"] = Field(
+        "first_failure",
+        description="What the refinement prompt shows: the first failing test, or every test's PASS/FAIL.",
     )
     scale: Literal["group", "none"] = Field(
         "group", description="Normalise advantages per problem by std, or only centre."
@@ -193,7 +319,15 @@ class SRRLConfig(_Spec):
     loss: Literal["sequence", "token", "dr_grpo"] = "token"
     clip_eps: float = Field(0.2, gt=0, lt=1)
     num_iterations: int = Field(1, ge=1, le=16)
-    kl_beta: float = Field(0.0, ge=0)
+    kl_beta: float = Field(0.0, ge=0, le=100)
+    filter: GroupFilter = Field(
+        default_factory=GroupFilter, description="Which problems train (a group is c1 + c2 of one problem)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _legacy_filter(data)
 
     @model_validator(mode="after")
     def _check(self) -> SRRLConfig:
@@ -216,6 +350,10 @@ class PPOConfig(_Spec):
     name: Literal["ppo"] = "ppo"
     epochs: int = Field(4, ge=1, le=64, description="Passes over each batch of rollouts.")
     clip_eps: float = Field(0.2, gt=0, lt=1)
+    ratio: Literal["token", "sequence"] = Field(
+        "token",
+        description="Importance ratio per token, or one per completion: exp(sum logp_new - sum logp_old).",
+    )
     samples: int = Field(1, ge=1, le=64, description="Samples per task.")
 
 
@@ -228,42 +366,97 @@ Method = Annotated[GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig, Field(
 class PublishSpec(_Spec):
     """How new adapter versions reach the generator."""
 
-    every: int = Field(1, ge=1, description="Publish after every N updates.")
+    every: int = Field(1, ge=1, le=MAX_STEPS, description="Publish after every N updates.")
     staleness_window: int = Field(
-        1, ge=0, description="Older versions kept loaded (vLLM --max-loras >= this + 1)."
+        1, ge=0, le=64, description="Older versions kept loaded (vLLM --max-loras >= this + 1)."
     )
     stale_check: bool = Field(True, description="Score a probe with trainer and generator after each swap.")
-    stale_tolerance: float = Field(0.05, gt=0, description="Max mean |logprob difference| on the probe.")
-
-
-class EvalSpec(_Spec):
-    """Interval and final evaluation on a held-out split."""
-
-    every: int = Field(0, ge=0, description="Evaluate every N steps (0: only before and after).")
-    data: DataSpec = Field(default_factory=lambda: DataSpec(split="test", limit=30))
-    n: int = Field(1, ge=1, description="Samples per problem.")
-    temperature: float = Field(0.0, ge=0, description="0 = greedy.")
-    max_tokens: int = Field(256, ge=1)
-    ks: list[int] = Field(default_factory=lambda: [1], description="pass@k values to report (k <= n).")
-    before: bool = Field(True, description="Evaluate the starting policy too.")
+    stale_tolerance: float = Field(
+        0.05, gt=0, le=100, description="Max mean |logprob difference| on the probe."
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> EvalSpec:
-        if any(k > self.n or k < 1 for k in self.ks):
-            raise ValueError(f"every k in ks must be between 1 and n={self.n}")
+    def _check(self) -> PublishSpec:
+        if self._changed("stale_tolerance") and not self.stale_check:
+            raise unused("stale_tolerance", "stale_check is off")
         return self
 
 
+class EvalSpec(_Spec):
+    """An evaluation: which problems, and how answers are sampled and scored.
+
+    `greedy` decodes one answer per problem (greedy pass@1); `n` samples that many more at
+    `temperature` / `top_p` for pass@k (k in `ks`, each at most n).
+    """
+
+    data: DataSpec = Field(default_factory=lambda: DataSpec(split="test"))
+    greedy: bool = Field(True, description="One greedy answer per problem (greedy pass@1).")
+    n: int = Field(0, ge=0, le=1000, description="Sampled answers per problem (0: greedy only).")
+    temperature: float = Field(0.8, gt=0, le=5, description="Temperature of the n samples.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus mass of the n samples.")
+    max_tokens: int = Field(256, ge=1, le=8192, description="Most tokens per answer.")
+    ks: list[Annotated[int, Field(ge=1, le=1000)]] = Field(
+        default_factory=lambda: [1], max_length=32, description="pass@k to report (each k <= n)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_greedy(cls, data: Any) -> Any:
+        # Older specs said `temperature: 0` (with n: 1) for a greedy evaluation.
+        if isinstance(data, dict) and data.get("temperature") == 0:
+            data = {k: v for k, v in data.items() if k != "temperature"}
+            if data.get("n", 1) not in (0, 1):
+                raise unused("n", "temperature 0 is greedy: one answer per problem; set temperature > 0")
+            data["n"], data["greedy"] = 0, True
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalSpec:
+        if self.n == 0 and not self.greedy:
+            raise ValueError("n: nothing to evaluate (n is 0 and greedy is off)")
+        if self.n == 0:
+            for name in ("temperature", "top_p", "ks"):
+                if self._changed(name):
+                    raise unused(name, "n is 0 (greedy only); set n > 0 to sample answers")
+        if any(k > self.n for k in self.ks) and self.n > 0:
+            raise ValueError(f"ks: every k must be at most n={self.n}")
+        return self
+
+
+class TrainEvalSpec(EvalSpec):
+    """Evaluation of a training job: before, every N steps, and after."""
+
+    data: DataSpec = Field(default_factory=lambda: DataSpec(split="test", limit=30))
+    every: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Evaluate every N steps (0: only before and after)."
+    )
+    before: bool = Field(True, description="Evaluate the starting policy too.")
+
+
 class CheckpointSpec(_Spec):
-    every: int = Field(10, ge=1, description="Save adapter + optimizer + step + RNG every N steps.")
+    every: int = Field(
+        10, ge=1, le=MAX_STEPS, description="Save adapter + optimizer + step + RNG every N steps."
+    )
 
 
 class LoggingSpec(_Spec):
     wandb_mode: Literal["offline", "online", "disabled"] = Field(
         "offline", description="Weights & Biases mode."
     )
-    wandb_project: str = "crucible"
-    run_name: str | None = None
+    wandb_project: str = Field("crucible", min_length=1, max_length=128)
+    run_name: str | None = Field(None, max_length=128)
+    samples_every: int = Field(
+        1, ge=0, le=MAX_STEPS, description="Emit one sampled completion as an event every N steps (0: never)."
+    )
+
+
+_ATTEMPTS = Field(
+    None,
+    ge=1,
+    le=10,
+    description="Runs allowed when the worker running it is lost (resuming from the last checkpoint); "
+    "default: the gateway's setting.",
+)
 
 
 class TrainJob(_Spec):
@@ -278,40 +471,88 @@ class TrainJob(_Spec):
     reward: RewardSpec = Field(default_factory=RewardSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     publish: PublishSpec = Field(default_factory=PublishSpec)
-    eval: EvalSpec | None = Field(default_factory=EvalSpec, description="None disables evaluation.")
+    eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
-    seed: int = Field(0, description="Seeds sampling, shuffling and initialisation.")
+    seed: Seed = Field(0, description="Seeds sampling, shuffling and initialisation.")
+    max_attempts: int | None = _ATTEMPTS
 
-    @model_validator(mode="after")
-    def _check(self) -> TrainJob:
-        if isinstance(self.method, GRPOConfig) and self.rollout.group_size < 2:
-            raise ValueError(
-                "rollout.group_size must be at least 2 for GRPO (advantages are relative to the group)"
+    @model_validator(mode="before")
+    @classmethod
+    def _group_size_moved(cls, data: Any) -> Any:
+        """`rollout.group_size` is GRPO's `method.group_size` (older specs put it in rollout)."""
+        if not isinstance(data, dict) or not isinstance(data.get("rollout"), dict):
+            return data
+        if "group_size" not in data["rollout"]:
+            return data
+        rollout = dict(data["rollout"])
+        size = rollout.pop("group_size")
+        method = data.get("method") or {"name": "grpo"}
+        if not isinstance(method, dict) or method.get("name", "grpo") != "grpo":
+            name = method.get("name") if isinstance(method, dict) else "?"
+            raise unused(
+                "rollout.group_size",
+                f"only GRPO samples groups (method {name} has its own sample counts: see its config)",
             )
-        return self
+        if "group_size" in method and method["group_size"] != size:
+            raise ValueError("rollout.group_size: give method.group_size alone")
+        return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
 
 
-class EvalJob(_Spec):
-    """An evaluation job: a model (optionally with an adapter) on a dataset."""
+class EvalJob(EvalSpec):
+    """An evaluation job: an evaluation of a model (its base, optionally with an adapter)."""
 
     kind: Literal["eval"] = "eval"
     name: str | None = Field(None, max_length=200)
     model: ModelSpec = Field(default_factory=ModelSpec)
-    adapter: str | None = Field(None, description="Evaluate this adapter (path) on top of the base model.")
-    data: DataSpec = Field(default_factory=lambda: DataSpec(split="test"))
-    n: int = Field(1, ge=1, le=1000)
-    temperature: float = Field(0.0, ge=0, le=5)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(256, ge=1, le=8192)
-    ks: list[int] = Field(default_factory=lambda: [1])
-    seed: int = 0
+    adapter: str | None = Field(
+        None, max_length=4096, description="Evaluate this adapter (PEFT directory inside the adapter roots)."
+    )
+    seed: Seed = Field(0, description="Seeds the sampled answers.")
+    max_attempts: int | None = _ATTEMPTS
 
     @model_validator(mode="after")
-    def _check(self) -> EvalJob:
-        if any(k > self.n or k < 1 for k in self.ks):
-            raise ValueError(f"every k in ks must be between 1 and n={self.n}")
+    def _check_model(self) -> EvalJob:
+        for name in ("lora_r", "lora_alpha", "lora_dropout", "target_modules", "init_adapter"):
+            if self.model._changed(name):
+                raise unused(f"model.{name}", "an evaluation trains nothing (use `adapter` to evaluate one)")
+        if self.model._changed("gradient_checkpointing"):
+            raise unused("model.gradient_checkpointing", "an evaluation trains nothing")
         return self
 
 
 JobSpec = Annotated[TrainJob | EvalJob, Field(discriminator="kind")]
+
+
+def job_paths(spec: TrainJob | EvalJob) -> list[tuple[str, str, str]]:
+    """Every file-system path a spec names: (dotted field, value, root kind: data | model | adapter).
+
+    Model ids that aren't paths (a built-in name, `org/model` on a hub) are not listed.
+    """
+    out: list[tuple[str, str, str]] = []
+
+    def data(prefix: str, d: DataSpec | None) -> None:
+        if d is not None and d.path:
+            out.append((f"{prefix}.path", d.path, "data"))
+
+    if looks_like_path(spec.model.base):
+        out.append(("model.base", spec.model.base, "model"))
+    if isinstance(spec, TrainJob):
+        data("data", spec.data)
+        data("eval.data", spec.eval.data if spec.eval else None)
+        if spec.model.init_adapter:
+            out.append(("model.init_adapter", spec.model.init_adapter, "adapter"))
+    else:
+        data("data", spec.data)
+        if spec.adapter:
+            out.append(("adapter", spec.adapter, "adapter"))
+    return out
+
+
+def looks_like_path(name: str) -> bool:
+    """A model name meant as a local path: absolute, `./`, `../` or `~` (hub ids are `org/name`).
+
+    >>> looks_like_path("/models/x"), looks_like_path("./m"), looks_like_path("org/model")
+    (True, True, False)
+    """
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..")

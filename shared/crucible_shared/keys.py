@@ -1,30 +1,38 @@
-"""Redis key names shared by the gateway and the trainer (one place, so they never drift)."""
+"""Redis key names shared by the gateway and the trainer (one place, so they never drift).
+
+Each kind of key has its own prefix, so no job id can name another kind's key: the record of
+job `x` is `crucible:job:x`, its events `crucible:events:x`, its cancel flag `crucible:cancel:x`.
+Job ids are validated (`crucible_shared.lifecycle.JOB_ID_PATTERN`) before they reach a key.
+"""
 
 from __future__ import annotations
 
 PREFIX = "crucible"
-TRAIN_QUEUE = "train"
-EVAL_QUEUE = "eval"
 
 
 def job(job_id: str) -> str:
-    """Hash: the job record (spec, status, progress, latest metrics, timestamps, error)."""
+    """Hash: the job record (see `crucible_shared.lifecycle.JobRecord`)."""
     return f"{PREFIX}:job:{job_id}"
 
 
 def events(job_id: str) -> str:
     """Stream: the job's events (progress, metrics, swaps, evaluations, logs)."""
-    return f"{PREFIX}:job:{job_id}:events"
+    return f"{PREFIX}:events:{job_id}"
 
 
 def cancel(job_id: str) -> str:
     """String: present when a cancel was requested; the job loop polls it."""
-    return f"{PREFIX}:job:{job_id}:cancel"
+    return f"{PREFIX}:cancel:{job_id}"
 
 
 def jobs_index() -> str:
-    """Sorted set of job ids by submission time."""
+    """Sorted set of every job id by submission time."""
     return f"{PREFIX}:jobs"
+
+
+def status_index(status: str) -> str:
+    """Sorted set of the ids of jobs in one status, by submission time (filtered listings)."""
+    return f"{PREFIX}:jobs:status:{status}"
 
 
 def idempotency(key: str) -> str:

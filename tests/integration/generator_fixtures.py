@@ -59,7 +59,7 @@ def lora_dirs(tmp_path_factory) -> Iterator[dict[str, str]]:
 def make_adapters(root) -> dict[str, str]:
     """Adapters `v1` and `v2` (rank 8 on the attention projections) and `v3` (rank 16, all linears)."""
     import torch
-    from crucible_shared.models import load_model
+    from crucible_models import load_model
     from peft import LoraConfig, get_peft_model
 
     model, _ = load_model(BASE, device="cpu", dtype="float32")
@@ -91,7 +91,7 @@ def make_adapters(root) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from crucible_shared.models import load_tokenizer
+    from crucible_models import load_tokenizer
 
     return load_tokenizer(BASE)
 

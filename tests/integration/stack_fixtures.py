@@ -35,7 +35,7 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
         yield url
         Redis.from_url(url).flushdb()
         return
-    from crucible_trainer.stack import redis_server_binary
+    from crucible_cli.stack import redis_server_binary
 
     port = free_port()
     data = tmp_path_factory.mktemp("redis")
@@ -108,6 +108,7 @@ def gateway(redis_url, stack_dirs) -> Iterator[Service]:
         "CRUCIBLE_GATEWAY_RUNS_DIR": str(stack_dirs["runs"]),
         "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(stack_dirs["adapters"]),
         "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": "6",
+        "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "1",
     }
     with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as service:
         yield service

@@ -15,7 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def crucible(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "crucible_trainer.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "crucible_cli", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -25,7 +25,7 @@ def test_submit_list_and_cancel(gateway) -> None:
     )
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.split()[1]
-    assert GatewayClient(gateway.url).job(job_id)["status"] == "queued"
+    assert GatewayClient(gateway.url).job(job_id).status == "queued"
     out = crucible(
         "eval", "--config", str(EXAMPLES / "eval_mbpp_test.yaml"), "--gateway", gateway.url, "--detach"
     )

@@ -8,11 +8,11 @@ import asyncio
 import json
 
 import pytest
+from crucible_cli import eval_cmd as _eval_cmd  # noqa: F401  (registers `crucible eval`)
+from crucible_cli.app import app
 from crucible_shared.generator_client import GeneratorClient
 from crucible_shared.sandbox import Limits, RunStatus
 from crucible_shared.sandbox_client import SandboxClient
-from crucible_trainer.cli import app
-from crucible_trainer.cli import eval_cmd as _eval_cmd  # noqa: F401  (registers `crucible eval`)
 from crucible_trainer.evaluation import Category, evaluate, load_report
 from crucible_trainer.tasks import DataSpec, load_tasks
 from crucible_trainer.tasks.mbpp import KNOWN_BAD_REFERENCES

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 from crucible_shared.gateway_client import GatewayClient
+from crucible_shared.lifecycle import JobStatus
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
@@ -84,17 +85,17 @@ def test_unknown_jobs_and_bad_queries(gateway) -> None:
 def test_queued_jobs_survive_a_gateway_restart(redis_url, stack_dirs) -> None:
     env = {"REDIS_URL": redis_url, "CRUCIBLE_GATEWAY_RUNS_DIR": str(stack_dirs["runs"])}
     with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as first:
-        ids = [GatewayClient(first.url).submit({**TINY_EVAL, "name": f"restart-{i}"})["id"] for i in range(2)]
+        ids = [GatewayClient(first.url).submit({**TINY_EVAL, "name": f"restart-{i}"}).id for i in range(2)]
     with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as second:
         client = GatewayClient(second.url)
         for job_id in ids:
-            assert client.job(job_id)["status"] == "queued"
-        listed = {j["id"] for j in client.jobs(status="queued")["jobs"]}
+            assert client.job(job_id).status == JobStatus.queued
+        listed = {j.id for j in client.jobs(status="queued").jobs}
         assert set(ids) <= listed
         queue = Queue("eval", connection=Redis.from_url(redis_url), serializer=JSONSerializer)
         assert set(ids) <= set(queue.job_ids)
         for job_id in ids:  # leave no work behind for the workers of other tests
-            assert client.cancel(job_id)["status"] == "cancelled"
+            assert client.cancel(job_id).status == JobStatus.cancelled
         assert not set(ids) & set(queue.job_ids)
 
 
@@ -102,10 +103,10 @@ def test_idempotency_key_makes_retries_safe(gateway) -> None:
     client = GatewayClient(gateway.url)
     first = client.submit({**TINY_EVAL, "name": "idem"}, idempotency_key="key-123")
     again = client.submit({**TINY_EVAL, "name": "idem"}, idempotency_key="key-123")
-    assert first["id"] == again["id"]
+    assert first.id == again.id
     r = httpx.post(f"{gateway.url}/v1/jobs", json=TINY_EVAL, headers={"Idempotency-Key": "key-123"})
-    assert r.status_code == 200 and r.headers["location"].endswith(first["id"])
-    client.cancel(first["id"])
+    assert r.status_code == 200 and r.headers["location"].endswith(first.id)
+    client.cancel(first.id)
 
 
 def test_redis_down_is_503(stack_dirs) -> None:
@@ -142,40 +143,40 @@ def test_eval_and_train_jobs_run_to_completion_over_sse(gateway, workers, stack_
     workers.start()
     client = GatewayClient(gateway.url, timeout=120)
     created = client.submit(TINY_EVAL)
-    assert created["status"] == "queued" and created["location"].endswith(created["id"])
-    events = list(client.events(created["id"], timeout=900))
+    assert created.status == JobStatus.queued and created.location.endswith(created.id)
+    events = list(client.events(created.id, timeout=900))
     assert events[-1][1] == "end" and events[-1][2]["status"] == "finished", events[-3:]
-    files = {a["path"] for a in client.artifacts(created["id"])["artifacts"]}
+    files = {a.path for a in client.artifacts(created.id).artifacts}
     assert any(p.endswith(".json") for p in files) and any(p.endswith(".md") for p in files), files
 
     train = client.submit(TINY_TRAIN)
-    seen = list(client.events(train["id"], timeout=1200))
+    seen = list(client.events(train.id, timeout=1200))
     kinds = [e[1] for e in seen]
     assert kinds.count("metrics") == 2 and "adapter_published" in kinds and kinds[-1] == "end"
-    job = client.job(train["id"])
-    assert job["status"] == "finished" and job["step"] == 2 and job["policy_version"] == f"{train['id']}-v2"
-    assert job["metrics"]["reward_mean"] is not None
+    job = client.job(train.id)
+    assert job.status == JobStatus.finished and job.step == 2 and job.policy_version == f"{train.id}-v2"
+    assert job.metrics["reward_mean"] is not None
     # Resuming the stream after the second event gives only what came after it.
-    later = list(client.events(train["id"], last_event_id=seen[1][0], timeout=60))
+    later = list(client.events(train.id, last_event_id=seen[1][0], timeout=60))
     assert [e[0] for e in later[:-1]] == [e[0] for e in seen[2:-1]]
-    files = {a["path"] for a in client.artifacts(train["id"])["artifacts"]}
+    files = {a.path for a in client.artifacts(train.id).artifacts}
     assert {"metrics.jsonl", "adapter/adapter_config.json", "summary.json"} <= files
-    body = httpx.get(f"{gateway.url}/v1/jobs/{train['id']}/artifacts/metrics.jsonl")
+    body = httpx.get(f"{gateway.url}/v1/jobs/{train.id}/artifacts/metrics.jsonl")
     assert body.status_code == 200 and body.text.count("\n") == 2
-    assert httpx.get(f"{gateway.url}/v1/jobs/{train['id']}/artifacts/../../etc/passwd").status_code == 404
+    assert httpx.get(f"{gateway.url}/v1/jobs/{train.id}/artifacts/../../etc/passwd").status_code == 404
     adapters = {a["name"] for a in httpx.get(f"{gateway.url}/v1/adapters").json()["adapters"]}
-    assert {f"{train['id']}-v1", f"{train['id']}-v2"} <= adapters
+    assert {f"{train.id}-v1", f"{train.id}-v2"} <= adapters
 
 
 @pytest.mark.slow
 def test_cancel_a_running_job(gateway, workers) -> None:
     workers.start()
     client = GatewayClient(gateway.url)
-    job_id = client.submit({**TINY_TRAIN, "optim": {**TINY_TRAIN["optim"], "steps": 100}})["id"]
-    wait_for(lambda: client.job(job_id)["status"] == "running", 300, "the job to start")
+    job_id = client.submit({**TINY_TRAIN, "optim": {**TINY_TRAIN["optim"], "steps": 100}}).id
+    wait_for(lambda: client.job(job_id).status == JobStatus.running, 300, "the job to start")
     client.cancel(job_id)
     started = time.monotonic()
-    wait_for(lambda: client.job(job_id)["status"] == "cancelled", 60, "the job to stop")
+    wait_for(lambda: client.job(job_id).status == JobStatus.cancelled, 60, "the job to stop")
     assert time.monotonic() - started < 30
     assert httpx.post(f"{gateway.url}/v1/jobs/{job_id}/cancel").status_code == 409
 
@@ -184,19 +185,43 @@ def test_cancel_a_running_job(gateway, workers) -> None:
 def test_killed_worker_fails_the_job_and_retry_resumes(gateway, workers, stack_dirs) -> None:
     worker = workers.start()
     client = GatewayClient(gateway.url)
-    job_id = client.submit({**TINY_TRAIN, "optim": {**TINY_TRAIN["optim"], "steps": 3}})["id"]
+    spec = {**TINY_TRAIN, "optim": {**TINY_TRAIN["optim"], "steps": 3}, "max_attempts": 1}
+    job_id = client.submit(spec).id
     checkpoints = stack_dirs["runs"] / job_id / "checkpoints"
     wait_for(lambda: any(checkpoints.glob("step-*")), 900, "the first checkpoint")
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     failed = wait_for(
-        lambda: (j := client.job(job_id))["status"] == "failed" and j, 60, "the job to be marked failed"
+        lambda: (j := client.job(job_id)).status == JobStatus.failed and j, 60, "the job to be marked failed"
     )
-    assert "stopped reporting" in failed["error"] and "retry" in failed["error"]
+    assert "stopped reporting" in failed.error and "retry" in failed.error
     workers.start()
-    assert client.retry(job_id)["attempts"] == 2
+    assert client.retry(job_id).attempts == 2
     events = list(client.events(job_id, timeout=1200))
     kinds = [e[1] for e in events]
     assert "resumed" in kinds and kinds[-1] == "end", kinds
     final = client.job(job_id)
-    assert final["status"] == "finished" and final["step"] == 3
+    assert final.status == JobStatus.finished and final.step == 3
+
+
+@pytest.mark.slow
+def test_a_lost_worker_s_job_is_retried_automatically(gateway, workers, stack_dirs) -> None:
+    """With attempts left, a job whose worker died goes back to the queue by itself and resumes
+    from its checkpoint on the next worker."""
+    worker = workers.start()
+    client = GatewayClient(gateway.url)
+    spec = {**TINY_TRAIN, "optim": {**TINY_TRAIN["optim"], "steps": 3}, "max_attempts": 2}
+    job_id = client.submit(spec).id
+    checkpoints = stack_dirs["runs"] / job_id / "checkpoints"
+    wait_for(lambda: any(checkpoints.glob("step-*")), 900, "the first checkpoint")
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    requeued = wait_for(
+        lambda: (j := client.job(job_id)).status == JobStatus.queued and j, 60, "the job to be requeued"
+    )
+    assert requeued.attempts == 2 and "retried automatically" in requeued.error
+    workers.start()
+    kinds = [e[1] for e in client.events(job_id, timeout=1200)]
+    assert "requeued" in kinds and "resumed" in kinds and kinds[-1] == "end", kinds
+    final = client.job(job_id)
+    assert final.status == JobStatus.finished and final.step == 3 and final.attempts == 2

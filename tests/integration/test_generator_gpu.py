@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_graph_decoding_matches_eager_decoding_on_smollm2():
+    import crucible_models as models
     from crucible_generator.engine import Engine, SamplingParams
-    from crucible_shared import models
 
     model, tokenizer = models.load_model(device="cuda")
     texts = [f"Write a Python function that returns the {w} of a list." for w in ("sum", "maximum", "length")]
@@ -48,8 +48,8 @@ def test_graph_decoding_matches_eager_decoding_on_smollm2():
 
 def test_left_padding_never_produces_nan_in_a_large_batch():
     # Prompts from 3 to ~400 tokens in one bucket: padding positions must not poison real rows.
+    import crucible_models as models
     from crucible_generator.engine import Engine, SamplingParams
-    from crucible_shared import models
 
     model, tokenizer = models.load_model(device="cuda")
     prompts = [tokenizer.encode("def f(x):\n    return x" + " + x" * (i * 7)) for i in range(100)]

@@ -47,7 +47,7 @@ def test_completion_token_ids_round_trip(client, tokenizer):
 def test_logprobs_are_the_models_raw_logprobs(client, tokenizer, temperature):
     """What the trainer relies on: the returned logprob of each sampled token is log_softmax of the
     model's own logits (temperature 1), whatever the sampling temperature."""
-    from crucible_shared.models import load_model
+    from crucible_models import load_model
 
     out = client.completions.create(
         model=BASE, prompt=PROMPT, max_tokens=12, temperature=temperature, seed=5, logprobs=0,

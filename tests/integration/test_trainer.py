@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow
 def tiny_job(**overrides) -> TrainJob:
     spec = {
         "kind": "train",
-        "method": {"name": "grpo"},
+        "method": {"name": "grpo", "group_size": 4},
         "data": {"dataset": "mbpp", "ids": [601, 602]},
-        "rollout": {"group_size": 4, "max_tokens": 64, "temperature": 1.0},
+        "rollout": {"max_tokens": 64, "temperature": 1.0},
         "reward": {"kind": "graded"},
         "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
         "publish": {"every": 1, "staleness_window": 1},
@@ -37,10 +37,26 @@ def tiny_job(**overrides) -> TrainJob:
         "seed": 1,
     }
     for key, value in overrides.items():
-        spec[key] = (
-            {**spec[key], **value} if isinstance(value, dict) and isinstance(spec.get(key), dict) else value
-        )
+        merge = key != "method" and isinstance(value, dict) and isinstance(spec.get(key), dict)
+        spec[key] = {**spec[key], **value} if merge else value
     return TrainJob.model_validate(spec)
+
+
+def train(spec: TrainJob, job_id: str, settings, channel=None) -> dict:
+    """Run a training job in this process, as `crucible train --local` does."""
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.train import run_train_job
+
+    return asyncio.run(run_train_job(spec, job_id, settings, channel or LocalChannel(job_id)))
+
+
+def step_problems(run_dir: Path) -> list[list[str]]:
+    """The problem ids each step trained on, from its rollouts file."""
+    out = []
+    for path in sorted((run_dir / "rollouts").glob("step-*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        out.append(sorted({r["problem_id"] for r in rows}))
+    return out
 
 
 def settings_for(stack_generator, sandbox, stack_dirs):
@@ -61,10 +77,8 @@ def lora_b_norm(adapter_dir: Path) -> float:
 
 
 def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dirs) -> None:
-    from crucible_trainer.train import run_train_job
-
     settings = settings_for(stack_generator, sandbox, stack_dirs)
-    summary = asyncio.run(run_train_job(tiny_job(), "grpo-it", settings))
+    summary = train(tiny_job(), "grpo-it", settings)
     assert summary["status"] == "finished"
     run_dir = Path(summary["run_dir"])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -106,14 +120,12 @@ def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dir
 
 
 def test_srrl_step_refines_failed_attempts(stack_generator, sandbox, stack_dirs) -> None:
-    from crucible_trainer.train import run_train_job
-
     spec = tiny_job(
         method={"name": "srrl", "c1": 2, "c2": 2, "budget": 6},
         optim={"steps": 1},
         reward={"kind": "fraction"},
     )
-    summary = asyncio.run(run_train_job(spec, "srrl-it", settings_for(stack_generator, sandbox, stack_dirs)))
+    summary = train(spec, "srrl-it", settings_for(stack_generator, sandbox, stack_dirs))
     row = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
     assert 0 <= row["c2_rescue_rate"] <= 1
     # SmolLM2 fails these problems almost always: every failed first attempt got 2 refinements.
@@ -142,24 +154,24 @@ def test_refinement_prompt_holds_actual_and_expected(sandbox) -> None:
 
 
 def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> None:
-    from crucible_trainer.cancel import CancelToken
+    from crucible_trainer.channel import LocalChannel
     from crucible_trainer.train import run_train_job
 
     async def go():
-        token = CancelToken()
+        channel = LocalChannel("cancel-it")
         job = asyncio.create_task(
             run_train_job(
                 tiny_job(optim={"steps": 50}),
                 "cancel-it",
                 settings_for(stack_generator, sandbox, stack_dirs),
-                cancel=token,
+                channel,
             )
         )
         metrics = stack_dirs["runs"] / "cancel-it" / "metrics.jsonl"
         while not metrics.exists():
             await asyncio.sleep(0.2)
             assert not job.done(), job
-        token.cancel()
+        channel.cancel()
         started = time.monotonic()
         summary = await asyncio.wait_for(job, 60)
         return summary, time.monotonic() - started
@@ -169,14 +181,21 @@ def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> Non
     assert took < 30
 
 
-def test_killed_job_resumes_from_its_checkpoint(stack_generator, sandbox, stack_dirs, tmp_path) -> None:
+def test_killed_job_resumes_exactly(stack_generator, sandbox, stack_dirs, tmp_path) -> None:
+    """Killed after a checkpoint and resumed, a job trains on the same problems in the same order
+    as one that never stopped (three problems, two per step: the order crosses epochs)."""
+    spec = tiny_job(
+        data={"dataset": "mbpp", "ids": [601, 602, 603]},
+        optim={"steps": 3},
+        eval={"data": {"dataset": "mbpp", "ids": [11]}, "max_tokens": 16},
+    )
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(tiny_job(optim={"steps": 3}).model_dump(mode="json")))
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     runs = tmp_path / "runs"
     cmd = [
         sys.executable,
         "-m",
-        "crucible_trainer.cli",
+        "crucible_cli",
         "train",
         "--local",
         "-c",
@@ -209,6 +228,11 @@ def test_killed_job_resumes_from_its_checkpoint(stack_generator, sandbox, stack_
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [json.loads(line) for line in (runs / "resume-it" / "metrics.jsonl").read_text().splitlines()]
     resumed_from = int(first[-1].split("-")[1])
-    assert [r["step"] for r in rows][-1] == 3
-    assert [r["step"] for r in rows].count(resumed_from) == 1  # the finished step was not redone
+    steps = [r["step"] for r in rows if "eval_label" not in r]
+    assert steps == [1, 2, 3], steps  # nothing redone, nothing skipped
+    assert resumed_from < 3
     assert "resumed" in done.stderr + done.stdout
+    # The comparison with the starting policy survives the kill.
+    assert (runs / "resume-it" / "eval" / "before_after" / "comparison.md").exists()
+    uninterrupted = train(spec, "resume-ref", settings_for(stack_generator, sandbox, stack_dirs))
+    assert step_problems(runs / "resume-it") == step_problems(Path(uninterrupted["run_dir"]))

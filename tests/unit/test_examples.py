@@ -43,7 +43,7 @@ def test_bad_specs_name_the_field(spec: dict, where: str) -> None:
 
 
 def test_demo_job_is_the_tiny_example() -> None:
-    from crucible_trainer.cli.demo_cmd import DEMO_JOB
+    from crucible_cli.stack_cmd import DEMO_JOB
 
     example = yaml.safe_load((EXAMPLES[0].parent / "grpo_tiny.yaml").read_text())
     assert TrainJob.model_validate(DEMO_JOB) == TrainJob.model_validate(example)

@@ -32,7 +32,7 @@ def test_command_line_overrides_and_rejects_bad_values():
 
 def test_entry_point_and_shared_modules_do_not_import_torch():
     code = (
-        "import sys, crucible_generator.__main__, crucible_shared.models, crucible_shared.generator_client;"
+        "import sys, crucible_generator.__main__, crucible_models, crucible_shared.generator_client;"
         "assert 'torch' not in sys.modules, 'torch imported';"
         "assert 'transformers' not in sys.modules, 'transformers imported'"
     )

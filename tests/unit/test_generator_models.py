@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from crucible_shared import models
+import crucible_models as models
 
 
 def test_other_names_pass_through(monkeypatch, tmp_path):

@@ -9,8 +9,9 @@ import pytest
 import torch
 from crucible_shared.jobs import SRRLConfig
 from crucible_shared.sandbox import RunResult
-from crucible_trainer.rl import advantages, losses, rewards, srrl
-from crucible_trainer.rl.grpo import assign_group_advantages
+from crucible_trainer.methods import srrl
+from crucible_trainer.methods.groups import assign_group_advantages
+from crucible_trainer.rl import advantages, losses, rewards
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig, update
 

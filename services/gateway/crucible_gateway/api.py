@@ -1,47 +1,78 @@
-"""HTTP routes of the gateway (thin: the logic lives in `service`)."""
+"""HTTP routes of the gateway (thin: the logic lives in `service`).
+
+API keys are checked by middleware before a body is read, and bodies are capped while they are
+read. Event streams are served from an asyncio Redis client: an open stream costs a connection,
+never a thread, so any number of watchers leave the other routes responsive.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import contextlib
 import json
+import logging
+import re
 from contextlib import asynccontextmanager
 from typing import Annotated
 
 import redis
-from crucible_shared.http import ERROR_RESPONSES, ApiError, error_body, install_error_handlers
+import redis.asyncio
+from crucible_shared.gateway_protocol import AdapterList, ArtifactList, JobCreated, JobList
+from crucible_shared.http import (
+    ERROR_RESPONSES,
+    ApiError,
+    BearerAuth,
+    BodyLimit,
+    error_body,
+    install_error_handlers,
+)
 from crucible_shared.jobs import JobSpec
-from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from crucible_shared.lifecycle import FINAL, JOB_ID_PATTERN, JobRecord, JobStatus
+from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
-from crucible_gateway.protocol import (
-    FINAL,
-    AdapterList,
-    ArtifactList,
-    JobCreated,
-    JobList,
-    JobStatus,
-    JobView,
-)
 from crucible_gateway.service import GatewayService
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
 
+log = logging.getLogger(__name__)
 SUBMITTED = Counter("crucible_gateway_jobs_submitted_total", "Jobs accepted, by kind.", ["kind"])
+STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+JobId = Annotated[str, Path(description="A job id.", pattern=JOB_ID_PATTERN, max_length=128)]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3)
-    store = JobStore(client, settings.train_job_timeout_s, settings.eval_job_timeout_s)
+    store = JobStore(
+        redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
+        redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
+        {
+            "train": settings.train_job_timeout_s,
+            "eval": settings.eval_job_timeout_s,
+            "pipeline": settings.train_job_timeout_s,
+        },
+    )
     service = GatewayService(settings, store)
+
+    async def reaper() -> None:
+        while True:
+            await asyncio.sleep(settings.reap_interval_s)
+            try:
+                for job_id, status in await service.reap():
+                    log.warning("job %s lost its worker: now %s", job_id, status.value)
+            except Exception as exc:  # a Redis blip must not stop the reaper
+                log.warning("reaping failed: %r", exc)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        task = asyncio.create_task(reaper())
         yield
-        client.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await store.close()
 
     app = FastAPI(
         title="Crucible gateway",
@@ -51,6 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service = service
     install_error_handlers(app)
+    # Outermost first: authenticate, then cap the body.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BearerAuth, keys=settings.api_keys)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
@@ -62,21 +96,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
-    def api_key(request: Request) -> None:
-        if not settings.api_keys:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(
-                401,
-                "missing API key: send `Authorization: Bearer <key>`",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not any(hmac.compare_digest(k.encode(), token.encode()) for k in settings.api_keys):
-            raise ApiError(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
-
-    auth = [Depends(api_key)]
-
     def base(request: Request) -> str:
         return str(request.base_url).rstrip("/")
 
@@ -85,7 +104,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         status_code=202,
         response_model=JobCreated,
         responses=ERROR_RESPONSES,
-        dependencies=auth,
         summary="Submit a train or eval job",
     )
     async def submit(
@@ -93,70 +111,63 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         spec: Annotated[JobSpec, Body(description="A `train` or `eval` job spec.")],
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> JSONResponse:
-        job_id, created = await asyncio.to_thread(service.submit, spec, idempotency_key)
-        view = await asyncio.to_thread(service.view, job_id, False)
+        job_id, created = await service.submit(spec, idempotency_key)
+        record = await service.view(job_id, False)
         if created:
             SUBMITTED.labels(spec.kind).inc()
         url = f"{base(request)}/v1/jobs/{job_id}"
-        body = JobCreated(id=job_id, status=view.status, location=url, events=f"{url}/events")
+        body = JobCreated(id=job_id, status=record.status, location=url, events=f"{url}/events")
         return JSONResponse(
             body.model_dump(mode="json"), status_code=202 if created else 200, headers={"Location": url}
         )
 
-    @app.get(
-        "/v1/jobs",
-        response_model=JobList,
-        responses=ERROR_RESPONSES,
-        dependencies=auth,
-        summary="List jobs, newest first",
-    )
+    @app.get("/v1/jobs", response_model=JobList, responses=ERROR_RESPONSES, summary="List jobs, newest first")
     async def list_jobs(
         status: JobStatus | None = None,
-        kind: Annotated[str | None, Query(pattern="^(train|eval)$")] = None,
+        kind: Annotated[str | None, Query(pattern="^(train|eval|pipeline)$")] = None,
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> JobList:
-        jobs, total = await asyncio.to_thread(service.list, status, kind, offset, limit)
+        jobs, total = await service.list(status, kind, offset, limit)
         return JobList(jobs=jobs, total=total, offset=offset, limit=limit)
 
     @app.get(
-        "/v1/jobs/{job_id}",
-        response_model=JobView,
-        responses={404: ERROR_RESPONSES[422] | {"description": "unknown job"}},
-        dependencies=auth,
+        "/v1/jobs/{job_id}", response_model=JobRecord, responses=ERROR_RESPONSES | {404: ERROR_RESPONSES[422]}
     )
-    async def get_job(job_id: str) -> JobView:
-        return await asyncio.to_thread(service.view, job_id)
+    async def get_job(job_id: JobId) -> JobRecord:
+        return await service.view(job_id)
 
-    @app.post(
-        "/v1/jobs/{job_id}/cancel", response_model=JobView, dependencies=auth, summary="Ask a job to stop"
-    )
-    async def cancel(job_id: str) -> JobView:
-        return await asyncio.to_thread(service.cancel, job_id)
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobRecord, summary="Ask a job to stop")
+    async def cancel(job_id: JobId) -> JobRecord:
+        return await service.cancel(job_id)
 
     @app.post(
         "/v1/jobs/{job_id}/retry",
-        response_model=JobView,
-        dependencies=auth,
+        response_model=JobRecord,
         summary="Run a failed or cancelled job again (resumes from its checkpoint)",
     )
-    async def retry(job_id: str) -> JobView:
-        return await asyncio.to_thread(service.retry, job_id)
+    async def retry(job_id: JobId) -> JobRecord:
+        return await service.retry(job_id)
 
     @app.get(
         "/v1/jobs/{job_id}/events",
-        dependencies=auth,
         summary="Server-Sent Events from the job's stream (resumable with Last-Event-ID)",
     )
-    async def events(job_id: str, request: Request, last_event_id: Annotated[str | None, Header()] = None):
-        await asyncio.to_thread(service.view, job_id, False)
+    async def events(job_id: JobId, request: Request, last_event_id: Annotated[str | None, Header()] = None):
+        if last_event_id is not None and not STREAM_ID.match(last_event_id):
+            raise ApiError(
+                422,
+                "Last-Event-ID must be an event id this stream sent (like 1700000000000-0)",
+                field="Last-Event-ID",
+            )
+        await service.view(job_id, False)
 
         async def stream():
             last = last_event_id or "0-0"
             while True:
                 if await request.is_disconnected():
                     return
-                found = await asyncio.to_thread(store.events_after, job_id, last, 1000)
+                found = await store.events_after(job_id, last, 1000)
                 for entry_id, data in found:
                     last = entry_id
                     yield {
@@ -165,9 +176,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                         "data": json.dumps(data),
                     }
                 if not found:
-                    view = await asyncio.to_thread(service.view, job_id, False)
-                    if view.status in FINAL:
-                        yield {"event": "end", "data": json.dumps({"status": view.status.value})}
+                    record = await store.get(job_id)
+                    if record is None or record.status in FINAL:
+                        status = record.status.value if record else "gone"
+                        yield {"event": "end", "data": json.dumps({"status": status})}
                         return
 
         return EventSourceResponse(stream(), ping=15)
@@ -175,28 +187,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get(
         "/v1/jobs/{job_id}/artifacts",
         response_model=ArtifactList,
-        dependencies=auth,
         summary="Reports, metrics and adapters of a job",
     )
-    async def artifacts(job_id: str, request: Request) -> ArtifactList:
-        return ArtifactList(
-            job_id=job_id, artifacts=await asyncio.to_thread(service.artifacts, job_id, base(request))
-        )
+    async def artifacts(job_id: JobId, request: Request) -> ArtifactList:
+        root = await service.run_dir(job_id)
+        found = await asyncio.to_thread(service.artifacts, root, job_id, base(request))
+        return ArtifactList(job_id=job_id, artifacts=found)
 
-    @app.get("/v1/jobs/{job_id}/artifacts/{path:path}", dependencies=auth, summary="Download one artifact")
-    async def artifact(job_id: str, path: str) -> FileResponse:
-        return FileResponse(await asyncio.to_thread(service.artifact_path, job_id, path))
+    @app.get("/v1/jobs/{job_id}/artifacts/{path:path}", summary="Download one artifact")
+    async def artifact(job_id: JobId, path: str) -> FileResponse:
+        root = await service.run_dir(job_id)
+        return FileResponse(await asyncio.to_thread(service.artifact_path, root, job_id, path))
 
-    @app.get(
-        "/v1/adapters", response_model=AdapterList, dependencies=auth, summary="Adapter versions in the store"
-    )
+    @app.get("/v1/adapters", response_model=AdapterList, summary="Adapter versions in the store")
     async def adapters() -> AdapterList:
         return AdapterList(adapters=await asyncio.to_thread(service.adapters))
 
     @app.get("/health", summary="Liveness and Redis reachability")
     async def health() -> JSONResponse:
         try:
-            await asyncio.to_thread(store.ping)
+            await store.ping()
         except redis.exceptions.RedisError as exc:
             return JSONResponse(
                 {"status": "degraded", "redis": False, "error": str(exc)[:200]}, status_code=503

@@ -1,126 +1,200 @@
-"""Gateway logic, independent of HTTP: submit, view, list, cancel, retry, artifacts, adapters."""
+"""Gateway logic, independent of HTTP: submit, view, list, cancel, retry, reap, artifacts, adapters.
+
+Reads never write. A job whose worker went silent is moved on by `reap`, an explicit transition
+the app runs on a timer: back to the queue (resuming from its checkpoint) while it has attempts
+left, else `failed` with a retry hint.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import stat
 import time
 from pathlib import Path
-from typing import Any
 
+from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import EvalJob, TrainJob
+from crucible_shared.lifecycle import FINAL, JobRecord, JobStatus, valid_job_id
+from crucible_shared.paths import PathOutsideRoots
 
-from crucible_gateway.protocol import FINAL, AdapterView, Artifact, JobStatus, JobView
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+def check_job_id(job_id: str) -> None:
+    if not valid_job_id(job_id):
+        raise ApiError(
+            422, f"{job_id[:80]!r} is not a job id (letters, digits, `_`, `.`, `-`)", field="job_id"
+        )
 
 
 class GatewayService:
     def __init__(self, settings: Settings, store: JobStore) -> None:
         self.settings, self.store = settings, store
+        self.roots = settings.path_roots()
 
-    def submit(self, spec: TrainJob | EvalJob, idempotency_key: str | None) -> tuple[str, bool]:
-        return self.store.submit(spec.kind, spec.model_dump(mode="json"), spec.name, idempotency_key)
+    # -- jobs -------------------------------------------------------------------------------------
+    async def submit(self, spec: TrainJob | EvalJob, idempotency_key: str | None) -> tuple[str, bool]:
+        try:
+            self.roots.check(spec)
+        except PathOutsideRoots as exc:
+            raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
+        attempts = spec.max_attempts or self.settings.max_attempts
+        payload = spec.model_dump(mode="json")
+        job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
+        if created:
+            await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
+        return job_id, created
 
-    def view(self, job_id: str, with_spec: bool = True) -> JobView:
-        record = self.store.get(job_id)
+    async def view(self, job_id: str, with_spec: bool = True) -> JobRecord:
+        check_job_id(job_id)
+        record = await self.store.get(job_id)
         if record is None:
             raise ApiError(404, f"no job {job_id!r}", field="job_id")
-        record = self._reconcile(record)
-        data = {k: v for k, v in record.items() if k in JobView.model_fields}
-        if not with_spec:
-            data.pop("spec", None)
-        data["name"] = data.get("name") or None
-        data["error"] = data.get("error") or None
-        for key in ("started_at", "finished_at"):
-            if not isinstance(data.get(key), int | float):
-                data[key] = None
-        return JobView.model_validate(data)
+        return record if with_spec else record.model_copy(update={"spec": None})
 
-    def _reconcile(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A running job whose worker went silent is failed, never "running" forever."""
-        status = record.get("status")
-        if status == "running":
-            beat = record.get("heartbeat_at") or record.get("started_at") or record.get("created_at")
-            if isinstance(beat, int | float) and time.time() - beat > self.settings.heartbeat_timeout_s:
-                step = record.get("step")
-                where = f" at step {step}" if step not in (None, "") else ""
-                error = (
-                    f"the worker stopped reporting{where} (killed or crashed); "
-                    f"POST /v1/jobs/{record['id']}/retry resumes from the last checkpoint"
-                )
-                self.store.update(record["id"], status="failed", error=error, finished_at=time.time())
-                record.update(status="failed", error=error)
-        elif status == "queued":
-            rq = self.store.rq_status(record["id"])
-            if rq in ("failed", "stopped"):
-                error = "the job failed before it started (see the worker log)"
-                self.store.update(record["id"], status="failed", error=error, finished_at=time.time())
-                record.update(status="failed", error=error)
-        return record
-
-    def list(
+    async def list(
         self, status: JobStatus | None, kind: str | None, offset: int, limit: int
-    ) -> tuple[list[JobView], int]:
-        if status is None and kind is None:
-            ids, total = self.store.list_ids(offset, limit)
-            return [self.view(i, with_spec=False) for i in ids], total
-        matching = []
-        for job_id in self.store.all_ids():
-            view = self.view(job_id, with_spec=False)
-            if (status is None or view.status == status) and (kind is None or view.kind == kind):
-                matching.append(view)
-        return matching[offset : offset + limit], len(matching)
+    ) -> tuple[list[JobRecord], int]:
+        if kind is None:
+            ids, total = await self.store.page(status, offset, limit)
+            records = await self.store.get_many(ids)
+        else:
+            # Kinds are few; records of one status (or all) are filtered by kind in one pipeline.
+            matching = [r for r in await self.store.get_many(await self.store.ids(status)) if r.kind == kind]
+            records, total = matching[offset : offset + limit], len(matching)
+        return [r.model_copy(update={"spec": None}) for r in records], total
 
-    def cancel(self, job_id: str) -> JobView:
-        view = self.view(job_id)
-        if view.status in FINAL:
-            raise ApiError(409, f"job {job_id} already {view.status.value}", field="job_id", code="conflict")
-        self.store.request_cancel(job_id)
-        if view.status == JobStatus.queued and self.store.cancel_queued(job_id):
-            self.store.update(job_id, status="cancelled", finished_at=time.time())
-        return self.view(job_id)
+    async def cancel(self, job_id: str) -> JobRecord:
+        record = await self.view(job_id)
+        if record.status in FINAL:
+            raise ApiError(
+                409, f"job {job_id} already {record.status.value}", field="job_id", code="conflict"
+            )
+        await self.store.request_cancel(job_id)
+        if record.status == JobStatus.queued and await asyncio.to_thread(self.store.cancel_queued, job_id):
+            await self.store.transition(
+                job_id, JobStatus.cancelled, allowed_from={JobStatus.queued}, finished_at=time.time()
+            )
+        return await self.view(job_id)
 
-    def retry(self, job_id: str) -> JobView:
-        view = self.view(job_id)
-        if view.status not in (JobStatus.failed, JobStatus.cancelled):
+    async def retry(self, job_id: str) -> JobRecord:
+        record = await self.view(job_id)
+        if record.status not in (JobStatus.failed, JobStatus.cancelled):
             raise ApiError(
                 409,
-                f"only failed or cancelled jobs can be retried; {job_id} is {view.status.value}",
+                f"only failed or cancelled jobs can be retried; {job_id} is {record.status.value}",
                 field="job_id",
+                code="conflict",
             )
-        record = self.store.get(job_id)
-        assert record is not None
-        self.store.retry(job_id, record)
-        return self.view(job_id)
+        await self.store.clear_cancel(job_id)
+        changed, now = await self.store.transition(
+            job_id,
+            JobStatus.queued,
+            allowed_from={JobStatus.failed, JobStatus.cancelled},
+            attempts=record.attempts + 1,
+            max_attempts=max(record.max_attempts, record.attempts + 1),
+            error=None,
+            finished_at=None,
+        )
+        if not changed:
+            raise ApiError(
+                409, f"job {job_id} is {now.value if now else 'gone'}", field="job_id", code="conflict"
+            )
+        await asyncio.to_thread(self.store.enqueue, record.kind, job_id, record.spec or {})
+        return await self.view(job_id)
+
+    async def reap(self, now: float | None = None) -> list[tuple[str, JobStatus]]:
+        """Move on jobs whose worker is gone; returns (job id, new status) of each change."""
+        now = time.time() if now is None else now
+        cutoff = now - self.settings.heartbeat_timeout_s
+        changes: list[tuple[str, JobStatus]] = []
+        for record in await self.store.get_many(await self.store.ids(JobStatus.running)):
+            beat = record.heartbeat_at or record.started_at or record.created_at
+            if beat >= cutoff:
+                continue
+            where = f" at step {record.step}" if record.step else ""
+            lost = f"the worker running it stopped reporting{where} (killed or crashed)"
+            if record.attempts < record.max_attempts:
+                attempt = record.attempts + 1
+                changed, _ = await self.store.transition(
+                    record.id,
+                    JobStatus.queued,
+                    allowed_from={JobStatus.running},
+                    stale_before=cutoff,
+                    attempts=attempt,
+                    error=f"{lost}; retried automatically (attempt {attempt} of {record.max_attempts})",
+                )
+                if changed:
+                    await asyncio.to_thread(self.store.enqueue, record.kind, record.id, record.spec or {})
+                    await self.store.emit(record.id, "requeued", attempt=attempt, reason=lost)
+                    changes.append((record.id, JobStatus.queued))
+            else:
+                error = f"{lost}; POST /v1/jobs/{record.id}/retry resumes from the last checkpoint"
+                changed, _ = await self.store.transition(
+                    record.id,
+                    JobStatus.failed,
+                    allowed_from={JobStatus.running},
+                    stale_before=cutoff,
+                    error=error,
+                    finished_at=now,
+                )
+                if changed:
+                    await self.store.emit(record.id, "status", status="failed", error=error)
+                    changes.append((record.id, JobStatus.failed))
+        queued = await self.store.ids(JobStatus.queued)
+        for job_id, rq in (await self.store.rq_statuses(queued)).items():
+            if rq in ("failed", "stopped"):
+                error = "the job failed before it started (see the worker log)"
+                changed, _ = await self.store.transition(
+                    job_id, JobStatus.failed, allowed_from={JobStatus.queued}, error=error, finished_at=now
+                )
+                if changed:
+                    changes.append((job_id, JobStatus.failed))
+        return changes
 
     # -- files ------------------------------------------------------------------------------------
-    def run_dir(self, job_id: str) -> Path:
-        self.view(job_id, with_spec=False)
+    async def run_dir(self, job_id: str) -> Path:
+        await self.view(job_id, with_spec=False)
         return Path(self.settings.runs_dir) / job_id
 
-    def artifacts(self, job_id: str, base_url: str) -> list[Artifact]:
-        root = self.run_dir(job_id)
-        if not root.exists():
+    def artifacts(self, root: Path, job_id: str, base_url: str) -> list[Artifact]:
+        """Regular files under the run dir; links are neither followed nor listed."""
+        if not root.is_dir():
             return []
         out = []
-        for path in sorted(
-            p
-            for p in root.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-        ):
-            rel = path.relative_to(root).as_posix()
-            out.append(
-                Artifact(
-                    path=rel, size=path.stat().st_size, url=f"{base_url}/v1/jobs/{job_id}/artifacts/{rel}"
+        for folder, dirs, files in os.walk(root, followlinks=False):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(files):
+                path = Path(folder) / name
+                info = path.lstat()
+                if name.startswith(".") or not stat.S_ISREG(info.st_mode):
+                    continue
+                rel = path.relative_to(root).as_posix()
+                out.append(
+                    Artifact(path=rel, size=info.st_size, url=f"{base_url}/v1/jobs/{job_id}/artifacts/{rel}")
                 )
-            )
-        return out
+        return sorted(out, key=lambda a: a.path)
 
-    def artifact_path(self, job_id: str, rel: str) -> Path:
-        root = self.run_dir(job_id).resolve()
-        target = (root / rel).resolve()
-        if root not in target.parents or not target.is_file():
-            raise ApiError(404, f"no artifact {rel!r} for job {job_id}", field="path")
+    def artifact_path(self, root: Path, job_id: str, rel: str) -> Path:
+        """The file `rel` names under the run dir: a regular file reached without links."""
+        missing = ApiError(404, f"no artifact {rel[:200]!r} for job {job_id}", field="path")
+        if "\x00" in rel or not rel:
+            raise missing
+        target = root / rel
+        try:
+            real_root = root.resolve(strict=True)
+            if target.resolve(strict=True) != real_root / Path(os.path.normpath(rel)):
+                raise missing  # a link somewhere on the way, or `..`
+            if not stat.S_ISREG(target.lstat().st_mode):
+                raise missing
+        except (OSError, ValueError):
+            raise missing from None
         return target
 
     def adapters(self) -> list[AdapterView]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from crucible_shared.paths import PathRoots
 from crucible_shared.settings import check_api_keys, split_csv
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -28,9 +29,24 @@ class Settings(BaseSettings):
     train_job_timeout_s: int = Field(7 * 24 * 3600, ge=60, description="RQ job_timeout of train jobs.")
     eval_job_timeout_s: int = Field(24 * 3600, ge=60, description="RQ job_timeout of eval jobs.")
     heartbeat_timeout_s: float = Field(
-        60.0, gt=0, description="A running job silent this long is marked failed."
+        60.0, gt=0, description="A running job silent this long has lost its worker (see max_attempts)."
+    )
+    reap_interval_s: float = Field(5.0, gt=0, description="How often silent jobs are looked for.")
+    max_attempts: int = Field(
+        2,
+        ge=1,
+        le=10,
+        description="Runs of a job when its worker is lost (resumed from the last checkpoint), unless "
+        "its spec says otherwise; 1 turns automatic retries off.",
+    )
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest request body accepted (job specs are small)."
     )
     production: bool = Field(False, description="Refuse to start without API keys.")
+
+    def path_roots(self) -> PathRoots:
+        """Where submitted jobs may read files (`CRUCIBLE_*_ROOTS`, plus the adapter store and runs)."""
+        return PathRoots().with_adapter_dirs(self.adapter_dir, self.runs_dir)
 
     @field_validator("api_keys", mode="before")
     @classmethod

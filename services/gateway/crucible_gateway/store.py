@@ -1,37 +1,37 @@
-"""Job records in Redis and their RQ jobs.
+"""Job records in Redis and their RQ jobs: the gateway's half of `crucible_shared.lifecycle`.
 
-A record is a hash `crucible:job:<id>` (see `crucible_shared.keys`); submission order is a sorted
-set. Jobs go to the RQ queue of their kind with the JSON serializer, enqueued by dotted path so
-the gateway never imports the trainer.
+Records, indexes, cancel flags and event streams go through an asyncio Redis client, so open
+event streams never hold a thread. RQ is synchronous: enqueueing and RQ's own job state use a
+plain client, from a thread. Jobs are enqueued by dotted path with the JSON serializer, so the
+gateway never imports the trainer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from typing import Any
 
 from crucible_shared import keys
+from crucible_shared.lifecycle import (
+    JOB_FUNCTION,
+    QUEUES,
+    JobRecord,
+    JobStatus,
+    encode_fields,
+    transition_command,
+    transition_result,
+)
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-JOB_FUNCTION = "crucible_trainer.jobs.run_job"
-_JSON_FIELDS = (
-    "metrics",
-    "summary",
-    "spec",
-    "started_at",
-    "finished_at",
-    "created_at",
-    "step",
-    "total_steps",
-    "attempts",
-    "heartbeat_at",
-)
+_TTL_S = 7 * 24 * 3600
 
 
 def new_job_id(kind: str) -> str:
@@ -39,101 +39,123 @@ def new_job_id(kind: str) -> str:
 
 
 class JobStore:
-    def __init__(self, redis: Redis, train_timeout: int, eval_timeout: int) -> None:
-        self.redis = redis
-        self.timeouts = {"train": train_timeout, "eval": eval_timeout}
+    def __init__(self, redis: AsyncRedis, rq_redis: Redis, timeouts: dict[str, int]) -> None:
+        self.redis, self.rq_redis, self.timeouts = redis, rq_redis, timeouts
         self.queues = {
-            kind: Queue(kind, connection=redis, serializer=JSONSerializer) for kind in ("train", "eval")
+            name: Queue(name, connection=rq_redis, serializer=JSONSerializer) for name in set(QUEUES.values())
         }
 
-    def ping(self) -> bool:
-        return bool(self.redis.ping())
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        self.rq_redis.close()
 
     # -- records ------------------------------------------------------------------------------
-    def get(self, job_id: str) -> dict[str, Any] | None:
-        raw = self.redis.hgetall(keys.job(job_id))
-        if not raw:
-            return None
-        out: dict[str, Any] = {"id": job_id}
-        for k, v in raw.items():
-            key, value = k.decode(), v.decode()
-            if key in _JSON_FIELDS:
-                try:
-                    value = json.loads(value)
-                except ValueError:
-                    pass
-            out[key] = value
-        return out
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = await self.redis.hgetall(keys.job(job_id))
+        return JobRecord.from_redis(job_id, raw) if raw else None
 
-    def update(self, job_id: str, **fields: Any) -> None:
-        mapping = {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in fields.items()}
-        self.redis.hset(keys.job(job_id), mapping=mapping)
+    async def get_many(self, ids: list[str]) -> list[JobRecord]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id))
+        raws = await pipe.execute()
+        return [JobRecord.from_redis(i, raw) for i, raw in zip(ids, raws, strict=True) if raw]
 
-    def list_ids(self, offset: int, limit: int) -> tuple[list[str], int]:
-        total = self.redis.zcard(keys.jobs_index())
-        ids = self.redis.zrevrange(keys.jobs_index(), offset, offset + limit - 1)
+    async def page(self, status: JobStatus | None, offset: int, limit: int) -> tuple[list[str], int]:
+        """Ids newest first, of all jobs or of one status (from the status index: no scan)."""
+        index = keys.status_index(status.value) if status else keys.jobs_index()
+        total = await self.redis.zcard(index)
+        ids = await self.redis.zrevrange(index, offset, offset + limit - 1)
         return [i.decode() for i in ids], total
 
-    def all_ids(self) -> list[str]:
-        return [i.decode() for i in self.redis.zrevrange(keys.jobs_index(), 0, -1)]
+    async def ids(self, status: JobStatus | None) -> list[str]:
+        index = keys.status_index(status.value) if status else keys.jobs_index()
+        return [i.decode() for i in await self.redis.zrevrange(index, 0, -1)]
+
+    async def transition(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        allowed_from: set[JobStatus] | frozenset[JobStatus] | None = None,
+        stale_before: float | None = None,
+        **fields: Any,
+    ) -> tuple[bool, JobStatus | None]:
+        """Atomic check-and-set (see `crucible_shared.lifecycle`); (changed, status if refused)."""
+        reply = await self.redis.eval(
+            *transition_command(
+                job_id, status, allowed_from=allowed_from, stale_before=stale_before, **fields
+            )
+        )
+        return transition_result(reply)
 
     # -- submission ----------------------------------------------------------------------------
-    def submit(
-        self, kind: str, spec: dict[str, Any], name: str | None, idempotency_key: str | None
+    async def create(
+        self,
+        kind: str,
+        spec: dict[str, Any],
+        name: str | None,
+        idempotency_key: str | None,
+        max_attempts: int,
     ) -> tuple[str, bool]:
-        """Create the record and enqueue; returns (job id, created). A repeated Idempotency-Key returns the first job."""
+        """Write the record and its indexes; returns (job id, created). A repeated
+        Idempotency-Key returns the first job. The caller enqueues it."""
         job_id = new_job_id(kind)
         if idempotency_key:
-            claimed = self.redis.set(keys.idempotency(idempotency_key), job_id, nx=True, ex=24 * 3600)
+            claimed = await self.redis.set(keys.idempotency(idempotency_key), job_id, nx=True, ex=24 * 3600)
             if not claimed:
-                existing = self.redis.get(keys.idempotency(idempotency_key))
-                if existing and self.get(existing.decode()) is not None:
+                existing = await self.redis.get(keys.idempotency(idempotency_key))
+                if existing and await self.redis.exists(keys.job(existing.decode())):
                     return existing.decode(), False
                 # The first attempt died between claiming and creating: take the key over.
-                self.redis.set(keys.idempotency(idempotency_key), job_id, ex=24 * 3600)
+                await self.redis.set(keys.idempotency(idempotency_key), job_id, ex=24 * 3600)
         now = time.time()
-        self.update(
-            job_id, kind=kind, name=name or "", status="queued", created_at=now, spec=spec, attempts=1
+        record = JobRecord(
+            id=job_id,
+            kind=kind,
+            name=name,
+            status=JobStatus.queued,
+            created_at=now,
+            spec=spec,
+            max_attempts=max_attempts,
         )
-        self.redis.zadd(keys.jobs_index(), {job_id: now})
-        self._enqueue(kind, job_id, spec)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.job(job_id), mapping=encode_fields(record.model_dump(exclude={"id"})))
+        pipe.zadd(keys.jobs_index(), {job_id: now})
+        pipe.zadd(keys.status_index(JobStatus.queued.value), {job_id: now})
+        await pipe.execute()
         return job_id, True
 
-    def _enqueue(self, kind: str, job_id: str, spec: dict[str, Any]) -> None:
-        self.queues[kind].enqueue(
+    def enqueue(self, kind: str, job_id: str, spec: dict[str, Any]) -> None:
+        """Put the job on its RQ queue (again: an earlier RQ job of the same id is replaced)."""
+        try:
+            Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer).delete()
+        except NoSuchJobError:
+            pass
+        self.queues[QUEUES[kind]].enqueue(
             JOB_FUNCTION,
             job_id,
             spec,
             job_id=job_id,
             job_timeout=self.timeouts[kind],
-            result_ttl=7 * 24 * 3600,
-            failure_ttl=7 * 24 * 3600,
+            result_ttl=_TTL_S,
+            failure_ttl=_TTL_S,
         )
-
-    def retry(self, job_id: str, record: dict[str, Any]) -> None:
-        """Enqueue a failed or cancelled job again under the same id (the trainer resumes from its checkpoint)."""
-        self.redis.delete(keys.cancel(job_id))
-        try:
-            Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer).delete()
-        except NoSuchJobError:
-            pass
-        self.update(
-            job_id,
-            status="queued",
-            error="",
-            finished_at="null",
-            attempts=int(record.get("attempts") or 1) + 1,
-        )
-        self._enqueue(record["kind"], job_id, record["spec"])
 
     # -- cancel ---------------------------------------------------------------------------------
-    def request_cancel(self, job_id: str) -> None:
-        self.redis.set(keys.cancel(job_id), "1", ex=7 * 24 * 3600)
+    async def request_cancel(self, job_id: str) -> None:
+        await self.redis.set(keys.cancel(job_id), "1", ex=_TTL_S)
+
+    async def clear_cancel(self, job_id: str) -> None:
+        await self.redis.delete(keys.cancel(job_id))
 
     def cancel_queued(self, job_id: str) -> bool:
-        """Cancel an RQ job that has not started; False if it already started."""
+        """Take an RQ job that has not started off its queue; False if it already started."""
         try:
-            job = Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer)
+            job = Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer)
         except NoSuchJobError:
             return False
         if job.get_status(refresh=True) in ("queued", "deferred", "scheduled"):
@@ -143,15 +165,23 @@ class JobStore:
 
     def rq_status(self, job_id: str) -> str | None:
         try:
-            return str(
-                Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer).get_status(refresh=True)
-            )
+            job = Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer)
+            return str(job.get_status(refresh=True))
         except NoSuchJobError:
             return None
 
+    async def rq_statuses(self, ids: list[str]) -> dict[str, str | None]:
+        return {i: await asyncio.to_thread(self.rq_status, i) for i in ids}
+
     # -- events ---------------------------------------------------------------------------------
-    def events_after(self, job_id: str, last_id: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
-        found = self.redis.xread({keys.events(job_id): last_id}, count=100, block=block_ms)
+    async def emit(self, job_id: str, kind: str, **data: Any) -> None:
+        record = {"type": kind, "time": time.time(), **data}
+        await self.redis.xadd(keys.events(job_id), {"data": json.dumps(record, default=str)}, maxlen=10_000)
+
+    async def events_after(
+        self, job_id: str, last_id: str, block_ms: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        found = await self.redis.xread({keys.events(job_id): last_id}, count=100, block=block_ms)
         out = []
         for _stream, entries in found or []:
             for entry_id, fields in entries:

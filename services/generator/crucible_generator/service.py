@@ -359,7 +359,7 @@ def _utf8(text: str) -> list[int]:
 def build_service(settings: Settings) -> GeneratorService:
     """Load the model named by `settings`, start an engine on it and wrap it in a service."""
     import torch
-    from crucible_shared.models import load_model, resolve_model_path
+    from crucible_models import load_model, resolve_model_path
 
     if settings.threads:
         torch.set_num_threads(settings.threads)

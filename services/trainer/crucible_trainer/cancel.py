@@ -1,12 +1,13 @@
-"""Cooperative cancellation: a Redis flag (or Ctrl-C in direct mode) the job loop races against."""
+"""Cooperative cancellation: the job channel's cancel flag (Redis, or Ctrl-C in-process), polled
+from a task the job loop races its awaits against."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from crucible_shared import keys
+from crucible_trainer.channel import JobChannel
 
 T = TypeVar("T")
 
@@ -16,19 +17,20 @@ class Cancelled(Exception):
 
 
 class CancelToken:
-    def __init__(self, redis: Any = None, job_id: str | None = None, poll_s: float = 1.0) -> None:
-        self.redis, self.job_id, self.poll_s = redis, job_id, poll_s
+    def __init__(self, channel: JobChannel | None = None, poll_s: float = 1.0) -> None:
+        self.channel, self.poll_s = channel, poll_s
         self.event = asyncio.Event()
         self._watcher: asyncio.Task | None = None
 
     def start(self) -> None:
-        if self.redis is not None and self.job_id:
+        if self.channel is not None:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _watch(self) -> None:
+        assert self.channel is not None
         while not self.event.is_set():
             try:
-                if await asyncio.to_thread(self.redis.exists, keys.cancel(self.job_id)):
+                if await asyncio.to_thread(self.channel.cancel_requested):
                     self.event.set()
                     return
             except Exception:

@@ -1,45 +1,104 @@
-"""Where a job's progress goes: its Redis stream, `metrics.jsonl` in its run dir, and W&B."""
+"""Where a job's story goes: its channel (event stream), files in its run dir, and W&B.
+
+* `metrics.jsonl`: one row per training step, plus one per evaluation (`eval/pass@1`,
+  `eval/problems_passed` at the step it ran), so interval evaluations form a time series.
+* `rollouts/step-NNNNNN.jsonl`: every sample of a step (problem id, phase, prompt hash,
+  completion, reward, status, first failure message), and a W&B table of them when W&B is on.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from crucible_shared import keys
+from crucible_trainer.channel import JobChannel
 
 log = logging.getLogger(__name__)
-STREAM_MAXLEN = 10_000
+
+
+def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
+    """One sample as a rollouts-file row (the prompt by the hash of its token ids)."""
+    result = sample.result
+    prompt = ",".join(map(str, sample.prompt_ids)).encode()
+    return {
+        "step": step,
+        "problem_id": task_id,
+        "phase": sample.phase,
+        "group": sample.group,
+        "prompt_hash": hashlib.sha256(prompt).hexdigest()[:16],
+        "completion": sample.text,
+        "reward": sample.reward,
+        "advantage": sample.advantage,
+        "status": result.status.value if result is not None else None,
+        "tests_passed": result.passed if result is not None else None,
+        "tests_total": result.total if result is not None else None,
+        "message": result.message if result is not None else "",
+        "tokens": len(sample.completion_ids),
+        "finish_reason": sample.finish_reason,
+    }
 
 
 class EventSink:
-    def __init__(self, job_id: str, run_dir: Path, redis: Any = None, wandb_run: Any = None) -> None:
-        self.job_id, self.run_dir, self.redis, self.wandb_run = job_id, run_dir, redis, wandb_run
+    def __init__(self, channel: JobChannel, run_dir: Path, wandb_run: Any = None) -> None:
+        self.channel, self.run_dir, self.wandb_run = channel, run_dir, wandb_run
         run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.rollouts_dir = run_dir / "rollouts"
 
     def emit(self, kind: str, **data: Any) -> None:
         """Append an event to the job's stream (and log it)."""
-        record = {"type": kind, "time": time.time(), **data}
-        if self.redis is not None:
-            try:
-                self.redis.xadd(
-                    keys.events(self.job_id), {"data": json.dumps(record, default=str)}, maxlen=STREAM_MAXLEN
-                )
-            except Exception as exc:  # progress reporting must never kill a training run
-                log.warning("could not publish event: %r", exc)
+        self.channel.emit(kind, **data)
         log.info("%s %s", kind, json.dumps(data, default=str)[:500])
 
-    def metrics(self, step: int, values: dict[str, float]) -> None:
-        row = {"step": step, **values}
+    def _append(self, row: dict[str, Any]) -> None:
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, default=str) + "\n")
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._append({"step": step, **values})
         if self.wandb_run is not None:
             self.wandb_run.log(values, step=step)
         self.emit("metrics", step=step, metrics=values)
+
+    def eval_point(self, step: int, label: str, summary: dict[str, Any]) -> None:
+        """An evaluation as a point of the time series (`eval/<metric>` at `step`)."""
+        values = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, int | float) and v is not None}
+        self._append({"step": step, "eval_label": label, **values})
+        if self.wandb_run is not None:
+            self.wandb_run.log(values, step=step)
+
+    def rollouts(self, step: int, rows: list[dict[str, Any]]) -> Path:
+        self.rollouts_dir.mkdir(parents=True, exist_ok=True)
+        path = self.rollouts_dir / f"step-{step:06d}.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        os.replace(tmp, path)
+        if self.wandb_run is not None and rows:
+            import wandb
+
+            columns = list(rows[0])
+            self.wandb_run.log(
+                {"rollouts": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
+                step=step,
+            )
+        return path
+
+    def forget_after(self, step: int) -> None:
+        """After a resume from `step`: drop what was logged for later steps (they run again)."""
+        if self.metrics_path.exists():
+            kept = [
+                line
+                for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step
+            ]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        for path in self.rollouts_dir.glob("step-*.jsonl"):
+            if int(path.stem.split("-")[1]) > step:
+                path.unlink()
 
 
 def start_wandb(

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
-from crucible_shared.models import load_model
 
 
 @dataclass
@@ -88,13 +90,41 @@ class Policy:
         self.max_grad_norm = optim.max_grad_norm
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
+        # The KL reference is the starting policy: the base model, or base + `init_adapter`
+        # (an SFT adapter, say), whose LoRA weights are kept to swap in while scoring.
+        self._start_state = (
+            {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+            if spec.init_adapter
+            else None
+        )
+
     # -- scoring ------------------------------------------------------------------------------
     def token_logprobs(self, batch: Batch, *, reference: bool = False) -> torch.Tensor:
-        """[B, K] log-probabilities of the completion tokens (zeros elsewhere); keeps the graph."""
+        """[B, K] log-probabilities of the completion tokens (zeros elsewhere); keeps the graph.
+        `reference=True` scores with the starting policy (no gradients)."""
         if reference:
-            with self.model.disable_adapter():
+            with torch.no_grad(), self.reference():
                 return self._forward(batch)
         return self._forward(batch)
+
+    @contextmanager
+    def reference(self) -> Iterator[None]:
+        """The starting policy, for a while: the adapter disabled, or its starting weights swapped in."""
+        if self._start_state is None:
+            with self.model.disable_adapter():
+                yield
+            return
+        params = {n: p for n, p in self.model.named_parameters() if n in self._start_state}
+        current = {n: p.detach().clone() for n, p in params.items()}
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(self._start_state[n])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(current[n])
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         k = batch.tail
@@ -146,9 +176,6 @@ class Policy:
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
-
-    def lora_state(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
 
     # -- persistence ----------------------------------------------------------------------------
     def save_adapter(self, path: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from crucible_shared.paths import PathRoots
 from crucible_shared.settings import split_csv
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -25,6 +26,10 @@ class Settings(BaseSettings):
     )
     heartbeat_s: float = Field(5.0, gt=0, description="How often a running job reports that it is alive.")
     cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks its cancel flag.")
+
+    def path_roots(self) -> PathRoots:
+        """Where jobs may read files (`CRUCIBLE_*_ROOTS`, plus the adapter store and run dirs)."""
+        return PathRoots().with_adapter_dirs(self.adapter_dir, self.runs_dir)
 
     @field_validator("generator_urls", mode="before")
     @classmethod

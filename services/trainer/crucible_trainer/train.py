@@ -1,8 +1,14 @@
-"""The training job: one loop for every method, run by the RQ worker and by `crucible train` alike.
+"""The training job: one loop for every method, run by the RQ worker and by `crucible train --local`.
 
-Per step: sample problems -> rollouts from the generator (current adapter version) -> sandbox
-results -> rewards -> advantages -> policy update -> publish the new version to every generator
-replica -> stale-policy check -> metrics/events -> checkpoint -> interval evaluation.
+Per step: problems from the sampler -> the method collects samples (rollouts from the generator
+at the current adapter version, sandbox results, rewards, advantages) -> policy update ->
+publish the new version to every generator replica -> stale-policy check -> metrics, rollouts,
+events -> checkpoint -> interval evaluation. The method is looked up in
+`crucible_trainer.methods.REGISTRY`; nothing here depends on which one it is.
+
+A checkpoint holds the adapter, the optimizer, every RNG and the problem sampler, so a job
+killed at step k and resumed trains on the same problems in the same order as one that never
+stopped; the "before" evaluation and the pre-filter's choice stay in the run dir for it.
 """
 
 from __future__ import annotations
@@ -16,86 +22,53 @@ from pathlib import Path
 from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool
-from crucible_shared.jobs import GRPOConfig, PPOConfig, ReinforceConfig, SRRLConfig, TrainJob
+from crucible_shared.jobs import TrainJob
+from crucible_shared.lifecycle import JobStatus
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer import checkpoint, tasks
+from crucible_trainer import checkpoint, evaluation, tasks
 from crucible_trainer.cancel import Cancelled, CancelToken
-from crucible_trainer.events import EventSink, start_wandb
+from crucible_trainer.channel import JobChannel
+from crucible_trainer.evaljob import evaluate_spec, served_base
+from crucible_trainer.events import EventSink, rollout_row, start_wandb
+from crucible_trainer.methods import method_module
 from crucible_trainer.policy import Policy
 from crucible_trainer.publish import Publisher, stale_check
-from crucible_trainer.rl import grpo, ppo, reinforce, srrl
-from crucible_trainer.rl.context import StepContext
-from crucible_trainer.rl.rollout import Prompt, Roller
+from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
+from crucible_trainer.rl.rollout import Roller, Sample
 from crucible_trainer.rl.update import update
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def load_selection(data: Any) -> list[Any]:
-    """Tasks of a job's data section."""
-    return tasks.load_tasks(data)
-
-
-def refined_code(text: str, task: Any) -> str:
-    return tasks.extract_refined_code(text)
-
-
 class StalePolicyError(RuntimeError):
     """The generator does not serve the policy the trainer just published."""
-
-
-def _messages_to_text(messages: list[dict]) -> str:
-    return "\n\n".join(m["content"] for m in messages)
-
-
-async def served_base_name(pool: GeneratorPool) -> str:
-    """The generator's base model name (the entry of /v1/models that is not an adapter)."""
-    listing = await pool.pick().models()
-    for card in listing.data:
-        if getattr(card, "parent", None) in (None, ""):
-            return card.id
-    return listing.data[0].id
 
 
 class TrainRun:
     """State of one training job; `run()` executes it to the end, a cancel or an error."""
 
-    def __init__(
-        self,
-        spec: TrainJob,
-        job_id: str,
-        settings: Settings,
-        *,
-        redis: Any = None,
-        cancel: CancelToken | None = None,
-    ) -> None:
-        self.spec, self.job_id, self.settings, self.redis = spec, job_id, settings, redis
+    def __init__(self, spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel) -> None:
+        self.spec, self.job_id, self.settings = spec, job_id, settings
         self.run_dir = Path(settings.runs_dir) / job_id
-        self.cancel = cancel or CancelToken(redis, job_id, settings.cancel_poll_s)
-        self.events = EventSink(job_id, self.run_dir, redis)
-        self.tasks: list[Any] = []
+        self.cancel = CancelToken(channel, settings.cancel_poll_s)
+        self.events = EventSink(channel, self.run_dir)
+        self.channel = channel
+        self.method = method_module(spec.method)
+        self.problems: list[Any] = []
         self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
-
-    # -- prompts ------------------------------------------------------------------------------
-    def build_prompt(self, index: int) -> list[dict] | str:
-        task = self.tasks[index]
-        return tasks.build_messages(task) if self.spec.model.chat else tasks.build_completion_prompt(task)
-
-    def build_refinement(self, index: int, code: str, result: Any) -> list[dict] | str:
-        messages = tasks.build_refinement_messages(self.tasks[index], code, result)
-        return messages if self.spec.model.chat else _messages_to_text(messages)
 
     # -- the job ------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         spec, settings = self.spec, self.settings
+        settings.path_roots().check(spec, real=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
         self.cancel.start()
         self.events.emit("status", status="starting")
-        self.tasks = load_selection(spec.data)
-        if not self.tasks:
+        self.problems = tasks.load_tasks(spec.data)
+        if not self.problems:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")
         policy = await asyncio.to_thread(Policy, spec.model, spec.optim, spec.seed)
         wandb_run = start_wandb(
@@ -112,7 +85,7 @@ class TrainRun:
         try:
             await self.cancel.guard(pool.wait_ready(timeout=600))
             await self.cancel.guard(sandbox.wait_ready(timeout=120))
-            base_name = await served_base_name(pool)
+            base_name = await served_base(pool, spec.model.base)
             publisher = Publisher(
                 pool, Path(settings.adapter_dir), self.job_id, spec.publish.staleness_window, base_name
             )
@@ -127,7 +100,7 @@ class TrainRun:
                     log.warning("could not unload %s's adapters: %r", self.job_id, exc)
         except Cancelled:
             self.events.emit("status", status="cancelled")
-            self.summary["status"] = "cancelled"
+            self.summary["status"] = JobStatus.cancelled.value
             self._write_summary()
             return self.summary
         finally:
@@ -145,102 +118,99 @@ class TrainRun:
         roller = Roller(
             pool,
             sandbox,
-            self.tasks,
+            self.problems,
             spec.reward,
             lambda text, task: tasks.answer_to_code(task, text, chat=chat),
         )
-        start = 1
-        found = checkpoint.latest(self.run_dir)
-        if found is not None:
-            state = await asyncio.to_thread(checkpoint.restore, policy, found)
-            start = state["step"] + 1
-            self.tasks_order = state["extra"].get("order")
-            await publisher.adopt(state["extra"].get("version", state["step"]))
-            self.events.emit("resumed", step=state["step"], checkpoint=str(found))
-        elif spec.model.init_adapter:
-            await publisher.publish(policy, 0)
-        indices = list(range(len(self.tasks)))
-        if spec.method.name == "grpo" and spec.method.difficulty_filter and start == 1:
-            indices = await self._difficulty_filter(roller, publisher.model_name, indices)
-        self._order_rng = random.Random(spec.seed)
-        order: list[int] = []
-        before = None
-        if spec.eval is not None and spec.eval.before and start == 1:
-            before = await self._evaluate(pool, sandbox, publisher.model_name, "before")
+        prompts = PromptBook(self.problems, chat, policy.tokenizer)
+        sampler = ProblemSampler(list(range(len(self.problems))), spec.seed)
+        start = await self._resume(policy, publisher, sampler)
+        if start == 1:
+            if spec.model.init_adapter:
+                await publisher.publish(policy, 0)
+            ctx = StepContext(spec, roller, prompts, sampler, publisher.model_name, 0)
+            await self._prepare(ctx, sampler)
+        before = await self._before(pool, sandbox, publisher.model_name, start)
         version = start - 1
         for step in range(start, spec.optim.steps + 1):
             self.cancel.check()
-            while len(order) < spec.optim.problems_per_step:
-                chunk = indices[:]
-                self._order_rng.shuffle(chunk)
-                order += chunk
-            batch_tasks, order = order[: spec.optim.problems_per_step], order[spec.optim.problems_per_step :]
-            metrics = await self._step(step, policy, roller, publisher, pool, batch_tasks)
+            ctx = StepContext(spec, roller, prompts, sampler, publisher.model_name, step)
+            batch = sampler.draw(spec.optim.problems_per_step)
+            metrics = await self._step(ctx, policy, publisher, pool, batch)
             version = step if step % spec.publish.every == 0 else version
             self.events.metrics(step, metrics)
-            self._progress(step, metrics, publisher.model_name)
+            self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
             if step % spec.checkpoint.every == 0 or step == spec.optim.steps:
-                await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, {"version": version})
+                extra = {"version": version, "sampler": sampler.state()}
+                await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra)
             if (
                 spec.eval is not None
                 and spec.eval.every
                 and step % spec.eval.every == 0
                 and step < spec.optim.steps
             ):
-                await self._evaluate(pool, sandbox, publisher.model_name, f"step-{step}")
+                await self._evaluate(pool, sandbox, publisher.model_name, f"step-{step}", step)
         final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter")
         self.summary.update(
-            status="finished",
+            status=JobStatus.finished.value,
             steps=spec.optim.steps,
             adapter=str(final_adapter),
             model_name=publisher.model_name,
         )
         if spec.eval is not None:
-            after = await self._evaluate(pool, sandbox, publisher.model_name, "after")
-            if before is not None and after is not None:
-                self._compare(before, after)
+            after = await self._evaluate(pool, sandbox, publisher.model_name, "after", spec.optim.steps)
+            if before is not None:
+                out = self.run_dir / "eval" / "before_after"
+                evaluation.compare_reports(before, after, out)
+                self.summary["before_after"] = str(out)
         self._learning_curve()
         self._write_summary()
         self.events.emit("status", status="finished", summary=self.summary)
         return self.summary
 
-    async def _step(
-        self,
-        step: int,
-        policy: Policy,
-        roller: Roller,
-        publisher: Publisher,
-        pool: GeneratorPool,
-        batch_tasks: list[int],
-    ) -> dict[str, float]:
-        spec, method = self.spec, self.spec.method
-        ctx = StepContext(spec, roller, policy.tokenizer, publisher.model_name, step)
-        t0 = time.perf_counter()
-        if isinstance(method, GRPOConfig):
-            collected = grpo.collect(ctx, method, batch_tasks, self.build_prompt)
-            ucfg = grpo.update_config(
-                method, spec.optim.micro_batch, spec.optim.grad_accum, spec.rollout.max_tokens
-            )
-        elif isinstance(method, SRRLConfig):
-            collected = srrl.collect(
-                ctx, method, batch_tasks, self.build_prompt, self.build_refinement, refined_code
-            )
-            ucfg = srrl.update_config(
-                method, spec.optim.micro_batch, spec.optim.grad_accum, spec.rollout.max_tokens
-            )
-        elif isinstance(method, ReinforceConfig):
-            collected = reinforce.collect(ctx, method, batch_tasks, self.build_prompt)
-            ucfg = reinforce.update_config(
-                method, spec.optim.micro_batch, spec.optim.grad_accum, spec.rollout.max_tokens
-            )
+    async def _resume(self, policy: Policy, publisher: Publisher, sampler: ProblemSampler) -> int:
+        """The first step to run: 1, or the one after the newest checkpoint (restored)."""
+        found = checkpoint.latest(self.run_dir)
+        if found is None:
+            return 1
+        state = await asyncio.to_thread(checkpoint.restore, policy, found)
+        extra = state["extra"]
+        if "sampler" in extra:
+            sampler.load(extra["sampler"])
+        await publisher.adopt(extra.get("version", state["step"]))
+        self.events.forget_after(state["step"])
+        self.events.emit("resumed", step=state["step"], checkpoint=str(found))
+        return state["step"] + 1
+
+    async def _prepare(self, ctx: StepContext, sampler: ProblemSampler) -> None:
+        """The method's one-off choice of problems (a pre-filter), kept in the run dir so a
+        retried job reuses it instead of sampling again."""
+        saved = self.run_dir / "filter.json"
+        indices = list(range(len(self.problems)))
+        if saved.exists():
+            chosen = json.loads(saved.read_text())["indices"]
         else:
-            assert isinstance(method, PPOConfig)
-            collected = ppo.collect(ctx, method, batch_tasks, self.build_prompt)
-            ucfg = ppo.update_config(
-                method, spec.optim.micro_batch, spec.optim.grad_accum, spec.rollout.max_tokens
-            )
-        samples, metrics = await self.cancel.guard(collected)
+            chosen = await self.cancel.guard(self.method.prepare(ctx, self.spec.method, indices))
+            if chosen == indices:
+                return
+            record = {
+                "indices": chosen,
+                "kept": [self.problems[i].task_id for i in chosen],
+                "of": len(indices),
+            }
+            saved.write_text(json.dumps(record, indent=2))
+        sampler.restrict(chosen)
+        self.summary["difficulty_filter"] = {"kept": len(chosen), "of": len(indices)}
+        self.events.emit("difficulty_filter", kept=len(chosen), of=len(indices))
+
+    async def _step(
+        self, ctx: StepContext, policy: Policy, publisher: Publisher, pool: GeneratorPool, batch: list[int]
+    ) -> dict[str, float]:
+        spec, step = self.spec, ctx.step
+        t0 = time.perf_counter()
+        samples, metrics = await self.cancel.guard(self.method.collect(ctx, spec.method, batch))
         t1 = time.perf_counter()
+        ucfg = self.method.update_config(spec.method, spec)
         metrics.update(await asyncio.to_thread(update, policy, samples, ucfg, spec.seed + step))
         t2 = time.perf_counter()
         metrics["lr"] = policy.lr
@@ -249,15 +219,15 @@ class TrainRun:
         metrics["time/execute_tail_s"] = ctx.timing.execute_tail_s
         metrics["time/execute_busy_s"] = ctx.timing.execute_busy_s
         metrics["time/train_s"] = t2 - t1
+        self._log_rollouts(step, samples)
         if step % spec.publish.every == 0:
             metrics.update(await publisher.publish(policy, step))
             self.events.emit(
                 "adapter_published", step=step, name=publisher.model_name, load_s=metrics["publish/load_s"]
             )
             if spec.publish.stale_check:
-                probe = self._probe_prompt(policy)
                 t3 = time.perf_counter()
-                check = await stale_check(pool, policy, publisher.model_name, probe)
+                check = await stale_check(pool, policy, publisher.model_name, ctx.prompts.first(0))
                 metrics.update(check)
                 metrics["time/stale_check_s"] = time.perf_counter() - t3
                 if not check["stale/diff"] <= spec.publish.stale_tolerance:
@@ -270,95 +240,52 @@ class TrainRun:
         metrics["policy_version"] = float(step if publisher.current else 0)
         return metrics
 
-    def _probe_prompt(self, policy: Policy) -> str:
-        prompt = self.build_prompt(0)
-        return (
-            prompt
-            if isinstance(prompt, str)
-            else policy.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        )
-
-    async def _difficulty_filter(self, roller: Roller, model: str, indices: list[int]) -> list[int]:
-        """Keep problems the policy sometimes solves: 0 < pass rate < 1 over a quick pre-sampling pass."""
-        method = self.spec.method
-        ctx = StepContext(self.spec, roller, None, model, 0)
-        prompts = [Prompt(task_index=t, group=i, text=self._render(t)) for i, t in enumerate(indices)]
-        batch = await self.cancel.guard(ctx.sample(prompts, method.filter_samples))
-        keep = []
-        for i, t in enumerate(indices):
-            group = [s for s in batch if s.group == i and s.reward is not None]
-            rate = sum(1 for s in group if s.result.status == "passed") / len(group) if group else 0.0
-            if 0 < rate < 1:
-                keep.append(t)
-        self.events.emit("difficulty_filter", kept=len(keep), of=len(indices))
-        self.summary["difficulty_filter"] = {"kept": len(keep), "of": len(indices)}
-        if not keep:
-            log.warning("difficulty filter kept no problem; training on all of them")
-            return indices
-        return keep
-
-    def _render(self, index: int) -> str:
-        prompt = self.build_prompt(index)
-        if isinstance(prompt, str):
-            return prompt
-        from crucible_shared.models import load_tokenizer
-
-        if not hasattr(self, "_tokenizer"):
-            self._tokenizer = load_tokenizer(self.spec.model.base)
-        return self._tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-
-    async def _evaluate(
-        self, pool: GeneratorPool, sandbox: SandboxClient, model_name: str, label: str
-    ) -> Any:
-        from crucible_trainer import evaluation
-
-        spec = self.spec.eval
-        assert spec is not None
-        eval_tasks = load_selection(spec.data)
-        config = eval_config(
-            model_name,
-            spec.n,
-            spec.temperature,
-            1.0,
-            spec.max_tokens,
-            spec.ks,
-            self.spec.seed,
-            self.spec.model.chat,
-        )
-        self.events.emit("eval_started", label=label, model=model_name, tasks=len(eval_tasks))
-        report = await self.cancel.guard(evaluation.evaluate(eval_tasks, pool, sandbox, config))
-        out = self.run_dir / "eval" / label
-        evaluation.write_report(report, out)
-        summary = _eval_summary(report)
-        self.summary.setdefault("eval", {})[label] = summary
-        self.events.emit("eval_finished", label=label, report=str(out), **summary)
-        return report
-
-    def _compare(self, before: Any, after: Any) -> None:
-        from crucible_trainer import evaluation
-
-        out = self.run_dir / "eval" / "before_after"
-        evaluation.compare_reports(before, after, out)
-        self.summary["before_after"] = str(out)
-
-    def _progress(self, step: int, metrics: dict[str, float], model_name: str) -> None:
-        if self.redis is None:
-            return
-        from crucible_shared import keys
-
-        latest = {k: v for k, v in metrics.items() if not k.startswith("update/ratio")}
-        try:
-            self.redis.hset(
-                keys.job(self.job_id),
-                mapping={
-                    "step": step,
-                    "total_steps": self.spec.optim.steps,
-                    "policy_version": model_name,
-                    "metrics": json.dumps(latest),
+    def _log_rollouts(self, step: int, samples: list[Sample]) -> None:
+        rows = [rollout_row(step, s, self.problems[s.task_index].task_id) for s in samples]
+        for i, s in enumerate(samples):
+            rows[i]["sample"] = i
+            rows[i]["parent"] = s.parent
+        self.events.rollouts(step, rows)
+        every = self.spec.logging.samples_every
+        if every and step % every == 0 and rows:
+            shown = random.Random(self.spec.seed * 31 + step).choice(rows)
+            self.events.emit(
+                "sample",
+                **{
+                    k: shown[k]
+                    for k in ("step", "problem_id", "phase", "reward", "status", "message", "completion")
                 },
             )
-        except Exception as exc:
-            log.warning("could not record progress: %r", exc)
+
+    async def _before(self, pool: GeneratorPool, sandbox: SandboxClient, model: str, start: int) -> Any:
+        """The starting policy's report: evaluated on a fresh run, read back on a resumed one."""
+        spec = self.spec.eval
+        if spec is None or not spec.before:
+            return None
+        saved = self.run_dir / "eval" / "before" / "report.json"
+        if start > 1 and saved.exists():
+            return evaluation.load_report(saved)
+        return await self._evaluate(pool, sandbox, model, "before", 0)
+
+    async def _evaluate(
+        self, pool: GeneratorPool, sandbox: SandboxClient, model: str, label: str, step: int
+    ) -> Any:
+        assert self.spec.eval is not None
+        report, summary = await evaluate_spec(
+            self.spec.eval,
+            pool,
+            sandbox,
+            model=model,
+            chat=self.spec.model.chat,
+            seed=self.spec.seed,
+            out=self.run_dir / "eval" / label,
+            cancel=self.cancel,
+            events=self.events,
+            label=label,
+        )
+        self.summary.setdefault("eval", {})[label] = summary
+        self.events.eval_point(step, label, summary)
+        return report
 
     def _learning_curve(self) -> None:
         from crucible_trainer.report import learning_curve
@@ -371,50 +298,7 @@ class TrainRun:
         (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))
 
 
-def eval_config(
-    model: str,
-    n: int,
-    temperature: float,
-    top_p: float,
-    max_tokens: int,
-    ks: list[int],
-    seed: int,
-    chat: bool,
-) -> Any:
-    """Temperature 0: one greedy answer per problem; else n samples at that temperature."""
-    from crucible_trainer import evaluation
-
-    if temperature == 0:
-        return evaluation.EvalConfig(
-            model=model, n=0, greedy=True, ks=[1], max_tokens=max_tokens, seed=seed, chat=chat
-        )
-    return evaluation.EvalConfig(
-        model=model,
-        n=n,
-        temperature=temperature,
-        top_p=top_p,
-        greedy=False,
-        ks=ks,
-        max_tokens=max_tokens,
-        seed=seed,
-        chat=chat,
-    )
-
-
-def _eval_summary(report: Any) -> dict[str, Any]:
-    return {
-        **report.summary(),
-        "problems": report.num_problems,
-        "mean_generated_tokens": report.mean_generated_tokens,
-    }
-
-
 async def run_train_job(
-    spec: TrainJob,
-    job_id: str,
-    settings: Settings | None = None,
-    *,
-    redis: Any = None,
-    cancel: CancelToken | None = None,
+    spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel
 ) -> dict[str, Any]:
-    return await TrainRun(spec, job_id, settings or Settings(), redis=redis, cancel=cancel).run()
+    return await TrainRun(spec, job_id, settings, channel).run()

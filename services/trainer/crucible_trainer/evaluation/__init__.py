@@ -9,7 +9,7 @@ from .config import EvalConfig
 from .passk import mean_pass_at_k, pass_at_k
 from .report import Category, EvalReport, ProblemResult, SampleResult, Timing
 from .runner import EvalProgress, evaluate, task_seed
-from .writers import compare_reports, load_report, render_markdown, write_report
+from .writers import compare_many, compare_reports, load_report, render_markdown, write_report
 
 __all__ = [
     "Category",
@@ -19,6 +19,7 @@ __all__ = [
     "ProblemResult",
     "SampleResult",
     "Timing",
+    "compare_many",
     "compare_reports",
     "evaluate",
     "load_report",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from crucible_shared.jobs import EvalSpec
 from crucible_shared.sandbox import Limits
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,6 +52,25 @@ class EvalConfig(BaseModel):
             raise ValueError(f"ks must be positive, got {self.ks}")
         self.ks = sorted(set(self.ks))
         return self
+
+    @classmethod
+    def from_spec(
+        cls, spec: EvalSpec, *, model: str | None, chat: bool, seed: int, **runner: Any
+    ) -> EvalConfig:
+        """The one way from a job's evaluation spec to a runner config (eval jobs, in-training
+        evaluations and `crucible eval` alike); `runner` sets the pacing and prompt knobs."""
+        return cls(
+            model=model,
+            n=spec.n,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            max_tokens=spec.max_tokens,
+            greedy=spec.greedy,
+            ks=spec.ks if spec.n else [1],
+            seed=seed,
+            chat=chat,
+            **runner,
+        )
 
     @property
     def reported_ks(self) -> list[int]:

@@ -1,7 +1,9 @@
 """Report files: JSON (machine-readable), a Markdown summary and PNG plots.
 
 `write_report` writes `report.json`, `report.md` and `pass_at_k.png` (the pass@k curve);
-`compare_reports` writes `comparison.md` and `comparison.png` for a before/after pair.
+`compare_reports` writes `comparison.md` and `comparison.png` for a before/after pair;
+`compare_many` writes `results.md` and `results.png`, one row per report, for any number of
+checkpoints or runs.
 matplotlib is imported only when a plot is drawn, with its non-interactive Agg canvas.
 """
 
@@ -45,6 +47,51 @@ def compare_reports(
     paths["markdown"].write_text(render_comparison(before, after, plot=paths["plot"].name), encoding="utf-8")
     _plot_comparison(before, after, paths["plot"])
     return paths
+
+
+def compare_many(
+    reports: list[EvalReport | str | Path], out_dir: str | Path, labels: list[str] | None = None
+) -> dict[str, Path]:
+    """Write `results.md` (one row per report) and `results.png` (greedy pass@1 per report, and
+    every pass@k curve) into `out_dir`. Labels default to each report's folder name."""
+    loaded = [r if isinstance(r, EvalReport) else load_report(r) for r in reports]
+    if labels is None:
+        labels = [
+            (Path(r).name if Path(r).is_dir() else Path(r).parent.name)
+            if not isinstance(r, EvalReport)
+            else r.model
+            for r in reports
+        ]
+    if len(labels) != len(loaded):
+        raise ValueError(f"{len(labels)} labels for {len(loaded)} reports")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "results.md", "plot": out / "results.png"}
+    paths["markdown"].write_text(render_table(loaded, labels, plot=paths["plot"].name), encoding="utf-8")
+    _plot_many(loaded, labels, paths["plot"])
+    return paths
+
+
+def render_table(reports: list[EvalReport], labels: list[str], plot: str | None = "results.png") -> str:
+    ks = sorted({k for r in reports for k in r.pass_at_k})
+    head = ["run", "model", "problems", "greedy pass@1", *[f"pass@{k}" for k in ks], "mean tokens", "dropped"]
+    lines = ["# Evaluation results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, r in zip(labels, reports, strict=True):
+        row = [
+            _cell(label),
+            _cell(r.model),
+            str(r.num_problems),
+            _pct(r.greedy_pass_at_1),
+            *[_pct(r.pass_at_k.get(k)) for k in ks],
+            "-" if r.mean_generated_tokens is None else f"{r.mean_generated_tokens:.1f}",
+            str(r.dropped),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    if len({r.fingerprint for r in reports}) < len(reports):
+        lines += ["", "Some reports are identical (same fingerprint)."]
+    if plot:
+        lines += ["", f"![results]({plot})"]
+    return "\n".join(lines) + "\n"
 
 
 # --- Markdown ------------------------------------------------------------------------------------
@@ -297,4 +344,22 @@ def _plot_comparison(before: EvalReport, after: EvalReport, path: Path) -> None:
     curves.set_ylim(bottom=0)
     curves.set_title("pass@k", fontsize=9)
     curves.legend(fontsize=7, loc="lower right")
+    fig.savefig(path)
+
+
+def _plot_many(reports: list[EvalReport], labels: list[str], path: Path) -> None:
+    fig = _figure(11, 4)
+    bars, curves = fig.subplots(1, 2)
+    values = [(r.greedy_pass_at_1 or 0) * 100 for r in reports]
+    drawn = bars.bar(range(len(reports)), values)
+    bars.bar_label(drawn, fmt="%.1f", fontsize=7)
+    bars.set_xticks(list(range(len(reports))), labels, rotation=30, ha="right", fontsize=7)
+    bars.set_ylabel("greedy pass@1 (%)")
+    bars.set_title("greedy pass@1", fontsize=9)
+    bars.grid(axis="y", alpha=0.3)
+    for label, report in zip(labels, reports, strict=True):
+        _draw_curve(curves, report, label)
+    curves.set_ylim(bottom=0)
+    curves.set_title("pass@k", fontsize=9)
+    curves.legend(fontsize=6, loc="lower right")
     fig.savefig(path)

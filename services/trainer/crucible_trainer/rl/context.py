@@ -1,31 +1,87 @@
-"""What a method needs to collect a step's rollouts: the roller, the prompts, the spec, the policy's name."""
+"""What a method needs to collect a step: the roller, the prompts, the problem sampler, the spec and
+the name of the policy version rollouts are sampled from."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from crucible_shared.jobs import TrainJob
 
+from crucible_trainer import tasks
 from crucible_trainer.rl.rollout import Prompt, Roller, Sample, Timing
+
+
+class ProblemSampler:
+    """The order problems are trained in: epochs of the pool, each shuffled by one seeded RNG.
+
+    Its whole state (pool, what is left of the current epoch, the RNG) goes into checkpoints,
+    so a resumed job draws exactly the problems an uninterrupted one would have.
+    """
+
+    def __init__(self, pool: list[int], seed: int) -> None:
+        self.pool = list(pool)
+        self.rng = random.Random(seed)
+        self.queue: list[int] = []
+
+    def draw(self, n: int) -> list[int]:
+        while len(self.queue) < n:
+            chunk = self.pool[:]
+            self.rng.shuffle(chunk)
+            self.queue += chunk
+        out, self.queue = self.queue[:n], self.queue[n:]
+        return out
+
+    def restrict(self, pool: list[int]) -> None:
+        """Train on `pool` from now on (the pre-filter's choice)."""
+        keep = set(pool)
+        self.pool, self.queue = list(pool), [i for i in self.queue if i in keep]
+
+    def state(self) -> dict[str, Any]:
+        return {"pool": self.pool, "queue": self.queue, "rng": self.rng.getstate()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.pool, self.queue = list(state["pool"]), list(state["queue"])
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+
+
+class PromptBook:
+    """Prompts of a job's problems, rendered as the generator gets them (chat template or plain)."""
+
+    def __init__(self, problems: list[Any], chat: bool, tokenizer: Any) -> None:
+        self.problems, self.chat, self.tokenizer = problems, chat, tokenizer
+
+    def render(self, messages_or_text: list[dict] | str) -> str:
+        if isinstance(messages_or_text, str):
+            return messages_or_text
+        return self.tokenizer.apply_chat_template(
+            messages_or_text, add_generation_prompt=True, tokenize=False
+        )
+
+    def first(self, index: int) -> str:
+        task = self.problems[index]
+        return self.render(tasks.build_messages(task) if self.chat else tasks.build_completion_prompt(task))
+
+    def refinement(self, index: int, code: str, result: Any, feedback: str = "first_failure") -> str:
+        messages = tasks.build_refinement_messages(
+            self.problems[index], code, result, all_tests=feedback == "all_tests"
+        )
+        if self.chat:
+            return self.render(messages)
+        return "\n\n".join(m["content"] for m in messages)
 
 
 @dataclass
 class StepContext:
     job: TrainJob
     roller: Roller
-    tokenizer: Any
+    prompts: PromptBook
+    sampler: ProblemSampler
     model_name: str  # the adapter version rollouts are sampled from
     step: int
     timing: Timing = field(default_factory=Timing)
-
-    def render(self, messages_or_text: list[dict] | str) -> str:
-        """Chat messages through the model's chat template, or a plain completion prompt as is."""
-        if isinstance(messages_or_text, str):
-            return messages_or_text
-        return self.tokenizer.apply_chat_template(
-            messages_or_text, add_generation_prompt=True, tokenize=False
-        )
 
     async def sample(
         self,
@@ -35,8 +91,12 @@ class StepContext:
         temperature: float | None = None,
         max_tokens: int | None = None,
         extract=None,
+        round: int = 0,
     ) -> list[Sample]:
+        """`n` completions of each prompt, run and scored. `round` > 0 for extra draws of one step
+        (dynamic sampling), so they get seeds of their own."""
         r = self.job.rollout
+        seed = self.job.seed * 1_000_003 + self.step * 7919 + (0 if temperature is None else 1)
         return await self.roller.roll(
             prompts,
             model=self.model_name,
@@ -45,16 +105,17 @@ class StepContext:
             top_p=r.top_p,
             max_tokens=max_tokens or r.max_tokens,
             stop=r.stop,
-            seed=self.job.seed * 1_000_003 + self.step * 7919 + (0 if temperature is None else 1),
+            seed=seed + round * 104_729,
             extract=extract,
             timing=self.timing,
         )
 
 
-def first_prompts(ctx: StepContext, task_indices: list[int], build_prompt) -> list[Prompt]:
+def first_prompts(ctx: StepContext, task_indices: list[int], group_offset: int = 0) -> list[Prompt]:
     """One first-attempt prompt per problem of the step; each problem is its own group."""
     return [
-        Prompt(task_index=t, group=i, text=ctx.render(build_prompt(t))) for i, t in enumerate(task_indices)
+        Prompt(task_index=t, group=group_offset + i, text=ctx.prompts.first(t))
+        for i, t in enumerate(task_indices)
     ]
 
 

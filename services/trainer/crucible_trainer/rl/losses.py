@@ -47,11 +47,17 @@ def clipped_surrogate(
     kl_beta: float = 0.0,
     aggregation: Literal["sequence", "token", "dr_grpo"] = "token",
     max_tokens: int = 1,
+    ratio_mode: Literal["token", "sequence"] = "token",
 ) -> LossOut:
     """PPO/GRPO clipped objective (negated, to minimise), plus beta * KL(policy || reference).
 
+    `ratio_mode="token"` clips each token's ratio p_new/p_old; `"sequence"` clips one ratio per
+    completion, exp(sum log p_new - sum log p_old), and averages the clipped surrogate over
+    sequences (the REINFORCE/PPO codebase's form; `aggregation` does not apply to it).
     KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1, which is unbiased and >= 0.
     """
+    if ratio_mode == "sequence":
+        return _sequence_clipped(logp, old_logp, advantages, mask, clip_eps, clip_eps_high)
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(-1)
     high = clip_eps_high if clip_eps_high is not None else clip_eps
@@ -69,6 +75,24 @@ def clipped_surrogate(
         clip_fraction = float((was_clipped.float() * mask).sum() / mask.sum().clamp(min=1))
         ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
     return LossOut(aggregate(per_token, mask, aggregation, max_tokens), clip_fraction, kl_value, ratio_mean)
+
+
+def _sequence_clipped(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None,
+) -> LossOut:
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    ratio = torch.exp(((logp - old_logp) * mask).sum(-1))
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * advantages
+    loss = -torch.minimum(ratio * advantages, clipped).mean()
+    with torch.no_grad():
+        was_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + high) & (advantages > 0))
+        clip_fraction = float(was_clipped.float().mean())
+    return LossOut(loss, clip_fraction, 0.0, float(ratio.detach().mean()))
 
 
 def reinforce(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> LossOut:

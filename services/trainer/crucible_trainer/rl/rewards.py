@@ -50,11 +50,6 @@ def graded(result: RunResult) -> float:
 _KINDS = {"all_pass": all_pass, "fraction": fraction, "graded": graded}
 
 
-def length_penalty(generated_tokens: int, alpha: float) -> float:
-    """alpha * generated_tokens / 100 (REINFORCE's length penalty)."""
-    return alpha * generated_tokens / 100.0
-
-
 def reward(
     result: RunResult, kind: RewardKind, *, generated_tokens: int = 0, length_penalty: float = 0.0
 ) -> float | None:

@@ -8,7 +8,7 @@ takes a fraction of a second, against tens of seconds of generation).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool, samples
@@ -43,7 +43,6 @@ class Timing:
     generate_s: float = 0.0  # wall time until the last completion arrived
     execute_tail_s: float = 0.0  # wall time after that until the last result (execution not hidden)
     execute_busy_s: float = 0.0  # summed time of sandbox requests (mostly overlapped)
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -25,6 +25,7 @@ class UpdateConfig:
     grad_accum: int | None = None  # micro-batches per optimizer step; None: all of them
     max_tokens: int = 256  # Dr. GRPO's constant normaliser
     always_score_old: bool = False  # PPO: log p_old from a separate no-grad pass
+    ratio: Literal["token", "sequence"] = "token"  # PPO: one ratio per token or per completion
 
 
 def trainable(batch: list[Sample], kl_beta: float) -> list[Sample]:
@@ -89,6 +90,7 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
                     kl_beta=cfg.kl_beta,
                     aggregation=cfg.aggregation,
                     max_tokens=cfg.max_tokens,
+                    ratio_mode=cfg.ratio,
                 )
                 tokens = float(b.tail_mask.sum())
                 weight = tokens / total_tokens if cfg.aggregation == "token" else len(idx) / len(samples)

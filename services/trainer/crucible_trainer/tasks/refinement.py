@@ -39,15 +39,22 @@ _OUTCOME = {
 __all__ = ["build_refinement_messages", "describe_failure", "extract_refined_code"]
 
 
-def build_refinement_messages(task: Task, code: str, result: RunResult) -> list[dict[str, str]]:
-    """Chat messages asking the model to analyse and fix `code`, which failed as `result` says."""
+def build_refinement_messages(
+    task: Task, code: str, result: RunResult, *, all_tests: bool = False
+) -> list[dict[str, str]]:
+    """Chat messages asking the model to analyse and fix `code`, which failed as `result` says.
+    `all_tests` adds every test's PASS/FAIL line to the first failure's details."""
     if result.status in (RunStatus.passed, RunStatus.sandbox_error):
         raise ValueError(f"nothing to refine: the run's status is {result.status.value}")
+    stdio = task.tests.kind == "stdio"
+    happened = describe_failure(result, stdio=stdio)
+    if all_tests and result.tests:
+        happened += "\n\nEvery test:\n```\n" + test_log(result, stdio=stdio) + "\n```"
     user = "\n\n".join(
         [
             "## Problem\n\n" + problem_statement(task),
             f"## Your previous attempt\n\n```python\n{code.strip()}\n```",
-            "## What happened when it ran\n\n" + describe_failure(result, stdio=task.tests.kind == "stdio"),
+            "## What happened when it ran\n\n" + happened,
             INSTRUCTION,
         ]
     )
@@ -87,6 +94,32 @@ def describe_failure(result: RunResult, *, stdio: bool = False) -> str:
     elif not stdio:
         parts.append("Output of the program: (none)")
     return "\n\n".join(parts)
+
+
+def test_log(result: RunResult, *, stdio: bool = False) -> str:
+    """One line per test: `PASS assert f(1) == 2` / `FAIL assert f(2) == 4 -> got 5`.
+
+    >>> from crucible_shared.sandbox import TestVerdict
+    >>> r = RunResult(status="failed", passed=1, total=2, tests=[
+    ...     TestVerdict(index=0, test="assert f(1) == 2", status="passed"),
+    ...     TestVerdict(index=1, test="assert f(2) == 4", status="failed", message="assert f(2) == 4 -> got 5")])
+    >>> print(test_log(r))
+    PASS assert f(1) == 2
+    FAIL assert f(2) == 4 -> got 5
+    """
+    lines = []
+    for t in result.tests:
+        shown = (
+            f"case {t.index + 1}"
+            if stdio
+            else t.test.strip().splitlines()[0]
+            if t.test.strip()
+            else f"test {t.index + 1}"
+        )
+        mark = {TestStatus.passed: "PASS", TestStatus.not_run: "NOT RUN"}.get(t.status, "FAIL")
+        detail = t.message if mark == "FAIL" and t.message and not stdio else ""
+        lines.append(_trim(f"{mark} {detail or shown}", 300))
+    return _trim("\n".join(lines), MAX_OUTPUT * 2)
 
 
 def first_failure(result: RunResult) -> TestVerdict | None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from crucible_shared.jobs import ReinforceConfig
+from crucible_shared.jobs import ReinforceConfig, TrainJob
 
 from crucible_trainer.rl.advantages import mean_baseline
 from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
@@ -11,11 +11,14 @@ from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
 
+async def prepare(ctx: StepContext, cfg: ReinforceConfig, indices: list[int]) -> list[int]:
+    return indices
+
+
 async def collect(
-    ctx: StepContext, cfg: ReinforceConfig, task_indices: list[int], build_prompt
+    ctx: StepContext, cfg: ReinforceConfig, indices: list[int]
 ) -> tuple[list[Sample], dict[str, float]]:
-    prompts = first_prompts(ctx, task_indices, build_prompt)
-    batch = await ctx.sample(prompts, cfg.samples)
+    batch = await ctx.sample(first_prompts(ctx, indices), cfg.samples)
     scored = [s for s in batch if s.reward is not None]
     if scored:
         rewards = [s.reward for s in scored]
@@ -24,13 +27,11 @@ async def collect(
     return batch, reward_metrics(batch)
 
 
-def update_config(
-    cfg: ReinforceConfig, micro_batch: int, grad_accum: int | None, max_tokens: int
-) -> UpdateConfig:
+def update_config(cfg: ReinforceConfig, job: TrainJob) -> UpdateConfig:
     return UpdateConfig(
         objective="reinforce",
         iterations=1,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        max_tokens=max_tokens,
+        micro_batch=job.optim.micro_batch,
+        grad_accum=job.optim.grad_accum,
+        max_tokens=job.rollout.max_tokens,
     )

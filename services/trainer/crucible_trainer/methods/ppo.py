@@ -1,9 +1,10 @@
 """PPO-clip over stored rollouts: log p_old recorded once, batch-normalised advantages, several
-epochs with the clipped surrogate (config: `crucible_shared.jobs.PPOConfig`)."""
+epochs with the clipped surrogate, the ratio per token or per sequence
+(config: `crucible_shared.jobs.PPOConfig`)."""
 
 from __future__ import annotations
 
-from crucible_shared.jobs import PPOConfig
+from crucible_shared.jobs import PPOConfig, TrainJob
 
 from crucible_trainer.rl.advantages import batch_normalised
 from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
@@ -11,11 +12,14 @@ from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
 
+async def prepare(ctx: StepContext, cfg: PPOConfig, indices: list[int]) -> list[int]:
+    return indices
+
+
 async def collect(
-    ctx: StepContext, cfg: PPOConfig, task_indices: list[int], build_prompt
+    ctx: StepContext, cfg: PPOConfig, indices: list[int]
 ) -> tuple[list[Sample], dict[str, float]]:
-    prompts = first_prompts(ctx, task_indices, build_prompt)
-    batch = await ctx.sample(prompts, cfg.samples)
+    batch = await ctx.sample(first_prompts(ctx, indices), cfg.samples)
     scored = [s for s in batch if s.reward is not None]
     if scored:
         for s, a in zip(scored, batch_normalised([s.reward for s in scored]), strict=True):
@@ -23,14 +27,15 @@ async def collect(
     return batch, reward_metrics(batch)
 
 
-def update_config(cfg: PPOConfig, micro_batch: int, grad_accum: int | None, max_tokens: int) -> UpdateConfig:
+def update_config(cfg: PPOConfig, job: TrainJob) -> UpdateConfig:
     return UpdateConfig(
         objective="clip",
         iterations=cfg.epochs,
         clip_eps=cfg.clip_eps,
-        aggregation="token",
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        max_tokens=max_tokens,
+        ratio=cfg.ratio,
+        aggregation="token" if cfg.ratio == "token" else "sequence",
+        micro_batch=job.optim.micro_batch,
+        grad_accum=job.optim.grad_accum,
+        max_tokens=job.rollout.max_tokens,
         always_score_old=True,
     )

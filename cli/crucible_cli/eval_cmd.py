@@ -1,11 +1,13 @@
 """`crucible eval`: pass@k of a model or adapter against running generator and sandbox services.
 
     crucible eval --dataset mbpp --split test --n 10 --temperature 0.8 --out runs/eval/base
-    crucible eval --dataset humaneval --n 0 --model my-adapter --compare runs/eval/base
-    crucible eval-compare runs/eval/base runs/eval/after --out runs/eval/cmp
+    crucible eval --dataset humaneval --n 0 --adapter runs/jobs/JOB/adapter --compare runs/eval/base
+    crucible eval --config examples/eval_mbpp_test.yaml        # an eval job, through the gateway
+    crucible eval-compare runs/eval/base runs/eval/step-50 runs/eval/after --out runs/eval/cmp
 
 Writes `report.json`, `report.md` and `pass_at_k.png` into `--out` (and `comparison.*` with
-`--compare`). The same `crucible_trainer.evaluation.evaluate` runs inside eval jobs.
+`--compare`). Local evaluations run the trainer's evaluation code here (the same code eval
+jobs run), so they need the trainer package; `--config` needs only this CLI.
 """
 
 from __future__ import annotations
@@ -18,21 +20,8 @@ from typing import Any
 
 import typer
 
-from crucible_trainer.cli import app
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _validation_message(exc: Any) -> str:
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
+from crucible_cli.app import app
+from crucible_cli.options import fail
 
 
 def parse_ids(text: str | None) -> list[int | str] | None:
@@ -69,6 +58,9 @@ def eval_command(
     model: str = typer.Option(
         None, help="Base model or adapter name on the generator (default: its base model)."
     ),
+    adapter: Path = typer.Option(
+        None, help="Evaluate this saved adapter directory (loaded into the generator for the run)."
+    ),
     n: int = typer.Option(10, help="Samples per problem at --temperature (0: greedy only)."),
     temperature: float = typer.Option(0.8, help="Temperature of the n samples."),
     top_p: float = typer.Option(0.95, help="Nucleus mass of the n samples."),
@@ -76,7 +68,7 @@ def eval_command(
     greedy: bool = typer.Option(
         True, "--greedy/--no-greedy", help="Also decode one greedy answer per problem."
     ),
-    k: list[int] = typer.Option(None, "--k", help="pass@k to report (repeat; default 1 and 10)."),
+    k: list[int] = typer.Option(None, "--k", help="pass@k to report (repeat; default 1 and 10, those <= n)."),
     seed: int = typer.Option(0, help="Sampling seed (each problem derives its own from it)."),
     chat: bool = typer.Option(
         True, "--chat/--completion", help="Chat prompts (instruct) or plain completion (base)."
@@ -114,60 +106,67 @@ def eval_command(
     With --config, submit an eval job to the gateway and follow it instead.
     """
     if config_file is not None:
-        from crucible_trainer.cli.train_cmd import load_spec, submit_and_follow
+        from crucible_cli.jobs_cmd import submit_and_follow
+        from crucible_cli.specs import load_spec
 
         submit_and_follow(load_spec(config_file, "eval"), gateway, api_key, detach)
         return
-    from pydantic import ValidationError
+    from crucible_cli.heavy import require
 
+    require("crucible_trainer", command="eval")
+    from crucible_shared.jobs import DataSpec, EvalSpec
     from crucible_trainer.evaluation.config import EvalConfig
     from crucible_trainer.settings import Settings
-    from crucible_trainer.tasks.loading import DataSpec, load_tasks
+    from crucible_trainer.tasks.loading import load_tasks
     from crucible_trainer.tasks.task import DatasetError
+    from pydantic import ValidationError
 
-    try:
-        spec = DataSpec(
-            dataset=dataset,
-            split=split,
-            path=str(path) if path else None,
-            ids=parse_ids(ids),
-            id_range=parse_range(id_range),
-            limit=limit,
-            shuffle=shuffle,
-            seed=data_seed,
+    from crucible_cli.specs import validation_lines
+
+    if model and adapter:
+        raise typer.BadParameter("give --model or --adapter, not both", param_hint="--adapter")
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        raise typer.BadParameter(
+            f"{adapter} is not a saved adapter (no adapter_config.json)", param_hint="--adapter"
         )
-        config = EvalConfig(
+    data_fields: dict[str, Any] = {"dataset": dataset, "split": split, "path": str(path) if path else None}
+    data_fields.update(ids=parse_ids(ids), id_range=parse_range(id_range), limit=limit, shuffle=shuffle)
+    if shuffle:
+        data_fields["seed"] = data_seed
+    eval_fields: dict[str, Any] = {"greedy": greedy, "n": n, "max_tokens": max_tokens}
+    if n > 0:
+        eval_fields.update(temperature=temperature, top_p=top_p, ks=k or [x for x in (1, 10) if x <= n])
+    try:
+        data = DataSpec(**data_fields)
+        spec = EvalSpec(data=data, **eval_fields)
+        config = EvalConfig.from_spec(
+            spec,
             model=model,
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            greedy=greedy,
-            ks=k or [1, 10],
-            seed=seed,
             chat=chat,
+            seed=seed,
             stop=stop or None,
             sanitize=sanitize,
             concurrency=concurrency,
         )
     except ValidationError as exc:
-        _fail(_validation_message(exc))
+        fail("; ".join(validation_lines(exc)), 2)
     try:
-        tasks = load_tasks(spec)
+        problems = load_tasks(data)
     except DatasetError as exc:
-        _fail(str(exc))
+        fail(str(exc), 2)
     if compare is not None and not compare.exists():
-        _fail(f"--compare: {compare} does not exist")
+        fail(f"--compare: {compare} does not exist", 2)
     settings = Settings()
     urls = generator or settings.generator_urls
     sandbox_url = sandbox or settings.sandbox_url
     if out is None:
-        label = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{model or 'base'}-{spec.dataset}-{spec.effective_split}")
+        who = model or (adapter.name if adapter else "base")
+        label = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{who}-{data.dataset}-{data.effective_split}")
         out = Path("runs") / "eval" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     import asyncio
 
-    report = asyncio.run(_run(tasks, spec, config, urls, sandbox_url, sandbox_api_key, quiet))
+    report = asyncio.run(_run(problems, data, config, urls, sandbox_url, sandbox_api_key, adapter, quiet))
     from crucible_trainer.evaluation.writers import compare_reports, write_report
 
     paths = write_report(report, out)
@@ -179,32 +178,42 @@ def eval_command(
 
 @app.command("eval-compare")
 def eval_compare(
-    before: Path = typer.Argument(..., help="Report before (report.json or its folder)."),
-    after: Path = typer.Argument(..., help="Report after."),
-    out: Path = typer.Option(Path("."), "--out", "-o", help="Where comparison.md and comparison.png go."),
+    reports: list[Path] = typer.Argument(..., help="Reports (report.json or their folders), oldest first."),
+    out: Path = typer.Option(Path("."), "--out", "-o", help="Where results.md / comparison.md and plots go."),
+    label: list[str] = typer.Option(
+        None, "--label", help="A name per report (repeat; default: folder names)."
+    ),
 ) -> None:
-    """Compare two evaluation reports: headline metrics, failures and per-problem changes."""
+    """Compare evaluation reports: one table and plot for all of them, and with exactly two the
+    before/after comparison (headline metrics, failures, per-problem changes)."""
+    from crucible_cli.heavy import require
+
+    require("crucible_trainer", command="eval-compare")
+    from crucible_trainer.evaluation.writers import compare_many, compare_reports
     from pydantic import ValidationError
 
-    from crucible_trainer.evaluation.writers import compare_reports
-
-    for report in (before, after):
+    if len(reports) < 2:
+        raise typer.BadParameter("give at least two reports", param_hint="REPORTS")
+    if label and len(label) != len(reports):
+        raise typer.BadParameter(f"{len(label)} labels for {len(reports)} reports", param_hint="--label")
+    for report in reports:
         if not report.exists():
-            _fail(f"{report} does not exist")
+            fail(f"{report} does not exist", 2)
     try:
-        paths = compare_reports(before, after, out)
-    except (ValidationError, OSError) as exc:
-        _fail(f"cannot read the reports: {exc}")
-    typer.echo(paths["markdown"].read_text())
-    typer.echo(f"written: {paths['markdown']}, {paths['plot']}")
+        table = compare_many(list(reports), out, label or None)
+        pair = compare_reports(reports[0], reports[1], out) if len(reports) == 2 else None
+    except (ValidationError, OSError, ValueError) as exc:
+        fail(f"cannot read the reports: {exc}", 2)
+    typer.echo(table["markdown"].read_text())
+    written = [table["markdown"], table["plot"]] + ([pair["markdown"], pair["plot"]] if pair else [])
+    typer.echo("written: " + ", ".join(str(p) for p in written))
 
 
-async def _run(tasks, spec, config, urls, sandbox_url, sandbox_api_key, quiet):
+async def _run(problems, data, config, urls, sandbox_url, sandbox_api_key, adapter, quiet):
     from crucible_shared.generator_client import GeneratorClient, GeneratorPool
     from crucible_shared.sandbox_client import SandboxClient
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from crucible_trainer.evaluation.runner import evaluate
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     generator = GeneratorPool.from_urls(urls) if len(urls) > 1 else GeneratorClient(urls[0])
     async with generator, SandboxClient(sandbox_url, api_key=sandbox_api_key) as sandbox:
@@ -212,27 +221,39 @@ async def _run(tasks, spec, config, urls, sandbox_url, sandbox_api_key, quiet):
             await generator.wait_ready(30)
             await sandbox.wait_ready(timeout=30)
         except Exception as exc:  # timeouts and connection errors alike
-            _fail(f"services not reachable (generator {', '.join(urls)}, sandbox {sandbox_url}): {exc}", 1)
+            fail(f"services not reachable (generator {', '.join(urls)}, sandbox {sandbox_url}): {exc}")
+        loaded = None
+        if adapter is not None:
+            loaded = f"eval-{adapter.resolve().name}-{int(time.time())}"
+            try:
+                await generator.load_adapter(loaded, str(adapter.resolve()))
+            except Exception as exc:
+                fail(f"the generator could not load {adapter}: {exc}")
+            config = config.model_copy(update={"model": loaded})
         columns = [
             TextColumn("{task.description:<10}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
         ]
-        with Progress(*columns, disable=quiet, transient=False) as bar:
-            label = f"{len(tasks)} tasks of {spec.describe()}"
-            bar.console.print(f"evaluating {config.model or 'the base model'} on {label}")
-            generated = bar.add_task("generated", total=None)
-            executed = bar.add_task("executed", total=None)
+        try:
+            with Progress(*columns, disable=quiet, transient=False) as bar:
+                what = f"{len(problems)} tasks of {data.describe()}"
+                bar.console.print(f"evaluating {adapter or config.model or 'the base model'} on {what}")
+                generated = bar.add_task("generated", total=None)
+                executed = bar.add_task("executed", total=None)
 
-            def progress(p) -> None:
-                bar.update(generated, completed=p.generated, total=p.total)
-                bar.update(executed, completed=p.executed, total=p.total)
+                def progress(p) -> None:
+                    bar.update(generated, completed=p.generated, total=p.total)
+                    bar.update(executed, completed=p.executed, total=p.total)
 
-            try:
-                return await evaluate(tasks, generator, sandbox, config, progress, data=spec)
-            except ValueError as exc:
-                _fail(str(exc), 1)
+                try:
+                    return await evaluate(problems, generator, sandbox, config, progress, data=data)
+                except ValueError as exc:
+                    fail(str(exc))
+        finally:
+            if loaded is not None:
+                await generator.unload_adapter(loaded, missing_ok=True)
 
 
 def _print_summary(report, paths: dict[str, Path]) -> None:

@@ -1,0 +1,5 @@
+"""`python -m crucible_cli` = `crucible`."""
+
+from crucible_cli.app import main
+
+main()

@@ -1,0 +1,40 @@
+"""Options and helpers every gateway command shares."""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+
+import typer
+
+GATEWAY = typer.Option(
+    os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"),
+    "--gateway",
+    help="Gateway URL (env CRUCIBLE_GATEWAY_URL).",
+)
+API_KEY = typer.Option(
+    os.environ.get("CRUCIBLE_API_KEY"), "--api-key", help="Gateway API key (env CRUCIBLE_API_KEY)."
+)
+
+
+def client(url: str, key: str | None, timeout: float = 30.0):
+    from crucible_shared.gateway_client import GatewayClient
+
+    return GatewayClient(url, key, timeout=timeout)
+
+
+def fail(message: object, code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def gateway_failure(exc: Exception) -> NoReturn:
+    """Exit 1 with the gateway's message, plus a hint when it is not reachable at all."""
+    from crucible_shared.gateway_client import GatewayUnreachable
+
+    hint = (
+        " (is the stack up? start it with `crucible up`)"
+        if isinstance(exc, GatewayUnreachable | OSError)
+        else ""
+    )
+    fail(f"{exc}{hint}")

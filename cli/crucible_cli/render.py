@@ -1,0 +1,143 @@
+"""A job's events as a person reads them: one aligned line per event, rounded figures with units,
+a progress bar with the latest reward and pass rate, and the report paths at the end.
+
+`describe` turns one event into a line (or None for events the bar shows); `follow` drives the
+bar from a gateway's event stream. `--json` callers print the raw events instead.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+LABEL_WIDTH = 10
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _line(label: str, text: str) -> str:
+    return f"{label:<{LABEL_WIDTH}} {text}"
+
+
+def _dataset(data: dict[str, Any]) -> str:
+    name = str(data.get("dataset") or "").replace("mbpp", "MBPP").replace("humaneval", "HumanEval")
+    return f"{name} tasks" if name else "tasks"
+
+
+def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str | None:
+    """One human line for an event (None: shown by the progress bar, or not at all).
+
+    >>> describe("adapter_published", {"step": 1, "name": "job-v1", "load_s": 0.6683764339995832})
+    'v1         hot-swapped into the generator in 0.67 s (job-v1)'
+    >>> describe("eval_finished", {"label": "before", "greedy_pass@1": 0.0, "problems": 4,
+    ...          "dataset": "mbpp", "mean_generated_tokens": 118.4})
+    'before     pass@1 0.0% on 4 MBPP tasks, 118 tokens avg'
+    """
+    if event == "status":
+        status = data.get("status", "?")
+        error = f": {data['error']}" if data.get("error") else ""
+        return _line("status", f"{status}{error}")
+    if event == "eval_started":
+        where = f" ({data['data']})" if data.get("data") else ""
+        return _line(
+            data.get("label", "eval"), f"evaluating {data.get('model')} on {data.get('tasks')} tasks{where}"
+        )
+    if event == "eval_finished":
+        parts = [f"pass@1 {_pct(data.get('greedy_pass@1'))}"]
+        parts += [
+            f"{k} {_pct(v)} (sampled)" for k, v in data.items() if k.startswith("pass@") and v is not None
+        ]
+        text = " · ".join(parts) + f" on {data.get('problems', '?')} {_dataset(data)}"
+        tokens = data.get("mean_generated_tokens")
+        if tokens is not None:
+            text += f", {tokens:.0f} tokens avg"
+        return _line(data.get("label", "eval"), text)
+    if event == "adapter_published":
+        step = data.get("step")
+        return _line(
+            f"v{step}", f"hot-swapped into the generator in {_num(data.get('load_s'))} s ({data.get('name')})"
+        )
+    if event == "difficulty_filter":
+        return _line("filter", f"kept {data.get('kept')} of {data.get('of')} problems (0 < pass rate < 1)")
+    if event == "resumed":
+        return _line("resumed", f"from the checkpoint of step {data.get('step')}")
+    if event == "requeued":
+        return _line("requeued", f"{data.get('reason')}; attempt {data.get('attempt')}")
+    if event == "stale_policy":
+        return _line(
+            "stale",
+            f"the generator's log-probs differ by {_num(data.get('stale/diff'), 3)} per token at step {data.get('step')}",
+        )
+    if event == "sample" and samples:
+        head = (
+            f"step {data.get('step')} {data.get('problem_id')} ({data.get('phase')}): reward "
+            f"{_num(data.get('reward'))}, {data.get('status')}"
+        )
+        if data.get("message"):
+            head += f" - {data['message']}"
+        completion = "\n".join(str(data.get("completion") or "").splitlines()[:12])
+        return _line("sample", head) + "\n" + textwrap.indent(completion, " " * (LABEL_WIDTH + 1) + "| ")
+    return None
+
+
+def bar_text(step: Any, metrics: dict[str, Any]) -> str:
+    return (
+        f"step {step}: reward {_num(metrics.get('reward_mean'), 3)} · pass {_pct(metrics.get('pass_rate'))}"
+    )
+
+
+def follow(client: Any, job_id: str, console: Any, *, samples: bool = False, raw: bool = False) -> Any:
+    """Print a job's events until it ends; returns its final record."""
+    if raw:
+        for event_id, event, data in client.events(job_id):
+            print(json.dumps({"id": event_id, "event": event, "data": data}), flush=True)
+        return client.job(job_id)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task(job_id, total=None)
+        total = None
+        for _id, event, data in client.events(job_id):
+            if event == "metrics":
+                if total is None:
+                    total = client.job(job_id).total_steps
+                bar.update(
+                    task,
+                    completed=data.get("step", 0),
+                    total=total,
+                    description=bar_text(data.get("step"), data.get("metrics", {})),
+                )
+                continue
+            line = describe(event, data, samples=samples)
+            if line is not None:
+                bar.console.print(line, markup=False, highlight=False)
+    return client.job(job_id)
+
+
+def print_outcome(console: Any, record: Any) -> None:
+    """The final status, and where the job's results are."""
+    error = f" ({record.error})" if record.error else ""
+    console.print(f"{record.id}: {record.status.value}{error}", markup=False, highlight=False)
+    summary = record.summary or {}
+    for key, label in (
+        ("adapter", "adapter"),
+        ("before_after", "before/after"),
+        ("report", "report"),
+        ("learning_curve", "curves"),
+        ("run_dir", "run dir"),
+    ):
+        if summary.get(key):
+            console.print(_line(label, str(summary[key])), markup=False, highlight=False)

@@ -1,0 +1,130 @@
+"""Evaluation as a job and inside training: one code path from an `EvalSpec` to a written report.
+
+`evaluate_spec` runs an `EvalSpec` against what the generator serves under a model name and
+writes `report.json` / `.md` / `.png` into a folder; the eval job (`run_eval_job`) and every
+evaluation of a training job (before, every N steps, after) call it. `served_base` checks that
+the generator serves the base model a job names, so a job never silently evaluates or trains
+against another model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from crucible_shared.generator_client import GeneratorPool
+from crucible_shared.jobs import EvalJob, EvalSpec
+from crucible_shared.lifecycle import JobStatus
+from crucible_shared.sandbox_client import SandboxClient
+
+from crucible_trainer import evaluation, tasks
+from crucible_trainer.cancel import CancelToken
+from crucible_trainer.channel import JobChannel
+from crucible_trainer.events import EventSink
+from crucible_trainer.settings import Settings
+
+
+class ServedModelMismatch(RuntimeError):
+    """The generator serves another base model than the job names."""
+
+
+def _same_model(wanted: str, card: Any) -> bool:
+    names = {card.id.lower()}
+    if card.root:
+        names |= {card.root.lower(), os.path.basename(card.root.rstrip("/")).lower()}
+    candidates = {wanted.lower(), os.path.basename(wanted.rstrip("/")).lower()}
+    if wanted.startswith(("/", ".", "~")):
+        candidates.add(os.path.abspath(os.path.expanduser(wanted)).lower())
+    return bool(names & candidates)
+
+
+async def served_base(pool: GeneratorPool, wanted: str) -> str:
+    """The name the generator serves `wanted` under; `ServedModelMismatch` if it serves another."""
+    listing = await pool.pick().models()
+    bases = [card for card in listing.data if getattr(card, "parent", None) in (None, "")] or listing.data[:1]
+    for card in bases:
+        if _same_model(wanted, card):
+            return card.id
+    served = ", ".join(f"{c.id} ({c.root})" if c.root else c.id for c in bases)
+    raise ServedModelMismatch(
+        f"model.base is {wanted!r} but the generator serves {served}: submit the job with "
+        f"model.base set to that model, or start the generator with {wanted!r}"
+    )
+
+
+def eval_summary(report: Any) -> dict[str, Any]:
+    """The headline figures of a report, for events, summaries and the metrics series."""
+    passed = [p.greedy_passed for p in report.problems if p.greedy_passed is not None]
+    return {
+        **report.summary(),
+        "problems": report.num_problems,
+        "problems_passed": sum(passed) if passed else None,
+        "mean_generated_tokens": report.mean_generated_tokens,
+    }
+
+
+async def evaluate_spec(
+    spec: EvalSpec,
+    pool: GeneratorPool,
+    sandbox: SandboxClient,
+    *,
+    model: str,
+    chat: bool,
+    seed: int,
+    out: Path,
+    cancel: CancelToken,
+    events: EventSink,
+    label: str,
+) -> tuple[Any, dict[str, Any]]:
+    """Evaluate what the generator serves as `model` on `spec`; the report goes to `out`."""
+    problems = tasks.load_tasks(spec.data)
+    config = evaluation.EvalConfig.from_spec(spec, model=model, chat=chat, seed=seed)
+    events.emit("eval_started", label=label, model=model, tasks=len(problems), data=spec.data.describe())
+    report = await cancel.guard(evaluation.evaluate(problems, pool, sandbox, config, data=spec.data))
+    evaluation.write_report(report, out)
+    summary = eval_summary(report)
+    events.emit("eval_finished", label=label, report=str(out), dataset=spec.data.dataset, **summary)
+    return report, summary
+
+
+async def run_eval_job(spec: EvalJob, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
+    """An eval job: the base model the spec names (with `adapter` loaded for the occasion)."""
+    run_dir = Path(settings.runs_dir) / job_id
+    paths = settings.path_roots().check(spec, real=True)
+    events = EventSink(channel, run_dir)
+    cancel = CancelToken(channel, settings.cancel_poll_s)
+    cancel.start()
+    pool = GeneratorPool.from_urls(settings.generator_urls)
+    sandbox = SandboxClient(settings.sandbox_url, api_key=settings.sandbox_api_key)
+    adapter_name = None
+    summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(run_dir)}
+    try:
+        await cancel.guard(pool.wait_ready(timeout=600))
+        model = await served_base(pool, spec.model.base)
+        if spec.adapter:
+            adapter_name = f"eval-{job_id}"
+            await pool.load_adapter(adapter_name, str(paths["adapter"]))
+            model = adapter_name
+        events.emit("status", status="running")
+        _, headline = await evaluate_spec(
+            spec,
+            pool,
+            sandbox,
+            model=model,
+            chat=spec.model.chat,
+            seed=spec.seed,
+            out=run_dir / "eval",
+            cancel=cancel,
+            events=events,
+            label="eval",
+        )
+        summary.update(status=JobStatus.finished.value, report=str(run_dir / "eval"), eval=headline)
+        events.emit("status", status="finished", summary=summary)
+        return summary
+    finally:
+        cancel.stop()
+        if adapter_name:
+            await pool.unload_adapter(adapter_name, missing_ok=True)
+        await pool.aclose()
+        await sandbox.close()

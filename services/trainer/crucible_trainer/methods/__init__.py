@@ -1,0 +1,45 @@
+"""The method registry: each method's config class maps to the module that implements it.
+
+Every method module has the same protocol (`MethodModule`): `prepare` (once, before training:
+which problems to train on), `collect` (one step's samples with their advantages, and metrics)
+and `update_config` (how the policy update runs over them). The training loop dispatches
+through `REGISTRY` alone. Adding a method is one module here, one config class in
+`crucible_shared.jobs` (in its `Method` union) and one line below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, cast
+
+from crucible_shared.jobs import GRPOConfig, PPOConfig, ReinforceConfig, SRRLConfig, TrainJob
+
+from crucible_trainer.methods import grpo, ppo, reinforce, srrl
+from crucible_trainer.rl.context import StepContext
+from crucible_trainer.rl.rollout import Sample
+from crucible_trainer.rl.update import UpdateConfig
+
+
+class MethodModule(Protocol):
+    async def prepare(self, ctx: StepContext, cfg: Any, indices: list[int]) -> list[int]: ...
+
+    async def collect(
+        self, ctx: StepContext, cfg: Any, indices: list[int]
+    ) -> tuple[list[Sample], dict[str, float]]: ...
+
+    def update_config(self, cfg: Any, job: TrainJob) -> UpdateConfig: ...
+
+
+REGISTRY: dict[type, Any] = {
+    GRPOConfig: grpo,
+    SRRLConfig: srrl,
+    ReinforceConfig: reinforce,
+    PPOConfig: ppo,
+}
+
+
+def method_module(cfg: Any) -> MethodModule:
+    """The module implementing `cfg`'s method."""
+    try:
+        return cast(MethodModule, REGISTRY[type(cfg)])
+    except KeyError:
+        raise ValueError(f"no method module is registered for {type(cfg).__name__}") from None

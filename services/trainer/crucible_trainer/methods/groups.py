@@ -1,0 +1,136 @@
+"""Groups of samples (one problem's samples share an advantage baseline) and which of them train.
+
+A group whose rewards are all equal has zero advantage everywhere and carries no gradient.
+`select_groups` implements the filters of `crucible_shared.jobs.GroupFilter`:
+
+* `dynamic` (DAPO's dynamic sampling): drop such groups and sample groups of fresh problems
+  (drawn from the job's `ProblemSampler`, so the order stays reproducible) until the step has
+  its quota of informative groups or has drawn `max_draw_factor` times the quota;
+* `pre`: `prefilter` samples every problem once before training and keeps those the policy
+  sometimes solves (0 < pass rate < 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+from crucible_shared.jobs import GroupFilter
+
+from crucible_trainer.rl.advantages import group_advantages, zero_signal
+from crucible_trainer.rl.context import StepContext, first_prompts
+from crucible_trainer.rl.rollout import Sample
+
+log = logging.getLogger(__name__)
+
+# (problem indices, first group id, draw round) -> (scored samples, counters to sum over rounds)
+SampleGroups = Callable[[list[int], int, int], Awaitable[tuple[list[Sample], dict[str, float]]]]
+
+
+def by_group(batch: list[Sample]) -> dict[int, list[Sample]]:
+    groups: dict[int, list[Sample]] = defaultdict(list)
+    for s in batch:
+        if s.reward is not None:
+            groups[s.group].append(s)
+    return groups
+
+
+def assign_group_advantages(batch: list[Sample], scale: str) -> tuple[int, int]:
+    """Set `advantage` on every scored sample, group by group; returns (groups, zero-signal groups)."""
+    groups = by_group(batch)
+    keys = sorted(groups)
+    rewards = [[s.reward for s in groups[k]] for k in keys]
+    if not rewards:
+        return 0, 0
+    for k, adv in zip(keys, group_advantages(rewards, scale=scale), strict=True):
+        for s, a in zip(groups[k], adv, strict=True):
+            s.advantage = a
+    return len(keys), zero_signal(rewards)
+
+
+def zero_signal_metrics(batch: list[Sample]) -> dict[str, float]:
+    """How many of the sampled groups carry no learning signal."""
+    groups = by_group(batch)
+    zero = zero_signal([[s.reward for s in members] for members in groups.values()]) if groups else 0
+    return {"zero_signal_groups": float(zero), "zero_signal_fraction": zero / len(groups) if groups else 1.0}
+
+
+def informative(batch: list[Sample]) -> list[int]:
+    """Ids of the groups whose rewards differ (in order of first appearance)."""
+    groups = by_group(batch)
+    return [
+        g
+        for g, members in groups.items()
+        if max(s.reward for s in members) - min(s.reward for s in members) > 1e-9
+    ]
+
+
+async def select_groups(
+    ctx: StepContext, filt: GroupFilter, indices: list[int], sample_groups: SampleGroups
+) -> tuple[list[Sample], list[Sample], dict[str, float], dict[str, float]]:
+    """Sample the step's groups; returns (training batch, everything sampled, summed counters,
+    filter metrics). Without dynamic sampling both batches are the same."""
+    batch, counts = await sample_groups(indices, 0, 0)
+    if filt.mode != "dynamic":
+        return batch, batch, counts, {}
+    quota = len(indices)
+    cap = max(quota, math.ceil(filt.max_draw_factor * quota))
+    everything, drawn, rounds = list(batch), quota, 1
+    kept = informative(batch)[:quota]
+    found = len(informative(batch))
+    while len(kept) < quota and drawn < cap:
+        need = quota - len(kept)
+        rate = max(found / drawn, 1 / 8)  # draw enough to expect `need` informative groups
+        fresh = ctx.sampler.draw(min(cap - drawn, math.ceil(need / rate)))
+        more, more_counts = await sample_groups(fresh, drawn, rounds)
+        for s in more:  # refinements point at their first attempt inside `everything`
+            if s.parent is not None:
+                s.parent += len(everything)
+        everything += more
+        for key, value in more_counts.items():
+            counts[key] = counts.get(key, 0.0) + value
+        new = informative(more)
+        found += len(new)
+        kept += new[:need]
+        drawn += len(fresh)
+        rounds += 1
+    chosen = set(kept)
+    batch = [s for s in everything if s.group in chosen]
+    # Whole groups are kept, so every kept refinement's first attempt is kept too: renumber.
+    where = {id(s): i for i, s in enumerate(batch)}
+    for s in batch:
+        if s.parent is not None:
+            s.parent = where[id(everything[s.parent])]
+    metrics = {
+        "filter/groups_drawn": float(drawn),
+        "filter/groups_kept": float(len(kept)),
+        "filter/rounds": float(rounds),
+        "filter/extra_draw_fraction": (drawn - quota) / quota,
+        "filter/quota_met": float(len(kept) >= quota),
+    }
+    return batch, everything, counts, metrics
+
+
+async def prefilter(ctx: StepContext, filt: GroupFilter, indices: list[int]) -> list[int]:
+    """`pre`: the problems with 0 < pass rate < 1 over `pre_samples` first attempts each (all of
+    them, with a warning, if none qualifies)."""
+    if filt.mode != "pre":
+        return indices
+    batch = await ctx.sample(first_prompts(ctx, indices), filt.pre_samples)
+    groups = by_group(batch)
+    keep = []
+    for i, t in enumerate(indices):
+        members = groups.get(i, [])
+        rate = (
+            sum(1 for s in members if s.result and s.result.status == "passed") / len(members)
+            if members
+            else 0.0
+        )
+        if 0 < rate < 1:
+            keep.append(t)
+    if not keep:
+        log.warning("the pre-filter kept no problem; training on all of them")
+        return indices
+    return keep

@@ -1,0 +1,44 @@
+"""GRPO: G samples per prompt, advantages relative to the group (config: `crucible_shared.jobs.GRPOConfig`)."""
+
+from __future__ import annotations
+
+from crucible_shared.jobs import GRPOConfig, TrainJob
+
+from crucible_trainer.methods.groups import (
+    assign_group_advantages,
+    prefilter,
+    select_groups,
+    zero_signal_metrics,
+)
+from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
+from crucible_trainer.rl.rollout import Sample
+from crucible_trainer.rl.update import UpdateConfig
+
+
+async def prepare(ctx: StepContext, cfg: GRPOConfig, indices: list[int]) -> list[int]:
+    return await prefilter(ctx, cfg.filter, indices)
+
+
+async def collect(
+    ctx: StepContext, cfg: GRPOConfig, indices: list[int]
+) -> tuple[list[Sample], dict[str, float]]:
+    async def groups(chosen: list[int], offset: int, round: int) -> tuple[list[Sample], dict[str, float]]:
+        return await ctx.sample(first_prompts(ctx, chosen, offset), cfg.group_size, round=round), {}
+
+    batch, sampled, _, filter_metrics = await select_groups(ctx, cfg.filter, indices, groups)
+    assign_group_advantages(batch, cfg.scale)
+    return batch, {**reward_metrics(sampled), **zero_signal_metrics(sampled), **filter_metrics}
+
+
+def update_config(cfg: GRPOConfig, job: TrainJob) -> UpdateConfig:
+    return UpdateConfig(
+        objective="clip",
+        iterations=cfg.num_iterations,
+        clip_eps=cfg.clip_eps,
+        clip_eps_high=cfg.clip_eps_high,
+        kl_beta=cfg.kl_beta,
+        aggregation=cfg.loss,
+        micro_batch=job.optim.micro_batch,
+        grad_accum=job.optim.grad_accum,
+        max_tokens=job.rollout.max_tokens,
+    )

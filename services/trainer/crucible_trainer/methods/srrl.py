@@ -1,0 +1,114 @@
+"""SRRL (self-refined RL): first attempts (c1); every failed one gets a refinement prompt built from
+its sandbox result and c2 refinements at a lower temperature; c1 and c2 train together with
+advantages normalised per problem (config: `crucible_shared.jobs.SRRLConfig`). A problem's c1
+and c2 samples are one group, for the group filters too."""
+
+from __future__ import annotations
+
+from crucible_shared.jobs import SRRLConfig, TrainJob
+
+from crucible_trainer import tasks
+from crucible_trainer.methods.groups import (
+    assign_group_advantages,
+    prefilter,
+    select_groups,
+    zero_signal_metrics,
+)
+from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
+from crucible_trainer.rl.rollout import Prompt, Sample
+from crucible_trainer.rl.update import UpdateConfig
+
+
+def refinements_per_failure(cfg: SRRLConfig, failures: int) -> int:
+    """c2 per failed first attempt, capped so c1 + all refinements stay within the budget.
+
+    >>> refinements_per_failure(SRRLConfig(c1=2, c2=4, budget=10), 2)
+    4
+    >>> refinements_per_failure(SRRLConfig(c1=4, c2=4, budget=10), 4)
+    1
+    >>> refinements_per_failure(SRRLConfig(c1=9, c2=4, budget=10), 9)
+    0
+    """
+    if failures == 0:
+        return 0
+    return max(0, min(cfg.c2, (cfg.budget - cfg.c1) // failures))
+
+
+def _failed(s: Sample) -> bool:
+    return s.reward is not None and s.result is not None and s.result.status != "passed"
+
+
+def _refined_code(text: str, task: object) -> str:
+    return tasks.extract_refined_code(text)
+
+
+async def attempt_and_refine(
+    ctx: StepContext, cfg: SRRLConfig, indices: list[int], offset: int, round: int
+) -> tuple[list[Sample], dict[str, float]]:
+    """c1 first attempts per problem, then c2 refinements of each failed one; with counters."""
+    first = await ctx.sample(first_prompts(ctx, indices, offset), cfg.c1, round=round)
+    refine: list[Prompt] = []
+    counts: list[int] = []
+    for group in range(offset, offset + len(indices)):
+        failed = [k for k, s in enumerate(first) if s.group == group and _failed(s)]
+        per = refinements_per_failure(cfg, len(failed))
+        for k in failed if per else []:
+            s = first[k]
+            text = ctx.prompts.refinement(s.task_index, s.code, s.result, cfg.feedback)
+            refine.append(Prompt(task_index=s.task_index, group=group, text=text, phase="c2", parent=k))
+            counts.append(per)
+    second: list[Sample] = []
+    # Requests with the same n go together; counts differ only between problems.
+    for per in sorted(set(counts)):
+        chosen = [p for p, c in zip(refine, counts, strict=True) if c == per]
+        second += await ctx.sample(
+            chosen,
+            per,
+            temperature=cfg.c2_temperature,
+            max_tokens=cfg.refine_max_tokens,
+            extract=_refined_code,
+            round=round,
+        )
+    c1_failed = {k for k, s in enumerate(first) if _failed(s)}
+    rescued = {s.parent for s in second if s.result and s.result.status == "passed"} & c1_failed
+    stats = {
+        "c1_scored": float(sum(1 for s in first if s.reward is not None)),
+        "c1_passed": float(sum(1 for s in first if s.reward is not None and s.result.status == "passed")),
+        "c1_failed": float(len(c1_failed)),
+        "c1_rescued": float(len(rescued)),
+        "c2_samples": float(len(second)),
+        "problems": float(len(indices)),
+    }
+    return first + second, stats
+
+
+async def prepare(ctx: StepContext, cfg: SRRLConfig, indices: list[int]) -> list[int]:
+    return await prefilter(ctx, cfg.filter, indices)
+
+
+async def collect(
+    ctx: StepContext, cfg: SRRLConfig, indices: list[int]
+) -> tuple[list[Sample], dict[str, float]]:
+    async def groups(chosen: list[int], offset: int, round: int) -> tuple[list[Sample], dict[str, float]]:
+        return await attempt_and_refine(ctx, cfg, chosen, offset, round)
+
+    batch, sampled, c, filter_metrics = await select_groups(ctx, cfg.filter, indices, groups)
+    assign_group_advantages(batch, cfg.scale)
+    metrics = {**reward_metrics(sampled), **zero_signal_metrics(sampled), **filter_metrics}
+    metrics["c1_pass_rate"] = c["c1_passed"] / c["c1_scored"] if c["c1_scored"] else 0.0
+    metrics["c2_rescue_rate"] = c["c1_rescued"] / c["c1_failed"] if c["c1_failed"] else 0.0
+    metrics["refinements_per_problem"] = c["c2_samples"] / c["problems"]
+    return batch, metrics
+
+
+def update_config(cfg: SRRLConfig, job: TrainJob) -> UpdateConfig:
+    return UpdateConfig(
+        objective="clip",
+        iterations=cfg.num_iterations,
+        clip_eps=cfg.clip_eps,
+        kl_beta=cfg.kl_beta,
+        aggregation=cfg.loss,
+        micro_batch=job.optim.micro_batch,
+        grad_accum=job.optim.grad_accum,
+        max_tokens=job.rollout.max_tokens,
+    )

@@ -1,0 +1,168 @@
+"""The job lifecycle contract between the gateway and the trainer.
+
+A job is a record in Redis (a hash, `keys.job(id)`), an RQ job on the queue of its kind, an
+event stream and a cancel flag. Two pieces of code write them: the gateway's store (create,
+cancel, retry, reap) and the trainer's `JobChannel` (start, progress, heartbeat, events,
+finish). Both encode the record through `JobRecord` and change its status only through
+`transition`, an atomic check-and-set that also keeps the per-status indexes in step, so a
+record is never half-written and two writers never undo each other's transition.
+
+Statuses move like this (anything else is refused):
+
+    queued  -> running (a worker took it) | cancelled (before it started) | failed (it never started)
+    running -> finished | failed | cancelled | queued (worker lost, automatic retry)
+    failed, cancelled -> queued (retry)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from crucible_shared import keys
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    finished = "finished"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+FINAL = frozenset({JobStatus.finished, JobStatus.failed, JobStatus.cancelled})
+
+# Job ids name Redis keys and run directories: letters, digits, `_ . -`, no separators.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+
+# The RQ queue of each job kind, and the job function (enqueued by dotted path, so the gateway
+# never imports the trainer).
+QUEUES: dict[str, str] = {"train": "train", "eval": "eval", "pipeline": "train"}
+JOB_FUNCTION = "crucible_trainer.jobs.run_job"
+
+
+def valid_job_id(job_id: str) -> bool:
+    """Whether `job_id` may name a job.
+
+    >>> valid_job_id("train-0123456789ab"), valid_job_id("x:events"), valid_job_id("../etc")
+    (True, False, False)
+    """
+    return bool(_JOB_ID.match(job_id))
+
+
+class JobRecord(BaseModel):
+    """A job as stored in Redis and shown by the API."""
+
+    id: str
+    kind: str
+    name: str | None = None
+    status: JobStatus
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    heartbeat_at: float | None = Field(None, description="Last sign of life of the worker running it.")
+    step: int | None = Field(None, description="Last finished training step.")
+    total_steps: int | None = None
+    policy_version: str | None = Field(None, description="Adapter version the generator serves for this job.")
+    metrics: dict[str, Any] | None = Field(None, description="Latest step's metrics.")
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+    spec: dict[str, Any] | None = None
+    attempts: int = Field(1, description="Runs of this job so far (retries included).")
+    max_attempts: int = Field(1, description="Runs allowed when a worker is lost (automatic retries).")
+    worker: str | None = Field(None, description="The worker running it (host:pid).")
+
+    @classmethod
+    def from_redis(cls, job_id: str, raw: dict[Any, Any]) -> JobRecord:
+        fields = {_text(k): decode(_text(k), _text(v)) for k, v in raw.items()}
+        fields.pop("id", None)
+        return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields} | {"id": job_id})
+
+
+_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker"})
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def encode(field: str, value: Any) -> str:
+    """One field as stored: strings as they are ("" for none), everything else as JSON.
+
+    >>> encode("status", JobStatus.running), encode("error", None), encode("step", 3)
+    ('running', '', '3')
+    """
+    if field in _STRING_FIELDS:
+        return "" if value is None else str(value)
+    return json.dumps(value, default=str)
+
+
+def decode(field: str, text: str) -> Any:
+    """Inverse of `encode` (text that isn't JSON is kept as it is)."""
+    if field in _STRING_FIELDS:
+        return text or None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def encode_fields(fields: dict[str, Any]) -> dict[str, str]:
+    return {k: encode(k, v) for k, v in fields.items()}
+
+
+# Check-and-set of the status, the given fields and the status indexes, atomically.
+# KEYS[1] the record. ARGV: job id, new status, allowed current statuses ("a,b"; "*" any),
+# stale_before ("" or a time: only when the last heartbeat is older), index key prefix, then
+# field/value pairs. Returns "ok", or the current status when refused (nil: no such job).
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return false end
+if ARGV[3] ~= '*' then
+  local ok = false
+  for s in string.gmatch(ARGV[3], '[^,]+') do if s == cur then ok = true end end
+  if not ok then return cur end
+end
+if ARGV[4] ~= '' then
+  local beat = tonumber(redis.call('HGET', KEYS[1], 'heartbeat_at') or '')
+  if beat == nil then beat = tonumber(redis.call('HGET', KEYS[1], 'started_at') or '') end
+  if beat ~= nil and beat >= tonumber(ARGV[4]) then return cur end
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[2])
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local created = tonumber(redis.call('HGET', KEYS[1], 'created_at') or '0') or 0
+redis.call('ZREM', ARGV[5] .. cur, ARGV[1])
+redis.call('ZADD', ARGV[5] .. ARGV[2], created, ARGV[1])
+return 'ok'
+"""
+
+
+def transition_command(
+    job_id: str,
+    status: JobStatus,
+    *,
+    allowed_from: frozenset[JobStatus] | set[JobStatus] | None = None,
+    stale_before: float | None = None,
+    **fields: Any,
+) -> tuple[Any, ...]:
+    """Arguments of `redis.eval(...)` for a transition (works with sync and asyncio clients)."""
+    allowed = ",".join(sorted(allowed_from)) if allowed_from else "*"
+    pairs = [x for k, v in encode_fields(fields).items() for x in (k, v)]
+    prefix = keys.status_index("")
+    stale = "" if stale_before is None else repr(float(stale_before))
+    return (_TRANSITION, 1, keys.job(job_id), job_id, status.value, allowed, stale, prefix, *pairs)
+
+
+def transition_result(reply: Any) -> tuple[bool, JobStatus | None]:
+    """(changed, status before the refused change) from the script's reply."""
+    if reply is None:
+        return False, None
+    text = _text(reply)
+    if text == "ok":
+        return True, None
+    return False, JobStatus(text)
