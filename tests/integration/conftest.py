@@ -1,4 +1,5 @@
-"""Fixtures that spawn real services (see tests/servers.py)."""
+"""Fixtures that spawn real services (see tests/servers.py): the sandbox here, the generator with
+test adapters (generator_fixtures) and the job stack (stack_fixtures), registered below."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import os
 
 import pytest
 
+from tests.integration.generator_fixtures import client, generator, lora_dirs, tokenizer  # noqa: F401
+from tests.integration.stack_fixtures import (  # noqa: F401
+    gateway,
+    redis_url,
+    stack_dirs,
+    stack_generator,
+    workers,
+)
 from tests.servers import Service, spawn
 
 SECRET = "crucible-test-secret-value-0123456789"

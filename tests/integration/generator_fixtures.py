@@ -1,9 +1,8 @@
 """Fixtures for the generator tests: the real server with SmolLM2, the official `openai` client, and
 two PEFT LoRA adapters with non-zero `lora_B` (so each changes what the model writes).
 
-Import them into a test module: `from tests.integration.generator_fixtures import *  # noqa: F403`.
-Each importing module gets its own copy of these session fixtures, so the expensive objects are
-shared through `_shared`: one server and one set of adapters per test session.
+Registered for every integration test by `conftest.py`; the expensive objects are held in
+`_shared` (one server and one set of adapters per test session, closed with their last user).
 """
 
 from __future__ import annotations

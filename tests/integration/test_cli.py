@@ -8,8 +8,6 @@ from pathlib import Path
 
 from crucible_shared.gateway_client import GatewayClient
 
-from tests.integration.stack_fixtures import *  # noqa: F403
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -11,8 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.integration.stack_fixtures import *  # noqa: F403
-
 FUZZ = settings(
     max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
 )

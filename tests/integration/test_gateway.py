@@ -14,7 +14,6 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from tests.integration.stack_fixtures import *  # noqa: F403
 from tests.servers import free_port, spawn
 
 TINY_TRAIN = {

@@ -13,7 +13,6 @@ from crucible_shared.generator_client import (
     samples,
 )
 
-from tests.integration.generator_fixtures import *  # noqa: F403
 from tests.integration.generator_fixtures import BASE
 from tests.servers import free_port
 

@@ -10,7 +10,6 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.generator_fixtures import *  # noqa: F403
 from tests.integration.generator_fixtures import BASE, MAX_LORAS
 
 PROMPT = "def is_prime(n):"

@@ -10,7 +10,6 @@ import openai
 import pytest
 import torch
 
-from tests.integration.generator_fixtures import *  # noqa: F403
 from tests.integration.generator_fixtures import BASE
 
 PROMPT = "def fibonacci(n):"

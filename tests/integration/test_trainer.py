@@ -17,8 +17,6 @@ import yaml
 from crucible_shared.jobs import TrainJob
 from safetensors.torch import load_file
 
-from tests.integration.stack_fixtures import *  # noqa: F403
-
 pytestmark = pytest.mark.slow
 
 

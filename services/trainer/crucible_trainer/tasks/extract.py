@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 
 _CODE_TAG = re.compile(r"<code>(.*?)(?:</code>|\Z)", re.S)
 _FENCE = re.compile(r"^\s*```+\s*([\w+#.-]*)")
@@ -60,6 +61,14 @@ def extract_refined_code(text: str) -> str:
     return ""
 
 
+def parse_quietly(code: str) -> ast.Module:
+    """`ast.parse` without the warnings model code provokes: sampled programs are full of
+    invalid escape sequences, and a GPU run would print `SyntaxWarning`s by the hundred."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(code)
+
+
 def sanitize(code: str) -> str:
     """Keep imports, functions, classes and assignments at the top level; drop everything else.
 
@@ -70,7 +79,7 @@ def sanitize(code: str) -> str:
     'def f(x):\\n    return x'
     """
     try:
-        tree = ast.parse(code)
+        tree = parse_quietly(code)
     except (SyntaxError, ValueError):
         return code
     defined = {
@@ -148,7 +157,7 @@ def _raw_code(text: str) -> str:
         if not candidate:
             continue
         try:
-            ast.parse(candidate)
+            parse_quietly(candidate)
         except (SyntaxError, ValueError):
             continue
         return candidate
