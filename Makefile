@@ -1,21 +1,30 @@
 # Crucible developer commands. `make demo` sets up a fresh machine and runs the main job;
-# `make test` runs the test suite (what CI runs).
+# `make test` runs lint and the test suite (what CI runs).
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+PACKAGES := shared/pyproject.toml models/pyproject.toml cli/pyproject.toml services/*/pyproject.toml
 
-.PHONY: setup demo sandbox-demo test test-all lint format bench clean
+.PHONY: setup dev demo sandbox-demo test test-all lint format bench clean
 
+# The runtime: every service, the CLI, and the CPU build of torch (a laptop never pulls CUDA wheels).
 setup: $(STAMP)
 
-# torch is pinned to the CPU build so a laptop without a GPU never pulls CUDA wheels.
-$(STAMP): requirements.txt requirements-nodeps.txt shared/pyproject.toml services/*/pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt $(PACKAGES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(BIN)/python -m pip install -q -r requirements.txt
 	touch $(STAMP)
+
+# Plus the test, lint and deployment-check tools.
+dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	touch $(DEV_STAMP)
 
 demo: setup
 	$(BIN)/crucible demo
@@ -23,17 +32,18 @@ demo: setup
 sandbox-demo: setup
 	$(BIN)/python -m crucible_sandbox.demo
 
-test: setup
+test: dev lint
 	$(BIN)/python -m pytest -m "not gpu" -q
 
-test-all: setup
+test-all: dev
 	$(BIN)/python -m pytest -q
 
-lint: setup
+lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared/crucible_shared services/gateway/crucible_gateway
 
-format: setup
+format: dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
@@ -42,4 +52,4 @@ bench: setup
 	$(BIN)/python bench/generator.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -109,7 +109,8 @@ class GatewayClient:
             if r.status_code >= 400:
                 r.read()
                 self._check(r)
-            event_id, event, data = None, "message", []
+            event_id: str | None = None
+            event, data = "message", list[str]()
             for line in r.iter_lines():
                 if not line:
                     if data:

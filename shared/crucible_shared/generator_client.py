@@ -137,19 +137,19 @@ def samples(response: CompletionResponse | ChatCompletionResponse, n: int | None
                 )
             )
         return out
-    for choice in response.choices:
+    for completion in response.choices:
         lps = None
-        if choice.logprobs is not None:
-            lps = [lp if lp is not None else float("nan") for lp in choice.logprobs.token_logprobs]
+        if completion.logprobs is not None:
+            lps = [lp if lp is not None else float("nan") for lp in completion.logprobs.token_logprobs]
         out.append(
             Sample(
-                prompt_index=choice.index // n if n else 0,
-                index=choice.index,
-                text=choice.text,
-                token_ids=choice.token_ids,
-                prompt_token_ids=choice.prompt_token_ids,
+                prompt_index=completion.index // n if n else 0,
+                index=completion.index,
+                text=completion.text,
+                token_ids=completion.token_ids,
+                prompt_token_ids=completion.prompt_token_ids,
                 logprobs=lps,
-                finish_reason=choice.finish_reason,
+                finish_reason=completion.finish_reason,
             )
         )
     return out

@@ -98,11 +98,11 @@ def install_error_handlers(app: FastAPI) -> None:
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     @app.exception_handler(ApiError)
-    async def _api_error(request, exc: ApiError):  # type: ignore[no-untyped-def]
+    async def _api_error(request, exc: ApiError):
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request, exc: RequestValidationError):  # type: ignore[no-untyped-def]
+    async def _validation(request, exc: RequestValidationError):
         errors = exc.errors()
         details = [
             {"field": error_field(e), "message": e.get("msg", ""), "type": e.get("type", "")} for e in errors
@@ -116,13 +116,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(422, message, field=first["field"], details=details), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request, exc: StarletteHTTPException):  # type: ignore[no-untyped-def]
+    async def _http(request, exc: StarletteHTTPException):
         return JSONResponse(
             error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
         )
 
     @app.exception_handler(Exception)
-    async def _crash(request, exc: Exception):  # type: ignore[no-untyped-def]
+    async def _crash(request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(
             error_body(500, "internal error; see the service log", code="internal"), status_code=500

@@ -524,12 +524,15 @@ class EvalJob(EvalSpec):
 JobSpec = Annotated[TrainJob | EvalJob, Field(discriminator="kind")]
 
 
-def job_paths(spec: TrainJob | EvalJob) -> list[tuple[str, str, str]]:
+RootKind = Literal["data", "model", "adapter"]
+
+
+def job_paths(spec: TrainJob | EvalJob) -> list[tuple[str, str, RootKind]]:
     """Every file-system path a spec names: (dotted field, value, root kind: data | model | adapter).
 
     Model ids that aren't paths (a built-in name, `org/model` on a hub) are not listed.
     """
-    out: list[tuple[str, str, str]] = []
+    out: list[tuple[str, str, RootKind]] = []
 
     def data(prefix: str, d: DataSpec | None) -> None:
         if d is not None and d.path:

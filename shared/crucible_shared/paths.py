@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from crucible_shared.jobs import RootKind, job_paths
 from crucible_shared.settings import split_csv
-
-RootKind = Literal["data", "model", "adapter"]
 
 
 def _cache_dir() -> Path:
@@ -94,6 +93,4 @@ class PathRoots(BaseSettings):
 
     def check(self, spec: Any, *, real: bool = False) -> dict[str, Path]:
         """Every path of a job spec, resolved; raises `PathOutsideRoots` for the first bad one."""
-        from crucible_shared.jobs import job_paths
-
         return {field: self.resolve(field, value, kind, real=real) for field, value, kind in job_paths(spec)}

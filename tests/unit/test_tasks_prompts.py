@@ -182,3 +182,16 @@ def test_doctests() -> None:
 
     for module in (extract, passk, timing):
         assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_model_code_with_bad_escapes_parses_without_warnings() -> None:
+    """Sampled programs are full of invalid escape sequences; parsing them must stay quiet."""
+    import warnings
+
+    from crucible_trainer.tasks.extract import extract_code, sanitize
+
+    code = 'import re\ndef f(s):\n    return re.findall("\\d+", s)\nprint(f("a1"))\n'
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "print" not in sanitize(code)
+        assert extract_code(f"```python\n{code}```").startswith("import re")

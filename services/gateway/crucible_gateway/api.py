@@ -128,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> JobList:
-        jobs, total = await service.list(status, kind, offset, limit)
+        jobs, total = await service.list_jobs(status, kind, offset, limit)
         return JobList(jobs=jobs, total=total, offset=offset, limit=limit)
 
     @app.get(

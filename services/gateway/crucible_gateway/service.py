@@ -58,7 +58,7 @@ class GatewayService:
             raise ApiError(404, f"no job {job_id!r}", field="job_id")
         return record if with_spec else record.model_copy(update={"spec": None})
 
-    async def list(
+    async def list_jobs(
         self, status: JobStatus | None, kind: str | None, offset: int, limit: int
     ) -> tuple[list[JobRecord], int]:
         if kind is None:

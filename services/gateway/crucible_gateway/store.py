@@ -34,6 +34,10 @@ from rq.serializers import JSONSerializer
 _TTL_S = 7 * 24 * 3600
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def new_job_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:12]}"
 
@@ -69,11 +73,11 @@ class JobStore:
         index = keys.status_index(status.value) if status else keys.jobs_index()
         total = await self.redis.zcard(index)
         ids = await self.redis.zrevrange(index, offset, offset + limit - 1)
-        return [i.decode() for i in ids], total
+        return [_text(i) for i in ids], total
 
     async def ids(self, status: JobStatus | None) -> list[str]:
         index = keys.status_index(status.value) if status else keys.jobs_index()
-        return [i.decode() for i in await self.redis.zrevrange(index, 0, -1)]
+        return [_text(i) for i in await self.redis.zrevrange(index, 0, -1)]
 
     async def transition(
         self,
@@ -108,8 +112,8 @@ class JobStore:
             claimed = await self.redis.set(keys.idempotency(idempotency_key), job_id, nx=True, ex=24 * 3600)
             if not claimed:
                 existing = await self.redis.get(keys.idempotency(idempotency_key))
-                if existing and await self.redis.exists(keys.job(existing.decode())):
-                    return existing.decode(), False
+                if existing and await self.redis.exists(keys.job(_text(existing))):
+                    return _text(existing), False
                 # The first attempt died between claiming and creating: take the key over.
                 await self.redis.set(keys.idempotency(idempotency_key), job_id, ex=24 * 3600)
         now = time.time()
@@ -123,7 +127,8 @@ class JobStore:
             max_attempts=max_attempts,
         )
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.job(job_id), mapping=encode_fields(record.model_dump(exclude={"id"})))
+        mapping: dict[Any, Any] = encode_fields(record.model_dump(exclude={"id"}))
+        pipe.hset(keys.job(job_id), mapping=mapping)
         pipe.zadd(keys.jobs_index(), {job_id: now})
         pipe.zadd(keys.status_index(JobStatus.queued.value), {job_id: now})
         await pipe.execute()
@@ -181,13 +186,13 @@ class JobStore:
     async def events_after(
         self, job_id: str, last_id: str, block_ms: int
     ) -> list[tuple[str, dict[str, Any]]]:
-        found = await self.redis.xread({keys.events(job_id): last_id}, count=100, block=block_ms)
+        found: Any = await self.redis.xread({keys.events(job_id): last_id}, count=100, block=block_ms)
         out = []
         for _stream, entries in found or []:
             for entry_id, fields in entries:
-                data = fields.get(b"data", b"{}").decode()
+                data = _text(fields.get(b"data", b"{}"))
                 try:
-                    out.append((entry_id.decode(), json.loads(data)))
+                    out.append((_text(entry_id), json.loads(data)))
                 except ValueError:
-                    out.append((entry_id.decode(), {"type": "raw", "data": data}))
+                    out.append((_text(entry_id), {"type": "raw", "data": data}))
         return out

@@ -1,4 +1,5 @@
-"""Learning-curve plot from a job's metrics.jsonl."""
+"""Learning-curve plot from a job's metrics.jsonl: one panel per training metric present, plus
+the evaluations (before, every N steps, after) as a time series."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ CURVES = [
     ("pass_rate", "pass rate"),
     ("zero_signal_fraction", "zero-signal groups"),
     ("c2_rescue_rate", "c2 rescue rate"),
+    ("filter/extra_draw_fraction", "extra groups drawn"),
+    ("eval/greedy_pass@1", "eval: greedy pass@1"),
 ]
 
 

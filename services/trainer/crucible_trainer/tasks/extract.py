@@ -63,9 +63,11 @@ def extract_refined_code(text: str) -> str:
 
 def parse_quietly(code: str) -> ast.Module:
     """`ast.parse` without the warnings model code provokes: sampled programs are full of
-    invalid escape sequences, and a GPU run would print `SyntaxWarning`s by the hundred."""
+    invalid escape sequences, and a GPU run would print them by the hundred (a `SyntaxWarning`
+    since Python 3.12, a `DeprecationWarning` before)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         return ast.parse(code)
 
 
