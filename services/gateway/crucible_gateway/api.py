@@ -45,8 +45,16 @@ JobId = Annotated[str, Path(description="A job id.", pattern=JOB_ID_PATTERN, max
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    # A bounded pool: callers wait for a connection rather than fail when all are busy.
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_connections,
+        timeout=10,
+        socket_timeout=5,
+        socket_connect_timeout=3,
+    )
     store = JobStore(
-        redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
+        redis.asyncio.Redis(connection_pool=pool),
         redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
         {
             "train": settings.train_job_timeout_s,
@@ -163,11 +171,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.view(job_id, False)
 
         async def stream():
-            last = last_event_id or "0-0"
+            # Polled without blocking: an idle stream holds no Redis connection and no thread
+            # between polls, so thousands of watchers cost the other routes nothing.
+            last, idle = last_event_id or "0-0", 0
             while True:
                 if await request.is_disconnected():
                     return
-                found = await store.events_after(job_id, last, 1000)
+                found = await store.events_after(job_id, last)
                 for entry_id, data in found:
                     last = entry_id
                     yield {
@@ -175,12 +185,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                         "event": str(data.get("type", "message")),
                         "data": json.dumps(data),
                     }
-                if not found:
+                if found:
+                    idle = 0
+                    continue
+                if idle % 8 == 0:  # is the job over? (every 8th idle poll)
                     record = await store.get(job_id)
-                    if record is None or record.status in FINAL:
+                    # Events written just before the final transition go out before the end.
+                    if (record is None or record.status in FINAL) and not await store.events_after(
+                        job_id, last
+                    ):
                         status = record.status.value if record else "gone"
                         yield {"event": "end", "data": json.dumps({"status": status})}
                         return
+                idle += 1
+                # A stream quiet for a while polls four times less often.
+                await asyncio.sleep(settings.stream_poll_s * (1 if idle < 8 else 4))
 
         return EventSourceResponse(stream(), ping=15)
 

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
         description="Runs of a job when its worker is lost (resumed from the last checkpoint), unless "
         "its spec says otherwise; 1 turns automatic retries off.",
     )
+    stream_poll_s: float = Field(
+        0.25, gt=0, le=10, description="How often an idle event stream looks for news."
+    )
+    redis_connections: int = Field(64, ge=4, description="Size of the Redis connection pool.")
     max_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest request body accepted (job specs are small)."
     )

@@ -183,10 +183,9 @@ class JobStore:
         record = {"type": kind, "time": time.time(), **data}
         await self.redis.xadd(keys.events(job_id), {"data": json.dumps(record, default=str)}, maxlen=10_000)
 
-    async def events_after(
-        self, job_id: str, last_id: str, block_ms: int
-    ) -> list[tuple[str, dict[str, Any]]]:
-        found: Any = await self.redis.xread({keys.events(job_id): last_id}, count=100, block=block_ms)
+    async def events_after(self, job_id: str, last_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Events after `last_id` (up to 100), without blocking."""
+        found: Any = await self.redis.xread({keys.events(job_id): last_id}, count=100)
         out = []
         for _stream, entries in found or []:
             for entry_id, fields in entries:
