@@ -16,40 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def start(module: str, port_var: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
-    from tests.servers import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module],
-        env={**os.environ, **env, port_var: str(port)},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{module} exited; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.25)
-    raise TimeoutError(module)
 
 
 def job_spec(
@@ -60,24 +34,29 @@ def job_spec(
     prompts: int = 8,
     max_tokens: int = 256,
     reward: str = "fraction",
-    difficulty_filter: bool = False,
+    group_filter: str = "none",
+    before: bool = True,
 ) -> dict:
     method_cfg = (
-        {"name": "grpo", "difficulty_filter": difficulty_filter}
+        {"name": "grpo", "group_size": 8}
         if method == "grpo"
         else {"name": "srrl", "c1": 2, "c2": 4, "c2_temperature": 0.3, "budget": 10}
     )
-    group = 8 if method == "grpo" else 2
+    method_cfg["filter"] = {"mode": group_filter}
     return {
         "kind": "train",
         "method": method_cfg,
         "model": {"base": model, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
         "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": 0},
-        "rollout": {"group_size": group, "temperature": 1.0, "max_tokens": max_tokens},
+        "rollout": {"temperature": 1.0, "max_tokens": max_tokens},
         "reward": {"kind": reward},
         "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": prompts, "micro_batch": 64},
         "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
-        "eval": {"data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks}, "max_tokens": 256}
+        "eval": {
+            "data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks},
+            "max_tokens": 256,
+            "before": before,
+        }
         if eval_tasks
         else None,
         "checkpoint": {"every": 10_000},
@@ -102,31 +81,41 @@ def main() -> None:
     )
     parser.add_argument("--reward", default="fraction", choices=["fraction", "all_pass", "graded"])
     parser.add_argument(
-        "--difficulty-filter", action="store_true", help="GRPO: train only on tasks with 0 < pass rate < 1"
+        "--filter",
+        default="none",
+        choices=["none", "pre", "dynamic"],
+        help="which groups train: all, a one-off pre-filter (0 < pass rate < 1), or dynamic sampling",
     )
+    parser.add_argument(
+        "--difficulty-filter", action="store_true", help="the same as --filter pre (older runs used it)"
+    )
+    parser.add_argument("--no-before", action="store_true", help="skip the evaluation before training")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
+    from crucible_cli.spawn import start
     from crucible_shared.jobs import TrainJob
+    from crucible_trainer.channel import LocalChannel
     from crucible_trainer.settings import Settings
     from crucible_trainer.train import run_train_job
 
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
-    sandbox, sandbox_url = start("crucible_sandbox", "CRUCIBLE_SANDBOX_PORT", {}, work / "sandbox.log")
-    generator, generator_url = start(
+    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    generator = start(
         "crucible_generator",
-        "CRUCIBLE_GENERATOR_PORT",
         {
             "CRUCIBLE_GENERATOR_MODEL": args.model,
             "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
             "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
         },
-        work / "generator.log",
+        "CRUCIBLE_GENERATOR_PORT",
+        log=work / "generator.log",
+        timeout=600,
     )
     try:
         settings = Settings(
-            generator_urls=[generator_url],
-            sandbox_url=sandbox_url,
+            generator_urls=[generator.url],
+            sandbox_url=sandbox.url,
             adapter_dir=work / "adapters",
             runs_dir=work / "jobs",
         )
@@ -139,19 +128,21 @@ def main() -> None:
                 args.prompts,
                 args.max_tokens,
                 args.reward,
-                args.difficulty_filter,
+                "pre" if args.difficulty_filter else args.filter,
+                not args.no_before,
             )
         )
+        job_id = f"race-{args.method}"
         t = time.perf_counter()
-        summary = asyncio.run(run_train_job(spec, f"race-{args.method}", settings))
+        summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
         total = time.perf_counter() - t
     finally:
-        for proc in (generator, sandbox):
-            proc.terminate()
-            proc.wait()
+        generator.stop()
+        sandbox.stop()
     rows = [
-        json.loads(line)
+        row
         for line in (work / "jobs" / f"race-{args.method}" / "metrics.jsonl").read_text().splitlines()
+        if "eval_label" not in (row := json.loads(line))
     ]
     keys = [
         "time/step_s",
@@ -162,6 +153,7 @@ def main() -> None:
         "reward_mean",
         "zero_signal_fraction",
         "completion_tokens_mean",
+        "filter/groups_drawn",
     ]
     print(f"{args.method}: {len(rows)} steps in {total:.1f} s ({summary.get('status')})")
     for r in rows:
@@ -192,6 +184,7 @@ def main() -> None:
                     "split": split,
                     "eval": summary.get("eval"),
                     "difficulty_filter": summary.get("difficulty_filter"),
+                    "filter": "pre" if args.difficulty_filter else args.filter,
                     "reward": args.reward,
                 },
                 indent=1,

@@ -80,7 +80,7 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     require("crucible_trainer", command="train --local")
     from crucible_shared.lifecycle import JobStatus, valid_job_id
     from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute
+    from crucible_trainer.jobs import execute, quiet_libraries
     from crucible_trainer.settings import Settings
     from rich.console import Console
 
@@ -111,6 +111,8 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
 
     channel = LocalChannel(job_id, show)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    if not raw:
+        quiet_libraries()
 
     def interrupt(*_: object) -> None:
         if channel.cancel_requested():

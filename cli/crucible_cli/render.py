@@ -44,6 +44,13 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
         status = data.get("status", "?")
         error = f": {data['error']}" if data.get("error") else ""
         return _line("status", f"{status}{error}")
+    if event == "settings":
+        parts = [f"{data.get('device')}", f"{data.get('dtype')}", f"micro-batch {data.get('micro_batch')}"]
+        parts.append("gradient checkpointing " + ("on" if data.get("gradient_checkpointing") else "off"))
+        parts.append(f"attention {data.get('attn_implementation')}")
+        if data.get("gpu_free_gb") is not None:
+            parts.append(f"{data['gpu_free_gb']} of {data.get('gpu_total_gb')} GiB free")
+        return _line("settings", ", ".join(parts))
     if event == "eval_started":
         where = f" ({data['data']})" if data.get("data") else ""
         return _line(

@@ -156,19 +156,46 @@ def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+ATTENTION = ("sdpa", "eager", "flash_attention_2")
+
+
+def pick_attention(attn_implementation: str | None = None) -> str:
+    """`sdpa` (PyTorch's fused attention) by default; `flash_attention_2` only with the flash-attn
+    package installed (a clear error otherwise, not a slow fallback); `eager` for debugging."""
+    import importlib.util
+
+    chosen = attn_implementation or "sdpa"
+    if chosen not in ATTENTION:
+        raise ValueError(f"attn_implementation {chosen!r}: use one of {', '.join(ATTENTION)}")
+    if chosen == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ValueError(
+            "attn_implementation flash_attention_2 needs the flash-attn package (CUDA only): "
+            "`pip install flash-attn --no-build-isolation`, or build the CUDA trainer image with "
+            "`--build-arg FLASH_ATTN=1`; or use sdpa"
+        )
+    return chosen
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,
     device: str | None = None,
     dtype: str | None = None,
+    attn_implementation: str | None = None,
     **kwargs: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load `(model, tokenizer)` in eval mode on the chosen device and dtype (see `pick_*`)."""
+    """Load `(model, tokenizer)` in eval mode on the chosen device, dtype and attention kernel
+    (see `pick_*`)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
     chosen_device = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(chosen_device, dtype), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=pick_dtype(chosen_device, dtype),
+        attn_implementation=pick_attention(attn_implementation),
+        **kwargs,
+    )
     model.to(chosen_device)
     model.eval()
     tokenizer = load_tokenizer(name)

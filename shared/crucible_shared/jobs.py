@@ -42,6 +42,11 @@ def unused(field: str, reason: str) -> PydanticCustomError:
 
 Dataset = Literal["mbpp", "humaneval", "stdio", "jsonl"]
 Split = Literal["prompt", "test", "validation", "train", "all"]
+# MBPP's standard splits by task id; HumanEval's seeded 131/33 train/test split (docs/evaluation.md).
+SPLITS: dict[str, tuple[str, ...]] = {
+    "mbpp": ("prompt", "test", "validation", "train", "all"),
+    "humaneval": ("train", "test", "all"),
+}
 
 
 class DataSpec(_Spec):
@@ -51,7 +56,8 @@ class DataSpec(_Spec):
     split: Split | None = Field(
         default=None,
         description="MBPP split by task id (prompt 1-10, test 11-510, validation 511-600, train 601-974); "
-        "default `test`, or `all` when `ids` / `id_range` pick the tasks. Other datasets: `all` only.",
+        "default `test`, or `all` when `ids` / `id_range` pick the tasks. HumanEval: `train` (131 tasks) "
+        "or `test` (33), a seeded split; default `all`. Other datasets: `all` only.",
     )
     path: str | None = Field(
         default=None,
@@ -79,8 +85,11 @@ class DataSpec(_Spec):
     def _check(self) -> DataSpec:
         if self.dataset in ("stdio", "jsonl") and not self.path:
             raise ValueError(f"path: a {self.dataset} dataset needs the path of its JSONL file")
-        if self.dataset != "mbpp" and self.split not in (None, "all"):
-            raise ValueError(f"split: {self.dataset} has no split {self.split!r} (only MBPP has splits)")
+        allowed = SPLITS.get(self.dataset, ("all",))
+        if self.split not in (None, *allowed):
+            raise ValueError(
+                f"split: {self.dataset} has no split {self.split!r} (it has: {', '.join(allowed)})"
+            )
         if self.ids is not None and self.id_range is not None:
             raise ValueError("ids and id_range: give one of them, not both")
         if self.ids is not None and not self.ids:
@@ -150,7 +159,14 @@ class ModelSpec(_Spec):
         pattern=r"^(cpu|auto|cuda(:\d{1,2})?)$",
         description="cpu / cuda / cuda:N; default: CUDA when present.",
     )
-    gradient_checkpointing: bool = Field(False, description="Trade compute for memory in the update.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="Trade compute for memory in the update; auto: on when a micro-batch would not fit "
+        "in free GPU memory.",
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="Attention kernel; flash_attention_2 needs the flash-attn package (CUDA)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -195,10 +211,20 @@ class RewardSpec(_Spec):
 class OptimSpec(_Spec):
     """Optimisation of the LoRA parameters (AdamW)."""
 
+    @model_validator(mode="after")
+    def _check_micro_batch(self) -> OptimSpec:
+        if self.micro_batch != "auto" and not 1 <= self.micro_batch <= 4096:
+            raise ValueError("micro_batch: between 1 and 4096, or auto")
+        return self
+
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     steps: int = Field(100, ge=1, le=MAX_STEPS, description="Policy updates (training steps).")
     problems_per_step: int = Field(8, ge=1, le=4096, description="Prompts sampled per step.")
-    micro_batch: int = Field(16, ge=1, le=4096, description="Sequences per forward/backward pass.")
+    micro_batch: int | Literal["auto"] = Field(
+        "auto",
+        description="Sequences per forward/backward pass (at most 4096); auto: 16 on CPU, from free "
+        "memory on a GPU.",
+    )
     grad_accum: int | None = Field(
         None, ge=1, le=4096, description="Micro-batches per optimizer step; default: the whole batch."
     )
@@ -516,8 +542,9 @@ class EvalJob(EvalSpec):
         for name in ("lora_r", "lora_alpha", "lora_dropout", "target_modules", "init_adapter"):
             if self.model._changed(name):
                 raise unused(f"model.{name}", "an evaluation trains nothing (use `adapter` to evaluate one)")
-        if self.model._changed("gradient_checkpointing"):
-            raise unused("model.gradient_checkpointing", "an evaluation trains nothing")
+        for name in ("gradient_checkpointing", "device", "dtype", "attn_implementation"):
+            if self.model._changed(name):
+                raise unused(f"model.{name}", "the generator runs the model of an evaluation, not the job")
         return self
 
 

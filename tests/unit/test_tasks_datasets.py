@@ -286,7 +286,8 @@ def test_custom_jsonl_malformed_line_names_file_line_and_field(tmp_path: Path, l
     [
         ({"dataset": "stdio"}, "path"),
         ({"dataset": "jsonl"}, "path"),
-        ({"dataset": "humaneval", "split": "train"}, "split"),
+        ({"dataset": "humaneval", "split": "validation"}, "split"),
+        ({"dataset": "stdio", "path": "x.jsonl", "split": "train"}, "split"),
         ({"ids": [1], "id_range": (1, 2)}, "id_range"),
         ({"id_range": (5, 1)}, "id_range"),
         ({"limit": 0}, "limit"),

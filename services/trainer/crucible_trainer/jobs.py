@@ -26,6 +26,18 @@ _SPEC = TypeAdapter(JobSpec)
 Runner = Callable[[Any, str, Settings, JobChannel], Awaitable[dict[str, Any]]]
 
 
+def quiet_libraries() -> None:
+    """For jobs run in a terminal (`crucible train --local`): no weight-loading progress bars or
+    library deprecation notices between the job's own lines."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def runner_for(kind: str) -> Runner:
     """The coroutine that runs a job of `kind` (imported late: torch loads with the trainer)."""
     if kind == "train":

@@ -63,7 +63,9 @@ class Policy:
         from peft import LoraConfig, PeftModel, get_peft_model
 
         torch.manual_seed(seed)
-        base, tokenizer = load_model(spec.base, device=spec.device, dtype=spec.dtype)
+        base, tokenizer = load_model(
+            spec.base, device=spec.device, dtype=spec.dtype, attn_implementation=spec.attn_implementation
+        )
         self.tokenizer = tokenizer
         self.device = str(base.device)
         if spec.init_adapter:
@@ -77,7 +79,7 @@ class Policy:
                 task_type="CAUSAL_LM",
             )
             self.model = get_peft_model(base, config)
-        if spec.gradient_checkpointing:
+        if spec.gradient_checkpointing is True:  # "auto" is resolved by `hardware.resolve`
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.model.train()

@@ -26,7 +26,7 @@ from crucible_shared.jobs import TrainJob
 from crucible_shared.lifecycle import JobStatus
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer import checkpoint, evaluation, tasks
+from crucible_trainer import checkpoint, evaluation, hardware, tasks
 from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
@@ -67,6 +67,10 @@ class TrainRun:
         (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
         self.cancel.start()
         self.events.emit("status", status="starting")
+        self.spec, chosen = await asyncio.to_thread(hardware.resolve, spec)
+        spec = self.spec
+        self.summary["settings"] = chosen
+        self.events.emit("settings", **chosen)
         self.problems = tasks.load_tasks(spec.data)
         if not self.problems:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")

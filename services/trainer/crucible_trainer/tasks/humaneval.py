@@ -4,12 +4,17 @@ The prompt is the start of the program (imports, helper functions, the signature
 `entry_point`); the tests are the problem's `check(candidate)` function. Whatever precedes the
 entry point's `def` in the prompt is the task's preamble, run before a chat model's answer, which
 rarely repeats the imports and helpers it was shown.
+
+Named splits (`DataSpec(dataset="humaneval", split="train" | "test")`): the task numbers 0-163
+shuffled with Python's `random.Random(42)`, the first 80% (131 tasks) `train` and the other 33
+`test`, the split the REINFORCE/PPO code-RL baselines train and evaluate on.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import random
 import re
 from importlib import resources
 from pathlib import Path
@@ -51,6 +56,21 @@ def load(path: str | Path | None = None) -> list[Task]:
     """Every HumanEval problem, in file order (`HumanEval/0` ... `HumanEval/163`)."""
     _, rows = read_rows(path)
     return [_task(row) for row in rows]
+
+
+SPLIT_SEED, SPLIT_SIZE, TRAIN_FRACTION = 42, 164, 0.8
+
+
+def split_numbers(split: str) -> set[int]:
+    """Task numbers of a named split.
+
+    >>> len(split_numbers("train")), len(split_numbers("test")), split_numbers("train") & split_numbers("test")
+    (131, 33, set())
+    """
+    order = list(range(SPLIT_SIZE))
+    random.Random(SPLIT_SEED).shuffle(order)
+    cut = int(TRAIN_FRACTION * SPLIT_SIZE)
+    return set(order[:cut] if split == "train" else order[cut:])
 
 
 def task_number(task_id: str) -> int:

@@ -1,6 +1,6 @@
 """`DataSpec`: which problems a job or an evaluation uses, and `load_tasks` to get them.
 
-Selection order: the dataset's split (MBPP), then `ids` or `id_range`, then `shuffle` with `seed`,
+Selection order: the dataset's split (MBPP by task id; HumanEval's seeded train/test split), then `ids` or `id_range`, then `shuffle` with `seed`,
 then the first `limit`. So `limit=30` takes the first 30 tasks and `shuffle=True, limit=30, seed=1`
 a random 30 that the same seed always reproduces.
 """
@@ -23,6 +23,9 @@ def load_tasks(spec: DataSpec) -> list[Task]:
     if spec.dataset == "mbpp" and split != "all":
         lo, hi = mbpp.SPLITS[split]
         tasks = [t for t in tasks if lo <= t.metadata["number"] <= hi]
+    elif spec.dataset == "humaneval" and split != "all":
+        numbers = humaneval.split_numbers(split)
+        tasks = [t for t in tasks if t.metadata["number"] in numbers]
     if spec.ids is not None:
         tasks = _by_ids(tasks, spec)
     elif spec.id_range is not None:

@@ -1,0 +1,80 @@
+"""Settings a job leaves to the machine: device, dtype, micro-batch, gradient checkpointing.
+
+`resolve` turns every `auto` of a spec into a value for this machine and says what it chose
+(the job logs it at its start). On a GPU the micro-batch comes from free memory and an
+estimate of what one sequence costs in the update (activations of every layer, the float32
+logits of the completion and their gradients); gradient checkpointing turns on when a
+micro-batch of the size asked for (or of 8, for auto) would not fit. On a CPU: 16, off.
+Anything the spec sets explicitly is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crucible_shared.jobs import TrainJob
+
+CPU_MICRO_BATCH = 16
+MEMORY_SHARE = (
+    0.6  # of free GPU memory for the update's activations (weights and optimizer are in it already)
+)
+PROMPT_TOKENS = 512  # a generous guess at prompt length (chat template + problem)
+
+
+def bytes_per_sequence(config: Any, tokens: int, completion: int, dtype_bytes: int) -> int:
+    """Memory one sequence costs in a forward/backward pass (Korthikanti et al.'s 34·h bytes per
+    token and layer at 16 bits, without attention scores: SDPA/flash keep none), plus the fp32
+    logits of the completion, their log-softmax and gradient.
+
+    >>> class C: num_hidden_layers, hidden_size, vocab_size = 30, 576, 49152
+    >>> round(bytes_per_sequence(C, 768, 256, 2) / 2**20)
+    574
+    """
+    activations = config.num_hidden_layers * tokens * 34 * config.hidden_size * dtype_bytes // 2
+    logits = completion * config.vocab_size * 4 * 3
+    return activations + logits
+
+
+def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
+    """The spec with every `auto` replaced, and the choices made (for the job's log)."""
+    import torch
+    from crucible_models import pick_device, pick_dtype, resolve_model_path
+    from transformers import AutoConfig
+
+    device = pick_device(spec.model.device)
+    dtype = pick_dtype(device, spec.model.dtype)
+    micro, checkpointing = spec.optim.micro_batch, spec.model.gradient_checkpointing
+    chosen: dict[str, Any] = {
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "attn_implementation": spec.model.attn_implementation,
+    }
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        config = AutoConfig.from_pretrained(resolve_model_path(spec.model.base))
+        tokens = PROMPT_TOKENS + spec.rollout.max_tokens
+        per_sequence = bytes_per_sequence(config, tokens, spec.rollout.max_tokens, dtype.itemsize)
+        fits = max(1, int(MEMORY_SHARE * free // per_sequence))
+        if micro == "auto":
+            micro = min(256, 1 << (fits.bit_length() - 1))  # a power of two that fits
+        if checkpointing == "auto":
+            checkpointing = fits < (micro if micro != "auto" else 8)
+        chosen.update(
+            gpu_free_gb=round(free / 2**30, 1),
+            gpu_total_gb=round(total / 2**30, 1),
+            sequence_mb=round(per_sequence / 2**20),
+        )
+    if micro == "auto":
+        micro = CPU_MICRO_BATCH
+    if checkpointing == "auto":
+        checkpointing = False
+    chosen.update(micro_batch=micro, gradient_checkpointing=checkpointing)
+    resolved = spec.model_copy(
+        update={
+            "optim": spec.optim.model_copy(update={"micro_batch": micro}),
+            "model": spec.model.model_copy(
+                update={"gradient_checkpointing": checkpointing, "device": device, "dtype": chosen["dtype"]}
+            ),
+        }
+    )
+    return resolved, chosen

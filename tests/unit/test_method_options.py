@@ -1,0 +1,136 @@
+"""Options researchers rely on: PPO's ratio per token or per sequence, SRRL's full test log, HumanEval's
+named splits, the attention kernel, settings chosen from the hardware, and the method registry."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+from crucible_shared.jobs import GRPOConfig, PPOConfig, TrainJob
+from crucible_shared.sandbox import RunResult, TestVerdict
+from crucible_trainer import hardware
+from crucible_trainer.methods import REGISTRY, method_module
+from crucible_trainer.rl import losses
+from pydantic import ValidationError
+
+
+def test_token_ratio_clips_each_token() -> None:
+    logp = torch.tensor([[math.log(2.0), 0.0]])  # token ratios 2 and 1 against old log p 0
+    old = torch.zeros(1, 2)
+    mask = torch.ones(1, 2)
+    out = losses.clipped_surrogate(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2, ratio_mode="token")
+    # min(2, 1.2) = 1.2 and min(1, 1) = 1, averaged over tokens, negated.
+    assert out.loss.item() == pytest.approx(-(1.2 + 1.0) / 2)
+    assert out.clip_fraction == pytest.approx(0.5)
+
+
+def test_sequence_ratio_is_the_ratio_of_summed_log_probs() -> None:
+    logp = torch.tensor([[math.log(1.1), math.log(1.1)], [math.log(0.5), 0.0]])
+    old = torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    out = losses.clipped_surrogate(logp, old, adv, mask, clip_eps=0.2, ratio_mode="sequence")
+    # Sequence 1: ratio 1.21 -> clipped to 1.2 (A > 0). Sequence 2: ratio 0.5, A < 0 ->
+    # min(-0.5, -0.8) = -0.8. Loss = -mean(1.2, -0.8).
+    assert out.loss.item() == pytest.approx(-(1.2 - 0.8) / 2)
+    assert out.ratio_mean == pytest.approx((1.21 + 0.5) / 2)
+    assert out.clip_fraction == pytest.approx(1.0)
+    # The same numbers per token give a different loss: the two modes are really different.
+    per_token = losses.clipped_surrogate(logp, old, adv, mask, clip_eps=0.2, ratio_mode="token")
+    assert per_token.loss.item() != pytest.approx(out.loss.item())
+
+
+def test_ppo_ratio_option_reaches_the_update() -> None:
+    job = TrainJob.model_validate(
+        {"method": {"name": "ppo", "ratio": "sequence"}, "optim": {"micro_batch": 4}}
+    )
+    cfg = method_module(job.method).update_config(job.method, job)
+    assert cfg.ratio == "sequence" and cfg.aggregation == "sequence" and cfg.iterations == 4
+    with pytest.raises(ValidationError):
+        PPOConfig(ratio="episode")
+
+
+def test_every_method_of_the_spec_union_is_registered() -> None:
+    from typing import get_args
+
+    from crucible_shared.jobs import Method
+
+    union = get_args(get_args(Method)[0])
+    assert set(union) == set(REGISTRY)
+    for module in REGISTRY.values():
+        for name in ("prepare", "collect", "update_config"):
+            assert callable(getattr(module, name)), (module.__name__, name)
+    with pytest.raises(ValueError, match="no method module"):
+        method_module(object())
+
+
+def test_srrl_full_test_log_in_the_refinement_prompt() -> None:
+    from crucible_trainer import tasks
+    from crucible_trainer.tasks import refinement
+
+    assert doctest.testmod(refinement).failed == 0
+    task = tasks.load_tasks(tasks.DataSpec(dataset="mbpp", ids=[11]))[0]
+    result = RunResult(
+        status="failed",
+        passed=1,
+        total=3,
+        tests=[
+            TestVerdict(index=0, test="assert f(1) == 1", status="passed"),
+            TestVerdict(
+                index=1, test="assert f(2) == 4", status="failed", message="assert f(2) == 4 -> got 5"
+            ),
+            TestVerdict(
+                index=2, test="assert f(3) == 9", status="failed", message="assert f(3) == 9 -> got 7"
+            ),
+        ],
+    )
+    first = "\n".join(m["content"] for m in tasks.build_refinement_messages(task, "def f(x): pass", result))
+    full = "\n".join(
+        m["content"] for m in tasks.build_refinement_messages(task, "def f(x): pass", result, all_tests=True)
+    )
+    assert "got 7" not in first and "PASS assert f(1) == 1" not in first
+    assert "PASS assert f(1) == 1" in full and "FAIL assert f(2) == 4 -> got 5" in full and "got 7" in full
+
+
+def test_humaneval_named_splits() -> None:
+    from crucible_trainer import tasks
+    from crucible_trainer.tasks import humaneval
+
+    assert doctest.testmod(humaneval).failed == 0
+    train = {t.task_id for t in tasks.load_tasks(tasks.DataSpec(dataset="humaneval", split="train"))}
+    test = {t.task_id for t in tasks.load_tasks(tasks.DataSpec(dataset="humaneval", split="test"))}
+    assert len(train) == 131 and len(test) == 33 and not train & test
+    assert "HumanEval/1" in test and "HumanEval/0" in train  # the documented seeded split, pinned
+
+
+def test_attention_kernel_choice() -> None:
+    import crucible_models
+
+    assert crucible_models.pick_attention(None) == "sdpa"
+    with pytest.raises(ValueError, match="flash-attn"):
+        crucible_models.pick_attention("flash_attention_2")  # not installed here
+    with pytest.raises(ValueError, match="use one of"):
+        crucible_models.pick_attention("paged")
+
+
+def test_hardware_settings_on_a_cpu_and_explicit_values_kept() -> None:
+    assert doctest.testmod(hardware).failed == 0
+    resolved, chosen = hardware.resolve(TrainJob.model_validate({"model": {"device": "cpu"}}))
+    assert resolved.optim.micro_batch == 16 and resolved.model.gradient_checkpointing is False
+    assert chosen["device"] == "cpu" and chosen["dtype"] == "float32"
+    explicit = TrainJob.model_validate(
+        {"model": {"device": "cpu", "gradient_checkpointing": True}, "optim": {"micro_batch": 3}}
+    )
+    resolved, chosen = hardware.resolve(explicit)
+    assert resolved.optim.micro_batch == 3 and resolved.model.gradient_checkpointing is True
+    assert chosen["micro_batch"] == 3
+
+
+def test_group_filter_fields_are_refused_where_they_do_nothing() -> None:
+    with pytest.raises(ValidationError, match="pre_samples"):
+        GRPOConfig(filter={"mode": "dynamic", "pre_samples": 8})
+    with pytest.raises(ValidationError, match="max_draw_factor"):
+        GRPOConfig(filter={"mode": "pre", "max_draw_factor": 2})
+    assert GRPOConfig(difficulty_filter=True, filter_samples=6).filter.pre_samples == 6
