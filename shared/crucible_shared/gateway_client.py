@@ -5,6 +5,7 @@ message and field."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,8 @@ import httpx
 
 from crucible_shared.gateway_protocol import ArtifactList, JobCreated, JobList
 from crucible_shared.lifecycle import JobRecord, JobStatus
+
+RECONNECTS = 5  # times an event stream cut off midway is resumed before giving up
 
 
 class GatewayError(Exception):
@@ -95,12 +98,23 @@ class GatewayClient:
     def events(
         self, job_id: str, last_event_id: str | None = None, timeout: float | None = None
     ) -> Iterator[tuple[str | None, str, dict[str, Any]]]:
-        """Yield (id, event, data) from the job's SSE stream until it ends."""
-        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        try:
-            yield from self._events(job_id, headers, timeout)
-        except httpx.TransportError as exc:
-            raise GatewayUnreachable(self.url, exc) from None
+        """Yield (id, event, data) from the job's SSE stream until it ends. A stream cut off
+        midway is resumed from the last event seen (Last-Event-ID), a few times."""
+        attempts, seen = 0, False
+        while True:
+            headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+            try:
+                for event_id, event, data in self._events(job_id, headers, timeout):
+                    seen = True
+                    if event_id:
+                        last_event_id, attempts = event_id, 0
+                    yield event_id, event, data
+                return
+            except httpx.TransportError as exc:
+                attempts += 1
+                if not seen or attempts > RECONNECTS:  # never connected, or gone for good
+                    raise GatewayUnreachable(self.url, exc) from None
+                time.sleep(min(8.0, 0.5 * 2**attempts))
 
     def _events(
         self, job_id: str, headers: dict[str, str], timeout: float | None

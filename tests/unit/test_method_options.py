@@ -60,7 +60,7 @@ def test_every_method_of_the_spec_union_is_registered() -> None:
     union = get_args(get_args(Method)[0])
     assert set(union) == set(REGISTRY)
     for module in REGISTRY.values():
-        for name in ("prepare", "collect", "update_config"):
+        for name in ("prepare", "collect", "update_config", "report"):
             assert callable(getattr(module, name)), (module.__name__, name)
     with pytest.raises(ValueError, match="no method module"):
         method_module(object())

@@ -170,6 +170,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         await service.view(job_id, False)
 
+        async def stream_over(last: str) -> bool:
+            """The job is over and every event it wrote has gone out (False on a Redis blip)."""
+            try:
+                record = await store.get(job_id)
+                return (record is None or record.status in FINAL) and not await store.events_after(
+                    job_id, last
+                )
+            except redis.exceptions.RedisError:
+                return False
+
         async def stream():
             # Polled without blocking: an idle stream holds no Redis connection and no thread
             # between polls, so thousands of watchers cost the other routes nothing.
@@ -177,7 +187,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             while True:
                 if await request.is_disconnected():
                     return
-                found = await store.events_after(job_id, last)
+                try:
+                    found = await store.events_after(job_id, last)
+                except redis.exceptions.RedisError as exc:  # a Redis blip must not end the stream
+                    log.warning("event stream of %s: %r; retrying", job_id, exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 for entry_id, data in found:
                     last = entry_id
                     yield {
@@ -188,15 +203,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if found:
                     idle = 0
                     continue
-                if idle % 8 == 0:  # is the job over? (every 8th idle poll)
+                if idle % 8 == 0 and await stream_over(last):  # every 8th idle poll
                     record = await store.get(job_id)
-                    # Events written just before the final transition go out before the end.
-                    if (record is None or record.status in FINAL) and not await store.events_after(
-                        job_id, last
-                    ):
-                        status = record.status.value if record else "gone"
-                        yield {"event": "end", "data": json.dumps({"status": status})}
-                        return
+                    status = record.status.value if record else "gone"
+                    yield {"event": "end", "data": json.dumps({"status": status})}
+                    return
                 idle += 1
                 # A stream quiet for a while polls four times less often.
                 await asyncio.sleep(settings.stream_poll_s * (1 if idle < 8 else 4))

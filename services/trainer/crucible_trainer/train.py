@@ -167,6 +167,7 @@ class TrainRun:
                 out = self.run_dir / "eval" / "before_after"
                 evaluation.compare_reports(before, after, out)
                 self.summary["before_after"] = str(out)
+        self.summary.update(self.method.report(spec.method, self.run_dir))
         self._learning_curve()
         self._write_summary()
         self.events.emit("status", status="finished", summary=self.summary)

@@ -1,14 +1,16 @@
 """The method registry: each method's config class maps to the module that implements it.
 
 Every method module has the same protocol (`MethodModule`): `prepare` (once, before training:
-which problems to train on), `collect` (one step's samples with their advantages, and metrics)
-and `update_config` (how the policy update runs over them). The training loop dispatches
+which problems to train on), `collect` (one step's samples with their advantages, and metrics),
+`update_config` (how the policy update runs over them) and `report` (once, at the end: what the
+method adds to the run's report, from the run dir). The training loop dispatches
 through `REGISTRY` alone. Adding a method is one module here, one config class in
 `crucible_shared.jobs` (in its `Method` union) and one line below.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 from crucible_shared.jobs import GRPOConfig, PPOConfig, ReinforceConfig, SRRLConfig, TrainJob
@@ -27,6 +29,8 @@ class MethodModule(Protocol):
     ) -> tuple[list[Sample], dict[str, float]]: ...
 
     def update_config(self, cfg: Any, job: TrainJob) -> UpdateConfig: ...
+
+    def report(self, cfg: Any, run_dir: Path) -> dict[str, Any]: ...
 
 
 REGISTRY: dict[type, Any] = {

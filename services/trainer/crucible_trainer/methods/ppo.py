@@ -4,6 +4,9 @@ epochs with the clipped surrogate, the ratio per token or per sequence
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from crucible_shared.jobs import PPOConfig, TrainJob
 
 from crucible_trainer.rl.advantages import batch_normalised
@@ -39,3 +42,7 @@ def update_config(cfg: PPOConfig, job: TrainJob) -> UpdateConfig:
         max_tokens=job.rollout.max_tokens,
         always_score_old=True,
     )
+
+
+def report(cfg: object, run_dir: Path) -> dict[str, Any]:
+    return {}

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from crucible_shared.jobs import ReinforceConfig, TrainJob
 
 from crucible_trainer.rl.advantages import mean_baseline
@@ -35,3 +38,7 @@ def update_config(cfg: ReinforceConfig, job: TrainJob) -> UpdateConfig:
         grad_accum=job.optim.grad_accum,
         max_tokens=job.rollout.max_tokens,
     )
+
+
+def report(cfg: object, run_dir: Path) -> dict[str, Any]:
+    return {}

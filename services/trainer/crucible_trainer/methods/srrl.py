@@ -5,6 +5,11 @@ and c2 samples are one group, for the group filters too."""
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
 from crucible_shared.jobs import SRRLConfig, TrainJob
 
 from crucible_trainer import tasks
@@ -112,3 +117,55 @@ def update_config(cfg: SRRLConfig, job: TrainJob) -> UpdateConfig:
         grad_accum=job.optim.grad_accum,
         max_tokens=job.rollout.max_tokens,
     )
+
+
+def refinement_stats(rollouts_dir: Path) -> list[dict[str, Any]]:
+    """Per problem, over the whole run: first attempts, how many passed, refinements, how many of
+    those passed, and failed first attempts rescued by at least one refinement."""
+    stats: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"c1": 0, "c1_passed": 0, "c2": 0, "c2_passed": 0, "c1_failed": 0, "rescued": 0}
+    )
+    for path in sorted(rollouts_dir.glob("step-*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rescued = {r["parent"] for r in rows if r["phase"] == "c2" and r["status"] == "passed"}
+        for r in rows:
+            s = stats[r["problem_id"]]
+            passed = r["status"] == "passed"
+            if r["phase"] == "c1":
+                s["c1"] += 1
+                s["c1_passed"] += passed
+                if r["status"] not in ("passed", None):
+                    s["c1_failed"] += 1
+                    s["rescued"] += r["sample"] in rescued
+            else:
+                s["c2"] += 1
+                s["c2_passed"] += passed
+    return [{"problem_id": k, **v} for k, v in sorted(stats.items())]
+
+
+def report(cfg: SRRLConfig, run_dir: Path) -> dict[str, Any]:
+    """`refinements.json` and `refinements.md`: SRRL's per-problem refinement statistics."""
+    rows = refinement_stats(run_dir / "rollouts")
+    if not rows:
+        return {}
+    (run_dir / "refinements.json").write_text(json.dumps(rows, indent=1))
+    lines = [
+        "# Refinements per problem",
+        "",
+        "| problem | first attempts | passed | refinements | passed | failed attempts rescued |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['problem_id']} | {r['c1']} | {r['c1_passed']} | {r['c2']} | {r['c2_passed']} "
+            f"| {r['rescued']} of {r['c1_failed']} |"
+        )
+    failed = sum(r["c1_failed"] for r in rows)
+    rescued = sum(r["rescued"] for r in rows)
+    lines += ["", f"Overall: {rescued} of {failed} failed first attempts rescued."]
+    (run_dir / "refinements.md").write_text("\n".join(lines) + "\n")
+    return {
+        "refinements": str(run_dir / "refinements.md"),
+        "refinements_per_problem": sum(r["c2"] for r in rows) / len(rows),
+        "c2_rescue_rate": rescued / failed if failed else 0.0,
+    }
