@@ -107,7 +107,7 @@ def gateway(redis_url, stack_dirs) -> Iterator[Service]:
         "REDIS_URL": redis_url,
         "CRUCIBLE_GATEWAY_RUNS_DIR": str(stack_dirs["runs"]),
         "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(stack_dirs["adapters"]),
-        "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": "6",
+        "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": "15",
         "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "1",
     }
     with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as service:

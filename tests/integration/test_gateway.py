@@ -191,7 +191,7 @@ def test_killed_worker_fails_the_job_and_retry_resumes(gateway, workers, stack_d
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     failed = wait_for(
-        lambda: (j := client.job(job_id)).status == JobStatus.failed and j, 60, "the job to be marked failed"
+        lambda: (j := client.job(job_id)).status == JobStatus.failed and j, 120, "the job to be marked failed"
     )
     assert "stopped reporting" in failed.error and "retry" in failed.error
     workers.start()
@@ -216,7 +216,7 @@ def test_a_lost_worker_s_job_is_retried_automatically(gateway, workers, stack_di
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     requeued = wait_for(
-        lambda: (j := client.job(job_id)).status == JobStatus.queued and j, 60, "the job to be requeued"
+        lambda: (j := client.job(job_id)).status == JobStatus.queued and j, 120, "the job to be requeued"
     )
     assert requeued.attempts == 2 and "retried automatically" in requeued.error
     workers.start()
