@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from crucible_shared.jobs import BuildSpec
 
+from crucible_trainer.offline.artifacts import content_hash
 from crucible_trainer.offline.normalize import normalize_code
 
 
@@ -84,6 +86,32 @@ def require(built: Built, rows: list[dict[str, Any]], method: str, cfg: BuildSpe
             f"{counts['problems_with_pass']} problems, pairing {cfg.pairing} with min_margin {cfg.min_margin}; "
             f"dpo needs a problem with a better and a failing candidate: {advice}"
         )
+
+
+def manifest(
+    built: Built,
+    rows: list[dict[str, Any]],
+    cfg: BuildSpec,
+    *,
+    method: str,
+    round: int,
+    sources: dict[str, Any],
+    inputs: dict[str, Path],
+    outputs: dict[str, Path],
+) -> dict[str, Any]:
+    """`manifest.json`: counts (in total and per problem), where the data came from, the build
+    config, and the sha256 of the input and output files (written before the manifest)."""
+    return {
+        "round": round,
+        "counts": built.counts(rows),
+        "per_problem": built.per_problem,
+        "config": {**cfg.model_dump(mode="json"), "method": method},
+        "sources": sources,
+        "hashes": {
+            "inputs": {name: content_hash(path) for name, path in inputs.items()},
+            "outputs": {name: content_hash(path) for name, path in outputs.items()},
+        },
+    }
 
 
 def select_nbest(rows: list[dict[str, Any]], n: int, order: str) -> list[dict[str, Any]]:

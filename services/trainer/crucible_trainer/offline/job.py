@@ -22,6 +22,7 @@ from crucible_shared.lifecycle import JobStatus
 from crucible_trainer import evaluation
 from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
+from crucible_trainer.evaljob import eval_summary
 from crucible_trainer.events import EventSink, start_wandb
 from crucible_trainer.offline.artifacts import content_hash, json_hash
 from crucible_trainer.offline.services import JobServices
@@ -76,7 +77,7 @@ async def run_offline_train_job(
             label=label,
             step=version,
         )
-        summary.setdefault("eval", {})[label] = _headline(report)
+        summary.setdefault("eval", {})[label] = eval_summary(report)
         return report
 
     def on_metrics(step: int, total: int, values: dict[str, float]) -> None:
@@ -95,7 +96,7 @@ async def run_offline_train_job(
                 saved = run_dir / "eval" / "before" / "report.json"
                 if saved.exists():  # an earlier attempt of this job evaluated the same policy
                     before = evaluation.load_report(saved)
-                    summary.setdefault("eval", {})["before"] = _headline(before)
+                    summary.setdefault("eval", {})["before"] = eval_summary(before)
                 else:
                     before = await evaluate(init, 0, "before")
             run = OfflineRun(
@@ -132,9 +133,3 @@ async def run_offline_train_job(
     if summary["status"] == JobStatus.finished.value:
         events.emit("status", status="finished", summary=summary)
     return summary
-
-
-def _headline(report: Any) -> dict[str, Any]:
-    from crucible_trainer.evaljob import eval_summary
-
-    return eval_summary(report)

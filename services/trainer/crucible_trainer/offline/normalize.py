@@ -2,9 +2,9 @@
 
 Two candidates are duplicates when their code is equal after dropping comments, blank lines and
 differences in spacing (Python's tokenizer decides what is a comment; indentation depth is kept,
-it is part of the program; code that does not tokenize falls back to collapsing whitespace). Similarity is the Jaccard index of
-the two programs' sets of token trigrams: cheap enough for every pair of K candidates of every
-problem, and blind to formatting.
+it is part of the program; code that does not tokenize falls back to collapsing whitespace).
+Similarity is the Jaccard index of the two programs' sets of token trigrams: cheap enough for
+every pair of K candidates of every problem, and blind to formatting.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def code_tokens(code: str) -> list[str]:
 def normalize_code(code: str) -> str:
     """A key equal for programs that differ only in comments and whitespace.
 
-    >>> normalize_code("def f(x):\\n    # add one\\n    return x + 1\\n") == normalize_code("def f(x):\\n  return x+1")
+    >>> a = normalize_code("def f(x):\\n    # add one\\n    return x + 1\\n")
+    >>> a == normalize_code("def f(x):\\n  return x+1")
     True
     """
     if not code.strip():

@@ -38,11 +38,11 @@ from crucible_shared.lifecycle import JobStatus
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
+from crucible_trainer.evaljob import eval_summary
 from crucible_trainer.events import EventSink, start_wandb
 from crucible_trainer.offline import analysis, report
 from crucible_trainer.offline.annotate import annotate
 from crucible_trainer.offline.artifacts import (
-    content_hash,
     json_hash,
     link_tree,
     read_rows,
@@ -50,6 +50,7 @@ from crucible_trainer.offline.artifacts import (
     write_rows,
 )
 from crucible_trainer.offline.build import build, require
+from crucible_trainer.offline.build import manifest as build_manifest
 from crucible_trainer.offline.sampling import generate
 from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.stages import Input, StageBook, StagePlan
@@ -209,7 +210,7 @@ class PipelineRun:
         async def body() -> dict[str, Any]:
             model = await self.services.serve(start.path if start else None, 0)
             report_ = await self._eval(out, model, "before", 0)
-            return {"model": model, **_headline(report_)}
+            return {"model": model, **eval_summary(report_)}
 
         return plan, body
 
@@ -300,24 +301,24 @@ class PipelineRun:
             write_rows(outputs["nbest.jsonl"], built.nbest)
             write_rows(outputs["pairs.jsonl"], built.pairs)
             counts = built.counts(rows)
-            generated = self.book.records.get(f"round-{r}/generate", {})
-            manifest = {
-                "round": r,
-                "counts": counts,
-                "per_problem": built.per_problem,
-                "config": {**spec.build.model_dump(mode="json"), "method": spec.train.name},
-                "sources": {
-                    "candidates": source.name,
-                    "data": spec.data.describe(),
-                    "model": (generated.get("detail") or {}).get("model"),
-                    "generate": spec.generate.model_dump(mode="json"),
-                    "job_id": self.job_id,
-                },
-                "hashes": {
-                    "inputs": {source.name: content_hash(source)},
-                    "outputs": {n: content_hash(p) for n, p in outputs.items() if n != "manifest.json"},
-                },
+            generated = self.book.records.get(f"round-{r}/generate", {}).get("detail") or {}
+            sources = {
+                "job_id": self.job_id,
+                "data": spec.data.describe(),
+                "model": generated.get("model"),
+                "generate": spec.generate.model_dump(mode="json"),
             }
+            datasets = {n: p for n, p in outputs.items() if n != "manifest.json"}
+            manifest = build_manifest(
+                built,
+                rows,
+                spec.build,
+                method=spec.train.name,
+                round=r,
+                sources=sources,
+                inputs={source.name: source},
+                outputs=datasets,
+            )
             write_json(outputs["manifest.json"], manifest)
             return {k: counts[k] for k in ("problems", "candidates", "passing", "nbest", "pairs")}
 
@@ -403,7 +404,7 @@ class PipelineRun:
             if compared.exists():
                 shutil.rmtree(compared)
             evaluation.compare_reports(before / "report.json", report_, compared)
-            return {"model": model, **_headline(report_)}
+            return {"model": model, **eval_summary(report_)}
 
         return plan, body
 
@@ -477,7 +478,7 @@ class PipelineRun:
         for label in ("before", "after"):
             path = self.run_dir / "eval" / label / "report.json"
             if path.exists():
-                evals[label] = _headline(evaluation.load_report(path))
+                evals[label] = eval_summary(evaluation.load_report(path))
         if evals:
             self.summary["eval"] = evals
         for key, path in (
@@ -491,12 +492,6 @@ class PipelineRun:
         self.summary["report"] = str(self.run_dir / "report.md")
         (self.run_dir / "report.md").write_text(report.render(self.summary, self.run_dir))
         (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))
-
-
-def _headline(report_: Any) -> dict[str, Any]:
-    from crucible_trainer.evaljob import eval_summary
-
-    return eval_summary(report_)
 
 
 async def run_pipeline_job(
