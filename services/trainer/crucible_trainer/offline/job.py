@@ -25,8 +25,9 @@ from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import eval_summary
 from crucible_trainer.events import EventSink, start_wandb
 from crucible_trainer.offline.artifacts import content_hash, json_hash
+from crucible_trainer.offline.rows import load_rows
 from crucible_trainer.offline.services import JobServices
-from crucible_trainer.offline.trl_train import Hooks, OfflineRun, load_rows, train
+from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
 from crucible_trainer.settings import Settings
 
 

@@ -325,8 +325,6 @@ class PipelineRun:
         return plan, body
 
     def _train(self, r: int) -> tuple[StagePlan, Body]:
-        from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
-
         spec = self.spec
         method = spec.train
         data = self.round_dir(r) / ("nbest.jsonl" if method.name == "sft" else "pairs.jsonl")
@@ -341,6 +339,9 @@ class PipelineRun:
         plan = StagePlan(f"round-{r}/train", "train", config, inputs, [self.adapter(r)])
 
         async def body() -> dict[str, Any]:
+            # Imported here: transformers and TRL load only when training runs.
+            from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
+
             offset = self._step_offset(r)
             run = OfflineRun(
                 method=method,
@@ -369,8 +370,6 @@ class PipelineRun:
         return plan, body
 
     def _merge(self) -> tuple[StagePlan, Body]:
-        from crucible_trainer.offline.merge import merge_adapter
-
         spec, last = self.spec, self.spec.rounds
         out = self.run_dir / "merged"
         config = {"base": spec.model.base, "merge": spec.merge.model_dump(mode="json")}
@@ -379,6 +378,8 @@ class PipelineRun:
         )
 
         async def body() -> dict[str, Any]:
+            from crucible_trainer.offline.merge import merge_adapter
+
             await asyncio.to_thread(merge_adapter, spec.model.base, self.adapter(last), out, spec.merge.dtype)
             return {"path": str(out)}
 

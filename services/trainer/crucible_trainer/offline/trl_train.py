@@ -35,16 +35,10 @@ from transformers import TrainerCallback
 
 from crucible_trainer.cancel import Cancelled
 from crucible_trainer.offline.artifacts import output_dir
-from crucible_trainer.tasks.files import read_jsonl
-from crucible_trainer.tasks.task import DatasetError
+from crucible_trainer.offline.rows import COLUMNS
 
 log = logging.getLogger(__name__)
 
-# The columns each method trains on (TRL's prompt-completion and preference formats).
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "sft": ("prompt", "completion"),
-    "dpo": ("prompt", "chosen", "rejected"),
-}
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
@@ -73,52 +67,6 @@ class OfflineRun:
     identity: str = ""  # hash of the inputs; checkpoints of other inputs are discarded
     step_offset: int = 0  # added to step numbers in metrics (the pipeline's later rounds)
     result: dict[str, Any] = field(default_factory=dict)
-
-
-def load_rows(path: Path, method: str) -> list[dict[str, Any]]:
-    """A user's JSONL for `method`, checked: every row has the method's columns, each a string or
-    a list of chat messages, all rows in the same form. `DatasetError` names file, line and field."""
-    rows = []
-    form = None
-    for number, row in read_jsonl(path):
-        for column in COLUMNS[method]:
-            value = row.get(column)
-            kind = _form(value)
-            if kind is None:
-                raise DatasetError(
-                    "expected a string or a list of {role, content} messages",
-                    path=str(path),
-                    line=number,
-                    field=column,
-                )
-            if form is None:
-                form = kind
-            elif kind != form:
-                raise DatasetError(
-                    f"is a {kind} but earlier rows are {form}s: use one form in the whole file",
-                    path=str(path),
-                    line=number,
-                    field=column,
-                )
-        rows.append({c: row[c] for c in COLUMNS[method]})
-    if not rows:
-        raise DatasetError("no rows", path=str(path))
-    return rows
-
-
-def _form(value: Any) -> str | None:
-    if isinstance(value, str):
-        return "string"
-    if (
-        isinstance(value, list)
-        and value
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in value
-        )
-    ):
-        return "message list"
-    return None
 
 
 def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
