@@ -739,20 +739,6 @@ class MergeSpec(_Spec):
     )
 
 
-# Which stages read each section of a pipeline spec (a section no listed stage reads is refused).
-_SECTION_STAGES: dict[str, tuple[str, ...]] = {
-    "generate": ("generate",),
-    "annotate": ("annotate",),
-    "build": ("build",),
-    "train": ("build", "train"),
-    "optim": ("train",),
-    "checkpoint": ("train",),
-    "merge": ("merge",),
-    "eval": ("baseline", "evaluate"),
-    "data": ("generate", "annotate", "build"),
-}
-
-
 class PipelineJob(_Spec):
     """The offline learning pipeline: sample candidates, run them, keep the good ones, train on
     them with SFT or DPO (TRL), merge, evaluate, analyse (see docs/pipeline.md).
@@ -808,11 +794,9 @@ class PipelineJob(_Spec):
         check_offline_optim(self.optim, self.train.name)
         if self.logging._changed("samples_every"):
             raise unused("logging.samples_every", "the pipeline logs every candidate (candidates.jsonl)")
-        for section, readers in _SECTION_STAGES.items():
-            if self._changed(section) and not set(readers) & set(self.stages):
-                raise unused(section, f"no stage that reads it ({', '.join(readers)}) is in stages")
-        if self.rounds > 1 and not set(ROUND_STAGES) & set(self.stages):
-            raise unused("rounds", f"no round stage ({', '.join(ROUND_STAGES)}) is in stages")
+        # Sections of stages not in `stages` are not refused: `stages` picks what runs now out of
+        # one pipeline spec (like a --only flag), and those sections still describe the run dir's
+        # other stages (their records are checked against them).
         return self
 
 

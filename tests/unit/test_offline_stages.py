@@ -150,7 +150,6 @@ def test_annotate_fails_when_the_sandbox_stays_down() -> None:
         ),
         ({"kind": "train", "method": {"name": "dpo", "path": "a", "loss_type": ["nope"]}}, "loss_type"),
         ({"kind": "train", "method": {"name": "dpo", "path": "a", "loss_weights": [1.0]}}, "loss_weights"),
-        ({"kind": "pipeline", "stages": ["train"], "generate": {"k": 3}}, "generate"),
         ({"kind": "pipeline", "stages": ["generate", "generate"]}, "stages"),
         ({"kind": "pipeline", "stages": ["publish"]}, "stages"),
         ({"kind": "pipeline", "train": {"name": "sft", "path": "x.jsonl"}}, "train.path"),
@@ -158,7 +157,6 @@ def test_annotate_fails_when_the_sandbox_stays_down() -> None:
         ({"kind": "pipeline", "generate": {"k": 0}}, "generate.k"),
         ({"kind": "pipeline", "build": {"min_margin": 2}}, "build.min_margin"),
         ({"kind": "pipeline", "reuse": "../etc"}, "reuse"),
-        ({"kind": "pipeline", "rounds": 2, "stages": ["baseline"]}, "rounds"),
         ({"kind": "pipeline", "logging": {"samples_every": 3}}, "samples_every"),
     ],
 )

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from crucible_shared.jobs import PipelineJob
+from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 from crucible_shared.lifecycle import JobStatus
 
 from crucible_trainer import evaluation, tasks
@@ -159,15 +159,16 @@ class PipelineRun:
         wanted = set(self.spec.stages)
         if "baseline" in wanted:
             yield self._baseline()
+        makers = {
+            "generate": self._generate,
+            "annotate": self._annotate,
+            "build": self._build,
+            "train": self._train,
+        }
         for r in range(1, self.spec.rounds + 1):
-            for name, make in (
-                ("generate", self._generate),
-                ("annotate", self._annotate),
-                ("build", self._build),
-                ("train", self._train),
-            ):
+            for name in ROUND_STAGES:
                 if name in wanted:
-                    yield make(r)
+                    yield makers[name](r)
         for name, single in (
             ("merge", self._merge),
             ("evaluate", self._evaluate),
@@ -387,24 +388,27 @@ class PipelineRun:
 
     def _evaluate(self) -> tuple[StagePlan, Body]:
         spec, last = self.spec, self.spec.rounds
-        before = self.run_dir / "eval" / "before"
+        before = self.run_dir / "eval" / "before" / "report.json"
         after, compared = self.run_dir / "eval" / "after", self.run_dir / "eval" / "before_after"
+        # The comparison needs the baseline's report; without it the stage still evaluates.
+        compare = before.exists()
         config = {"model": self._model_config(), "eval": spec.eval.model_dump(mode="json"), "seed": spec.seed}
-        inputs = [
-            Input(self.adapter(last), f"the `train` stage of round {last}"),
-            Input(before / "report.json", "the `baseline` stage"),
-            *self._eval_inputs(),
-        ]
-        plan = StagePlan(
-            "evaluate", "evaluate", config, inputs, [after / "report.json", compared / "comparison.md"]
-        )
+        inputs = [Input(self.adapter(last), f"the `train` stage of round {last}"), *self._eval_inputs()]
+        outputs = [after / "report.json"]
+        if compare:
+            inputs.append(Input(before, "the `baseline` stage"))
+            outputs.append(compared / "comparison.md")
+        plan = StagePlan("evaluate", "evaluate", config, inputs, outputs)
 
         async def body() -> dict[str, Any]:
             model = await self.services.serve(self.adapter(last), last)
             report_ = await self._eval(after, model, "after", self._step_offset(last + 1))
             if compared.exists():
                 shutil.rmtree(compared)
-            evaluation.compare_reports(before / "report.json", report_, compared)
+            if compare:
+                evaluation.compare_reports(before, report_, compared)
+            else:
+                self.events.emit("status", status="no comparison: run the `baseline` stage for before/after")
             return {"model": model, **eval_summary(report_)}
 
         return plan, body
