@@ -298,7 +298,7 @@ def table(work: Path) -> tuple[dict[str, Any], str]:
                 }
             )
     lines = [
-        "| run | seed | greedy pass@1 (500 MBPP test) | generated samples | train rows | steps | seconds |",
+        "| run | seed | greedy pass@1 (MBPP test) | generated samples | train rows | steps | seconds (all its stages) |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -203,6 +203,24 @@ def test_dpo_pipeline_reuses_the_candidates(sft_run) -> None:
     assert (source / "pipeline.json").read_text() == before  # the reused run is left as it was
 
 
+def test_second_round_samples_from_the_first_rounds_adapter(sft_run) -> None:
+    """rounds: 2 -- round 2 samples from round 1's adapter, hot-swapped into the generator, and
+    trains on top of it, its data kept apart in round-2/."""
+    spec = pipeline_spec(reuse="sft-it", rounds=2, stages=["generate", "annotate", "build", "train"])
+    summary, events = run_pipeline(spec, "rounds-it", sft_run["settings"])
+    assert summary["status"] == "finished", summary
+    status = stage_status(events)
+    assert [status[f"round-1/{s}"] for s in ("generate", "annotate", "build", "train")] == ["skipped"] * 4
+    assert [status[f"round-2/{s}"] for s in ("generate", "annotate", "build", "train")] == ["finished"] * 4
+    run = Path(summary["run_dir"])
+    sampled_by = {json.loads(line)["model"] for line in (run / "round-2" / "candidates.jsonl").open()}
+    assert sampled_by == {"rounds-it-v1"}
+    assert [d["name"] for k, d in events if k == "adapter_published"] == ["rounds-it-v1", "rounds-it-v2"]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 4]  # counted on from round 1's two steps
+    assert lora_b_norm(run / "round-2" / "adapter") != lora_b_norm(run / "round-1" / "adapter")
+
+
 def test_standalone_sft_job_cancels_mid_training_and_resumes(
     stack_generator, sandbox, stack_dirs, tmp_path, monkeypatch
 ) -> None:

@@ -109,6 +109,7 @@ async def run_offline_train_job(
                 adapter_dir=run_dir / "adapter",
                 seed=spec.seed,
                 checkpoint_every=spec.checkpoint.every,
+                start_adapter=str(init) if init else None,  # resolved inside the adapter roots
                 identity=identity,
             )
             hooks = Hooks(metrics=on_metrics, event=on_event, stop_requested=lambda: cancel.requested)

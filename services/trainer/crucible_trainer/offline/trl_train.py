@@ -63,7 +63,7 @@ class OfflineRun:
     adapter_dir: Path  # the final adapter
     seed: int = 0
     checkpoint_every: int = 10
-    start_adapter: str | None = None  # LoRA to continue from (default: model.init_adapter)
+    start_adapter: str | None = None  # LoRA to continue from: the resolved init adapter, or a round's
     identity: str = ""  # hash of the inputs; checkpoints of other inputs are discarded
     step_offset: int = 0  # added to step numbers in metrics (the pipeline's later rounds)
     result: dict[str, Any] = field(default_factory=dict)
@@ -83,10 +83,9 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
         raise Cancelled()
     spec = run.model
     model, tokenizer = load_model(spec.base, device=spec.device, dtype=spec.dtype)
-    start = run.start_adapter or spec.init_adapter
     peft_config = None
-    if start:
-        model = PeftModel.from_pretrained(model, start, is_trainable=True)
+    if run.start_adapter:
+        model = PeftModel.from_pretrained(model, run.start_adapter, is_trainable=True)
     else:
         peft_config = LoraConfig(
             r=spec.lora_r,
