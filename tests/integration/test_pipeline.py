@@ -210,7 +210,9 @@ def test_second_round_samples_from_the_first_rounds_adapter(sft_run) -> None:
     summary, events = run_pipeline(spec, "rounds-it", sft_run["settings"])
     assert summary["status"] == "finished", summary
     status = stage_status(events)
-    assert [status[f"round-1/{s}"] for s in ("generate", "annotate", "build", "train")] == ["skipped"] * 4
+    # Round 1 is reused (its build may run again: an earlier test rebuilt sft-it's pairs with
+    # other settings; SFT reads nbest.jsonl, which comes out the same, so its training is skipped).
+    assert [status[f"round-1/{s}"] for s in ("generate", "annotate", "train")] == ["skipped"] * 3
     assert [status[f"round-2/{s}"] for s in ("generate", "annotate", "build", "train")] == ["finished"] * 4
     run = Path(summary["run_dir"])
     sampled_by = {json.loads(line)["model"] for line in (run / "round-2" / "candidates.jsonl").open()}
