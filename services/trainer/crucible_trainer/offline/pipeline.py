@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -55,8 +54,6 @@ from crucible_trainer.offline.sampling import generate
 from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.stages import Input, StageBook, StagePlan
 from crucible_trainer.settings import Settings
-
-log = logging.getLogger(__name__)
 
 Body = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -147,7 +144,7 @@ class PipelineRun:
             self.events.emit("stage", stage=plan.key, status="skipped", reason="outputs up to date")
             return
         self.events.emit("stage", stage=plan.key, status="started")
-        self._signature = signature
+        self._signature = signature  # the running stage's: train ties its checkpoints to it
         started = time.perf_counter()
         detail = await body()
         seconds = time.perf_counter() - started

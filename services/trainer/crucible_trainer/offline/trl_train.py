@@ -23,7 +23,6 @@ watching the cancel flag.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,8 +35,6 @@ from transformers import TrainerCallback
 from crucible_trainer.cancel import Cancelled
 from crucible_trainer.offline.artifacts import output_dir
 from crucible_trainer.offline.rows import COLUMNS
-
-log = logging.getLogger(__name__)
 
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
