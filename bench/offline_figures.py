@@ -10,7 +10,7 @@ stays warm):
   data    baseline (once: greedy decoding has no seed) + for each seed: K=8 candidates on the
           374 MBPP train problems (256 tokens) -> annotate -> build -> analyze   (pipeline jobs)
   train   for each seed: SFT on nbest and DPO on pairs of that seed's candidates (`reuse`), each
-          evaluated on the 500 test tasks                                          (pipeline jobs)
+          evaluated on the 500 test tasks; the first SFT run also merges          (pipeline jobs)
   rl      GRPO from the seed-0 SFT adapter (KL to it) for --rl-steps steps, and GRPO alone for as
           many steps as match the samples SFT-then-GRPO generated (candidates + GRPO rollouts)
   table   the results table from every part's JSON
@@ -173,7 +173,10 @@ def part_train(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 seed,
                 args.tasks,
                 reuse=f"data-s{seed}",
-                stages=["build", "train", "evaluate"],
+                # Merge once, for its time.
+                stages=["build", "train", "merge", "evaluate"]
+                if (method, seed) == ("sft", args.seeds[0])
+                else ["build", "train", "evaluate"],
                 **TRAIN[method],
             )
             # The baseline report is the data job's (copied by `reuse`), so `evaluate` compares against it.
