@@ -75,6 +75,8 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
         return _line("filter", f"kept {data.get('kept')} of {data.get('of')} problems (0 < pass rate < 1)")
     if event == "resumed":
         return _line("resumed", f"from the checkpoint of step {data.get('step')}")
+    if event == "stage":
+        return _stage_line(data)
     if event == "requeued":
         return _line("requeued", f"{data.get('reason')}; attempt {data.get('attempt')}")
     if event == "stale_policy":
@@ -94,7 +96,32 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
     return None
 
 
+def _stage_line(data: dict[str, Any]) -> str:
+    """A pipeline stage's start, end (with its headline counts) or skip.
+
+    >>> _stage_line({"stage": "round-1/build", "status": "finished", "seconds": 0.2, "nbest": 12, "pairs": 30})
+    'stage      round-1/build finished in 0.2 s: nbest 12, pairs 30'
+    """
+    stage, status = data.get("stage", "?"), data.get("status", "?")
+    if status == "skipped":
+        return _line("stage", f"{stage} skipped ({data.get('reason', 'up to date')})")
+    if status != "finished":
+        return _line("stage", f"{stage} {status}")
+    shown = ("problems", "candidates", "passing", "nbest", "pairs", "steps", "greedy_pass@1", "path")
+    facts = [
+        f"{k} {_pct(data[k]) if k.startswith('greedy') else data[k]}"
+        for k in shown
+        if data.get(k) is not None
+    ]
+    return _line(
+        "stage",
+        f"{stage} finished in {_num(data.get('seconds'), 1)} s" + (": " + ", ".join(facts) if facts else ""),
+    )
+
+
 def bar_text(step: Any, metrics: dict[str, Any]) -> str:
+    if "reward_mean" not in metrics and "loss" in metrics:  # SFT / DPO: the training loss
+        return f"step {step}: loss {_num(metrics.get('loss'), 4)}"
     return (
         f"step {step}: reward {_num(metrics.get('reward_mean'), 3)} · pass {_pct(metrics.get('pass_rate'))}"
     )
@@ -144,6 +171,7 @@ def print_outcome(console: Any, record: Any) -> None:
         ("before_after", "before/after"),
         ("report", "report"),
         ("learning_curve", "curves"),
+        ("merged", "merged"),
         ("run_dir", "run dir"),
     ):
         if summary.get(key):
