@@ -62,7 +62,7 @@ def test_every_online_method_of_the_spec_union_is_registered() -> None:
     union = get_args(get_args(Method)[0])
     online = {c for c in union if c.model_fields["name"].default not in OFFLINE_METHODS}
     assert online == set(REGISTRY)  # offline methods (TRL on a file) run outside the online loop
-    assert {c.model_fields["name"].default for c in union - online} == set(OFFLINE_METHODS)
+    assert {c.model_fields["name"].default for c in set(union) - online} == set(OFFLINE_METHODS)
     for module in REGISTRY.values():
         for name in ("prepare", "collect", "update_config", "report"):
             assert callable(getattr(module, name)), (module.__name__, name)
