@@ -103,6 +103,7 @@ def test_report_channel_is_capped(sandbox) -> None:
         assert result["status"] == "output_exceeded", (form, result["status"], result["message"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FULL, reason="the per-run memory limit is tested where the sandbox runs as root")
 def test_memory_limit_holds_for_the_whole_run(sandbox) -> None:
     tests = {"kind": "asserts", "asserts": ["assert answer(1) == 7"]}

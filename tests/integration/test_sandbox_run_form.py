@@ -123,6 +123,7 @@ def test_openapi_describes_the_run_form(sandbox) -> None:
 # -- isolation: the adversarial programs, run without tests ---------------------------------------
 
 
+@pytest.mark.slow
 def test_hostile_programs_are_contained_without_tests(sandbox) -> None:
     # Each hostile program, with a call of the function it defines as the "run".
     runs = [

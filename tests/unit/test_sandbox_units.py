@@ -190,8 +190,8 @@ def test_the_program_receives_no_expected_value() -> None:
     p, calls = compile_tests(
         {"kind": "asserts", "asserts": ["assert f(2) == 12345", "assert g(7) != 54321"], "setup": ""}
     )
-    assert calls == [("f", (2,), {}), ("g", (7,), {})]
-    assert "12345" not in str(calls) and "54321" not in str(calls)
+    assert [(name, eval(arguments)) for name, arguments in calls] == [("f", ((2,), {})), ("g", ((7,), {}))]
+    assert not {12345, 54321} & set(_constants(calls[0][1]) + _constants(calls[1][1]))
     # A judged plan: everything about the tests goes to the judge only (the worker sends the
     # program's process its program and nothing else).
     p, judged = compile_tests({"kind": "asserts", "asserts": ["x = 2\nassert f(x) == 12345"], "setup": ""})

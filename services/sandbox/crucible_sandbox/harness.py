@@ -129,13 +129,13 @@ def _run_calls(run: dict[str, Any], report_fd: int, deadline: float) -> None:
     if namespace is None:
         return
     test_time = run["limits"]["test_time_s"]
-    for i, (name, args, kwargs) in enumerate(run["calls"]):
+    for i, (name, arguments) in enumerate(run["calls"]):
         record: dict[str, Any] = {"t": "test", "i": i}
         started = time.perf_counter()
         try:
             try:
                 runtime.arm(min(test_time, deadline - runtime.now()))
-                record.update(_call(namespace, name, args, kwargs))
+                record.update(_call(namespace, name, arguments))
             finally:
                 runtime.disarm()
         except TestTimeout:  # also one that fired late, while the record was being made
@@ -145,13 +145,12 @@ def _run_calls(run: dict[str, Any], report_fd: int, deadline: float) -> None:
     write_frame(report_fd, {"t": "done"})
 
 
-def _call(
-    namespace: dict[str, Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> dict[str, Any]:
+def _call(namespace: dict[str, Any], name: str, arguments: CodeType) -> dict[str, Any]:
     """One call of the program, and its value as data (or why there is none)."""
     try:
         if name not in namespace:
             raise NameError(f"name '{name}' is not defined")
+        args, kwargs = eval(arguments, {"__builtins__": {}})  # literals only (see `plan.Call`)
         value = namespace[name](*args, **kwargs)
     except TestTimeout:
         raise

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import builtins
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 CK = "__ck"
@@ -66,6 +67,9 @@ class Call:
     kwargs: dict[str, Any]
     op: str  # "==", "!=", "truth" or "not"
     expected: Any = None
+    # The arguments as the test's code builds them, `(args, kwargs)`: a set literal compiles to a
+    # frozenset constant, whose order a program may see, so they are not rebuilt from the values.
+    arguments: CodeType | None = None
 
 
 @dataclass
@@ -255,7 +259,14 @@ def _call(node: ast.expr, callee: str | None) -> Call | None:
     kwargs = {k.arg: _literal(k.value) for k in node.keywords}
     if None in kwargs or any(v is _NO_VALUE for v in (*args, *kwargs.values())):
         return None  # `**kwargs`, `*args` or a computed argument
-    return Call(name, tuple(args), kwargs, op="truth")
+    keys: list[ast.expr | None] = [ast.Constant(k.arg) for k in node.keywords]
+    both = ast.Tuple(
+        [ast.Tuple(node.args, ast.Load()), ast.Dict(keys, [k.value for k in node.keywords])], ast.Load()
+    )
+    arguments = compile(
+        ast.fix_missing_locations(ast.Expression(both)), "<arguments>", "eval", dont_inherit=True
+    )
+    return Call(name, tuple(args), kwargs, op="truth", arguments=arguments)
 
 
 def _call_site(node: ast.Assert, callee: str | None) -> Call | None:

@@ -73,7 +73,7 @@ def compile_tests(tests: dict[str, Any]) -> tuple[Plan, Any]:
         plan = plan_check_calls(tests["check"], tests["entry_point"]) or plan_check(tests["check"])
         filename, sources = "<check>", {"<check>": tests["check"]}
     if plan.calls is not None:
-        return plan, [(c.name, c.args, c.kwargs) for c in plan.calls]
+        return plan, [(c.name, c.arguments) for c in plan.calls]
     assert plan.module is not None
     judged = {
         "setup": compile(tests.get("setup", ""), "<setup>", "exec", dont_inherit=True),
