@@ -127,12 +127,29 @@ def test_nothing_written_outside_scratch_survives_the_run(sandbox) -> None:
         sandbox,
         [{"code": hostile.outlive_reader(marker), "tests": tests, "use_cache": False} for _ in range(4)],
     )
-    leaked = [str(p) for p in (Path(d, marker) for d in hostile.OUTLIVE_DIRS) if p.exists()]
+    leaked = sorted(
+        {os.path.realpath(Path(d, marker)) for d in hostile.OUTLIVE_DIRS if Path(d, marker).exists()}
+    )
     for path in leaked:
-        os.unlink(path)
+        Path(path).unlink(missing_ok=True)
     assert wrote["status"] == "passed", f"the run could write to {wrote['tests'][0].get('actual')}"
     assert leaked == []
     assert all(r["status"] == "passed" for r in reads), [r["message"] for r in reads]
+
+
+def test_whatever_a_run_leaves_in_scratch_the_next_run_starts_clean(sandbox) -> None:
+    # Directories nested thousands deep: deleting them one by one recursively would fail.
+    deep = (
+        "import os\ndef answer(x):\n    os.chdir(os.environ.get('TMPDIR', '/tmp'))\n"
+        "    for i in range(3000):\n        os.mkdir('d')\n        os.chdir('d')\n    return 0\n"
+    )
+    tests = {"kind": "asserts", "asserts": ["assert answer(1) == 0"]}
+    runs = [
+        {"code": deep, "tests": tests, "use_cache": False, "limits": {"wall_time_s": 20, "test_time_s": 20}}
+    ] * 2
+    after = [{"code": "def answer(x):\n    return 0\n", "tests": tests, "use_cache": False}] * 4
+    results = _run_batch(sandbox, runs) + _run_batch(sandbox, after)
+    assert [r["status"] for r in results] == ["passed"] * 6, [r["message"] for r in results]
 
 
 @pytest.mark.skipif(not FULL, reason="needs the full isolation mode (root)")

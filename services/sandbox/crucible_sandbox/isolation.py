@@ -60,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import sys
 import time
 from typing import Any
@@ -270,9 +269,9 @@ class Isolation:
         ):
             strays = kill_everything(pgids, self.cgroup, judged, spare)
         if self.scratch_free:
-            rootfs.empty_scratch(self.scratch_free)
+            rootfs.reset_scratch(_libc, self.scratch_free, self.cfg.tmpfs_mb)
         elif self.workdir(workdir_pid) != "/tmp":
-            shutil.rmtree(self.workdir(workdir_pid), ignore_errors=True)
+            remove_tree(self.workdir(workdir_pid))
         return strays
 
     def close(self) -> None:
@@ -349,6 +348,47 @@ def _enter_mount_namespace(cfg: IsolationConfig, caps: Capabilities) -> None:
     except OSError as e:
         caps.notes.append(f"no root of its own ({e}); falling back to Landlock")
         _libc.umount2(b"/tmp", 2)  # whatever was built on top of /tmp
+
+
+def remove_tree(path: str) -> None:
+    """Delete a directory tree however deep (a run may nest directories thousands of levels down).
+
+    No recursion and at most two directories open: the subdirectories of each directory removed
+    are first moved up to the top, so the tree never gets deeper than two levels here.
+    """
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    moved = 0
+    try:
+        for _ in range(1 << 20):  # each pass removes at least one level of every subtree
+            names = os.listdir(top)
+            if not names:
+                break
+            for name in names:
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=top)  # a file, or a link
+                    continue
+                try:
+                    for sub in os.listdir(child):
+                        try:
+                            os.unlink(sub, dir_fd=child)
+                        except OSError:  # a directory: up to the top, removed on a later pass
+                            moved += 1
+                            with contextlib.suppress(OSError):
+                                os.rename(sub, f".crucible-{moved}", src_dir_fd=child, dst_dir_fd=top)
+                finally:
+                    os.close(child)
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def _hidden_ancestor(path: str) -> bool:

@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import glob
 import os
-import shutil
 import site
 import sys
 
@@ -176,7 +175,7 @@ class RootBuilder:
             for hide in (b"hidepid=invisible", b"hidepid=2")
         ):
             self._mount(b"/proc", new + "/proc", None, MS_BIND | MS_REC, None)  # a fresh proc is refused here
-        opts = f"size={self.tmpfs_mb}m,mode=1777,nr_inodes=4096".encode()
+        opts = scratch_options(self.tmpfs_mb)
         for d in SCRATCH:
             os.makedirs(new + d, exist_ok=True)
             self._mount(b"tmpfs", new + d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
@@ -194,22 +193,26 @@ class RootBuilder:
         os.chdir("/")
 
 
-def empty_scratch(free_when_empty: dict[str, int]) -> None:
-    """Delete everything a run left in the scratch tmpfs mounts.
+def scratch_options(tmpfs_mb: int) -> bytes:
+    return f"size={tmpfs_mb}m,mode=1777,nr_inodes=4096".encode()
 
-    A mount whose free-inode count is what it was when empty holds nothing and is not listed.
+
+def reset_scratch(libc: ctypes.CDLL, free_when_empty: dict[str, int], tmpfs_mb: int) -> None:
+    """Give every scratch directory a run wrote to a fresh tmpfs (the run's processes are dead).
+
+    A mount whose free-inode count is what it was when empty holds nothing and is left alone.
+    Replacing the mount costs two syscalls whatever the run left (however many files, however
+    deeply nested), where deleting could take long or fail.
     """
     for root, free in free_when_empty.items():
         try:
             if os.statvfs(root).f_ffree == free:
                 continue
-            entries = os.listdir(root)
         except OSError:
-            continue
-        for name in entries:
-            path = os.path.join(root, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            pass
+        _check(libc.umount2(root.encode(), MNT_DETACH), f"unmount {root}", libc)
+        _check(
+            libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, scratch_options(tmpfs_mb)),
+            f"mount tmpfs {root}",
+            libc,
+        )
