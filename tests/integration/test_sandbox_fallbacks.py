@@ -106,6 +106,17 @@ def test_landlock_keeps_writes_in_the_scratch_directory(fallback_sandbox) -> Non
     assert out["status"] == "passed", out["message"]
 
 
+def test_a_deep_tree_in_a_run_directory_is_removed(fallback_sandbox) -> None:
+    deep = "import os\ndef f():\n    for i in range(3000):\n        os.mkdir('d')\n        os.chdir('d')\n    return 0\n"
+    tests = {"kind": "asserts", "asserts": ["assert f() == 0"]}
+    runs = [{"code": deep, "tests": tests, "limits": {"wall_time_s": 30, "test_time_s": 30}}] * 2
+    runs += [{"code": "def f():\n    return 0\n", "tests": tests}] * 2
+    assert [r["status"] for r in _batch(fallback_sandbox, runs)] == ["passed"] * 4
+    # What is left is the directory of each slot's next run, forked ahead and still empty.
+    left = [p for p in Path("/tmp/crucible-sandbox").glob(f"s{fallback_sandbox.proc.pid}-*/run-*")]
+    assert not [p for p in left if any(p.iterdir())], left
+
+
 def test_references_still_pass_under_landlock(fallback_sandbox) -> None:
     rows = [json.loads(line) for line in hostile.MBPP.open()][10:60]
     if not STDLIB_REACHABLE:  # keep the tasks whose imports the zygote preloaded
