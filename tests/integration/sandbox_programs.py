@@ -330,23 +330,27 @@ def outlive_reader(marker: str) -> str:
     )
 
 
-# System V shared memory: an IPC object outlives the process that made it unless the sandbox
-# gives each run its own IPC namespace.
-def shm_writer(key: int) -> str:
+# System V IPC objects (shared memory, message queues, semaphore sets) outlive the process that
+# made them unless the sandbox sees to it.
+def ipc_writer(key: int) -> str:
     return (
         "import ctypes\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "def answer(x):\n"
-        f"    return libc.shmget({key}, 4096, 0o1000 | 0o666) >= 0\n"
+        f"    libc.shmget({key}, 4096, 0o1000 | 0o666)\n"
+        f"    libc.msgget({key}, 0o1000 | 0o666)\n"
+        f"    libc.semget({key}, 1, 0o1000 | 0o666)\n"
+        "    return True\n"
     )
 
 
-def shm_reader(key: int) -> str:
+def ipc_reader(key: int) -> str:
     return (
         "import ctypes\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "def answer(x):\n"
-        f"    return libc.shmget({key}, 0, 0) >= 0\n"
+        f"    found = {{'shm': libc.shmget({key}, 0, 0), 'msg': libc.msgget({key}, 0), 'sem': libc.semget({key}, 0, 0)}}\n"
+        "    return sorted(kind for kind, id_ in found.items() if id_ >= 0)\n"
     )
 
 

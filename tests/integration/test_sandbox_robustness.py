@@ -155,13 +155,16 @@ def test_whatever_a_run_leaves_in_scratch_the_next_run_starts_clean(sandbox) -> 
 @pytest.mark.skipif(not FULL, reason="needs the full isolation mode (root)")
 def test_ipc_objects_do_not_survive_the_run(sandbox) -> None:
     key = 0x5EED0000 + secrets.randbelow(1 << 16)
-    tests = {"kind": "asserts", "asserts": ["assert answer(1) == True"]}
-    (made,) = _run_batch(sandbox, [{"code": hostile.shm_writer(key), "tests": tests, "use_cache": False}])
-    assert made["status"] == "passed", made
-    absent = {"kind": "asserts", "asserts": ["assert answer(1) == False"]}
-    reads = _run_batch(sandbox, [{"code": hostile.shm_reader(key), "tests": absent, "use_cache": False}] * 4)
+    made = {"kind": "asserts", "asserts": ["assert answer(1) == True"]}
+    absent = {"kind": "asserts", "asserts": ["assert answer(1) == []"]}
+    (wrote,) = _run_batch(sandbox, [{"code": hostile.ipc_writer(key), "tests": made, "use_cache": False}])
+    assert wrote["status"] == "passed", wrote
+    reads = _run_batch(sandbox, [{"code": hostile.ipc_reader(key), "tests": absent, "use_cache": False}] * 4)
     on_host = [
-        line for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if int(line.split()[0]) == key
+        line
+        for name in ("shm", "msg", "sem")
+        for line in Path(f"/proc/sysvipc/{name}").read_text().splitlines()[1:]
+        if int(line.split()[0]) == key
     ]
     assert on_host == [] and all(r["status"] == "passed" for r in reads), (on_host, reads[0]["message"])
 
