@@ -101,6 +101,13 @@ TRUSTS_INTERPRETER: dict[str, str] = {
         "_forge({'t': 'done'})\n"
         "os._exit(0)\n"
     ),
+    # The test's own checking functions, shadowed by globals of the program's.
+    "shadowed-builtins": (
+        "len = lambda *a: 2\n"
+        "sorted = lambda *a, **k: [1, 2]\n"
+        "isinstance = lambda *a: True\n"
+        "def add(a, b):\n    return 0\n"
+    ),
     # The test's own expression (`sorted(...)`) evaluated with the candidate's builtins.
     "patched-builtins": (
         "import builtins, operator\n"

@@ -54,16 +54,32 @@ class _Stop(BaseException):
     """The program is gone: no later test can run."""
 
 
+_BUILTINS = frozenset(dir(builtins))
+
+
 class ProgramNamespace(dict):
-    """The tests' globals: names the tests do not define resolve to the program's, then builtins."""
+    """The tests' globals: names the tests do not define resolve to the program's, then builtins.
+
+    A program may define a builtin's name: MBPP 126's function under test is `sum`. A test then
+    means the program's only when it reads no other name of the program's (`assert sum(10, 15)
+    == 6`); otherwise the builtin is one of the test's own checking functions (`assert len(f(x))
+    == 2`), and a program's `len = lambda *a: 2` must not decide it. In a `check`, the function
+    under test is `candidate`, and builtin names are always the builtins.
+    """
 
     def __init__(self, link: Link, names: list[str], entry_point: str | None) -> None:
         super().__init__(__name__="__main__", __builtins__=builtins)
         self.link, self.names, self.entry_point = link, frozenset(names), entry_point
         self.used: set[str] = set()
+        self.shadowing = False  # builtin names resolve to the program's
+
+    def reading(self, names: list[str] | None) -> None:
+        """The code about to run reads these names (None: unknown, as in a `check`)."""
+        ours = self.names.intersection(names or ())
+        self.shadowing = bool(ours) and ours <= _BUILTINS
 
     def __missing__(self, name: str) -> Any:
-        if name not in self.names:
+        if name not in self.names or (name in _BUILTINS and not self.shadowing):
             raise KeyError(name)  # a builtin, or a NameError
         value = self.link.request("global", name=name)
         # In a `check`, names other than the entry point are the program's helpers (with plain
@@ -84,8 +100,9 @@ class Checker:
         namespace: ProgramNamespace,
         test_time_s: float,
         deadline: float,
+        names: list[list[str]] | None,
     ) -> None:
-        self.ops, self.report, self.link, self.namespace = ops, report, link, namespace
+        self.ops, self.report, self.link, self.namespace, self.names = ops, report, link, namespace, names
         self.test_time_s, self.deadline = test_time_s, deadline
         self.record: dict[str, Any] = {}
         self.started = 0.0
@@ -96,6 +113,7 @@ class Checker:
         # Not "passed" until `ok`: a test interrupted anywhere else never reads as passed.
         self.record = {"t": "test", "i": index, "status": "unfinished", "judged": True}
         self.namespace.used.clear()
+        self.namespace.reading(self.names[index] if self.names else None)
         budget = min(self.test_time_s, self.deadline - runtime.now())
         self.started = time.perf_counter()
         self.link.deadline = runtime.now() + max(budget, 0.0)
@@ -191,14 +209,15 @@ def _judge(link: Link, tests: dict[str, Any], limits: dict[str, Any], report: in
         return
     entry_point = tests.get("entry_point")
     namespace = ProgramNamespace(link, names, entry_point)
-    for code in (tests["setup"], tests["module"]):
+    for code, reads in ((tests["setup"], tests["setup_names"]), (tests["module"], None)):
+        namespace.reading(reads)
         try:
             exec(code, namespace)
         except BaseException as exc:
             write_frame(report, {"t": "setup_error", **error_info(exc)})
             write_frame(report, {"t": "done"})
             return
-    checker = Checker(tests["ops"], report, link, namespace, limits["test_time_s"], deadline)
+    checker = Checker(tests["ops"], report, link, namespace, limits["test_time_s"], deadline, tests["names"])
     runner = dict.get(namespace, tests["entry"])
     args: tuple[Any, ...] = (checker,)
     if entry_point is not None:

@@ -82,6 +82,7 @@ class Plan:
     module: ast.Module | None = None  # the judge's instrumented code (judged plans)
     entry: str = ""  # the function the judge calls (judged plans)
     calls: list[Call] | None = None  # one per test (call plans)
+    names: list[list[str]] | None = None  # the names each test reads (judged `asserts` plans)
 
 
 class _AssertRewriter(ast.NodeTransformer):
@@ -186,15 +187,23 @@ def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.Functio
 
 def plan_asserts(asserts: list[str]) -> Plan:
     """Each entry is one test, run by the judge. Raises SyntaxError (`filename` `<test N>`)."""
-    plan = Plan(tests=list(asserts), module=ast.Module(body=[], type_ignores=[]), entry="__crucible_tests__")
+    plan = Plan(
+        tests=list(asserts), module=ast.Module(body=[], type_ignores=[]), entry="__crucible_tests__", names=[]
+    )
     body: list[ast.stmt] = []
     for i, source in enumerate(asserts):
         tree = ast.parse(source, filename=f"<test {i}>")
+        plan.names.append(read_names(tree))
         stmts = [_AssertRewriter(plan, i).visit(s) for s in tree.body]
         body.extend(_guard(i, stmts))
     assert plan.module is not None
     plan.module.body.append(_function(plan.entry, [CK], body))
     return plan
+
+
+def read_names(tree: ast.AST) -> list[str]:
+    """The names code reads (the judge decides with them whose `len` or `sum` a test means)."""
+    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
 
 
 def plan_check(check_source: str) -> Plan:

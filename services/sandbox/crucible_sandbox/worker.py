@@ -38,7 +38,7 @@ from typing import Any
 from crucible_sandbox import cgroups, verdict
 from crucible_sandbox.channel import encode_frame, read_frame, send_spec, write_frame
 from crucible_sandbox.harness import compile_candidate
-from crucible_sandbox.plan import Plan, plan_asserts, plan_calls, plan_check, plan_check_calls
+from crucible_sandbox.plan import Plan, plan_asserts, plan_calls, plan_check, plan_check_calls, read_names
 from crucible_sandbox.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
 
 _READ = 1 << 16
@@ -82,6 +82,9 @@ def compile_tests(tests: dict[str, Any]) -> tuple[Plan, Any]:
         "entry_point": tests.get("entry_point"),
         "ops": [site.op for site in plan.sites],
         "sources": sources,
+        # Whose builtin-named functions a test means: see `judge.ProgramNamespace`.
+        "names": plan.names,
+        "setup_names": read_names(ast.parse(tests.get("setup", ""))) if plan.names is not None else None,
     }
     return plan, marshal.dumps(judged)
 
