@@ -21,6 +21,7 @@ import builtins
 import operator
 import os
 import time
+import types
 from typing import Any
 
 from crucible_sandbox import runtime
@@ -83,8 +84,9 @@ class ProgramNamespace(dict):
             raise KeyError(name)  # a builtin, or a NameError
         value = self.link.request("global", name=name)
         # In a `check`, names other than the entry point are the program's helpers (with plain
-        # asserts, every name the tests call is under test).
-        if self.entry_point is not None and name != self.entry_point:
+        # asserts, every name the tests call is under test); a module the program imported is
+        # the judge's own import of it, not the program's.
+        if self.entry_point is not None and name != self.entry_point and type(value) is not types.ModuleType:
             self.used.add(name)
         return value
 
