@@ -133,7 +133,7 @@ class SlotCgroups:
                 self.procs_fds[i] = _open(os.path.join(d, "cgroup.procs"), os.O_WRONLY)
             if memory and os.path.exists(os.path.join(dirs[0], "memory.max")):
                 _write(os.path.join(dirs[0], "memory.swap.max"), "0")
-                self.limit_fd = _open(os.path.join(dirs[0], "memory.max"), os.O_WRONLY)
+                self.limit_fd = _open(os.path.join(dirs[0], "memory.max"), os.O_RDWR)
                 self.oom_file = os.path.join(dirs[0], "memory.events")
                 self.memory = "cgroup v2"
         except OSError as e:
@@ -150,7 +150,7 @@ class SlotCgroups:
             self.paths.append(path)
             self.v1_procs_fd = _open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
             _write(os.path.join(path, "memory.swappiness"), "0")
-            self.limit_fd = _open(os.path.join(path, "memory.limit_in_bytes"), os.O_WRONLY)
+            self.limit_fd = _open(os.path.join(path, "memory.limit_in_bytes"), os.O_RDWR)
             self.oom_file = os.path.join(path, "memory.oom_control")
             self.memory = "cgroup v1"
         except OSError as e:
@@ -168,10 +168,15 @@ class SlotCgroups:
             os.write(self.procs_fds[1], b"0")
 
     def set_memory(self, mb: int) -> None:
-        """The program's memory limit for its run (written by the program's process, still root)."""
+        """The program's memory limit for its run (written by the program's process, still root).
+
+        Read first: most runs ask for the last run's limit, and a write costs the kernel more.
+        """
         if self.limit_fd >= 0:
+            limit = str(mb << 20).encode()
             with contextlib.suppress(OSError):  # v1 refuses a limit under current use: the last stays
-                os.write(self.limit_fd, str(mb << 20).encode())
+                if os.pread(self.limit_fd, 32, 0).strip() != limit:
+                    os.pwrite(self.limit_fd, limit, 0)
 
     def populated(self, judge: bool) -> bool:
         """Whether a process is left in the program's cgroup (and the judge's, when it ran)."""
