@@ -28,6 +28,11 @@ FORMS: dict[str, dict] = {
         "asserts": ["assert sorted(add([2], [1])) == [1, 2]", "assert len(add([1], [2])) == 2"],
     },
     "check": {"kind": "check", "check": CHECK, "entry_point": "add"},
+    "check-loop": {
+        "kind": "check",
+        "check": "def check(candidate):\n    for a, b in [(2, 2), (1, 1)]:\n        assert candidate(a, b) == a + b\n",
+        "entry_point": "add",
+    },
     "stdio": {
         "kind": "stdio",
         "cases": [{"input": "2 2\n", "output": "4\n"}, {"input": "1 1\n", "output": "2\n"}],
@@ -213,6 +218,11 @@ def secret_forms(secret: str) -> dict[str, dict]:
         "check": {
             "kind": "check",
             "check": f"def check(candidate):\n    assert candidate(1) == {secret!r}\n",
+            "entry_point": "answer",
+        },
+        "check-loop": {
+            "kind": "check",
+            "check": f"def check(candidate):\n    for x in [1]:\n        assert candidate(x) == {secret!r}\n",
             "entry_point": "answer",
         },
         "stdio": {"kind": "stdio", "cases": [{"input": "", "output": secret + "\n"}]},
