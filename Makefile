@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo sandbox-demo test test-all lint format bench clean
+.PHONY: setup demo sandbox-demo test test-all lint format bench clean compose-test base-images
 
 setup: $(STAMP)
 
@@ -40,6 +40,16 @@ format: setup
 bench: setup
 	$(BIN)/python bench/sandbox_throughput.py
 	$(BIN)/python bench/generator.py
+
+# The compose stack for real (docs/deploy.md, "Testing the deployment"): builds the images, runs the
+# demo job through the gateway, restarts and kills services. Needs Docker; not part of `make test`.
+# COMPOSE_TEST_ARGS: e.g. --local-base (base images from Debian packages), --gpu-images, --keep.
+compose-test: setup
+	$(BIN)/python deploy/compose_test.py $(COMPOSE_TEST_ARGS)
+
+# Base images from Debian packages, for hosts without a registry (deploy/base-images.sh).
+base-images:
+	bash deploy/base-images.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

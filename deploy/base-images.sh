@@ -34,17 +34,20 @@ trap 'umount -l "$WORK"/*/proc 2>/dev/null || true; rm -rf "$WORK"' EXIT
 log() { printf '[base-images] %s\n' "$*" >&2; }
 
 in_root() {  # in_root DIR COMMAND...: run a command inside a root tree, with /proc mounted
-    local root=$1
+    local root=$1 rc=0
     shift
     mount -t proc proc "$root/proc"
-    DEBIAN_FRONTEND=noninteractive chroot "$root" "$@"
-    local rc=$?
+    DEBIAN_FRONTEND=noninteractive chroot "$root" "$@" >>"$WORK/apt.log" 2>&1 || rc=$?
     umount "$root/proc"
-    return $rc
+    if ((rc != 0)); then
+        tail -30 "$WORK/apt.log" >&2
+        return $rc
+    fi
 }
 
 slim() {  # what an image does not need at run time
     local root=$1
+    rm -f "$root/usr/sbin/policy-rc.d"
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/log/* \
         "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
         "$root"/usr/share/locale/* "$root"/tmp/* "$root"/var/tmp/*
@@ -75,13 +78,16 @@ deb $SECURITY $SUITE-security main
 EOF
 printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' >"$base/etc/apt/apt.conf.d/90crucible"
 cp /etc/resolv.conf "$base/etc/resolv.conf"
-in_root "$base" sh -c 'apt-get -qq update && apt-get -qq -y upgrade' >/dev/null
+# Package scripts must not try to start services in the image.
+printf '#!/bin/sh\nexit 101\n' >"$base/usr/sbin/policy-rc.d"
+chmod 0755 "$base/usr/sbin/policy-rc.d"
+in_root "$base" sh -c 'apt-get -qq update && apt-get -qq -y upgrade'
 
 with_packages() {  # with_packages NAME PACKAGE...: a copy of the base tree with these installed
     local root="$WORK/$1"
     shift
     cp -a "$base" "$root"
-    in_root "$root" apt-get -qq -y install "$@" >/dev/null
+    in_root "$root" apt-get -qq -y install "$@"
     echo "$root"
 }
 

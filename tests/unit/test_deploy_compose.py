@@ -184,6 +184,8 @@ def test_sandbox_is_contained() -> None:
     keys = svc["environment"]["CRUCIBLE_SANDBOX_API_KEYS"].split(",")
     assert SECRETS["CRUCIBLE_TRAINER_SANDBOX_API_KEY"] in keys
     assert svc["init"] is True, "an init reaps what runs leave behind"
+    # Reduced mode: a run's RLIMIT_NPROC counts the whole uid (all replicas); the pids limit bounds it.
+    assert int(svc["environment"]["CRUCIBLE_SANDBOX_PROCESSES"]) > limits["pids"]
 
 
 def test_sandbox_load_balancer_is_the_published_entry() -> None:

@@ -69,6 +69,13 @@ def test_installs_shared_then_only_its_own_package(service: str) -> None:
     assert not [s for s in copies if s.startswith("services/") and s != f"services/{service}"]
 
 
+def test_sandbox_has_a_uid_of_its_own() -> None:
+    """RLIMIT_NPROC counts every process of a uid: runs sharing one with the generator's threads
+    could not fork (docs/deploy.md, "The sandbox")."""
+    uids = {s: final(p, "USER")[-1].args.split(":")[0] for s, (p, _, _) in SERVICES.items()}
+    assert uids["sandbox"] not in {u for s, u in uids.items() if s != "sandbox"}
+
+
 def _dependencies(pyproject: Path, extras: set[str]) -> set[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
     deps = list(project.get("dependencies", []))
