@@ -193,6 +193,13 @@ def build(compose: Compose, summary: dict, gpu_images: bool) -> None:
         "build_s": round(time.monotonic() - started),
         "size_mb": image_size_mb("crucible/trainer:0.1.0"),
     }
+    torch = docker(
+        "run", "--rm", "crucible/trainer:0.1.0", "python", "-c", "import torch; print(torch.__version__)"
+    )
+    images["crucible/trainer:0.1.0"]["torch"] = torch.strip()
+    check(
+        "+cpu" not in torch, f"the CUDA trainer got a CPU torch ({torch.strip()}): is it in deploy/wheels/?"
+    )
     log(f"built the CUDA trainer: {images['crucible/trainer:0.1.0']}")
     try:
         compose.run("build", "generator", files=["-f", "compose.yaml"], quiet=True)
