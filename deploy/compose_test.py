@@ -282,6 +282,25 @@ PROBES = {
 }
 
 
+# Reward hacks of tests/integration/test_sandbox_isolation.py: none may pass.
+REWARD_HACKS = {
+    "sys.exit": "import sys\nsys.exit(0)\ndef add(a, b): return 0\n",
+    "os._exit-in-test": "def add(a, b):\n    import os\n    os._exit(0)\n",
+    "eq-always-true": "def add(a, b):\n    class Yes:\n        def __eq__(self, other): return True\n    return Yes()\n",
+    "print-pass": "print('PASS')\nprint('all tests passed')\ndef add(a, b): return 0\n",
+    "patch-builtins": "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\ndef add(a, b): return 0\n",
+}
+
+
+def reward_hacks(url: str, key: str) -> dict[str, str]:
+    tests = {"kind": "asserts", "asserts": ["assert add(2, 2) == 4", "assert add(1, 1) == 2"]}
+    runs = [{"code": code, "tests": tests, "use_cache": False} for code in REWARD_HACKS.values()]
+    results = run_batch(url, key, runs)
+    for name, result in zip(REWARD_HACKS, results, strict=True):
+        check(result["status"] != "passed" and result["passed"] == 0, f"reward hack {name} passed: {result}")
+    return {name: r["status"] for name, r in zip(REWARD_HACKS, results, strict=True)}
+
+
 def probe_all(url: str, key: str) -> dict[str, Any]:
     results = run_batch(url, key, list(PROBES.values()))
     return {name: found(r) for name, r in zip(PROBES, results, strict=True)}
@@ -306,6 +325,7 @@ def sandbox(compose: Compose, summary: dict, env: dict[str, str]) -> None:
         )
         check(results[2 * i + 1]["status"] == "passed", f"benign run beside {name}: {results[2 * i + 1]}")
     summary["sandbox_hostile"] = statuses
+    summary["sandbox_reward_hacks"] = reward_hacks(url, key)
     compose.wait_healthy("sandbox", int(env["SANDBOX_REPLICAS"]), timeout=120)
     seen = probe_all(url, key)
     summary["sandbox_inside_container"] = seen

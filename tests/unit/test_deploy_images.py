@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -74,6 +75,19 @@ def test_sandbox_has_a_uid_of_its_own() -> None:
     could not fork (docs/deploy.md, "The sandbox")."""
     uids = {s: final(p, "USER")[-1].args.split(":")[0] for s, (p, _, _) in SERVICES.items()}
     assert uids["sandbox"] not in {u for s, u in uids.items() if s != "sandbox"}
+
+
+def test_base_image_helper_names_what_compose_and_the_compose_test_use() -> None:
+    """deploy/base-images.sh parses, and prints the variables compose reads and the test sets."""
+    script = ROOT / "deploy/base-images.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    built = dict(re.findall(r"\[([A-Z_]+)\]=(crucible-base/\S+)", script.read_text()))
+    assert set(built) == {"PYTHON_IMAGE", "REDIS_IMAGE", "SANDBOX_LB_IMAGE", "INIT_IMAGE"}
+    test = (ROOT / "deploy/compose_test.py").read_text()
+    for variable, image in built.items():
+        assert f'"{variable}": "{image}"' in test, variable
+        assert f"${{{variable}" in (ROOT / "compose.yaml").read_text() or variable == "PYTHON_IMAGE"
+    assert "ARG PYTHON_IMAGE=" in (ROOT / SERVICES["gateway"][0]).read_text()
 
 
 def _dependencies(pyproject: Path, extras: set[str]) -> set[str]:

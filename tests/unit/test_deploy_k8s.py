@@ -137,6 +137,16 @@ def test_services_select_workloads_and_named_ports(variant: str) -> None:
             assert port["targetPort"] in pods[target]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sandbox_pods_run_as_the_sandbox_images_own_uid(variant: str) -> None:
+    """A run's RLIMIT_NPROC counts its uid on the whole node: not the generator's or trainer's."""
+    uids = {obj["metadata"]["name"]: spec["securityContext"]["runAsUser"] for obj, spec in workloads(variant)}
+    assert uids["sandbox"] == 10002 and uids["sandbox"] not in {u for n, u in uids.items() if n != "sandbox"}
+    container = find(variant, "Deployment", "sandbox")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert int(env["CRUCIBLE_SANDBOX_PROCESSES"]) >= 1024
+
+
 def test_sandbox_scales_and_has_no_egress() -> None:
     deployment = find("gpu", "Deployment", "sandbox")
     assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
