@@ -13,6 +13,10 @@
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
 #   bash bench/gpu.sh offline-rl      #   them while the machine is warm); JSON + Markdown to $OUT
 #   bash bench/gpu.sh offline-table   # the table of whatever parts have run
+#   bash bench/gpu.sh filters STEPS TASKS  # GRPO with no filter, the pre-filter and dynamic sampling,
+#                                     #   the three at once in the background (they share the GPU)
+#   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
+#   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
 #
 # Here (not on the GPU machine), from the repository root, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
@@ -73,33 +77,50 @@ PY
     python3 bench/grpo_race.py --method "$method" --steps "$steps" --eval-tasks "$tasks" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
   eval-adapter)  # greedy pass@1 of a saved adapter on the first N MBPP test tasks
     python3 - "$2" "${3:-500}" <<'PY'
-import asyncio, json, sys, tempfile
+import subprocess, sys, tempfile
 from pathlib import Path
-from bench.grpo_race import start
-from crucible_shared.generator_client import GeneratorPool
-from crucible_shared.sandbox_client import SandboxClient
-from crucible_trainer import evaluation, tasks
-adapter, limit = sys.argv[1], int(sys.argv[2])
+from crucible_cli.spawn import start
+adapter, limit = sys.argv[1], sys.argv[2]
 work = Path(tempfile.mkdtemp())
-sb, sb_url = start("crucible_sandbox", "CRUCIBLE_SANDBOX_PORT", {}, work / "sandbox.log")
-gen, gen_url = start("crucible_generator", "CRUCIBLE_GENERATOR_PORT", {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256"}, work / "generator.log")
-async def main():
-    pool = GeneratorPool.from_urls([gen_url])
-    await pool.load_adapter("after", str(Path(adapter).resolve()))
-    async with SandboxClient(sb_url) as sandbox:
-        selected = tasks.load_tasks(tasks.DataSpec(dataset="mbpp", split="test", limit=limit))
-        cfg = evaluation.EvalConfig(model="after", n=0, greedy=True, ks=[1], max_tokens=256, concurrency=256)
-        report = await evaluation.evaluate(selected, pool, sandbox, cfg)
-    await pool.aclose()
-    print("after:", json.dumps(report.summary()), "wall", report.timing.wall_s if hasattr(report.timing, "wall_s") else "")
+sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+generator = start("crucible_generator", {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256"}, "CRUCIBLE_GENERATOR_PORT",
+                  log=work / "generator.log", timeout=600)
 try:
-    asyncio.run(main())
+    subprocess.run([sys.executable, "-m", "crucible_cli", "eval", "--adapter", adapter, "--split", "test",
+                    "--limit", limit, "--n", "0", "--max-tokens", "256", "--concurrency", "256", "--quiet",
+                    "--generator", generator.url, "--sandbox", sandbox.url, "--out", str(work / "eval")], check=True)
 finally:
-    gen.terminate(); sb.terminate()
+    generator.stop(); sandbox.stop()
 PY
     ;;
+  filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
+    steps=${2:-100} tasks=${3:-500}
+    for mode in none pre dynamic; do
+      bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" --filter "$mode" --micro-batch 32
+    done ;;
+  bg)  # NAME CMD...: `bash bench/gpu.sh CMD...` in a session of its own, results under /root/results
+    name=$2; shift 2
+    mkdir -p /root/bg /root/results
+    OUT=/root/results setsid nohup bash bench/gpu.sh "$@" > "/root/bg/$name.log" 2>&1 < /dev/null &
+    echo $! > "/root/bg/$name.pid"; echo "started $name (pid $!)" ;;
+  wait-bg)  # SECONDS: until every background run ended or the time is up; then an archive to $OUT
+    deadline=$(( $(date +%s) + ${2:-540} ))
+    while [ "$(date +%s)" -lt "$deadline" ]; do
+      alive=0
+      for pid in /root/bg/*.pid; do kill -0 "$(cat "$pid")" 2>/dev/null && alive=$((alive + 1)); done
+      [ "$alive" -eq 0 ] && break
+      sleep 10
+    done
+    for log in /root/bg/*.log; do
+      pid=${log%.log}.pid; state=done; kill -0 "$(cat "$pid")" 2>/dev/null && state=running
+      echo "== $(basename "$log" .log): $state"; tail -4 "$log"
+    done
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    tar -czf "${OUT:-/tmp}/results.tar.gz" -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
+  offline-all)  # the three parts one after the other (for `bg`: they outlive a call)
+    for part in data train rl; do python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}"; done ;;
   offline-data|offline-train|offline-rl|offline-table)  # extra arguments go to bench/offline_figures.py
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;

@@ -36,6 +36,7 @@ def job_spec(
     reward: str = "fraction",
     group_filter: str = "none",
     before: bool = True,
+    micro_batch: int = 64,
 ) -> dict:
     method_cfg = (
         {"name": "grpo", "group_size": 8}
@@ -50,7 +51,7 @@ def job_spec(
         "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": 0},
         "rollout": {"temperature": 1.0, "max_tokens": max_tokens},
         "reward": {"kind": reward},
-        "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": prompts, "micro_batch": 64},
+        "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": prompts, "micro_batch": micro_batch},
         "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
         "eval": {
             "data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks},
@@ -90,6 +91,12 @@ def main() -> None:
         "--difficulty-filter", action="store_true", help="the same as --filter pre (older runs used it)"
     )
     parser.add_argument("--no-before", action="store_true", help="skip the evaluation before training")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=64,
+        help="sequences per forward/backward (same gradient, less memory)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -130,6 +137,7 @@ def main() -> None:
                 args.reward,
                 "pre" if args.difficulty_filter else args.filter,
                 not args.no_before,
+                args.micro_batch,
             )
         )
         job_id = f"race-{args.method}"

@@ -86,25 +86,27 @@ TRAIN = {
 
 
 class Stack:
-    """A sandbox and a generator as subprocesses (bench/grpo_race.py's launcher)."""
+    """A sandbox and a generator as subprocesses (`crucible_cli.spawn`)."""
 
     def __enter__(self) -> Stack:
-        from bench.grpo_race import start
+        from crucible_cli.spawn import start
 
         self.logs = Path(tempfile.mkdtemp(prefix="crucible-offline-"))
-        self.sandbox, self.sandbox_url = start(
-            "crucible_sandbox", "CRUCIBLE_SANDBOX_PORT", {}, self.logs / "sandbox.log"
+        self.sandbox = start(
+            "crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=self.logs / "sandbox.log", timeout=300
         )
-        self.generator, self.generator_url = start(
+        self.generator = start(
             "crucible_generator",
-            "CRUCIBLE_GENERATOR_PORT",
             {
                 "CRUCIBLE_GENERATOR_MODEL": MODEL,
                 "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256",
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
             },
-            self.logs / "generator.log",
+            "CRUCIBLE_GENERATOR_PORT",
+            log=self.logs / "generator.log",
+            timeout=600,
         )
+        self.sandbox_url, self.generator_url = self.sandbox.url, self.generator.url
         return self
 
     def settings(self, work: Path):
@@ -118,9 +120,8 @@ class Stack:
         )
 
     def __exit__(self, *exc: object) -> None:
-        for proc in (self.generator, self.sandbox):
-            proc.terminate()
-            proc.wait()
+        self.generator.stop()
+        self.sandbox.stop()
 
 
 def run_pipeline(spec: dict[str, Any], job_id: str, settings) -> dict[str, Any]:

@@ -10,7 +10,7 @@ record is never half-written and two writers never undo each other's transition.
 Statuses move like this (anything else is refused):
 
     queued  -> running (a worker took it) | cancelled (before it started) | failed (it never started)
-    running -> finished | failed | cancelled | queued (worker lost, automatic retry)
+    running -> finished | failed | cancelled | queued (worker lost or stopping: it resumes elsewhere)
     failed, cancelled -> queued (retry)
 """
 
@@ -65,6 +65,7 @@ class JobRecord(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    queued_at: float | None = Field(None, description="When it last went (back) to the queue.")
     heartbeat_at: float | None = Field(None, description="Last sign of life of the worker running it.")
     step: int | None = Field(None, description="Last finished training step.")
     total_steps: int | None = None

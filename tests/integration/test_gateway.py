@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -224,3 +225,32 @@ def test_a_lost_worker_s_job_is_retried_automatically(gateway, workers, stack_di
     assert "requeued" in kinds and "resumed" in kinds and kinds[-1] == "end", kinds
     final = client.job(job_id)
     assert final.status == JobStatus.finished and final.step == 3 and final.attempts == 2
+
+
+@pytest.mark.slow
+def test_a_stopping_worker_hands_its_job_back_at_a_step_boundary(gateway, workers, stack_dirs) -> None:
+    """SIGTERM (a container restart): the job checkpoints after its current step and goes back to
+    the queue at once, not after the heartbeat timeout; the next worker resumes it."""
+    worker = workers.start()
+    client = GatewayClient(gateway.url)
+    spec = {**TINY_TRAIN, "optim": {**TINY_TRAIN["optim"], "steps": 4}, "checkpoint": {"every": 100}}
+    job_id = client.submit(spec).id
+    metrics = stack_dirs["runs"] / job_id / "metrics.jsonl"
+    wait_for(lambda: metrics.exists(), 900, "the first step")
+    worker.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    released = wait_for(
+        lambda: (j := client.job(job_id)).status == JobStatus.queued and j, 300, "the job to be handed back"
+    )
+    assert "worker stopped after step" in released.error and released.attempts == 1
+    assert worker.wait(120) == 0  # the worker exits once the job is handed back
+    # Checkpointed at the step it stopped after, although checkpoint.every is 100.
+    assert any((stack_dirs["runs"] / job_id / "checkpoints").glob("step-*"))
+    assert time.monotonic() - started < 240
+    workers.start()
+    kinds = [e[1] for e in client.events(job_id, timeout=1200)]
+    assert "requeued" in kinds and "resumed" in kinds and kinds[-1] == "end", kinds
+    final = client.job(job_id)
+    assert final.status == JobStatus.finished and final.step == 4
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4], steps

@@ -55,9 +55,7 @@ def test_ppo_ratio_option_reaches_the_update() -> None:
 def test_every_online_method_of_the_spec_union_is_registered() -> None:
     from typing import get_args
 
-    from crucible_shared.jobs import Method
-
-    from crucible_shared.jobs import OFFLINE_METHODS
+    from crucible_shared.jobs import OFFLINE_METHODS, Method
 
     union = get_args(get_args(Method)[0])
     online = {c for c in union if c.model_fields["name"].default not in OFFLINE_METHODS}

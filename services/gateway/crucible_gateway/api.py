@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.sleep(settings.reap_interval_s)
             try:
                 for job_id, status in await service.reap():
-                    log.warning("job %s lost its worker: now %s", job_id, status.value)
+                    log.warning("job %s moved on by the reaper: now %s", job_id, status.value)
             except Exception as exc:  # a Redis blip must not stop the reaper
                 log.warning("reaping failed: %r", exc)
 

@@ -24,6 +24,7 @@ from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
 
 log = logging.getLogger(__name__)
+QUEUE_SETTLE_S = 10.0
 
 
 def check_job_id(job_id: str) -> None:
@@ -103,6 +104,7 @@ class GatewayService:
             max_attempts=max(record.max_attempts, record.attempts + 1),
             error=None,
             finished_at=None,
+            queued_at=time.time(),
         )
         if not changed:
             raise ApiError(
@@ -131,6 +133,7 @@ class GatewayService:
                     stale_before=cutoff,
                     attempts=attempt,
                     error=f"{lost}; retried automatically (attempt {attempt} of {record.max_attempts})",
+                    queued_at=now,
                 )
                 if changed:
                     await asyncio.to_thread(self.store.enqueue, record.kind, record.id, record.spec or {})
@@ -149,15 +152,27 @@ class GatewayService:
                 if changed:
                     await self.store.emit(record.id, "status", status="failed", error=error)
                     changes.append((record.id, JobStatus.failed))
-        queued = await self.store.ids(JobStatus.queued)
-        for job_id, rq in (await self.store.rq_statuses(queued)).items():
-            if rq in ("failed", "stopped"):
+        # Queued jobs whose RQ job is gone: one a stopping worker released (its RQ job finished)
+        # goes back on its queue; one that failed before it started is failed. Only jobs queued
+        # for a while, so a submission or retry still between its record and its enqueue is left be.
+        settled = [
+            r
+            for r in await self.store.get_many(await self.store.ids(JobStatus.queued))
+            if (r.queued_at or r.created_at) < now - QUEUE_SETTLE_S
+        ]
+        statuses = await self.store.rq_statuses([r.id for r in settled])
+        for record in settled:
+            rq = statuses[record.id]
+            if rq in (None, "finished"):
+                await asyncio.to_thread(self.store.enqueue, record.kind, record.id, record.spec or {})
+                changes.append((record.id, JobStatus.queued))
+            elif rq in ("failed", "stopped"):
                 error = "the job failed before it started (see the worker log)"
                 changed, _ = await self.store.transition(
-                    job_id, JobStatus.failed, allowed_from={JobStatus.queued}, error=error, finished_at=now
+                    record.id, JobStatus.failed, allowed_from={JobStatus.queued}, error=error, finished_at=now
                 )
                 if changed:
-                    changes.append((job_id, JobStatus.failed))
+                    changes.append((record.id, JobStatus.failed))
         return changes
 
     # -- files ------------------------------------------------------------------------------------

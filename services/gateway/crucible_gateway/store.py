@@ -123,6 +123,7 @@ class JobStore:
             name=name,
             status=JobStatus.queued,
             created_at=now,
+            queued_at=now,
             spec=spec,
             max_attempts=max_attempts,
         )

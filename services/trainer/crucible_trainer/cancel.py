@@ -16,6 +16,14 @@ class Cancelled(Exception):
     """The job was asked to stop."""
 
 
+class Interrupted(Exception):
+    """The worker is shutting down: the job stopped at a step boundary, checkpointed, to resume."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"interrupted after step {step}")
+        self.step = step
+
+
 class CancelToken:
     def __init__(self, channel: JobChannel | None = None, poll_s: float = 1.0) -> None:
         self.channel, self.poll_s = channel, poll_s

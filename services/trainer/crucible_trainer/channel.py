@@ -24,6 +24,9 @@ from crucible_shared.lifecycle import JobStatus, encode_fields, transition_comma
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
+# Set when the worker process was asked to stop (SIGTERM: `docker compose restart trainer`, a
+# rolling update): the running job stops at its next step boundary and goes back to the queue.
+WORKER_STOPPING = threading.Event()
 
 
 class JobChannel:
@@ -43,6 +46,13 @@ class JobChannel:
 
     def cancel_requested(self) -> bool:
         return False
+
+    def stop_requested(self) -> bool:
+        """The process running the job is shutting down (not a cancel: the job is to go on)."""
+        return False
+
+    def release(self, reason: str) -> None:
+        """Give the job back to the queue, to resume from its checkpoint on another worker."""
 
     def finish(self, status: JobStatus, *, summary: dict | None = None, error: str | None = None) -> None:
         """The job's end: finished, failed or cancelled."""
@@ -101,6 +111,14 @@ class RedisChannel(JobChannel):
 
     def cancel_requested(self) -> bool:
         return bool(self.redis.exists(keys.cancel(self.job_id)))
+
+    def stop_requested(self) -> bool:
+        return WORKER_STOPPING.is_set()
+
+    def release(self, reason: str) -> None:
+        # The gateway's reaper puts a released job back on its RQ queue within seconds.
+        if self._transition(JobStatus.queued, {JobStatus.running}, queued_at=time.time(), error=reason):
+            self.emit("requeued", reason=reason)
 
     def finish(self, status: JobStatus, *, summary: dict | None = None, error: str | None = None) -> None:
         fields: dict[str, Any] = {"finished_at": time.time()}

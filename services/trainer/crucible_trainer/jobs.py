@@ -65,7 +65,7 @@ def runner_for(kind: str, method: str | None = None) -> Runner:
 
 def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
     """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed)."""
-    from crucible_trainer.cancel import Cancelled
+    from crucible_trainer.cancel import Cancelled, Interrupted
 
     if not channel.start():
         return {"job_id": job_id, "status": "skipped"}
@@ -75,6 +75,9 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
             summary = asyncio.run(runner(spec, job_id, settings, channel))
     except Cancelled:
         summary = {"job_id": job_id, "status": JobStatus.cancelled.value}
+    except Interrupted as stop:
+        channel.release(f"the worker stopped after step {stop.step}; the job resumes from its checkpoint")
+        return {"job_id": job_id, "status": JobStatus.queued.value}
     except BaseException as exc:
         channel.finish(JobStatus.failed, error=f"{type(exc).__name__}: {exc}")
         raise

@@ -27,7 +27,7 @@ from crucible_shared.lifecycle import JobStatus
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import checkpoint, evaluation, hardware, tasks
-from crucible_trainer.cancel import Cancelled, CancelToken
+from crucible_trainer.cancel import Cancelled, CancelToken, Interrupted
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
 from crucible_trainer.events import EventSink, rollout_row, start_wandb
@@ -144,9 +144,12 @@ class TrainRun:
             version = step if step % spec.publish.every == 0 else version
             self.events.metrics(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
-            if step % spec.checkpoint.every == 0 or step == spec.optim.steps:
+            stopping = self.channel.stop_requested()
+            if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
                 extra = {"version": version, "sampler": sampler.state()}
                 await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra)
+            if stopping and step < spec.optim.steps:
+                raise Interrupted(step)
             if (
                 spec.eval is not None
                 and spec.eval.every

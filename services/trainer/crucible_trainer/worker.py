@@ -1,4 +1,9 @@
-"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `train` and `eval` queues."""
+"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `train` and `eval` queues.
+
+On SIGTERM (a container restart, a rolling update) a running training job stops at its next
+step boundary, checkpoints and goes back to the queue, where the next worker resumes it; the
+worker then exits. A second SIGTERM stops at once (RQ's cold shutdown).
+"""
 
 from __future__ import annotations
 
@@ -28,13 +33,20 @@ def main() -> None:
     from rq import Queue, SimpleWorker
     from rq.serializers import JSONSerializer
 
+    from crucible_trainer.channel import WORKER_STOPPING
+
+    class Worker(SimpleWorker):
+        def request_stop(self, signum, frame):  # type: ignore[no-untyped-def]
+            WORKER_STOPPING.set()
+            super().request_stop(signum, frame)
+
     redis = Redis.from_url(settings.redis_url)
     queues = [
         Queue(q.strip(), connection=redis, serializer=JSONSerializer)
         for q in args.queues.split(",")
         if q.strip()
     ]
-    worker = SimpleWorker(queues, connection=redis, serializer=JSONSerializer, name=args.name)
+    worker = Worker(queues, connection=redis, serializer=JSONSerializer, name=args.name)
     worker.work(burst=args.burst, with_scheduler=False)
 
 
