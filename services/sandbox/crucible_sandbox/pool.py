@@ -45,7 +45,7 @@ class Worker:
             sys.executable,
             "-m",
             "crucible_sandbox.worker",
-            json.dumps({**self.config, "slot": self.slot}),
+            json.dumps({**self.config, "slot": self.slot, "owner": os.getpid()}),
             str(self.nice),
             self.policy,
             stdin=asyncio.subprocess.PIPE,

@@ -6,6 +6,7 @@ import ast
 import asyncio
 import hashlib
 import json
+import os
 import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ from typing import Any
 from crucible_shared.http import ApiError
 from crucible_shared.sandbox import RunRequest, RunResult, RunStatus
 
-from crucible_sandbox import metrics
+from crucible_sandbox import cgroups, metrics
 from crucible_sandbox.plan import plan_check
 from crucible_sandbox.pool import WorkerPool
 from crucible_sandbox.settings import Settings
@@ -45,6 +46,19 @@ class LRU:
             self.data.popitem(last=False)
 
 
+def unsafe_start(settings: Settings) -> str | None:
+    """Why the service must not start with these settings here, or None.
+
+    Without isolation a root server would run programs as uid 0.
+    """
+    if not settings.isolate and os.geteuid() == 0 and not settings.unsafe_no_isolation:
+        return (
+            "refusing to run programs as uid 0 without isolation: CRUCIBLE_SANDBOX_ISOLATE=false while "
+            "running as root needs CRUCIBLE_SANDBOX_UNSAFE_NO_ISOLATION=true"
+        )
+    return None
+
+
 class SandboxService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -57,6 +71,8 @@ class SandboxService:
                 "work_root": settings.work_root,
                 "want_namespaces": settings.isolate,
                 "want_cgroup": settings.isolate,
+                "want_mount_namespace": settings.mount_namespace,
+                "want_memory_cgroup": settings.memory_cgroup,
             },
             batch_slots=self.batch_slots,
             batch_nice=settings.batch_nice,
@@ -67,11 +83,26 @@ class SandboxService:
         self.key_slots: dict[str, asyncio.Semaphore] = {}
 
     async def start(self) -> None:
+        refusal = unsafe_start(self.settings)
+        if refusal:
+            raise RuntimeError(refusal)
+        if self.settings.isolate:
+            await asyncio.to_thread(cgroups.remove_stale)  # left by servers that were killed
         await self.pool.start()
         metrics.WORKERS.set(self.settings.workers)
 
     async def stop(self) -> None:
         await self.pool.stop()
+        cgroups.remove_empty_parents()
+
+    @property
+    def isolation(self) -> dict[str, Any]:
+        """What `/health` says about isolation: the first slot's capabilities, and the mode."""
+        info = self.pool.isolation
+        out = {"mode": info.get("mode"), **info.get("caps", {})}
+        if not self.settings.isolate and os.geteuid() == 0:
+            out.update(mode="unsafe", warning="programs run as uid 0 without isolation (UNSAFE_NO_ISOLATION)")
+        return out
 
     # -- validation ---------------------------------------------------------------------------
     def prepare(self, run: RunRequest, where: str = "") -> dict[str, Any]:
@@ -107,6 +138,7 @@ class SandboxService:
                 lim.output_bytes if lim.output_bytes is not None else s.default_output_bytes,
                 s.max_output_bytes,
             ),
+            "report_bytes": s.max_report_bytes,
             "file_bytes": s.file_bytes,
             "open_files": s.open_files,
             "processes": s.processes,

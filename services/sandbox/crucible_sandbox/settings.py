@@ -64,12 +64,28 @@ class Settings(BaseSettings):
     max_wall_time_s: float = 60.0
     max_memory_mb: int = 4096
     max_output_bytes: int = 8 << 20
+    max_report_bytes: int = Field(
+        32 << 20, ge=1 << 20, description="Cap on what a run's processes write to the harness channel."
+    )
     file_bytes: int = Field(16 << 20, description="Largest file a run may write.")
     open_files: int = 64
     processes: int = Field(32, description="Processes per run (enforced with the per-slot uid).")
 
-    # Isolation.
+    # Isolation (see crucible_sandbox/isolation.py).
     isolate: bool = Field(True, description="Use namespaces, uid switch and cgroups where the host allows.")
+    unsafe_no_isolation: bool = Field(
+        False, description="Allow `isolate=false` while running as root (programs then run as uid 0)."
+    )
+    mount_namespace: bool = Field(
+        True,
+        description="Give each slot a root of its own in a mount namespace (root only); false, or a host "
+        "that refuses mounts, uses the Landlock fallback.",
+    )
+    memory_cgroup: bool = Field(
+        True,
+        description="Hold each run's memory in a cgroup where one can be made; false, or none delegated, "
+        "samples the run's processes instead.",
+    )
     uid_base: int = Field(61000, ge=1000, description="Run uid of slot i is uid_base + i (root only).")
     tmpfs_mb: int = Field(64, ge=1, description="Size of each run's private /tmp.")
     work_root: str = "/tmp/crucible-sandbox"

@@ -1,19 +1,23 @@
-"""Trusted judgement: turn what a run's process reported, and how it ended, into a `RunResult`.
+"""Trusted judgement: turn what a run's processes reported, and how they ended, into a `RunResult`.
 
-This runs in the zygote, outside the candidate's process. Frames sent after the candidate
-started are treated as untrusted input: malformed ones are ignored, and for every top-level
-`assert <expr> == <expected>` the expected value comes from the frame sent *before* the
-candidate ran, the actual value is rebuilt from plain types, and `==` is evaluated here.
-A run's exit status and its stdout never decide `passed`.
+This runs in the worker, outside the run. The program's report is untrusted input: its first
+frame, `started`, is written before any of the program runs, so a report without it means the
+sandbox failed (`sandbox_error`); everything after it is the program's doing, and garbage there is
+a verdict about the program. For a call plan the program reports only values: each is rebuilt from
+plain types and compared here with the literal the test expects. For a judged plan the judge's
+report (a process that never runs the program) carries the verdicts. A run's exit status and its
+stdout never decide `passed`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from crucible_sandbox.plan import Plan
+from crucible_sandbox.channel import split_frames
+from crucible_sandbox.plan import Call, Plan
 from crucible_sandbox.values import decode, short_repr
 
 _PRECEDENCE = [
@@ -26,21 +30,45 @@ _PRECEDENCE = [
     "failed",
     "passed",
 ]
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MALFORMED = "the program wrote malformed data to the harness channel"
 
 
 @dataclass
 class ProcessOutcome:
-    """How one run's process ended and what it wrote."""
+    """How one process of a run ended and what it wrote."""
 
     frames: list[Any] = field(default_factory=list)
-    frame_error: bool = False
+    malformed: bool = False
     exit_code: int | None = None  # None when killed by a signal
     signal: int | None = None
-    killed: str | None = None  # "timeout" | "output" when the zygote killed it
+    killed: str | None = None  # "timeout" | "output" | "report" | "memory": the run was ended
     stdout: str = ""
     stderr: str = ""
     truncated: bool = False
     duration_ms: float = 0.0
+
+    @classmethod
+    def of(
+        cls, status: int, report: bytearray, killed: str | None, duration_ms: float, frames_at_most: int
+    ) -> ProcessOutcome:
+        """`frames_at_most`: how many frames the process writes when all is well."""
+        frames, malformed = split_frames(report, frames_at_most)
+        proc = cls(frames=[f for f in frames if isinstance(f, dict)], malformed=malformed, killed=killed)
+        proc.malformed |= len(proc.frames) != len(frames)
+        proc.duration_ms = duration_ms
+        if os.WIFSIGNALED(status):
+            proc.signal = None if killed else os.WTERMSIG(status)  # our SIGKILL, not the program's doing
+        else:
+            proc.exit_code = os.WEXITSTATUS(status)
+        return proc
+
+    @property
+    def started(self) -> bool:
+        return bool(self.frames) and self.frames[0].get("t") == "started"
+
+    def first(self, *kinds: str) -> dict[str, Any] | None:
+        return next((f for f in self.frames[1:] if f.get("t") in kinds), None)
 
 
 def worst(statuses: list[str]) -> str:
@@ -52,24 +80,49 @@ def worst(statuses: list[str]) -> str:
     return min(statuses, key=_PRECEDENCE.index, default="passed")
 
 
+def clean_text(value: Any) -> Any:
+    """`value` with every lone surrogate in its strings replaced (they cannot be sent as UTF-8).
+
+    >>> clean_text({"m": "a\\ud800b"})
+    {'m': 'a\\ufffdb'}
+    """
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [clean_text(v) for v in value]
+    if isinstance(value, dict):
+        return {k: clean_text(v) for k, v in value.items()}
+    return value
+
+
+def _text(value: Any, limit: int = 4000) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
 def _ended_how(proc: ProcessOutcome) -> tuple[str, str]:
     """(test status, message) for the test that was running when the process stopped."""
     if proc.killed == "timeout" or proc.signal == 24:  # SIGXCPU: CPU-time limit
         return "timeout", "time limit exceeded"
     if proc.killed == "output":
         return "error", "output limit exceeded"
+    if proc.killed == "report":
+        return "error", "the program wrote too much to the harness channel"
+    if proc.killed == "memory":
+        return "error", "memory limit exceeded (the run's processes together)"
     if proc.signal is not None:
         return "error", f"the process was killed by signal {proc.signal}"
     return "error", f"the process exited with status {proc.exit_code} before this test finished"
 
 
-def _process_status(proc: ProcessOutcome) -> str | None:
-    if proc.killed == "output":
+def process_status(proc: ProcessOutcome) -> str | None:
+    """The run status that how the process was ended implies, if any."""
+    if proc.killed in ("output", "report"):
         return "output_exceeded"
+    if proc.killed == "memory":
+        return "memory_exceeded"
     if proc.killed == "timeout" or proc.signal == 24:
         return "timeout"
-    # A SIGKILL we did not send is not assumed to be the OOM killer: the address-space limit
-    # turns memory exhaustion into MemoryError, and a program can SIGKILL itself.
+    # A SIGKILL we did not send and the kernel did not count as an OOM kill is the program's own.
     return None
 
 
@@ -86,8 +139,8 @@ def _base(total: int, proc: ProcessOutcome) -> dict[str, Any]:
     }
 
 
-def _not_run(index: int, source: str, message: str = "") -> dict[str, Any]:
-    return {"index": index, "test": source, "status": "not_run", "message": message}
+def not_run(index: int, source: str, message: str = "") -> dict[str, Any]:
+    return {"index": index, "test": source, "status": "not_run", "message": message, "judged_outside": None}
 
 
 def failure_message(
@@ -107,102 +160,61 @@ def failure_message(
     return f"{text} ({why})" if why else text
 
 
-def judge_tests(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
-    """Verdict for the `asserts` and `check` forms."""
-    n = len(plan.tests)
-    out = _base(n, proc)
-    frames = [f for f in proc.frames if isinstance(f, dict)]
-    first = frames[0] if frames else None
+def syntax_error(frame: dict[str, Any], tests: list[str]) -> dict[str, Any]:
+    """The result for a program that does not compile: no test ran."""
+    out = _base(len(tests), ProcessOutcome())
+    out.update(
+        status="syntax_error",
+        message=str(frame.get("msg", "syntax error")),
+        traceback=frame.get("tb"),
+        exception_type=frame.get("exc", "SyntaxError"),
+        tests=[not_run(i, s) for i, s in enumerate(tests)],
+    )
+    return out
 
-    if first and first.get("t") == "syntax":
-        out["status"] = "syntax_error"
-        out["message"] = str(first.get("msg", "syntax error"))
-        out["traceback"] = first.get("tb")
-        out["exception_type"] = "SyntaxError"
-        out["tests"] = [_not_run(i, s) for i, s in enumerate(plan.tests)]
-        return out
-    if not first or first.get("t") != "expected" or not isinstance(first.get("values"), dict):
-        status = _process_status(proc)
-        out["status"] = status or "sandbox_error"
-        out["message"] = (
-            "the test suite's own set-up ran out of time"
-            if status == "timeout"
-            else "the harness did not start"
+
+def _not_started(out: dict[str, Any], tests: list[str], proc: ProcessOutcome, who: str) -> dict[str, Any]:
+    status = process_status(proc)
+    out["status"] = status or "sandbox_error"
+    out["message"] = f"the {who} did not start"
+    if status is None:
+        out["message"] += (
+            f" (exit status {proc.exit_code}, signal {proc.signal}); stderr: {proc.stderr[-300:]}"
         )
-        if status is None:
-            out["message"] += (
-                f" (exit status {proc.exit_code}, signal {proc.signal}); stderr: {proc.stderr[-300:]}"
-            )
-        out["tests"] = [_not_run(i, s) for i, s in enumerate(plan.tests)]
-        return out
+    out["tests"] = [not_run(i, s) for i, s in enumerate(tests)]
+    return out
 
-    expected: dict[int, Any] = {}
-    for key, value in first["values"].items():
-        site = int(key)
-        if value is not None and 0 <= site < len(plan.sites) and plan.sites[site].trusted:
-            expected[site] = value
 
-    records: dict[int, dict[str, Any]] = {}
-    crash: dict[str, Any] | None = None
-    done = False
-    for frame in frames[1:]:
-        kind = frame.get("t")
-        if kind == "test" and isinstance(frame.get("i"), int) and 0 <= frame["i"] < n:
-            records.setdefault(frame["i"], frame)
-        elif kind in ("crash", "setup_error") and crash is None:
-            crash = frame
-        elif kind == "done":
-            done = True
+def _crashed(
+    out: dict[str, Any], tests: list[str], crash: dict[str, Any], proc: ProcessOutcome, where: str
+) -> dict[str, Any]:
+    out["status"] = worst(
+        ["memory_exceeded" if crash.get("memory") is True else "error", process_status(proc) or "error"]
+    )
+    out["exception_type"] = _text(crash.get("exc"), 100)
+    out["message"] = f"{_text(crash.get('msg'), 500) or 'error'} ({where})"
+    out["traceback"] = _text(crash.get("tb"))
+    out["tests"] = [not_run(i, s, "the program failed before the tests ran") for i, s in enumerate(tests)]
+    return out
 
-    statuses: list[str] = []
-    if crash is not None and not records:
-        memory = bool(crash.get("memory"))
-        where = "while loading the program" if crash.get("t") == "crash" else "in the test set-up"
-        out["status"] = "memory_exceeded" if memory else "error"
-        out["exception_type"] = _text(crash.get("exc"))
-        out["message"] = f"{_text(crash.get('msg'))} ({where})"
-        out["traceback"] = _text(crash.get("tb"))
-        out["tests"] = [
-            _not_run(i, s, "the program failed before the tests ran") for i, s in enumerate(plan.tests)
-        ]
-        proc_status = _process_status(proc)
-        out["status"] = worst([out["status"], proc_status] if proc_status else [out["status"]])
-        return out
 
-    verdicts: list[dict[str, Any]] = []
-    stopped = False
-    for i, source in enumerate(plan.tests):
-        rec = records.get(i)
-        if rec is None:
-            if stopped or done:
-                verdicts.append(_not_run(i, source))
-                continue
-            status, message = _ended_how(proc)
-            verdicts.append({"index": i, "test": source, "status": status, "message": message})
-            stopped = True
-            continue
-        verdicts.append(_judge_one(plan, i, source, rec, expected))
-    for v in verdicts:
-        statuses.append(v["status"])
+def _finish(
+    out: dict[str, Any], verdicts: list[dict[str, Any]], proc: ProcessOutcome, extra: list[str]
+) -> dict[str, Any]:
+    statuses = [_map_test_status(v["status"]) for v in verdicts] + extra
+    if any(v.pop("memory", False) for v in verdicts):
+        statuses.append("memory_exceeded")
+    status = process_status(proc)
+    if status:
+        statuses.append(status)
     out["tests"] = verdicts
     out["passed"] = sum(v["status"] == "passed" for v in verdicts)
-
-    run_statuses = [_map_test_status(s) for s in statuses]
-    if any(v.get("memory") for v in verdicts):
-        run_statuses.append("memory_exceeded")
-    if proc.frame_error:
-        run_statuses.append("error")
-    proc_status = _process_status(proc)
-    if proc_status:
-        run_statuses.append(proc_status)
-    out["status"] = worst(run_statuses)
+    out["status"] = worst(statuses)
     bad = next((v for v in verdicts if v["status"] != "passed"), None)
     if bad is not None:
         out["message"] = bad.get("message") or f"test {bad['index']} {bad['status']}"
-    if proc.frame_error:
-        out["message"] = "the program wrote malformed data to the harness channel"
-    for v in verdicts:
-        v.pop("memory", None)
+    if proc.killed in ("output", "report"):
+        out["message"] = _ended_how(proc)[1]
     return out
 
 
@@ -216,90 +228,225 @@ def _map_test_status(status: str) -> str:
     }[status]
 
 
-def _text(value: Any, limit: int = 4000) -> str | None:
-    return None if value is None else str(value)[:limit]
-
-
-def _judge_one(
-    plan: Plan, index: int, source: str, rec: dict[str, Any], expected: dict[int, Any]
-) -> dict[str, Any]:
-    claimed = rec.get("status")
-    verdict: dict[str, Any] = {"index": index, "test": source, "status": "passed", "message": ""}
-    ms = rec.get("ms")
-    verdict["duration_ms"] = round(float(ms), 3) if isinstance(ms, int | float) else 0.0
-    if claimed == "error":
-        verdict.update(
-            status="error",
-            exception_type=_text(rec.get("exc")),
-            message=_text(rec.get("msg"), 500) or "error",
-            traceback=_text(rec.get("tb")),
-            memory=bool(rec.get("memory")),
-        )
-        return verdict
-    if claimed == "timeout":
-        verdict.update(status="timeout", message="time limit exceeded")
-        return verdict
-    if claimed not in ("passed", "failed"):
-        verdict.update(status="error", message="the harness reported nothing usable for this test")
-        return verdict
-
-    # Trusted sites: judged here, whatever the run's process claimed.
-    actuals = rec.get("actuals") if isinstance(rec.get("actuals"), dict) else {}
-    for site_id, site in enumerate(plan.sites):
-        if plan.site_test[site_id] != index or site_id not in expected:
-            continue
-        want = decode(expected[site_id])
-        got = actuals.get(str(site_id))
-        if not isinstance(got, dict):
-            verdict.update(status="failed", message=f"{site.source} -> the assert was never evaluated")
-            return verdict
-        if "value" in got:
-            try:
-                value = decode(got["value"])
-                equal = value == want
-            except (ValueError, RecursionError, TypeError):
-                verdict.update(
-                    status="error", message="the program wrote malformed data to the harness channel"
-                )
-                return verdict
-            if not (type(equal) is bool and equal):
-                actual_repr, expected_repr = short_repr(value), short_repr(want)
-                verdict.update(
-                    status="failed",
-                    actual=actual_repr,
-                    expected=expected_repr,
-                    message=failure_message(site.source, "==", actual_repr, expected_repr),
-                )
-                return verdict
+def _unfinished(
+    tests: list[str], records: dict[int, Any], done: bool, proc: ProcessOutcome, judge: Any
+) -> list[dict[str, Any]]:
+    """Verdicts in order: `judge(i, source, record)` for reported tests; for the first test without
+    one, how the process ended (unless the run said it was done); `not_run` for the rest."""
+    verdicts: list[dict[str, Any]] = []
+    stopped = False
+    for i, source in enumerate(tests):
+        rec = records.get(i)
+        if rec is not None:
+            verdicts.append(judge(i, source, rec))
+        elif stopped or done:
+            verdicts.append(not_run(i, source))
         else:
-            type_name, actual_repr = _text(got.get("type"), 100), _text(got.get("repr"), 300)
-            verdict.update(
-                status="failed",
-                actual=actual_repr,
-                expected=short_repr(want),
-                message=failure_message(
-                    site.source,
-                    "==",
-                    str(actual_repr),
-                    None,
-                    f"a {type_name} is not compared with the expected value",
-                ),
+            status, message = _ended_how(proc)
+            verdicts.append(
+                {"index": i, "test": source, "status": status, "message": message, "judged_outside": True}
             )
-            return verdict
+            stopped = True
+    return verdicts
 
-    if claimed == "failed":
+
+# -- call plans -----------------------------------------------------------------------------------
+
+
+def judge_calls(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
+    """Verdict of a call plan: each value the program reported, compared here with the literal."""
+    assert plan.calls is not None
+    out = _base(len(plan.tests), proc)
+    if not proc.started:
+        return _not_started(out, plan.tests, proc, "harness")
+    crash = proc.first("crash")
+    records: dict[int, dict[str, Any]] = {}
+    for frame in proc.frames[1:]:
+        i = frame.get("i")
+        if frame.get("t") == "test" and type(i) is int and 0 <= i < len(plan.tests):
+            records.setdefault(i, frame)
+    if crash is not None and not records:
+        return _crashed(out, plan.tests, crash, proc, "while loading the program")
+    calls = plan.calls
+
+    def judge(i: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
+        return _judge_call(plan.sites[i].source, calls[i], i, source, rec)
+
+    done = proc.first("done") is not None
+    verdicts = _unfinished(plan.tests, records, done, proc, judge)
+    return _finish(out, verdicts, proc, ["error"] if proc.malformed else [])
+
+
+def _judge_call(site: str, call: Call, index: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
+    ms = rec.get("ms")
+    v: dict[str, Any] = {
+        "index": index,
+        "test": source,
+        "status": "passed",
+        "message": "",
+        "judged_outside": True,
+        "duration_ms": round(float(ms), 3) if type(ms) in (int, float) else 0.0,
+    }
+    op = None if call.op in ("truth", "not") else call.op
+    if rec.get("timeout") is True:
+        v.update(status="timeout", message="time limit exceeded")
+    elif isinstance(rec.get("error"), dict):
+        err = rec["error"]
+        v.update(
+            status="error",
+            exception_type=_text(err.get("exc"), 100),
+            message=_text(err.get("msg"), 500) or "error",
+            traceback=_text(err.get("tb")),
+            memory=err.get("memory") is True,
+        )
+    elif isinstance(rec.get("other"), dict):
+        type_name, actual = _text(rec["other"].get("type"), 100), _text(rec["other"].get("repr"), 300) or "?"
+        why = f"a {type_name} is not plain data: it is not compared outside the program"
+        v.update(
+            status="failed",
+            judged_outside=False,
+            actual=actual,
+            message=failure_message(site, op, actual, None, why),
+        )
+    elif "value" in rec:
+        try:
+            value = decode(rec["value"])
+        except ValueError:
+            return {**v, "status": "error", "message": MALFORMED}
+        ok, why = _holds(call, value)
+        if not ok:
+            actual = short_repr(value)
+            expected = short_repr(call.expected) if op else None
+            v.update(
+                status="failed",
+                actual=actual,
+                expected=expected,
+                message=failure_message(site, op, actual, expected, why),
+            )
+    else:
+        v.update(status="error", message=MALFORMED)
+    return v
+
+
+def _holds(call: Call, value: Any) -> tuple[bool, str | None]:
+    """Whether the test's assertion holds for the program's value (plain data on both sides)."""
+    try:
+        if call.op == "==":
+            outcome = value == call.expected
+        elif call.op == "!=":
+            outcome = value != call.expected
+        else:
+            outcome = bool(value) if call.op == "truth" else not bool(value)
+        return bool(outcome), None
+    except Exception as e:  # e.g. a signalling NaN: the values cannot be compared
+        return False, f"comparing the values raised {type(e).__name__}"
+
+
+# -- judged plans ---------------------------------------------------------------------------------
+
+
+def judge_judged(plan: Plan, program: ProcessOutcome, judge: ProcessOutcome) -> dict[str, Any]:
+    """Verdict of a judged plan, from the judge's report (the program's tells how it crashed)."""
+    out = _base(len(plan.tests), program)
+    ended = judge if judge.killed else program
+    if not judge.started:
+        return _not_started(out, plan.tests, ended, "judge")
+    fault = judge.first("judge_error")
+    if fault is not None:
+        out.update(status="sandbox_error", message=f"judge error: {_text(fault.get('msg'), 500)}", tests=[])
+        return out
+    if judge.first("program_failed") is not None:
+        return _program_failed(out, plan.tests, program)
+    missing = judge.first("missing")
+    if missing is not None:
+        crash = {
+            "exc": "NameError",
+            "msg": f"NameError: the program does not define `{_text(missing.get('name'), 100)}`",
+        }
+        return _crashed(out, plan.tests, crash, program, "no function to test")
+    records: dict[int, dict[str, Any]] = {}
+    for frame in judge.frames[1:]:
+        i = frame.get("i")
+        if frame.get("t") == "test" and type(i) is int and 0 <= i < len(plan.tests):
+            records.setdefault(i, frame)
+    setup = judge.first("setup_error")
+    if setup is not None and not records:
+        where = (
+            "in the program, called from the test set-up" if setup.get("program") else "in the test set-up"
+        )
+        return _crashed(out, plan.tests, setup, program, where)
+
+    def verdict_of(i: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
+        return _judge_record(plan, i, source, rec, program)
+
+    done = judge.first("done") is not None
+    verdicts = _unfinished(plan.tests, records, done, ended, verdict_of)
+    extra = ["error"] if setup is not None else []
+    return _finish(out, verdicts, program if program.killed else judge, extra)
+
+
+def _program_failed(out: dict[str, Any], tests: list[str], program: ProcessOutcome) -> dict[str, Any]:
+    if not program.started:
+        return _not_started(out, tests, program, "harness")
+    crash = program.first("crash")
+    if crash is None:
+        crash = {"exc": None, "msg": _ended_how(program)[1]}
+    return _crashed(out, tests, crash, program, "while loading the program")
+
+
+def _judge_record(
+    plan: Plan, index: int, source: str, rec: dict[str, Any], program: ProcessOutcome
+) -> dict[str, Any]:
+    ms = rec.get("ms")
+    helpers = rec.get("helpers")
+    v: dict[str, Any] = {
+        "index": index,
+        "test": source,
+        "status": "passed",
+        "message": "",
+        "judged_outside": rec.get("judged") is not False,
+        "program_helpers": [h for h in helpers if isinstance(h, str)][:20]
+        if isinstance(helpers, list)
+        else [],
+        "duration_ms": round(float(ms), 3) if type(ms) in (int, float) else 0.0,
+    }
+    status = rec.get("status")
+    if status == "failed":
         fail = rec.get("fail") if isinstance(rec.get("fail"), dict) else {}
         site_id = fail.get("site")
-        site = plan.sites[site_id] if isinstance(site_id, int) and 0 <= site_id < len(plan.sites) else None
-        actual, exp = _text(fail.get("actual"), 300), _text(fail.get("expected"), 300)
-        verdict.update(status="failed", actual=actual, expected=exp)
-        verdict["message"] = (
-            failure_message(site.source, site.op, str(actual), exp, _text(fail.get("why"), 200))
-            if site
-            else "assertion failed"
+        site = plan.sites[site_id] if type(site_id) is int and 0 <= site_id < len(plan.sites) else None
+        actual, expected = _text(fail.get("actual"), 300), _text(fail.get("expected"), 300)
+        why = _text(rec.get("why"), 300)
+        v.update(status="failed", actual=actual, expected=expected)
+        if site is not None:
+            v["message"] = failure_message(site.source, site.op, str(actual), expected, why)
+        else:
+            v["message"] = (
+                f"{source.splitlines()[0] if source else 'assert'} -> not judged: {why}"
+                if why
+                else "assertion failed"
+            )
+    elif status == "timeout":
+        v.update(status="timeout", message="time limit exceeded")
+    elif status == "error" and rec.get("lost"):
+        status_, message = (
+            _ended_how(program) if program.killed or program.signal else ("error", str(rec["lost"]))
         )
-    return verdict
+        v.update(status=status_, message=message)
+    elif status == "error":
+        v.update(
+            status="error",
+            exception_type=_text(rec.get("exc"), 100),
+            message=_text(rec.get("msg"), 500) or "error",
+            traceback=_text(rec.get("tb")),
+            memory=rec.get("memory") is True,
+        )
+    elif status != "passed":
+        v.update(status="error", message="the judge reported nothing usable for this test")
+    return v
 
+
+# -- stdin/stdout ---------------------------------------------------------------------------------
 
 _WS = re.compile(r"[ \t\r\f\v]+")
 
@@ -337,35 +484,40 @@ def compare_output(actual: str, expected: str) -> str | None:
 
 
 def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcome) -> dict[str, Any]:
-    """Verdict of one stdin/stdout case from its own process."""
+    """Verdict of one stdin/stdout case from its own process (the worker compares the output)."""
     verdict: dict[str, Any] = {
         "index": index,
         "test": short_repr(stdin, 200),
         "status": "passed",
         "message": "",
+        "judged_outside": True,
         "duration_ms": round(proc.duration_ms, 3),
     }
-    frames = [f for f in proc.frames if isinstance(f, dict)]
-    kinds = {f.get("t") for f in frames}
-    proc_status = _process_status(proc)
-    crash = next((f for f in frames if f.get("t") in ("crash", "exit")), None)
-    if proc_status == "timeout":
+    status = process_status(proc)
+    crash = proc.first("crash", "exit")
+    if not proc.started and status is None:
+        verdict.update(
+            status="sandbox_error", message=f"the harness did not start; stderr: {proc.stderr[-300:]}"
+        )
+    elif status == "timeout":
         verdict.update(status="timeout", message="time limit exceeded")
-    elif proc_status == "output_exceeded":
-        verdict.update(status="error", message="output limit exceeded")
-    elif proc_status == "memory_exceeded" or (crash and crash.get("memory")):
+    elif status == "output_exceeded":
+        verdict.update(status="error", message=_ended_how(proc)[1])
+    elif status == "memory_exceeded" or (crash and crash.get("memory") is True):
         verdict.update(status="error", message="memory limit exceeded", memory=True)
     elif crash is not None:
         message = (
-            _text(crash.get("msg"), 500) if crash.get("t") == "crash" else f"exit status {crash.get('code')}"
+            _text(crash.get("msg"), 500)
+            if crash.get("t") == "crash"
+            else f"exit status {_text(crash.get('code'), 200)}"
         )
         verdict.update(
             status="error",
-            exception_type=_text(crash.get("exc")),
-            message=message,
+            exception_type=_text(crash.get("exc"), 100),
+            message=message or "error",
             traceback=_text(crash.get("tb")),
         )
-    elif "done" not in kinds and (proc.exit_code != 0 or proc.signal is not None):
+    elif proc.first("done") is None and (proc.exit_code != 0 or proc.signal is not None):
         verdict.update(status="error", message=_ended_how(proc)[1])
     else:
         diff = compare_output(proc.stdout, expected_output)
@@ -377,19 +529,6 @@ def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcom
                 expected=short_repr(expected_output, 300),
             )
     return verdict
-
-
-def syntax_error_cases(cases: list[dict[str, Any]], syntax: dict[str, Any]) -> dict[str, Any]:
-    """Run-level result for a stdio program that does not compile (no case ran)."""
-    out = _base(len(cases), ProcessOutcome())
-    out.update(
-        status="syntax_error",
-        message=str(syntax.get("msg")),
-        traceback=syntax.get("tb"),
-        exception_type="SyntaxError",
-        tests=[_not_run(j, c["input"][:200]) for j, c in enumerate(cases)],
-    )
-    return out
 
 
 def summarise_cases(
@@ -404,10 +543,14 @@ def summarise_cases(
     out["duration_ms"] = round(sum(p.duration_ms for p in procs), 3)
     statuses = []
     for v, p in zip(verdicts, procs, strict=False):
+        if v["status"] == "sandbox_error":
+            statuses.append("sandbox_error")
+            v.update(status="error")
+            continue
         status = _map_test_status(v["status"])
         if v.pop("memory", False):
             status = "memory_exceeded"
-        elif _process_status(p) == "output_exceeded":
+        elif process_status(p) == "output_exceeded":
             status = "output_exceeded"
         statuses.append(status)
     statuses += ["failed" for v in verdicts[len(procs) :]]
@@ -417,4 +560,41 @@ def summarise_cases(
     bad = next((v for v in verdicts if v["status"] != "passed"), None)
     if bad is not None:
         out["message"] = f"case {bad['index']}: {bad.get('message') or bad['status']}"
+    return out
+
+
+# -- programs without tests -----------------------------------------------------------------------
+
+
+def judge_run(proc: ProcessOutcome) -> dict[str, Any]:
+    """Result of a program run without tests (`"kind": "run"`).
+
+    `passed`: it ran to its end (or called `exit()` / `sys.exit(0)`); `error`: it raised, exited
+    with another status or was killed; `timeout`, `memory_exceeded`, `output_exceeded` as ever.
+    """
+    out = _base(0, proc)
+    out["value"] = out["value_type"] = None
+    status = process_status(proc)
+    if not proc.started:
+        return _not_started(out, [], proc, "harness")
+    end = proc.first("done", "crash", "exit")
+    if status is not None:
+        out.update(status=status, message=_ended_how(proc)[1])
+    elif end is None:
+        out.update(status="error", message=_ended_how(proc)[1])
+    elif end.get("t") == "done":
+        out.update(
+            status="passed",
+            value=_text(end.get("value"), 20_000),
+            value_type=_text(end.get("value_type"), 100),
+        )
+    elif end.get("t") == "exit":
+        out.update(status="error", message=f"the program exited with status {_text(end.get('code'), 200)}")
+    else:
+        out.update(
+            status="memory_exceeded" if end.get("memory") is True else "error",
+            exception_type=_text(end.get("exc"), 100),
+            message=_text(end.get("msg"), 500) or "error",
+            traceback=_text(end.get("tb")),
+        )
     return out

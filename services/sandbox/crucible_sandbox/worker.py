@@ -3,11 +3,14 @@
 The server starts one worker per slot and talks to it in length-prefixed JSON frames on
 stdin/stdout, one run at a time. For each run the worker
 
-1. compiles the candidate, plans the tests (`plan`) and compiles the test code, so the run's
-   process does no parsing of its own (plans are cached: many samples of one problem share them);
-2. writes the run's spec to the process its zygote forked ahead for it (see `zygote` for why
-   forking lives in another process), then reads that process's report, stdout and stderr
-   pipes concurrently, capping the output (past the cap it has the zygote kill the run);
+1. compiles the candidate and plans the tests (`plan`; plans are cached: many samples of one
+   problem share them), so the run's processes do no parsing of their own;
+2. sends the specs to the processes its zygote forked ahead for the run (see `zygote` for why
+   forking lives in another process): the program's gets the program and, for a call plan, each
+   test's call; the judge's, when the plan needs one, gets the compiled tests and the program's
+   end of a socket pair to the program (see `link`); then it reads the processes' reports, stdout
+   and stderr concurrently, capping the output and the reports (past a cap it has the zygote end
+   the run);
 3. judges the result from its own plan and what the run reported (`verdict`).
 
 Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness [idle|batch|other]]
@@ -22,6 +25,7 @@ import json
 import marshal
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,18 +35,22 @@ from collections import OrderedDict
 from types import CodeType
 from typing import Any
 
-from crucible_sandbox import verdict
-from crucible_sandbox.channel import encode_frame, encode_spec, read_frame, split_frames, write_frame
+from crucible_sandbox import cgroups, verdict
+from crucible_sandbox.channel import encode_frame, read_frame, send_spec, write_frame
 from crucible_sandbox.harness import compile_candidate
-from crucible_sandbox.plan import Plan, plan_asserts, plan_check, plan_single_asserts
-from crucible_sandbox.zygote import DONE, DONE_MSG, KILL, RUN, RUN_MSG
+from crucible_sandbox.plan import Plan, plan_asserts, plan_calls, plan_check, plan_check_calls, read_names
+from crucible_sandbox.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
 
 _READ = 1 << 16
 # How long to wait, after the zygote reported the run over (and its processes killed), for the
 # last bytes in its pipes; and how long past the wall time before the zygote is declared stuck.
 _DRAIN_S = 0.05
 _ZYGOTE_GRACE_S = 10.0
-_DONE_FRAME = encode_frame({"t": "done"})  # the harness's last frame
+_JUDGE_ERR = 8192  # what is kept of the judge's stderr (for a fault of the sandbox's own)
+# The last frame of a run's lead process, when nothing went wrong: the worker answers as soon as
+# it has arrived and every pipe is closed, while the zygote still tears the run down.
+_PROGRAM_DONE = encode_frame({"t": "done"})
+_JUDGE_DONE = encode_frame({"t": "done", "lost": None})
 # Batch slots' scheduling policies. SCHED_IDLE: any normal process that wakes (the server, a
 # single run's slot) preempts them at once. SCHED_BATCH: they never preempt anything on wake-up.
 _POLICIES = {"idle": os.SCHED_IDLE, "batch": os.SCHED_BATCH}
@@ -52,52 +60,33 @@ class ZygoteLost(RuntimeError):
     """The zygote died or stopped answering; the worker exits and the server restarts the slot."""
 
 
-def _expression(node: ast.expr) -> CodeType:
-    return compile(ast.Expression(body=node), "<tests>", "eval", dont_inherit=True)
+def compile_tests(tests: dict[str, Any]) -> tuple[Plan, Any]:
+    """The trusted plan (kept here, for judging) and what the run receives of the tests.
 
-
-def compile_tests(tests: dict[str, Any]) -> tuple[Plan, dict[str, Any]]:
-    """The trusted plan (kept here, for judging) and the compiled test code the run receives.
-
-    Trusted sites' expected-value expressions are compiled on their own (the run evaluates them
-    before any candidate code, then drops them); the code that runs the tests does not contain
-    them. Suites of single asserts get each assert's operands compiled alone (see `plan`).
+    For a call plan: each test's (name, args, kwargs), for the program's process. Otherwise the
+    marshalled compiled tests for the judge; the program's process receives nothing of them.
     """
-    single = plan_single_asserts(tests["asserts"]) if tests["kind"] == "asserts" else None
-    if single is not None:
-        plan = single
-    elif tests["kind"] == "asserts":
-        plan = plan_asserts(tests["asserts"])
+    if tests["kind"] == "asserts":
+        plan = plan_calls(tests["asserts"], tests.get("setup", "")) or plan_asserts(tests["asserts"])
+        filename, sources = "<tests>", {"<setup>": tests.get("setup", "")}
     else:
-        plan = plan_check(tests["check"])
-    program: dict[str, Any] = {
-        "entry_point": tests.get("entry_point"),
+        plan = plan_check_calls(tests["check"], tests["entry_point"]) or plan_check(tests["check"])
+        filename, sources = "<check>", {"<check>": tests["check"]}
+    if plan.calls is not None:
+        return plan, [(c.name, c.arguments) for c in plan.calls]
+    assert plan.module is not None
+    judged = {
         "setup": compile(tests.get("setup", ""), "<setup>", "exec", dont_inherit=True),
-        "sites": [(site.op, site.trusted) for site in plan.sites],
-        "expected": {
-            i: compile(ast.Expression(body=site.rhs), "<expected>", "eval", dont_inherit=True)
-            for i, site in enumerate(plan.sites)
-            if site.trusted and site.rhs is not None
-        },
+        "module": compile(plan.module, filename, "exec", dont_inherit=True),
+        "entry": plan.entry,
+        "entry_point": tests.get("entry_point"),
+        "ops": [site.op for site in plan.sites],
+        "sources": sources,
+        # Whose builtin-named functions a test means: see `judge.ProgramNamespace`.
+        "names": plan.names,
+        "setup_names": read_names(ast.parse(tests.get("setup", ""))) if plan.names is not None else None,
     }
-    if single is not None:
-        # (left operand or whole test, right operand when it is checked in-process)
-        program["single"] = [
-            (
-                _expression(site.lhs),
-                _expression(site.rhs) if site.rhs is not None and not site.trusted else None,
-            )
-            for site in plan.sites
-            if site.lhs is not None
-        ]
-    else:
-        assert plan.module is not None
-        program["module"] = compile(plan.module, "<tests>", "exec", dont_inherit=True)
-        program["entry"] = plan.entry
-        # Only needed when some expected value cannot be computed up front (see `harness`):
-        # one string, not a list of them, so the run has one object fewer per test to load.
-        program["asserts"] = json.dumps(tests.get("asserts"))
-    return plan, program
+    return plan, marshal.dumps(judged)
 
 
 class PlanCache:
@@ -105,20 +94,26 @@ class PlanCache:
 
     def __init__(self, entries: int = 256) -> None:
         self.entries = entries
-        self.data: OrderedDict[str, tuple[Plan, bytes]] = OrderedDict()
+        self.data: OrderedDict[str, tuple[Plan, Any]] = OrderedDict()
 
-    def get(self, tests: dict[str, Any]) -> tuple[Plan, bytes]:
+    def get(self, tests: dict[str, Any]) -> tuple[Plan, Any]:
         key = json.dumps(tests, sort_keys=True)
         hit = self.data.get(key)
         if hit is not None:
             self.data.move_to_end(key)
             return hit
-        plan, program = compile_tests(tests)
-        value = (plan, marshal.dumps(program))
+        value = compile_tests(tests)
         self.data[key] = value
         if len(self.data) > self.entries:
             self.data.popitem(last=False)
         return value
+
+
+class _Stream:
+    """One pipe of a run being read: what was kept of it, and how much came."""
+
+    def __init__(self, fd: int, role: str) -> None:
+        self.fd, self.role, self.data, self.size = fd, role, bytearray(), 0
 
 
 class Worker:
@@ -137,59 +132,105 @@ class Worker:
         if not message:
             raise ZygoteLost("the zygote did not start")
         self.info = json.loads(message)
+        self.oom = cgroups.OomCounter(self.info["oom_file"]) if self.info.get("oom_file") else None
         self.plans = PlanCache()
-        self.prepared: list[int] | None = None  # the worker's ends of the next process's pipes
+        self.program: list[int] | None = None  # the worker's ends of the next program process's pipes
+        self.judge: list[int] | None = None  # ... and of the next judge's
         self.awaiting_done = False
-        self._done()  # the first prepared process
+        self._done()  # the first prepared processes
         self.selector = selectors.DefaultSelector()
         self.selector.register(ours, selectors.EVENT_READ)
 
-    # -- one process ----------------------------------------------------------------------------
-    def execute(self, spec: bytes, wall_s: float, output_cap: int) -> verdict.ProcessOutcome:
-        """Run `spec` in the process the zygote prepared; collect what it writes until it is over."""
-        if self.awaiting_done:  # the previous run's process is reaped and cleaned up first
+    # -- one run's processes ---------------------------------------------------------------------
+    def execute(
+        self,
+        program: dict[str, Any],
+        judge: tuple[dict[str, Any], bytes] | None,
+        wall_s: float,
+        caps: tuple[int, int],
+        tests: int = 0,
+    ) -> tuple[verdict.ProcessOutcome, verdict.ProcessOutcome | None]:
+        """Run the prepared processes with these specs; collect what they write until they are over.
+
+        `caps`: (output bytes, report bytes); `tests`: how many the run has. Returns the program's
+        outcome and the judge's.
+        """
+        if self.awaiting_done:  # the previous run's processes are reaped and cleaned up first
             self._done()
-        if self.prepared is None:
+        if self.program is None or (judge is not None and self.judge is None):
             raise ZygoteLost("the zygote has no process ready")
-        spec_w, report_r, out_r, err_r = self.prepared
-        self.prepared = None
+        program_fds, self.program = self.program, None
+        judge_fds: list[int] = []
+        if judge is not None:
+            judge_fds, self.judge = self.judge or [], None
         started = time.perf_counter()
         try:
             try:
-                self.sock.send(RUN_MSG.pack(RUN, wall_s))
+                memory = int(program["limits"]["memory_mb"])
+                self.sock.send(RUN_MSG.pack(RUN, wall_s, judge is not None, memory))
             except OSError as exc:
                 raise ZygoteLost(f"cannot reach the zygote: {exc!r}") from None
-            try:
-                _write_all(spec_w, spec)
-            except OSError:
-                pass  # it died before reading its spec: seen below as a harness that did not start
-            os.close(spec_w)
-            spec_w = -1
-            return self._collect(report_r, out_r, err_r, wall_s, output_cap, started)
+            self._send_specs(program, program_fds[0], judge, judge_fds[0] if judge_fds else -1)
+            streams = [
+                _Stream(program_fds[1], "report"),
+                _Stream(program_fds[2], "out"),
+                _Stream(program_fds[3], "err"),
+            ]
+            if judge_fds:
+                streams += [_Stream(judge_fds[1], "judge"), _Stream(judge_fds[2], "judge_err")]
+            return self._collect(streams, wall_s, caps, started, judge is not None, tests + 8)
         finally:
-            for fd in (spec_w, report_r, out_r, err_r):
-                if fd >= 0:
+            for fd in [*program_fds, *judge_fds]:
+                with contextlib.suppress(OSError):
                     os.close(fd)
 
+    @staticmethod
+    def _send_specs(
+        program: dict[str, Any], program_fd: int, judge: tuple[dict[str, Any], bytes] | None, judge_fd: int
+    ) -> None:
+        # A process that died before reading its spec is seen below as a harness that did not start.
+        if judge is None:
+            with contextlib.suppress(OSError):
+                send_spec(program_fd, program)
+            return
+        link = [s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)]
+        try:
+            with contextlib.suppress(OSError):
+                send_spec(program_fd, program, fds=(link[0],))
+            with contextlib.suppress(OSError):
+                send_spec(judge_fd, judge[0], judge[1], fds=(link[1],))
+        finally:
+            for fd in link:
+                os.close(fd)
+
     def _collect(
-        self, report_r: int, out_r: int, err_r: int, wall_s: float, output_cap: int, started: float
-    ) -> verdict.ProcessOutcome:
-        proc = verdict.ProcessOutcome()
-        buffers = {report_r: bytearray(), out_r: bytearray(), err_r: bytearray()}
+        self,
+        streams: list[_Stream],
+        wall_s: float,
+        caps: tuple[int, int],
+        started: float,
+        judged: bool,
+        frames: int,
+    ) -> tuple[verdict.ProcessOutcome, verdict.ProcessOutcome | None]:
+        output_cap, report_cap = caps
+        by_fd = {s.fd: s for s in streams}
+        roles = {s.role: s for s in streams}
+        lead, finished = (roles["judge"], _JUDGE_DONE) if judged else (roles["report"], _PROGRAM_DONE)
         sel = self.selector
-        for fd in buffers:
+        for fd in by_fd:
             sel.register(fd, selectors.EVENT_READ)
-        open_fds = set(buffers)
+        open_fds = set(by_fd)
         output = 0
-        done: tuple[int, bool] | None = None
+        killed: str | None = None
+        done: tuple[int, int, bool, bool] | None = None
         give_up = time.monotonic() + wall_s + _ZYGOTE_GRACE_S
         try:
             while open_fds or done is None:
-                if not open_fds and not proc.killed and buffers[report_r].endswith(_DONE_FRAME):
-                    # The harness is through and has closed its ends: answer now, while the
-                    # process is torn down; its DONE is collected before the slot's next run.
+                if not open_fds and not killed and lead.data.endswith(finished):
+                    # The run is through and its processes have closed their ends: answer now,
+                    # while they are torn down; the DONE is collected before the slot's next run.
                     self.awaiting_done = True
-                    done = (0, False)
+                    done = (0, 0, False, False)
                     break
                 timeout = give_up - time.monotonic()
                 if timeout <= 0:
@@ -203,71 +244,89 @@ class Worker:
                         give_up = min(give_up, time.monotonic() + _DRAIN_S)
                         continue
                     data = os.read(fd, _READ)
+                    stream = by_fd[fd]
                     if not data:
                         sel.unregister(fd)
                         open_fds.discard(fd)
-                    elif fd == report_r:
-                        buffers[fd] += data
-                    else:
+                        continue
+                    stream.size += len(data)
+                    if stream.role in ("out", "err"):
                         room = output_cap - output
                         output += len(data)
                         if room > 0:
-                            buffers[fd] += data[:room]
-                        if output > output_cap and not proc.killed:
-                            proc.killed, proc.truncated = "output", True
-                            if done is None:
-                                self.sock.send(KILL)
+                            stream.data += data[:room]
+                        over = output > output_cap and "output"
+                    elif stream.role == "judge_err":
+                        stream.data += data[: max(0, _JUDGE_ERR - len(stream.data))]
+                        over = False
+                    else:
+                        stream.data += data[: max(0, report_cap - len(stream.data))]
+                        over = stream.size > report_cap and "report"
+                    if over and not killed:
+                        killed = over
+                        if done is None:
+                            self.sock.send(KILL)
         finally:
             for fd in open_fds:
                 sel.unregister(fd)
-        status, timed_out = done
-        if timed_out:
-            proc.killed = "timeout"
-        proc.duration_ms = (time.perf_counter() - started) * 1000
-        if os.WIFSIGNALED(status):
-            proc.signal = os.WTERMSIG(status)
-        else:
-            proc.exit_code = os.WEXITSTATUS(status)
-        if proc.killed:
-            proc.signal = None  # our SIGKILL, not the program's doing
-        try:
-            proc.frames = split_frames(buffers[report_r])
-        except (ValueError, UnicodeDecodeError):
-            proc.frame_error = True
-        proc.stdout = buffers[out_r].decode("utf-8", "replace")
-        proc.stderr = buffers[err_r].decode("utf-8", "replace")
-        return proc
+        program_status, judge_status, timed_out, oom = done
+        oom = (self.oom is not None and self.oom.grew()) or oom
+        duration = (time.perf_counter() - started) * 1000
+        killed = "timeout" if timed_out else "memory" if oom else killed
+        program = verdict.ProcessOutcome.of(program_status, roles["report"].data, killed, duration, frames)
+        program.stdout = roles["out"].data.decode("utf-8", "replace")
+        program.stderr = roles["err"].data.decode("utf-8", "replace")
+        program.truncated = output > output_cap
+        judge = None
+        if judged:
+            judge = verdict.ProcessOutcome.of(judge_status, roles["judge"].data, killed, duration, frames)
+            judge.stderr = roles["judge_err"].data.decode("utf-8", "replace")
+        return program, judge
 
-    def _done(self) -> tuple[int, bool]:
-        """The zygote's DONE: (wait status, timed out); keeps the next prepared process's pipes."""
+    def _done(self) -> tuple[int, int, bool, bool]:
+        """The zygote's DONE: (program status, judge status, timed out, out of memory); keeps the
+        next processes' pipes."""
         try:
-            message, fds, _, _ = socket.recv_fds(self.sock, 64, 4)
+            message, fds, _, _ = socket.recv_fds(self.sock, 64, PROGRAM_FDS + JUDGE_FDS)
         except OSError as exc:
             raise ZygoteLost(f"cannot reach the zygote: {exc!r}") from None
         if not message:
             raise ZygoteLost("the zygote exited")
-        kind, status, timed_out = DONE_MSG.unpack(message)
-        if kind != DONE or len(fds) != 4:
+        kind, program_status, judge_status, timed_out, oom = DONE_MSG.unpack(message)
+        if kind != DONE or len(fds) not in (PROGRAM_FDS, PROGRAM_FDS + JUDGE_FDS):
             for fd in fds:
                 os.close(fd)
             raise ZygoteLost(f"unexpected message from the zygote: {message!r}")
-        self.prepared, self.awaiting_done = fds, False
-        return status, timed_out
+        self.program = fds[:PROGRAM_FDS]
+        if len(fds) > PROGRAM_FDS:
+            self.judge = fds[PROGRAM_FDS:]
+        self.awaiting_done = False
+        return program_status, judge_status, timed_out, oom
 
     # -- runs -----------------------------------------------------------------------------------
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        limits = request["limits"]
-        tests = request["tests"]
+        limits, tests = request["limits"], request["tests"]
+        caps = (limits["output_bytes"], limits["report_bytes"])
+        wall = limits["wall_time_s"] + 0.05
+        if tests["kind"] == "run":
+            return self._run_only(request, caps)
         # Compiled here, so a program that does not compile costs no process at all.
         code, syntax = compile_candidate(request["code"])
         if tests["kind"] == "stdio":
             return self._run_stdio(request, code, syntax)
-        plan, program = self.plans.get(tests)
+        plan, compiled = self.plans.get(tests)
         if syntax is not None:
-            return verdict.judge_tests(plan, verdict.ProcessOutcome(frames=[syntax]))
-        run = {"source": request["code"], "program": code, "limits": limits, "kind": tests["kind"]}
-        proc = self.execute(encode_spec(run, program), limits["wall_time_s"] + 0.05, limits["output_bytes"])
-        return verdict.judge_tests(plan, proc)
+            return verdict.syntax_error(syntax, plan.tests)
+        run = {"source": request["code"], "program": code, "limits": limits}
+        if plan.calls is not None:
+            program, _ = self.execute(
+                {**run, "kind": "calls", "calls": compiled}, None, wall, caps, len(plan.tests)
+            )
+            return verdict.judge_calls(plan, program)
+        judge_spec = ({"limits": limits}, compiled)
+        program, judge = self.execute({**run, "kind": "judged"}, judge_spec, wall, caps, len(plan.tests))
+        assert judge is not None
+        return verdict.judge_judged(plan, program, judge)
 
     def _run_stdio(
         self, request: dict[str, Any], code: CodeType | None, syntax: dict[str, Any] | None
@@ -275,19 +334,14 @@ class Worker:
         limits = request["limits"]
         cases = request["tests"]["cases"]
         if syntax is not None:
-            return verdict.syntax_error_cases(cases, syntax)
+            return verdict.syntax_error(syntax, [c["input"][:200] for c in cases])
         budget_end = time.monotonic() + limits["wall_time_s"]
         verdicts, procs = [], []
         for i, case in enumerate(cases):
             remaining = budget_end - time.monotonic()
             if remaining <= 0:
                 verdicts.extend(
-                    {
-                        "index": j,
-                        "test": c["input"][:200],
-                        "status": "not_run",
-                        "message": "the run's time budget ran out",
-                    }
+                    verdict.not_run(j, c["input"][:200], "the run's time budget ran out")
                     for j, c in enumerate(cases[i:], start=i)
                 )
                 break
@@ -298,12 +352,32 @@ class Worker:
                 "kind": "stdio",
                 "stdin": case["input"],
             }
-            proc = self.execute(
-                encode_spec(run), min(limits["test_time_s"], remaining), limits["output_bytes"]
+            proc, _ = self.execute(
+                run,
+                None,
+                min(limits["test_time_s"], remaining),
+                (limits["output_bytes"], limits["report_bytes"]),
             )
             verdicts.append(verdict.judge_case(i, case["input"], case["output"], proc))
             procs.append(proc)
         return verdict.summarise_cases(verdicts, procs, len(cases))
+
+    def _run_only(self, request: dict[str, Any], caps: tuple[int, int]) -> dict[str, Any]:
+        """A program without tests (`"kind": "run"`): run it, report what it did."""
+        options, limits = request["tests"], request["limits"]
+        source = request["code"]
+        code, syntax = compile_candidate(source)
+        if syntax is not None:
+            return verdict.syntax_error(syntax, [])
+        run: dict[str, Any] = {"source": source, "program": code, "limits": limits, "kind": "run"}
+        run["stdin"] = options.get("stdin", "")
+        if options.get("value") == "last_expression":
+            run["program"], run["last"] = _split_last_expression(source, code)
+        call = options.get("call")
+        if call:
+            run["call"] = (call["function"], tuple(call.get("args", [])), dict(call.get("kwargs", {})))
+        program, _ = self.execute(run, None, limits["wall_time_s"] + 0.05, caps)
+        return verdict.judge_run(program)
 
     def serve(self) -> None:
         write_frame(1, {"ready": True, "pid": os.getpid(), **self.info})
@@ -322,7 +396,7 @@ class Worker:
                     "total": 0,
                     "message": f"worker error: {exc!r}",
                 }
-            write_frame(1, result)
+            write_frame(1, verdict.clean_text(result))
 
     def close(self) -> None:
         self.sock.close()  # the zygote ends its run (if any) and exits on end of stream
@@ -331,12 +405,24 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.zygote.kill()
             self.zygote.wait()
+        if self.oom is not None:
+            os.close(self.oom.fd)
+        # What the zygote could not remove from inside its own root.
+        cgroups.remove(self.info.get("cgroups", []))
+        if self.info.get("slot_dir"):
+            shutil.rmtree(self.info["slot_dir"], ignore_errors=True)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _split_last_expression(source: str, code: CodeType) -> tuple[CodeType, CodeType | None]:
+    """(the program without its final expression statement, that expression) when it ends in one."""
+    tree = ast.parse(source)
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return code, None
+    last = ast.Expression(tree.body.pop().value)
+    return (
+        compile(tree, "<candidate>", "exec", dont_inherit=True),
+        compile(last, "<candidate>", "eval", dont_inherit=True),
+    )
 
 
 def main() -> None:

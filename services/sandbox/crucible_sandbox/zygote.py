@@ -1,13 +1,14 @@
-"""The zygote: a small pre-forked process that forks one isolated child per run.
+"""The zygote: a small pre-forked process that forks the isolated processes of every run.
 
-Each worker slot (see `worker`) starts one zygote. The zygote imports the harness and the stdlib
-modules programs commonly use, sets up its isolation (see `isolation`), freezes its heap, and
-from then on only forks. It keeps the next run's process forked ahead: that process confines
-itself and waits for its spec on a pipe, and the worker holds the other ends of its pipes (spec
-in; report, stdout and stderr out), passed over a Unix socket. When the worker has written a
-spec and says RUN, the zygote waits for the process (killing it at the wall-clock deadline, or
-when the worker asks because the output cap was hit), kills whatever the run left behind,
-empties the scratch directories, forks the next process and answers with the wait status.
+Each worker slot (see `worker`) starts one zygote. The zygote imports the in-run code and the
+stdlib modules programs commonly use, sets up its isolation (see `isolation`), freezes its heap,
+and from then on only forks. It keeps a run's processes forked ahead: a *program* process and a
+*judge* process (see `harness`, `judge`), each confined and waiting for its spec on a socket; the
+worker holds the other ends of their pipes, passed over a Unix socket. When the worker has written
+the specs and says RUN, the zygote waits for the run's processes (killing them at the wall-clock
+deadline, when the worker asks because a cap was hit, or when the sampled memory of the run is
+over its limit), kills whatever the run left behind, empties the scratch directories, forks
+replacements for the processes the run used and answers with their wait statuses.
 
 Why a process of its own: a fork copies the parent's page tables, and every page either side
 writes afterwards costs a copy-on-write fault. Those faults, not the Python work, dominated the
@@ -18,9 +19,13 @@ never forks.
 Protocol on the socket (SOCK_SEQPACKET, one message per datagram):
 
 * zygote -> worker, once: the isolation it set up, as JSON; then a first `DONE` (see below);
-* worker -> zygote: `RUN` + wall seconds (the worker has written the spec), or `KILL`;
-* zygote -> worker: `DONE` + wait status + whether the wall-clock backstop fired, with the
-  worker's ends of the next run's pipes attached: that process is already forked and set up.
+* worker -> zygote: `RUN` + wall seconds + whether the judge takes part + the memory limit
+  (the worker has written the specs), or `KILL`;
+* zygote -> worker: `DONE` + the program's and the judge's wait statuses + whether the wall-clock
+  backstop fired + whether the sampled memory limit ended the run (the kernel's OOM kills under a
+  cgroup's limit the worker counts itself, see `cgroups.OomCounter`), with the worker's ends of the pipes
+  of the processes forked for the next run attached (the program's four, then the judge's three
+  when a new judge was forked).
 
 Usage (by the worker): python -m crucible_sandbox.zygote '<IsolationConfig as JSON>' <socket fd>
 """
@@ -48,17 +53,22 @@ import sys
 import time
 import typing  # noqa: F401
 
-from crucible_sandbox import harness, isolation
-
-# The planner is needed inside a run only for a rare suite (expected values that need the program,
-# in tests of several statements), but it must be imported here: a run's mount namespace hides
-# /tmp and its uid may not read the install, so an import inside the run can fail.
-from crucible_sandbox import plan  # noqa: F401  isort: skip
+# Everything a run's processes execute of the sandbox is imported here: a run's file system has
+# none of the sandbox's files (see `rootfs`).
+from crucible_sandbox import harness, isolation, judge
 
 RUN, KILL, DONE = b"R", b"K", b"D"
-RUN_MSG = struct.Struct(">cd")  # RUN, wall-clock seconds
-DONE_MSG = struct.Struct(">ci?")  # DONE, wait status, killed by the wall-clock backstop
+RUN_MSG = struct.Struct(">cd?i")  # RUN, wall-clock seconds, the judge takes part, memory MiB
+DONE_MSG = struct.Struct(">cii??")  # DONE, program status, judge status, timed out, memory
+PROGRAM_FDS, JUDGE_FDS = 4, 3
 EXIT_SETUP_FAILED = 70
+
+
+class Prepared:
+    """A process forked ahead of its run, and the worker's ends of its pipes."""
+
+    def __init__(self, pid: int, theirs: list[int]) -> None:
+        self.pid, self.theirs = pid, theirs
 
 
 class Zygote:
@@ -67,52 +77,49 @@ class Zygote:
         self.poller = select.poll()
         self.poller.register(sock.fileno(), select.POLLIN)
 
-    def _prepare(self) -> tuple[int, list[int]]:
-        """Fork the next run's process ahead of its run: (pid, the worker's ends of its pipes).
+    def _prepare(self, judging: bool) -> Prepared:
+        """Fork a run's program (or judge) process ahead of its run.
 
-        It confines itself and then waits for its spec, so a run's fork and set-up are off the
-        critical path of a single run's latency.
+        It confines itself and then waits for its spec, so fork and set-up are off the critical
+        path of a single run's latency.
         """
-        spec_r, spec_w = os.pipe()
+        spec_ours, spec_theirs = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
         report_r, report_w = os.pipe()
-        out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        out_r, out_w = os.pipe() if not judging else (-1, -1)
         pid = os.fork()  # an OSError here ends the zygote: the server restarts the slot
         if pid == 0:
-            self._child([spec_r, report_w, out_w, err_w])
-        for fd in (spec_r, report_w, out_w, err_w):
-            os.close(fd)
-        return pid, [spec_w, report_r, out_r, err_r]
-
-    def _offer(self, status: int, timed_out: bool) -> int:
-        """Answer DONE, handing over the pipes of a freshly prepared process; returns its pid."""
-        pid, theirs = self._prepare()
-        try:
-            socket.send_fds(self.sock, [DONE_MSG.pack(DONE, status, timed_out)], theirs)
-        except OSError:  # the worker is gone
-            self._end(pid)
-            raise SystemExit(0) from None
-        finally:
-            for fd in theirs:
+            os.close(spec_ours)
+            self._child(judging, spec_theirs, report_w, out_w, err_w)
+        for fd in (spec_theirs, report_w, out_w, err_w):
+            if fd >= 0:
                 os.close(fd)
-        return pid
+        theirs = [spec_ours, report_r, err_r] if judging else [spec_ours, report_r, out_r, err_r]
+        return Prepared(pid, theirs)
 
-    def _child(self, fds: list[int]) -> None:
-        """The run's process: wire up its fds, confine it, hand over to the harness. Never returns."""
+    def _child(self, judging: bool, spec: int, report: int, out: int, err: int) -> None:
+        """A run's process: wire up its fds, confine it, hand over. Never returns."""
         _exit = os._exit  # bound before the candidate's code could replace it
         try:
-            spec_r, report_w, out_w, err_w = fds
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            null = os.open(os.devnull, os.O_RDONLY)
+            null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
+            os.dup2(null if judging else out, 1)
+            os.dup2(err, 2)
+            if judging:
+                self.iso.enter_judge()
+                keep = {spec, report}
+            else:
+                self.iso.enter_program()
+                keep = {spec, report, *self.iso.keep_fds()}
             lo = 3  # close everything else: the worker socket above all
-            for fd in sorted({spec_r, report_w}):
+            for fd in sorted(keep):
                 os.closerange(lo, fd)
                 lo = fd + 1
             os.closerange(lo, 1 << 16)
-            self.iso.enter_run()
-            harness.child_main(spec_r, report_w, self.iso.become_run_user)
+            if judging:
+                judge.judge_main(spec, report, self.iso.confine_judge)
+            else:
+                harness.program_main(spec, report, self.iso.confine_program)
         except BaseException as exc:  # isolation failed: say so on stderr, never run the code
             try:
                 os.write(2, f"sandbox: run set-up failed: {exc!r}\n".encode())
@@ -120,34 +127,71 @@ class Zygote:
                 _exit(EXIT_SETUP_FAILED)
         _exit(0)
 
-    def _wait(self, pid: int, wall_s: float) -> tuple[int, bool]:
-        """Wait for the run's process; kill it at the deadline or on the worker's KILL."""
-        pidfd = os.pidfd_open(pid)
-        self.poller.register(pidfd, select.POLLIN)
-        deadline = time.monotonic() + wall_s
-        timed_out = False
+    def _offer(self, status: tuple[int, int, bool, bool], program: Prepared, judge_: Prepared | None) -> None:
+        """Answer DONE, handing over the pipes of the processes forked for the next run."""
+        fds = program.theirs + (judge_.theirs if judge_ else [])
         try:
-            while True:
+            socket.send_fds(self.sock, [DONE_MSG.pack(DONE, *status)], fds)
+        except OSError:  # the worker is gone
+            self._end([program.pid] + ([judge_.pid] if judge_ else []))
+            raise SystemExit(0) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _wait(
+        self, pids: list[int], wall_s: float, memory_mb: int, spare: int | None
+    ) -> tuple[list[int], bool, bool]:
+        """Wait for the run's processes; kill them at the deadline, on KILL or past the memory limit.
+
+        `pids[0]` leads (the judge when there is one, else the program; the program is last): once
+        it has exited, the others get a moment to finish writing, then they are killed.
+        Returns (wait statuses in the order of `pids`, timed out, over the sampled memory limit).
+        """
+        pidfds = {os.pidfd_open(pid): pid for pid in pids}
+        for fd in pidfds:
+            self.poller.register(fd, select.POLLIN)
+        statuses = dict.fromkeys(pids, 0)
+        running = set(pids)
+        deadline = time.monotonic() + wall_s
+        program, others = pids[-1], {*pids[:-1], spare}
+        sampled = self.iso.caps.memory == "sampled" and memory_mb > 0
+        timed_out = over_memory = stop = gone = False
+        try:
+            while running and not stop:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    timed_out = True
+                    timed_out = pids[0] in running
                     break
-                events = self.poller.poll(remaining * 1000)
-                if any(fd == pidfd for fd, _ in events):
-                    break  # it exited
-                if events:
-                    message = self._receive()
-                    if message == KILL:
-                        break
-                    if not message:  # the worker is gone: end the run and then ourselves
-                        self._end(pid)
-                        raise SystemExit(0)
-            self._kill(pid)
-            _, status = os.waitpid(pid, 0)
+                events = self.poller.poll(min(remaining, isolation.SAMPLE_S if sampled else remaining) * 1000)
+                for fd, _ in events:
+                    pid = pidfds.get(fd)
+                    if pid is None:
+                        message = self._receive()
+                        if message == KILL:
+                            stop = True
+                        elif not message:  # the worker is gone: end the run and then ourselves
+                            stop = gone = True
+                    elif pid in running:
+                        running.discard(pid)
+                        self.poller.unregister(fd)
+                        _, statuses[pid] = os.waitpid(pid, 0)
+                        if pid == pids[0]:
+                            deadline = min(deadline, time.monotonic() + 0.5)
+                if sampled and program in running and self.iso.memory_used(program, others) > memory_mb << 20:
+                    over_memory = True
+                    break
         finally:
-            self.poller.unregister(pidfd)
-            os.close(pidfd)
-        return status, timed_out
+            for fd, pid in pidfds.items():
+                if pid in running:
+                    self.poller.unregister(fd)
+                    self._kill(pid)
+                    _, statuses[pid] = os.waitpid(pid, 0)
+                os.close(fd)
+        if gone:
+            self.iso.end_run(pids, program, spare)
+            raise SystemExit(0)
+        return [statuses[pid] for pid in pids], timed_out, over_memory
 
     def _receive(self) -> bytes:
         try:
@@ -155,11 +199,15 @@ class Zygote:
         except ConnectionResetError:  # the worker closed with our last DONE unread
             return b""
 
-    def _end(self, pid: int) -> None:
-        """Kill and reap a process that will not run (the worker is gone)."""
-        self._kill(pid)
-        os.waitpid(pid, 0)
-        self.iso.end_run(pid)
+    def _end(self, pids: list[int]) -> None:
+        """Kill and reap processes that will not run (the worker is gone)."""
+        for pid in pids:
+            self._kill(pid)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.iso.end_run(pids, pids[0], None)
 
     @staticmethod
     def _kill(pid: int) -> None:
@@ -170,18 +218,28 @@ class Zygote:
                 pass
 
     def serve(self) -> None:
-        pid = self._offer(0, False)  # the first prepared process
+        program, judge_ = self._prepare(False), self._prepare(True)
+        self._offer((0, 0, False, False), program, judge_)
         while True:
             message = self._receive()
             if not message:
                 break
             if message[:1] != RUN:
                 continue  # a KILL that arrived after its run had already ended
-            _, wall_s = RUN_MSG.unpack(message)
-            status, timed_out = self._wait(pid, wall_s)
-            self.iso.end_run(pid)
-            pid = self._offer(status, timed_out)
-        self._end(pid)
+            _, wall_s, judged, memory_mb = RUN_MSG.unpack(message)
+            pids = [judge_.pid, program.pid] if judged else [program.pid]
+            statuses, timed_out, over_memory = self._wait(
+                pids, wall_s, memory_mb, None if judged else judge_.pid
+            )
+            self.iso.end_run(pids, program.pid, None if judged else judge_.pid)
+            program_status = statuses[-1]
+            judge_status = statuses[0] if judged else 0
+            program = self._prepare(False)
+            fresh = self._prepare(True) if judged else None
+            if fresh is not None:
+                judge_ = fresh
+            self._offer((program_status, judge_status, timed_out, over_memory), program, fresh)
+        self._end([program.pid, judge_.pid])
 
 
 def main() -> None:
@@ -189,7 +247,15 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: its workers close our socket
     iso = isolation.setup_zygote(cfg)
-    sock.send(json.dumps({"caps": vars(iso.caps), "mode": iso.caps.mode, "pid": os.getpid()}).encode())
+    info = {
+        "caps": {**vars(iso.caps)},
+        "mode": iso.caps.mode,
+        "pid": os.getpid(),
+        "cgroups": iso.cgroup.paths if iso.cgroup else [],
+        "oom_file": iso.cgroup.oom_file if iso.cgroup and iso.caps.memory != "sampled" else None,
+        "slot_dir": iso.slot_dir,
+    }
+    sock.send(json.dumps(info).encode())
     zygote = Zygote(iso, sock)
     # Everything loaded so far lives as long as the zygote: keep it out of the collector, so a
     # run's `gc.collect()` is cheap and forked pages stay shared.
