@@ -336,9 +336,12 @@ def test_a_queued_game_spec_round_trips() -> None:
     assert TrainJob.model_validate_json(job.model_dump_json()) == job
 
 
-@pytest.mark.parametrize("module", ["tictactoe", "code_output"])
+@pytest.mark.parametrize(
+    "module",
+    ["crucible_trainer.games.tictactoe", "crucible_trainer.games.code_output", "crucible_cli.render", "crucible_trainer.report"],
+)
 def test_game_doctests(module: str) -> None:
     import doctest
     import importlib
 
-    assert doctest.testmod(importlib.import_module(f"crucible_trainer.games.{module}")).failed == 0
+    assert doctest.testmod(importlib.import_module(module)).failed == 0
