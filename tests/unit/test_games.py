@@ -35,6 +35,11 @@ def ran(stdout: str = "", status: str = "passed", **kw) -> RunResult:
     return RunResult(status=status, passed=0, total=0, stdout=stdout, **kw)
 
 
+def ended(game: CodeOutput, *outputs: str, status: str = "passed") -> list[RunResult]:
+    """Results of runs that reached their end: each reports its run's end marker as its value."""
+    return [ran(out, status, value=repr(m)) for out, m in zip(outputs, game.markers, strict=True)]
+
+
 # -- tic-tac-toe --------------------------------------------------------------------------------
 
 
@@ -119,7 +124,11 @@ def test_code_output_zero_sum_when_the_program_counts() -> None:
         runs = write(game, "```python\nprint(sum([1, 2, 3]))\n```")
         assert runs is not None and len(runs.runs) == 2  # determinism_runs
         assert runs.runs[0].tests.kind == "run" and not runs.runs[0].use_cache
-        game.executed([ran("6\n"), ran("6\n")])
+        assert (
+            runs.runs[0].code.startswith("print(sum([1, 2, 3]))\n")
+            and runs.runs[0].tests.value == "last_expression"
+        )
+        game.executed(ended(game, "6\n", "6\n"))
         ask = game.next()
         assert (
             ask is not None
@@ -133,7 +142,7 @@ def test_code_output_zero_sum_when_the_program_counts() -> None:
 def test_whitespace_does_not_matter_but_content_does() -> None:
     game = code()
     write(game, "```python\nfor i in range(3):\n    print(i, end='  ')\n```")
-    game.executed([ran("0  1  2  "), ran("0  1  2  ")])
+    game.executed(ended(game, "0  1  2  ", "0  1  2  "))
     game.answer("predictor", "```\n0 1\n2\n```")
     assert game.correct is True
 
@@ -143,13 +152,19 @@ def test_whitespace_does_not_matter_but_content_does() -> None:
     [
         ("I cannot write code today.", None, "no program"),
         ("```python\n" + "x = 1\n" * 200 + "print(x)\n```", None, "chars (max"),
-        ("```python\nprint(1/0)\n```", [ran("", "error")] * 2, "invalid program: error"),
-        ("```python\nx = 1\n```", [ran("")] * 2, "ran without output"),
-        ("```python\nwhile True: pass\n```", [ran("", "timeout")] * 2, "timeout"),
-        ("```python\ndef f(:\n```", [ran("", "syntax_error")] * 2, "syntax_error"),
-        ("```python\nprint('a' * 500)\n```", [ran("a" * 500 + "\n")] * 2, "printed 501 chars"),
-        ("```python\nimport random\nprint(random.random())\n```", [ran("0.1\n"), ran("0.7\n")], "differs"),
-        ("```python\nprint('x')\n```", [ran("x\n", "output_exceeded")] * 2, "output_exceeded"),
+        ("```python\nprint(1/0)\n```", [("", "error")] * 2, "invalid program: error"),
+        ("```python\nx = 1\n```", [("", "passed")] * 2, "ran without output"),
+        ("```python\nwhile True: pass\n```", [("", "timeout")] * 2, "timeout"),
+        ("```python\ndef f(:\n```", [("", "syntax_error")] * 2, "syntax_error"),
+        ("```python\nprint('a' * 500)\n```", [("a" * 500 + "\n", "passed")] * 2, "printed 501 chars"),
+        (
+            "```python\nimport random\nprint(random.random())\n```",
+            [("0.1\n", "passed"), ("0.7\n", "passed")],
+            "differs",
+        ),
+        ("```python\nprint('x')\n```", [("x\n", "output_exceeded")] * 2, "output_exceeded"),
+        # "passed" without the end marker: it exited early, or forged a "done" frame and then crashed.
+        ("```python\nprint('x')\nexit()\n```", [("x\n", "passed", False)] * 2, "did not run to its end"),
     ],
 )
 def test_invalid_writer_programs_score_the_writer_alone(writer, results, why) -> None:
@@ -157,7 +172,12 @@ def test_invalid_writer_programs_score_the_writer_alone(writer, results, why) ->
     runs = write(game, writer)
     assert (runs is None) == (results is None)
     if runs is not None:
-        game.executed(results)
+        game.executed(
+            [
+                ran(out, status, value=None if no_marker else repr(m))
+                for (out, status, *no_marker), m in zip(results, game.markers, strict=True)
+            ]
+        )
     assert game.next() is None, "the predictor must not play an invalid program"
     assert game.returns() == {"writer": -1.0}
     assert why in (game.invalid or ""), game.invalid
@@ -167,7 +187,7 @@ def test_invalid_writer_programs_score_the_writer_alone(writer, results, why) ->
 def test_a_sandbox_fault_voids_the_game() -> None:
     game = code()
     write(game, "```python\nprint(2)\n```")
-    game.executed([ran("2\n"), RunResult(status="sandbox_error", passed=0, total=0)])
+    game.executed([ended(game, "2\n", "2\n")[0], RunResult(status="sandbox_error", passed=0, total=0)])
     assert game.next() is None and game.returns() == {} and game.void
 
 
@@ -175,7 +195,7 @@ def test_writer_input_reaches_the_run_and_the_predictor() -> None:
     game = code(stdin=True)
     runs = write(game, "```python\nprint(input()[::-1])\n```\n```stdin\nabc\n```")
     assert runs is not None and runs.runs[0].tests.stdin == "abc\n"
-    game.executed([ran("cba\n")] * 2)
+    game.executed(ended(game, "cba\n", "cba\n"))
     ask = game.next()
     assert ask is not None and "abc" in ask.messages[0]["content"]
     assert "stdin" in code(stdin=True).next().messages[0]["content"]
@@ -185,7 +205,7 @@ def test_writer_input_reaches_the_run_and_the_predictor() -> None:
 def test_no_prediction_is_an_illegal_answer_and_a_loss() -> None:
     game = code()
     write(game, "```python\nprint(5)\n```")
-    game.executed([ran("5\n")] * 2)
+    game.executed(ended(game, "5\n", "5\n"))
     move = game.answer("predictor", "   ")
     assert not move.legal and game.returns() == {"predictor": -1.0, "writer": 1.0}
 
@@ -210,7 +230,7 @@ class CountingSandbox:
 
     async def run_batch(self, runs):
         self.batches.append(len(runs))
-        return [ran("6\n") for _ in runs]
+        return [ran("6\n", value=run.code.splitlines()[-1]) for run in runs]  # the end marker
 
 
 def test_engine_batches_every_turn_of_a_round_and_every_run() -> None:
@@ -338,7 +358,12 @@ def test_a_queued_game_spec_round_trips() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["crucible_trainer.games.tictactoe", "crucible_trainer.games.code_output", "crucible_cli.render", "crucible_trainer.report"],
+    [
+        "crucible_trainer.games.tictactoe",
+        "crucible_trainer.games.code_output",
+        "crucible_cli.render",
+        "crucible_trainer.report",
+    ],
 )
 def test_game_doctests(module: str) -> None:
     import doctest

@@ -10,15 +10,18 @@ a missing or too long program (illegal), one that fails to compile, raises, exit
 times out, exceeds a limit, prints nothing, prints more than `max_output_chars` or prints
 something else on each of its `determinism_runs` runs scores the writer -1, and the predictor
 does not play (its role does not count). What the program prints is read from the sandbox's
-capture of its stdout, so nothing a program does (exit codes, frames forged on inherited file
-descriptors, killing its parent) can make the game see an output it did not print. A sandbox
-fault makes the game void: no role counts.
+capture of its stdout, so nothing a program does can make the game see an output it did not
+print. That it ran to its end is read from a secret marker appended as the run's final expression
+(`value: last_expression`): a program that exits early (`exit()` included) or forges a "done"
+status frame on the sandbox's report channel (which the run form otherwise believes) carries no
+marker and is invalid. A sandbox fault makes the game void: no role counts.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import secrets
 from typing import Any
 
 from crucible_shared.sandbox import Limits, RunOnly, RunRequest, RunResult, RunStatus
@@ -125,6 +128,9 @@ class CodeOutput(Game):
         self.void = False  # the sandbox failed: nothing counts
         self.correct: bool | None = None
         self.result: RunResult | None = None
+        # A secret end marker per run: the run's final expression, so the sandbox reports it only
+        # when the program really ran to its end (a status frame the program forges carries none).
+        self.markers = [f"end-{secrets.token_hex(8)}" for _ in range(cfg.determinism_runs)]
 
     def next(self) -> Ask | Execute | None:
         if self.state == "write":
@@ -133,10 +139,15 @@ class CodeOutput(Game):
             # Output bytes well above the game's cap: a longer output is the writer's loss by the
             # game's rule, a flood is the sandbox's `output_exceeded`.
             limits = self.limits.model_copy(update={"output_bytes": max(4096, 8 * self.cfg.max_output_chars)})
-            run = RunRequest(
-                code=self.program, tests=RunOnly(stdin=self.stdin), limits=limits, use_cache=False
+            tests = RunOnly(stdin=self.stdin, value="last_expression")
+            return Execute(
+                [
+                    RunRequest(
+                        code=f"{self.program}\n{marker!r}\n", tests=tests, limits=limits, use_cache=False
+                    )
+                    for marker in self.markers
+                ]
             )
-            return Execute([run] * self.cfg.determinism_runs)
         if self.state == "predict":
             return Ask("predictor", [{"role": "user", "content": predictor_prompt(self.program, self.stdin)}])
         return None
@@ -181,6 +192,8 @@ class CodeOutput(Game):
                 "ran without output" if self.result.status == RunStatus.passed else self.result.status.value
             )
             self._lose(f"invalid program: {what}")
+        elif any(r.value != repr(m) for r, m in zip(results, self.markers, strict=True)):
+            self._lose("invalid program: it did not run to its end (it exited early or forged its status)")
         elif self.result.output_truncated or len(self.output) > self.cfg.max_output_chars:
             self._lose(f"invalid program: printed {len(self.output)} chars (max {self.cfg.max_output_chars})")
         elif any((r.status, r.stdout) != (self.result.status, self.output) for r in results[1:]):
