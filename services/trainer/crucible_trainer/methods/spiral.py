@@ -257,13 +257,14 @@ def game_metrics(episodes: list[Episode], batch: list[Sample]) -> dict[str, floa
         out["reward_std"] = _mean([(x - out["reward_mean"]) ** 2 for x in rewards]) ** 0.5
         out["completion_tokens_mean"] = _mean([float(len(s.completion_ids)) for s in scored])
         out["truncated_fraction"] = _mean([float(s.finish_reason == "length") for s in scored])
-    by_role: dict[str, list[Sample]] = defaultdict(list)
+    by_role: dict[str, list[Sample]] = {role: [] for e in episodes for role in e.learner_roles}
     for s in batch:
         by_role[s.phase].append(s)
     for role, turns in by_role.items():
         out[f"role/{role}/turns"] = float(len(turns))
-        out[f"role/{role}/illegal_rate"] = _mean([float(not s.info["legal"]) for s in turns])
-        out[f"role/{role}/tokens_mean"] = _mean([float(len(s.completion_ids)) for s in turns])
+        if turns:  # a role can go without a turn (its opponent's first move was illegal)
+            out[f"role/{role}/illegal_rate"] = _mean([float(not s.info["legal"]) for s in turns])
+            out[f"role/{role}/tokens_mean"] = _mean([float(len(s.completion_ids)) for s in turns])
     if batch:
         out["game/illegal_rate"] = _mean([float(not s.info["legal"]) for s in batch])
     totals: dict[str, list[float]] = defaultdict(list)
