@@ -9,6 +9,7 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
+#   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~8 min: $OUT/selfplay.json + $OUT/selfplay/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -73,6 +74,9 @@ PY
     ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
+  selfplay)  # code-output game and tic-tac-toe, RAE and shared baseline, 4 runs sharing the GPU
+    shift
+    python3 bench/selfplay.py --json "${OUT:-/tmp}/selfplay.json" --out-dir "${OUT:-/tmp}/selfplay" "$@" ;;
   *)
-    sed -n 2,14p "$0"; exit 2 ;;
+    sed -n 2,15p "$0"; exit 2 ;;
 esac
