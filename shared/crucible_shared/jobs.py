@@ -37,6 +37,11 @@ def unused(field: str, reason: str) -> PydanticCustomError:
     return PydanticCustomError("unused_field", "{field}: {reason}", {"field": field, "reason": reason})
 
 
+def invalid(field: str, reason: str) -> PydanticCustomError:
+    """A cross-field error that names its field as `unused` does (for the gateway's envelope)."""
+    return PydanticCustomError("value_error", "{field}: {reason}", {"field": field, "reason": reason})
+
+
 # --- data and model ------------------------------------------------------------------------------
 
 
@@ -457,7 +462,7 @@ class Opponent(_Spec):
 
 def _random_players(game: Any, opponent: Opponent, field: str) -> None:
     if opponent.kind == "random" and not getattr(game, "random_players", False):
-        raise ValueError(f"{field}: {game.name} has no random player (its moves are free text)")
+        raise invalid(field, f"{game.name} has no random player (its moves are free text)")
 
 
 class ArenaSpec(_Spec):
@@ -486,10 +491,10 @@ class ArenaSpec(_Spec):
                     raise unused(name, "arena.every is 0 (no arena games); set every > 0")
         for i, opponent in enumerate(self.opponents):
             if opponent.kind == "self":
-                raise ValueError(f"opponents.{i}.kind: the arena measures against fixed opponents, not self")
+                raise invalid(f"opponents.{i}.kind", "the arena measures against fixed opponents, not self")
         labels = [o.label for o in self.opponents]
         if len(set(labels)) != len(labels):
-            raise ValueError(f"opponents: each opponent once (got {labels})")
+            raise invalid("opponents", f"each opponent once (got {labels})")
         return self
 
 
@@ -542,11 +547,11 @@ class SpiralConfig(_ClippedMethod):
                 raise unused("learner_roles", "in self-play the learner plays every role")
             for i, role in enumerate(self.learner_roles):
                 if role not in roles:
-                    raise ValueError(
-                        f"learner_roles.{i}: {self.game.name} has roles {', '.join(roles)}, not {role!r}"
+                    raise invalid(
+                        f"learner_roles.{i}", f"{self.game.name} has roles {', '.join(roles)}, not {role!r}"
                     )
             if len(set(self.learner_roles)) != len(self.learner_roles):
-                raise ValueError("learner_roles: each role once")
+                raise invalid("learner_roles", "each role once")
         _random_players(self.game, self.opponent, "opponent.kind")
         for i, opponent in enumerate(self.arena.opponents):
             _random_players(self.game, opponent, f"arena.opponents.{i}.kind")

@@ -370,3 +370,21 @@ def test_game_doctests(module: str) -> None:
     import importlib
 
     assert doctest.testmod(importlib.import_module(module)).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "top", "field"),
+    [
+        ({"learner_roles": ["writer"]}, {}, "method.spiral.learner_roles"),
+        ({"opponent": {"kind": "model"}, "learner_roles": ["x"]}, {}, "method.spiral.learner_roles.0"),
+        ({"opponent": {"kind": "random"}}, {}, "method.spiral.opponent.kind"),
+        ({}, {"data": {"dataset": "mbpp", "ids": [601]}}, "data"),
+        ({}, {"optim": {"problems_per_step": 4}}, "optim.problems_per_step"),
+    ],
+)
+def test_the_gateway_names_the_field_of_a_bad_game_spec(method, top, field) -> None:
+    from crucible_shared.http import error_field
+
+    with pytest.raises(ValidationError) as info:
+        TrainJob.model_validate({"method": {"name": "spiral", **method}, **top})
+    assert error_field(info.value.errors()[0]) == field
