@@ -176,6 +176,9 @@ def _samples(cfg: SpiralConfig, episodes: list[Episode]) -> list[Sample]:
                         "opponent": opponent,
                         "legal": turn.move.legal,
                         "note": turn.move.note,
+                        # What logs and `crucible watch --samples` show of a turn (no test verdict here).
+                        "status": "legal" if turn.move.legal else "illegal",
+                        "message": turn.move.note,
                         "outcome": outcome,
                         "record": record,
                     },
