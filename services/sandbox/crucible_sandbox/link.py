@@ -273,7 +273,7 @@ class Link:
         ):
             self.lost = "the program failed to load"
             return None
-        return [n for n in message["names"] if type(n) is str]
+        return [n for n in message["names"][:MAX_NAMES] if type(n) is str]
 
     def end(self) -> None:
         try:
