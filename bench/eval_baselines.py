@@ -24,14 +24,13 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
+from crucible_cli.spawn import start
 from crucible_shared.generator_client import GeneratorClient
 from crucible_shared.sandbox_client import SandboxClient
 from crucible_trainer.evaluation import EvalConfig, EvalProgress, evaluate, write_report
@@ -42,32 +41,6 @@ RUNS = {
     "humaneval-greedy": (DataSpec(dataset="humaneval"), {"n": 0, "greedy": True}),
     "mbpp-sampled": (DataSpec(dataset="mbpp", split="test"), {"n": 10, "temperature": 0.8, "greedy": False}),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(
-    module: str, env: dict[str, str], port_var: str, timeout: float = 600
-) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env, port_var: str(port)})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{module} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"{module} did not start in {timeout:.0f}s")
 
 
 def machine() -> str:
@@ -202,17 +175,17 @@ def main() -> None:
     with ExitStack() as stack:
         generator, sandbox = args.generator, args.sandbox
         if sandbox is None:
-            proc, sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT")
-            stack.callback(proc.wait)
-            stack.callback(proc.terminate)
+            server = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", timeout=600)
+            stack.callback(server.stop)
+            sandbox = server.url
         if generator is None:
             env = {
                 "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.batch_size),
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
             }
-            proc, generator = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT")
-            stack.callback(proc.wait)
-            stack.callback(proc.terminate)
+            server = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", timeout=600)
+            stack.callback(server.stop)
+            generator = server.url
         for name in names:
             rows.append(asyncio.run(run_one(name, generator, sandbox, args)))
             args.out.mkdir(parents=True, exist_ok=True)

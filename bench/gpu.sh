@@ -10,6 +10,33 @@
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~8 min: $OUT/selfplay.json + $OUT/selfplay/
+#   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
+#   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
+#   bash bench/gpu.sh offline-rl      #   them while the machine is warm); JSON + Markdown to $OUT
+#   bash bench/gpu.sh offline-table   # the table of whatever parts have run
+#
+# Here (not on the GPU machine), from the repository root, before the first call:
+#   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
+#   bash bench/gpu.sh wheels                                   # every wheel below into .whl
+# Call 1 carries [.carry/a]: `bash bench/gpu.sh part-a`; call 2 carries [.carry/b, .whl]:
+# `bash bench/gpu.sh setup && bash bench/gpu.sh offline-data`; later calls carry nothing.
+#
+# What the GPU machine lacks (it has torch, transformers, peft, accelerate, numpy, pyarrow, pandas,
+# httpx, matplotlib): Crucible's web stack, TRL + datasets (offline pipeline, TRL baseline), gguf.
+WHEELS=(
+  fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3
+  python-dotenv==1.2.4 typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-types==0.8.0
+  uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2
+  trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0
+)
+if [ "${1:-}" = wheels ]; then
+  cd "$(dirname "$0")/.." && mkdir -p .whl
+  exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"   # carried, never committed
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+  ls .whl; du -sh .whl; exit 0
+fi
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -77,6 +104,9 @@ PY
   selfplay)  # code-output game and tic-tac-toe, RAE and shared baseline, 4 runs sharing the GPU
     shift
     python3 bench/selfplay.py --json "${OUT:-/tmp}/selfplay.json" --out-dir "${OUT:-/tmp}/selfplay" "$@" ;;
+  offline-data|offline-train|offline-rl|offline-table)  # extra arguments go to bench/offline_figures.py
+    part=${1#offline-}; shift
+    python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,15p "$0"; exit 2 ;;
+    sed -n 2,35p "$0"; exit 2 ;;
 esac

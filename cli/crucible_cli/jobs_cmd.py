@@ -94,7 +94,8 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     if runs_dir:
         overrides["runs_dir"] = runs_dir
     settings = Settings(**overrides)
-    job_id = job_id or f"{spec.method.name}-{uuid.uuid4().hex[:8]}"
+    prefix = spec.method.name if spec.kind == "train" else spec.kind
+    job_id = job_id or f"{prefix}-{uuid.uuid4().hex[:8]}"
     if not valid_job_id(job_id):
         raise typer.BadParameter("letters, digits, `_`, `.` and `-` only", param_hint="--job-id")
     console = Console()
@@ -131,6 +132,8 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     console.print(
         f"{job_id}: {status}" + (f"; adapter {summary['adapter']}" if summary.get("adapter") else "")
     )
+    if summary.get("report"):
+        console.print(f"report {summary['report']}", markup=False, highlight=False)
     if status != JobStatus.finished.value:
         raise typer.Exit(1)
 

@@ -75,6 +75,8 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
         return _line("filter", f"kept {data.get('kept')} of {data.get('of')} problems (0 < pass rate < 1)")
     if event == "resumed":
         return _line("resumed", f"from the checkpoint of step {data.get('step')}")
+    if event == "stage":
+        return _stage_line(data)
     if event == "requeued":
         return _line("requeued", f"{data.get('reason')}; attempt {data.get('attempt')}")
     if event == "stale_policy":
@@ -94,19 +96,47 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
     return None
 
 
+def _stage_line(data: dict[str, Any]) -> str:
+    """A pipeline stage's start, end (with its headline counts) or skip.
+
+    >>> _stage_line({"stage": "round-1/build", "status": "finished", "seconds": 0.2, "nbest": 12, "pairs": 30})
+    'stage      round-1/build finished in 0.2 s: nbest 12, pairs 30'
+    """
+    stage, status = data.get("stage", "?"), data.get("status", "?")
+    if status == "skipped":
+        return _line("stage", f"{stage} skipped ({data.get('reason', 'up to date')})")
+    if status != "finished":
+        return _line("stage", f"{stage} {status}")
+    shown = ("problems", "candidates", "passing", "nbest", "pairs", "steps", "greedy_pass@1", "path")
+    facts = [
+        f"{k} {_pct(data[k]) if k.startswith('greedy') else data[k]}"
+        for k in shown
+        if data.get(k) is not None
+    ]
+    return _line(
+        "stage",
+        f"{stage} finished in {_num(data.get('seconds'), 1)} s" + (": " + ", ".join(facts) if facts else ""),
+    )
+
+
 def bar_text(step: Any, metrics: dict[str, Any]) -> str:
-    """The progress bar's label: reward and pass rate, or for a game job each role's win rate.
+    """The progress bar's label: reward and pass rate; for a game job each role's win rate; for
+    SFT / DPO the training loss.
 
     >>> bar_text(3, {"reward_mean": 0.25, "pass_rate": 0.5})
     'step 3: reward 0.250 · pass 50.0%'
     >>> bar_text(3, {"games": 8, "role/x/win_rate": 0.5, "role/o/win_rate": 0.25, "game/illegal_rate": 0.125})
     'step 3: x wins 50.0% · o wins 25.0% · illegal 12.5%'
+    >>> bar_text(3, {"loss": 0.6931})
+    'step 3: loss 0.6931'
     """
     if "games" in metrics:
         roles = [k.split("/")[1] for k in metrics if k.startswith("role/") and k.endswith("/win_rate")]
         parts = [f"{role} wins {_pct(metrics[f'role/{role}/win_rate'])}" for role in roles]
         parts.append(f"illegal {_pct(metrics.get('game/illegal_rate'))}")
         return f"step {step}: " + " · ".join(parts)
+    if "reward_mean" not in metrics and "loss" in metrics:  # SFT / DPO: the training loss
+        return f"step {step}: loss {_num(metrics.get('loss'), 4)}"
     return (
         f"step {step}: reward {_num(metrics.get('reward_mean'), 3)} · pass {_pct(metrics.get('pass_rate'))}"
     )
@@ -203,6 +233,7 @@ def print_outcome(console: Any, record: Any) -> None:
         ("games_report", "games"),
         ("report", "report"),
         ("learning_curve", "curves"),
+        ("merged", "merged"),
         ("run_dir", "run dir"),
     ):
         if summary.get(key):

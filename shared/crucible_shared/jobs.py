@@ -1,7 +1,9 @@
-"""Job specs: what a user submits (`POST /v1/jobs`, `crucible train --config`).
+"""Job specs: what a user submits (`POST /v1/jobs`, `crucible train --config`, `crucible pipeline`).
 
-A train job is a method config (GRPO, SRRL, REINFORCE, PPO, SPIRAL self-play games) plus model, data, rollout, reward,
-optimisation, publishing, evaluation, checkpoint and logging sections. Every field has a
+A train job is a method config (online: GRPO, SRRL, REINFORCE, PPO, SPIRAL self-play games;
+offline with TRL: SFT, DPO on a JSONL file) plus model, data, rollout, reward, optimisation, publishing, evaluation, checkpoint
+and logging sections. A pipeline job is the offline learning pipeline (baseline -> candidates ->
+execution -> datasets -> SFT/DPO -> merge -> evaluation -> analysis), see `PipelineJob`. Every field has a
 default, bounds and a one-line description; cross-field rules live in validators, so a bad
 spec fails at submission with the field named, not minutes into a run. A field that would
 have no effect in its context (a sampling setting the method doesn't read, pass@k of a greedy
@@ -566,8 +568,108 @@ class SpiralConfig(_ClippedMethod):
         return tuple(self.learner_roles)
 
 
+# --- offline methods (TRL) -----------------------------------------------------------------------
+
+# TRL's DPO loss types (`trl.DPOConfig.loss_type`), and those that read `label_smoothing`.
+DPOLoss = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+_SMOOTHED_LOSSES = frozenset({"exo_pair", "robust", "aot", "aot_unpaired"})
+OFFLINE_METHODS = ("sft", "dpo")
+
+
+class _OfflineMethod(_Spec):
+    """What SFT and DPO share: the data file, the training length and the sequence cap."""
+
+    path: str | None = Field(
+        None,
+        max_length=4096,
+        description="JSONL to train on (standalone jobs; a pipeline trains on the data it builds). "
+        "Must lie inside the data roots (CRUCIBLE_DATA_ROOTS).",
+    )
+    epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the data (unless max_steps is set).")
+    max_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Optimizer steps; overrides epochs (TRL's max_steps)."
+    )
+    max_length: int = Field(
+        1024,
+        ge=16,
+        le=65536,
+        description="Longest prompt + completion in tokens (longer rows are truncated).",
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "linear", description="Learning-rate schedule after optim.warmup_steps."
+    )
+
+    @model_validator(mode="after")
+    def _check_length(self) -> _OfflineMethod:
+        if self.max_steps is not None and self._changed("epochs"):
+            raise unused("epochs", "max_steps sets the training length; give one of them")
+        return self
+
+
+class SFTConfig(_OfflineMethod):
+    """Supervised fine-tuning (TRL `SFTTrainer`, LoRA): rows `prompt` / `completion`, loss on the
+    completion tokens only."""
+
+    name: Literal["sft"] = "sft"
+
+
+class DPOConfig(_OfflineMethod):
+    """Direct preference optimisation (TRL `DPOTrainer`, LoRA): rows `prompt` / `chosen` / `rejected`.
+    The reference is the starting policy: the base model, or base + `model.init_adapter`."""
+
+    name: Literal["dpo"] = "dpo"
+    beta: float = Field(0.1, gt=0, le=100, description="Strength of the pull to the reference (IPO's tau).")
+    loss_type: list[DPOLoss] = Field(
+        default_factory=lambda: list[DPOLoss](["sigmoid"]),
+        min_length=1,
+        max_length=8,
+        description="TRL loss type(s); several are summed with loss_weights (e.g. MPO: sigmoid, bco_pair, sft).",
+    )
+    loss_weights: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(
+        None, max_length=8, description="Weight of each loss type (default: 1 each)."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Label noise of robust / EXO / AOT losses (TRL's label_smoothing)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DPOConfig:
+        if len(set(self.loss_type)) != len(self.loss_type):
+            raise ValueError("loss_type: each loss type at most once")
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"loss_weights: {len(self.loss_weights)} weights for {len(self.loss_type)} loss types"
+            )
+        if self.loss_weights is not None and len(self.loss_type) == 1:
+            raise unused("loss_weights", "there is one loss type; weights combine several")
+        smoothed = _SMOOTHED_LOSSES & set(self.loss_type)
+        if self._changed("label_smoothing") and not smoothed:
+            raise unused("label_smoothing", f"only the {', '.join(sorted(_SMOOTHED_LOSSES))} losses read it")
+        if "exo_pair" in self.loss_type and self.label_smoothing == 0:
+            raise ValueError("label_smoothing: the exo_pair loss needs it > 0 (EXO recommends 1e-3)")
+        return self
+
+
+OfflineMethod = Annotated[SFTConfig | DPOConfig, Field(discriminator="name")]
 Method = Annotated[
-    GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig, Field(discriminator="name")
+    GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
+    Field(discriminator="name"),
 ]
 
 
@@ -727,6 +829,43 @@ class TrainJob(_Spec):
             raise unused("reward.time_limit_s", f"the {game} game runs no programs")
         return self
 
+    @model_validator(mode="after")
+    def _check_offline(self) -> TrainJob:
+        """SFT and DPO train on a file: the sampling, reward and publishing sections are not read."""
+        method = self.method
+        if not isinstance(method, SFTConfig | DPOConfig):
+            return self
+        if not method.path:
+            rows = "prompt / completion" if method.name == "sft" else "prompt / chosen / rejected"
+            raise ValueError(
+                f"method.path: {method.name} trains on a JSONL file of {rows} rows; give its path"
+            )
+        offline = f"{method.name} trains offline on method.path"
+        for name, reason in (
+            ("data", f"{offline}, not on tasks (eval.data picks the evaluation tasks)"),
+            ("rollout", f"{offline}: nothing is sampled"),
+            ("reward", f"{offline}: nothing is executed"),
+            ("publish", "the adapter is published once, when training ends"),
+        ):
+            if self._changed(name):
+                raise unused(name, reason)
+        check_offline_optim(self.optim, method.name)
+        if self.eval is not None and self.eval._changed("every"):
+            raise unused("eval.every", f"{method.name} is evaluated before and after training only")
+        if self.logging._changed("samples_every"):
+            raise unused("logging.samples_every", f"{offline}: no samples to show")
+        return self
+
+
+def check_offline_optim(optim: OptimSpec, method: str, prefix: str = "optim") -> None:
+    """The optimiser fields TRL training does not read (its length is the method's epochs / max_steps)."""
+    if optim._changed("steps"):
+        raise unused(f"{prefix}.steps", f"{method} trains for the method's epochs or max_steps")
+    if optim._changed("problems_per_step"):
+        raise unused(
+            f"{prefix}.problems_per_step", f"{method} samples no problems (micro_batch is its batch)"
+        )
+
 
 class EvalJob(EvalSpec):
     """An evaluation job: an evaluation of a model (its base, optionally with an adapter)."""
@@ -751,13 +890,152 @@ class EvalJob(EvalSpec):
         return self
 
 
-JobSpec = Annotated[TrainJob | EvalJob, Field(discriminator="kind")]
+# --- the offline pipeline ------------------------------------------------------------------------
+
+Stage = Literal["baseline", "generate", "annotate", "build", "train", "merge", "evaluate", "analyze"]
+STAGES: tuple[Stage, ...] = (
+    "baseline",
+    "generate",
+    "annotate",
+    "build",
+    "train",
+    "merge",
+    "evaluate",
+    "analyze",
+)
+ROUND_STAGES: tuple[Stage, ...] = ("generate", "annotate", "build", "train")
+
+
+class GenerateSpec(_Spec):
+    """Stage `generate`: K candidates per train problem, sampled through the generator pool."""
+
+    k: int = Field(8, ge=1, le=1024, description="Candidates per problem.")
+    temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    max_tokens: int = Field(256, ge=1, le=8192, description="Most tokens per candidate.")
+    concurrency: int = Field(
+        64, ge=1, le=4096, description="Generation requests (one per problem) in flight."
+    )
+
+
+class AnnotateSpec(_Spec):
+    """Stage `annotate`: every candidate through the sandbox."""
+
+    time_limit_s: float = Field(5.0, gt=0, le=60, description="Wall-clock limit of one candidate's run.")
+    retries: int = Field(
+        3,
+        ge=0,
+        le=20,
+        description="Further attempts for runs the sandbox could not execute (infrastructure errors are "
+        "retried, never counted as failures; still failing after them, the stage fails).",
+    )
+    batch: int = Field(256, ge=1, le=4096, description="Runs per sandbox batch call.")
+
+
+class BuildSpec(_Spec):
+    """Stage `build`: the SFT and DPO datasets from the annotated candidates.
+
+    `nbest.jsonl`: up to `n_best` passing candidates per problem, duplicates (the same program
+    after normalising whitespace and comments) dropped, shortest first (fewest completion tokens)
+    or in sampling order. `pairs.jsonl`: up to `max_pairs` (chosen, rejected) pairs per problem;
+    the rejected candidate always fails; the chosen one passes every test (`pass_fail`) or passes
+    a larger fraction of them (`more_tests`), by at least `min_margin`.
+    """
+
+    n_best: int = Field(4, ge=1, le=1024, description="Most passing candidates per problem in nbest.jsonl.")
+    order: Literal["shortest", "first"] = Field(
+        "shortest", description="Which passing candidates come first: fewest tokens, or sampling order."
+    )
+    completion: Literal["raw", "code"] = Field(
+        "raw",
+        description="Train on the sampled answer as it is, or on its program alone (a ```python block "
+        "for chat models).",
+    )
+    pairing: Literal["pass_fail", "more_tests"] = Field(
+        "pass_fail", description="Chosen passes every test, or passes a larger fraction than rejected."
+    )
+    min_margin: float = Field(
+        0.0, ge=0, le=1, description="Least gap in the fraction of tests passed, chosen minus rejected."
+    )
+    max_pairs: int = Field(4, ge=1, le=1024, description="Most pairs per problem in pairs.jsonl.")
+
+
+class MergeSpec(_Spec):
+    """Stage `merge`: the final adapter folded into the base weights (PEFT `merge_and_unload`)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Dtype of the saved weights; default: the base checkpoint's."
+    )
+
+
+class PipelineJob(_Spec):
+    """The offline learning pipeline: sample candidates, run them, keep the good ones, train on
+    them with SFT or DPO (TRL), merge, evaluate, analyse (see docs/pipeline.md).
+
+    Stages run in pipeline order; `stages` picks a subset. Each reads the artifacts of earlier
+    stages from the run dir and is skipped when its outputs exist and its inputs (files and the
+    spec sections it reads) hash as when it ran. With `rounds: N` the stages generate -> annotate ->
+    build -> train repeat, each round sampling from the previous round's adapter.
+    """
+
+    kind: Literal["pipeline"] = "pipeline"
+    name: str | None = Field(None, max_length=200, description="Label shown in listings.")
+    stages: list[Stage] = Field(
+        default_factory=lambda: list(STAGES),
+        min_length=1,
+        max_length=len(STAGES),
+        description="Stages to run.",
+    )
+    rounds: int = Field(1, ge=1, le=64, description="Rounds of generate -> annotate -> build -> train.")
+    reuse: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+        description="Start from the run dir of this earlier pipeline job (copied, files hard-linked): "
+        "its stages whose inputs are unchanged are skipped.",
+    )
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The starting policy and its LoRA.")
+    data: DataSpec = Field(
+        default_factory=lambda: DataSpec(split="train"),
+        description="The problems candidates are sampled for.",
+    )
+    generate: GenerateSpec = Field(default_factory=GenerateSpec)
+    annotate: AnnotateSpec = Field(default_factory=AnnotateSpec)
+    build: BuildSpec = Field(default_factory=BuildSpec)
+    train: OfflineMethod = Field(default_factory=SFTConfig, description="sft (on nbest) or dpo (on pairs).")
+    optim: OptimSpec = Field(default_factory=lambda: OptimSpec(lr=1e-4), description="TRL's optimiser.")
+    eval: EvalSpec = Field(
+        default_factory=EvalSpec, description="Stages baseline and evaluate (default: MBPP test, greedy)."
+    )
+    merge: MergeSpec = Field(default_factory=MergeSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    seed: Seed = Field(0, description="Seeds sampling, data order and initialisation.")
+    max_attempts: int | None = _ATTEMPTS
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineJob:
+        if len(set(self.stages)) != len(self.stages):
+            raise ValueError("stages: each stage at most once")
+        # Stages run in pipeline order whatever order they are listed in.
+        self.stages = [s for s in STAGES if s in self.stages]
+        if self.train.path:
+            raise unused("train.path", "the pipeline trains on the nbest.jsonl / pairs.jsonl it builds")
+        check_offline_optim(self.optim, self.train.name)
+        if self.logging._changed("samples_every"):
+            raise unused("logging.samples_every", "the pipeline logs every candidate (candidates.jsonl)")
+        # Sections of stages not in `stages` are not refused: `stages` picks what runs now out of
+        # one pipeline spec (like a --only flag), and those sections still describe the run dir's
+        # other stages (their records are checked against them).
+        return self
+
+
+JobSpec = Annotated[TrainJob | EvalJob | PipelineJob, Field(discriminator="kind")]
 
 
 RootKind = Literal["data", "model", "adapter"]
 
 
-def job_paths(spec: TrainJob | EvalJob) -> list[tuple[str, str, RootKind]]:
+def job_paths(spec: TrainJob | EvalJob | PipelineJob) -> list[tuple[str, str, RootKind]]:
     """Every file-system path a spec names: (dotted field, value, root kind: data | model | adapter).
 
     Model ids that aren't paths (a built-in name, `org/model` on a hub) are not listed.
@@ -770,15 +1048,17 @@ def job_paths(spec: TrainJob | EvalJob) -> list[tuple[str, str, RootKind]]:
 
     if looks_like_path(spec.model.base):
         out.append(("model.base", spec.model.base, "model"))
-    if isinstance(spec, TrainJob):
-        data("data", spec.data)
-        data("eval.data", spec.eval.data if spec.eval else None)
-        if spec.model.init_adapter:
-            out.append(("model.init_adapter", spec.model.init_adapter, "adapter"))
-    else:
+    if isinstance(spec, EvalJob):
         data("data", spec.data)
         if spec.adapter:
             out.append(("adapter", spec.adapter, "adapter"))
+        return out
+    data("data", spec.data)
+    data("eval.data", spec.eval.data if spec.eval else None)
+    if spec.model.init_adapter:
+        out.append(("model.init_adapter", spec.model.init_adapter, "adapter"))
+    if isinstance(spec, TrainJob) and isinstance(spec.method, SFTConfig | DPOConfig) and spec.method.path:
+        out.append(("method.path", spec.method.path, "data"))
     return out
 
 

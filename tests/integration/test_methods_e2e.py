@@ -56,11 +56,12 @@ def test_reinforce_and_ppo_jobs(gateway, workers, stack_dirs) -> None:
         client,
         {
             **BASE,
-            "method": {"name": "reinforce", "samples": 3},
+            "method": {"name": "reinforce", "samples": 3, "baseline": False},
             "reward": {"kind": "all_pass", "length_penalty": alpha},
         },
     )
-    # The length penalty is in every reward: all_pass (1/0) minus alpha * tokens / 100.
+    # The length penalty is in every reward: all_pass (1/0) minus alpha * tokens / 100. (No baseline:
+    # completions cut at the same length would all get the same reward, and a zero advantage.)
     for path in sorted((stack_dirs["runs"] / job_id / "rollouts").glob("step-*.jsonl")):
         for r in map(json.loads, path.read_text().splitlines()):
             base = 1.0 if r["status"] == "passed" else 0.0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from crucible_shared.jobs import EvalJob, JobSpec, TrainJob
+from crucible_shared.jobs import EvalJob, JobSpec, PipelineJob, TrainJob
 from pydantic import TypeAdapter, ValidationError
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -20,7 +20,7 @@ def test_there_are_examples() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_parses(path: Path) -> None:
     spec = SPEC.validate_python(yaml.safe_load(path.read_text()))
-    assert isinstance(spec, TrainJob | EvalJob)
+    assert isinstance(spec, TrainJob | EvalJob | PipelineJob)
     assert SPEC.validate_json(spec.model_dump_json()) == spec  # JSON round trip (RQ payloads are JSON)
 
 

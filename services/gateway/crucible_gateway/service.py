@@ -16,7 +16,7 @@ from pathlib import Path
 
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
-from crucible_shared.jobs import EvalJob, TrainJob
+from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
 from crucible_shared.lifecycle import FINAL, JobRecord, JobStatus, valid_job_id
 from crucible_shared.paths import PathOutsideRoots
 
@@ -39,7 +39,9 @@ class GatewayService:
         self.roots = settings.path_roots()
 
     # -- jobs -------------------------------------------------------------------------------------
-    async def submit(self, spec: TrainJob | EvalJob, idempotency_key: str | None) -> tuple[str, bool]:
+    async def submit(
+        self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None
+    ) -> tuple[str, bool]:
         try:
             self.roots.check(spec)
         except PathOutsideRoots as exc:

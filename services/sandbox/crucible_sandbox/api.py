@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import hmac
 from contextlib import asynccontextmanager
 
 from crucible_shared.http import (
     ERROR_RESPONSES,
     ApiError,
-    error_body,
+    BodyLimit,
+    check_bearer,
     error_response,
     install_error_handlers,
 )
 from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
@@ -24,70 +24,9 @@ from crucible_sandbox.service import SandboxService
 from crucible_sandbox.settings import Settings
 
 
-class BodyLimit:
-    """413 for a body over `max_bytes`: a declared one before it is read, any other while it is read.
-
-    A body without Content-Length (chunked) is read here, up to the limit, and handed on whole;
-    the first byte past the limit ends the request. A plain ASGI middleware: Starlette's
-    `BaseHTTPMiddleware` costs a task group per request.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = Headers(scope=scope).get("content-length")
-        if length is not None:  # the server holds the body to its declared length
-            if length.isdigit() and int(length) > self.max_bytes:
-                await self._refuse(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
-            return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                await self._refuse(scope, receive, send)
-                return
-            if not message.get("more_body"):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = error_body(413, f"request body is larger than {self.max_bytes} bytes", field="body")
-        await JSONResponse(body, status_code=413, headers={"Connection": "close"})(scope, receive, send)
-
-
 def _key(settings: Settings, header: str | None) -> str | None:
     """The caller's API key (None while auth is off); `ApiError` 401 without a valid one."""
-    if not settings.api_keys:
-        return None
-    scheme, _, token = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise ApiError(
-            401,
-            "missing API key: send `Authorization: Bearer <key>`",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    for key in settings.api_keys:
-        if hmac.compare_digest(key.encode(), token.encode()):
-            return key
-    raise ApiError(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    return check_bearer(settings.api_keys, header)
 
 
 class SingleRuns:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from crucible_shared.jobs import JobSpec
+from crucible_shared.jobs import OFFLINE_METHODS, JobSpec
 from crucible_shared.lifecycle import JobStatus
 from pydantic import TypeAdapter
 
@@ -38,8 +38,16 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def runner_for(kind: str) -> Runner:
-    """The coroutine that runs a job of `kind` (imported late: torch loads with the trainer)."""
+def runner_for(kind: str, method: str | None = None) -> Runner:
+    """The coroutine that runs a job of `kind` (imported late: torch loads with the trainer).
+
+    Train jobs of an offline method (SFT, DPO: TRL on a file) run `offline.job`, not the online
+    loop of `train.py`, which samples, executes and updates every step.
+    """
+    if kind == "train" and method in OFFLINE_METHODS:
+        from crucible_trainer.offline.job import run_offline_train_job
+
+        return run_offline_train_job
     if kind == "train":
         from crucible_trainer.train import run_train_job
 
@@ -48,6 +56,10 @@ def runner_for(kind: str) -> Runner:
         from crucible_trainer.evaljob import run_eval_job
 
         return run_eval_job
+    if kind == "pipeline":
+        from crucible_trainer.offline.pipeline import run_pipeline_job
+
+        return run_pipeline_job
     raise ValueError(f"no runner for jobs of kind {kind!r}")
 
 
@@ -59,7 +71,8 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
         return {"job_id": job_id, "status": "skipped"}
     try:
         with channel.heartbeat(settings.heartbeat_s):
-            summary = asyncio.run(runner_for(spec.kind)(spec, job_id, settings, channel))
+            runner = runner_for(spec.kind, getattr(getattr(spec, "method", None), "name", None))
+            summary = asyncio.run(runner(spec, job_id, settings, channel))
     except Cancelled:
         summary = {"job_id": job_id, "status": JobStatus.cancelled.value}
     except BaseException as exc:

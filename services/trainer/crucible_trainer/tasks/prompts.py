@@ -46,8 +46,12 @@ def problem_statement(task: Task) -> str:
             "the answer to standard output."
         )
     text = task.prompt.strip()
+    starter = str(task.metadata.get("starter_code") or "").rstrip()
     if task.shown_test:
         text += f"\nYour code should pass this test:\n\n```python\n{task.shown_test.strip()}\n```"
+    elif starter:
+        # TACO / APPS call-based problems: the signature (often `class Solution`) to complete.
+        text += f"\nComplete this code:\n\n```python\n{starter}\n```"
     elif task.entry_point:
         text += f"\nThe function must be called `{task.entry_point}`."
     return text

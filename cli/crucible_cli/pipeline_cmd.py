@@ -1,0 +1,43 @@
+"""`crucible pipeline --config SPEC`: the offline learning pipeline (submit and follow, or --local).
+
+A pipeline spec (`kind: pipeline`, see examples/pipeline_*.yaml and docs/pipeline.md) runs its
+stages on the trainer worker like any job; `--local` runs the same code in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from crucible_cli.app import app
+from crucible_cli.jobs_cmd import run_local, submit_and_follow
+from crucible_cli.options import API_KEY, GATEWAY
+from crucible_cli.specs import load_spec
+
+
+@app.command("pipeline")
+def pipeline(
+    config: Path = typer.Option(..., "--config", "-c", help="Pipeline spec (YAML or JSON, kind: pipeline)."),
+    local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
+    gateway: str = GATEWAY,
+    api_key: str = API_KEY,
+    detach: bool = typer.Option(False, "--detach", help="Submit and return without following the job."),
+    raw: bool = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts)."),
+    generator: list[str] = typer.Option(
+        None, "--generator", help="--local: generator URL (repeat for replicas)."
+    ),
+    sandbox: str = typer.Option(None, "--sandbox", help="--local: sandbox URL."),
+    job_id: str = typer.Option(
+        None,
+        "--job-id",
+        help="--local: run in this job's run dir (its finished stages are skipped, training resumes).",
+    ),
+    runs_dir: Path = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs)."),
+) -> None:
+    """Offline pipeline: baseline, candidates, execution, datasets, SFT/DPO, merge, evaluation, analysis."""
+    spec = load_spec(config, "pipeline")
+    if not local:
+        submit_and_follow(spec, gateway, api_key, detach, raw=raw)
+        return
+    run_local(spec, generator, sandbox, job_id, runs_dir, samples=False, raw=raw)
