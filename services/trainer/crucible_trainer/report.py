@@ -87,11 +87,15 @@ def samples_per_step(spec: dict) -> int:
     64
     >>> samples_per_step({"method": {"name": "srrl", "budget": 10}, "optim": {"problems_per_step": 8}})
     80
+    >>> samples_per_step({"method": {"name": "spiral", "games_per_step": 16}})  # a game job: its games
+    16
     """
-    from crucible_shared.jobs import TrainJob
+    from crucible_shared.jobs import SpiralConfig, TrainJob
 
     job = TrainJob.model_validate(spec)
     method = job.method
+    if isinstance(method, SpiralConfig):
+        return method.games_per_step
     per_problem = {"grpo": "group_size", "srrl": "budget", "reinforce": "samples", "ppo": "samples"}[
         method.name
     ]
