@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -101,6 +102,9 @@ class ModelPlayer:
             sampling,
             learner,
         )
+        # Two players on one model (the learner and the frozen base before the first update) must
+        # not draw the same samples for the same prompt: each gets seeds of its own.
+        self.salt = zlib.crc32(label.encode()) % 1_000_003
 
     async def act(self, turns: Sequence[Pending], round: int) -> list[Completion]:
         where: dict[str, list[int]] = defaultdict(list)
@@ -121,7 +125,7 @@ class ModelPlayer:
                     top_p=s.top_p,
                     max_tokens=s.max_tokens,
                     stop=s.stop,
-                    seed=s.seed + round * 104_729 + k * 7_919,
+                    seed=s.seed + round * 104_729 + k * 7_919 + self.salt,
                     logprobs=0,
                     return_token_ids=True,
                 )
