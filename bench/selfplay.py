@@ -15,8 +15,8 @@ learning curve plus `selfplay.png` (the runs side by side). A run still going at
 is cancelled (its figures so far are kept, marked partial), so the JSON is always written.
 
 Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared]
-           [--ttt-steps 41] [--code-steps 31] [--games 32] [--arena-every 5] [--eval-tasks 500]
-           [--deadline-s 470] [--json out.json] [--out-dir dir]
+           [--ttt-steps 36] [--code-steps 26] [--games 32] [--arena-every 5] [--eval-tasks 500]
+           [--deadline-s 420] [--json out.json] [--out-dir dir]
        python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
 """
 
@@ -272,8 +272,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: " + ", ".join(RUNS))
-    parser.add_argument("--ttt-steps", type=int, default=41)
-    parser.add_argument("--code-steps", type=int, default=31)
+    parser.add_argument("--ttt-steps", type=int, default=36)
+    parser.add_argument("--code-steps", type=int, default=26)
     parser.add_argument("--games", type=int, default=32, help="games per training step")
     parser.add_argument("--arena-every", type=int, default=5)
     parser.add_argument("--arena-games", type=int, default=32, help="games per fixed opponent")
@@ -285,7 +285,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=0, help="runs at once (0: all)")
-    parser.add_argument("--deadline-s", type=float, default=470, help="cancel runs still going after this")
+    parser.add_argument(
+        "--deadline-s", type=float, default=420, help="cancel runs still going this long after the start"
+    )
     parser.add_argument(
         "--tiny", action="store_true", help="a CPU smoke run: 2 steps of 2 games, short turns"
     )
@@ -362,7 +364,7 @@ def main() -> None:
             if queue and running < width:
                 launch(queue.pop(0))
                 continue
-            if time.time() > deadline + 90:  # a run that ignored its cancel: stop it
+            if time.time() > deadline + 45:  # a run that ignored its cancel: stop it
                 for p in procs.values():
                     if p.poll() is None:
                         p.terminate()
