@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 PACKAGES := shared/pyproject.toml models/pyproject.toml cli/pyproject.toml services/*/pyproject.toml
 
-.PHONY: setup dev demo sandbox-demo test test-all lint format bench clean
+.PHONY: setup dev demo sandbox-demo test test-all lint format bench clean compose-test base-images
 
 # The runtime: every service, the CLI, and the CPU build of torch (a laptop never pulls CUDA wheels).
 setup: $(STAMP)
@@ -50,6 +50,16 @@ format: dev
 bench: setup
 	$(BIN)/python bench/sandbox_throughput.py
 	$(BIN)/python bench/generator.py
+
+# The compose stack for real (docs/deploy.md, "Testing the deployment"): builds the images, runs the
+# demo job through the gateway, restarts and kills services. Needs Docker; not part of `make test`.
+# COMPOSE_TEST_ARGS: e.g. --local-base (base images from Debian packages), --gpu-images, --keep.
+compose-test: setup
+	$(BIN)/python deploy/compose_test.py $(COMPOSE_TEST_ARGS)
+
+# Base images from Debian packages, for hosts without a registry (deploy/base-images.sh).
+base-images:
+	bash deploy/base-images.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

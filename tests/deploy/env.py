@@ -44,7 +44,7 @@ class Reader:
     """What one kind of container reads and what a deployment must set for it."""
 
     name: str
-    settings: str | None = None  # "module:Class"
+    settings: tuple[str, ...] = ()  # "module:Class" of each pydantic-settings model it reads
     packages: tuple[str, ...] = ()  # source folders scanned for os.environ look-ups
     scripts: tuple[str, ...] = ()  # shell scripts scanned for ${VAR} look-ups
     third_party: dict[str, str] = field(default_factory=dict)
@@ -52,34 +52,36 @@ class Reader:
     # dirs, localhost URLs, no keys. Each entry is a set of names of which one must be set.
     deploy_required: tuple[frozenset[str], ...] = ()
 
-    def settings_class(self) -> type[BaseSettings] | None:
-        if not self.settings:
-            return None
-        module, _, cls = self.settings.partition(":")
-        return getattr(importlib.import_module(module), cls)
+    def settings_classes(self) -> list[type[BaseSettings]]:
+        classes = []
+        for ref in self.settings:
+            module, _, cls = ref.partition(":")
+            classes.append(getattr(importlib.import_module(module), cls))
+        return classes
 
     def setting_names(self) -> dict[str, frozenset[str]]:
-        """field -> the variable names that set it."""
-        cls = self.settings_class()
-        if cls is None:
-            return {}
-        prefix = cls.model_config.get("env_prefix", "")
+        """`Class.field` -> the variable names that set it."""
         names = {}
-        for name, info in cls.model_fields.items():
-            alias = info.validation_alias
-            if isinstance(alias, AliasChoices):
-                names[name] = frozenset(c.upper() for c in alias.choices if isinstance(c, str))
-            elif isinstance(alias, str):
-                names[name] = frozenset({alias.upper()})
-            else:
-                names[name] = frozenset({(prefix + name).upper()})
+        for cls in self.settings_classes():
+            prefix = cls.model_config.get("env_prefix", "")
+            for name, info in cls.model_fields.items():
+                alias = info.validation_alias
+                if isinstance(alias, AliasChoices):
+                    found = frozenset(c.upper() for c in alias.choices if isinstance(c, str))
+                elif isinstance(alias, str):
+                    found = frozenset({alias.upper()})
+                else:
+                    found = frozenset({(prefix + name).upper()})
+                names[f"{cls.__name__}.{name}"] = found
         return names
 
     def required(self) -> tuple[frozenset[str], ...]:
-        cls = self.settings_class()
         names = self.setting_names()
         no_default = tuple(
-            names[n] for n, info in (cls.model_fields.items() if cls else []) if info.is_required()
+            names[f"{cls.__name__}.{n}"]
+            for cls in self.settings_classes()
+            for n, info in cls.model_fields.items()
+            if info.is_required()
         )
         return no_default + self.deploy_required
 
@@ -104,13 +106,19 @@ _ENVIRON = re.compile(
 _SHELL = re.compile(r"\$\{([A-Z][A-Z0-9_]*)")
 
 SHARED = "shared/crucible_shared"
+# Where a job may read files (crucible_shared.paths): read by the gateway and the trainer alike.
+PATH_ROOTS = "crucible_shared.paths:PathRoots"
+ROOT_VARIABLES = ("CRUCIBLE_DATA_ROOTS", "CRUCIBLE_MODEL_ROOTS", "CRUCIBLE_ADAPTER_ROOTS")
+# Their defaults (the working directory) suit a checkout, not a container.
+ROOTS_REQUIRED = tuple(frozenset({name}) for name in ROOT_VARIABLES)
 
 READERS = {
     "gateway": Reader(
         "gateway",
-        settings="crucible_gateway.settings:Settings",
+        settings=("crucible_gateway.settings:Settings", PATH_ROOTS),
         packages=("services/gateway/crucible_gateway", SHARED),
         deploy_required=(
+            *ROOTS_REQUIRED,
             frozenset({"CRUCIBLE_GATEWAY_HOST"}),
             frozenset({"CRUCIBLE_GATEWAY_REDIS_URL", "REDIS_URL"}),
             frozenset({"CRUCIBLE_GATEWAY_API_KEYS"}),
@@ -120,13 +128,13 @@ READERS = {
     ),
     "sandbox": Reader(
         "sandbox",
-        settings="crucible_sandbox.settings:Settings",
+        settings=("crucible_sandbox.settings:Settings",),
         packages=("services/sandbox/crucible_sandbox", SHARED),
         deploy_required=(frozenset({"CRUCIBLE_SANDBOX_HOST"}), frozenset({"CRUCIBLE_SANDBOX_API_KEYS"})),
     ),
     "generator": Reader(
         "generator",
-        settings="crucible_generator.settings:Settings",
+        settings=("crucible_generator.settings:Settings",),
         packages=("services/generator/crucible_generator", SHARED),
         third_party=MODEL_RUNTIME,
         deploy_required=(frozenset({"CRUCIBLE_GENERATOR_HOST"}), frozenset({"CRUCIBLE_CACHE_DIR"})),
@@ -139,10 +147,11 @@ READERS = {
     ),
     "trainer": Reader(
         "trainer",
-        settings="crucible_trainer.settings:Settings",
+        settings=("crucible_trainer.settings:Settings", PATH_ROOTS),
         packages=("services/trainer/crucible_trainer", SHARED),
         third_party={**MODEL_RUNTIME, "WANDB_API_KEY": "wandb: logging in when a job turns W&B on"},
         deploy_required=(
+            *ROOTS_REQUIRED,
             frozenset({"CRUCIBLE_TRAINER_REDIS_URL", "REDIS_URL"}),
             frozenset({"CRUCIBLE_TRAINER_GENERATOR_URLS"}),
             frozenset({"CRUCIBLE_TRAINER_SANDBOX_URL"}),

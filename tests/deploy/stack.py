@@ -1,4 +1,5 @@
-"""The deployments under test, loaded once: compose stacks and rendered Kubernetes overlays."""
+"""The deployments under test, loaded once: compose stacks as Docker Compose resolves them and
+Kubernetes overlays as `kubectl kustomize` renders them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.deploy import compose, kustomize
+from tests.deploy import compose, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = {
@@ -25,12 +26,12 @@ SECRETS = {
 
 @functools.cache
 def compose_stack(variant: str) -> dict[str, Any]:
-    return compose.resolve(COMPOSE_FILES[variant], SECRETS)
+    return compose.config(COMPOSE_FILES[variant], SECRETS)
 
 
 @functools.cache
 def k8s_objects(variant: str) -> tuple[dict[str, Any], ...]:
-    return tuple(kustomize.build(OVERLAYS[variant]))
+    return tuple(kubectl.kustomize(OVERLAYS[variant]))
 
 
 def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:

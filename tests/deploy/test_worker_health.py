@@ -19,9 +19,11 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="ne
 
 
 def health_script() -> str:
+    """The script the trainer image installs as its health check (as its Dockerfile copies it)."""
     instructions = docker.parse((ROOT / "services/trainer/Dockerfile").read_text())
     (copy,) = [i for i in instructions if i.keyword == "COPY" and "crucible-worker-health" in i.args]
-    return copy.heredocs[0]
+    (source,) = docker.copy_sources(copy)
+    return (ROOT / source).read_text()
 
 
 @pytest.fixture

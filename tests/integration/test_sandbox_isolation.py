@@ -266,3 +266,27 @@ def test_reward_hacks_do_not_pass_check_form(sandbox) -> None:
     ]
     for out in _run_batch(sandbox, runs):
         assert out["status"] != "passed" and out["passed"] == 0, out
+
+
+@pytest.mark.skipif(not FULL, reason="scratch is a tmpfs of its own only with full isolation")
+def test_nothing_written_to_scratch_runs_as_a_program(sandbox) -> None:
+    """Scratch is mounted noexec: a program cannot write a script or binary there and run it."""
+    code = (
+        "import os, subprocess\n"
+        "for d in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+        "    p = os.path.join(d, 'x.sh')\n"
+        "    with open(p, 'w') as f:\n"
+        "        f.write('#!/bin/sh\\necho ran\\n')\n"
+        "    os.chmod(p, 0o755)\n"
+        "    try:\n"
+        "        out = subprocess.run([p], capture_output=True, text=True).stdout.strip()\n"
+        "    except PermissionError:\n"
+        "        out = 'refused'\n"
+        "    print(d, out)\n"
+    )
+    r = httpx.post(
+        f"{sandbox.url}/v1/runs", json={"code": code, "tests": {"kind": "run"}, "use_cache": False}
+    )
+    result = r.json()
+    assert result["status"] == "passed", result
+    assert result["stdout"].splitlines() == ["/tmp refused", "/var/tmp refused", "/dev/shm refused"], result

@@ -12,8 +12,8 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from tests.deploy import docker, kustomize
-from tests.deploy.env import IMAGES, READERS
+from tests.deploy import docker, kubectl
+from tests.deploy.env import IMAGES, READERS, ROOT_VARIABLES
 from tests.deploy.stack import ROOT, compose_stack, workloads
 
 VARIANTS = ["gpu", "cpu"]
@@ -61,7 +61,7 @@ def test_k8s_sets_what_services_read(variant: str) -> None:
     checked = set()
     for obj, spec in workloads(variant):
         for container in spec["containers"]:
-            image = kustomize.split_image(container["image"])[0]
+            image = kubectl.split_image(container["image"])[0]
             if image not in IMAGES:
                 assert "env" not in container, container["name"]
                 continue
@@ -79,8 +79,8 @@ def test_a_misspelt_variable_is_caught() -> None:
 
 
 def _compose_mounts(svc: dict) -> dict[str, str]:
-    """volume name -> mount path, from `name:/path[:ro]` entries."""
-    return {v.split(":")[0]: v.split(":")[1] for v in svc.get("volumes", [])}
+    """volume name (or host path) -> mount path."""
+    return {v["source"]: v["target"] for v in svc.get("volumes", [])}
 
 
 def _k8s_env_and_mounts(variant: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -94,7 +94,7 @@ def _k8s_env_and_mounts(variant: str, name: str) -> tuple[dict[str, str], dict[s
             if "persistentVolumeClaim" in v
         }
         mounts = {claims[m["name"]]: m["mountPath"] for m in container["volumeMounts"] if m["name"] in claims}
-        image = kustomize.split_image(container["image"])[0]
+        image = kubectl.split_image(container["image"])[0]
         env = {**image_env(image), **{e["name"]: e.get("value") for e in container.get("env", [])}}
         return env, mounts
     raise KeyError(name)
@@ -147,3 +147,33 @@ def test_directories_point_into_the_mounted_volumes(variant: str) -> None:
                         f"{where} {name}: {var} is not on the model volume"
                     )
             assert "HF_HOME" in env, f"{where} {name}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gateway_and_trainer_agree_on_where_jobs_may_read(variant: str) -> None:
+    """The gateway refuses a job naming a path outside the roots and the trainer checks again: both
+    hold the same roots, and each lies on a volume the trainer mounts or in data its image carries."""
+    services = compose_stack(variant)["services"]
+    compose_env = {
+        name: {
+            **image_env(services[name]["image"].partition(":")[0]),
+            **services[name].get("environment", {}),
+        }
+        for name in ("gateway", "trainer")
+    }
+    deployments = {
+        "compose": (compose_env["gateway"], compose_env["trainer"], _compose_mounts(services["trainer"])),
+        "k8s": (
+            *(_k8s_env_and_mounts(variant, n)[0] for n in ("gateway", "trainer")),
+            _k8s_env_and_mounts(variant, "trainer")[1],
+        ),
+    }
+    for where, (gateway, trainer, trainer_mounts) in deployments.items():
+        baked = [trainer["CRUCIBLE_DATA_DIR"]]
+        for var in ROOT_VARIABLES:
+            assert gateway[var] == trainer[var], f"{where}: {var} differs"
+            for root in trainer[var].split(","):
+                assert any(_under(root, m) for m in [*trainer_mounts.values(), *baked]), (
+                    f"{where}: {var} root {root} is neither mounted nor in the trainer image"
+                )
+        assert "/data/datasets" in trainer["CRUCIBLE_DATA_ROOTS"].split(",")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -69,6 +70,26 @@ def test_installs_shared_then_only_its_own_package(service: str) -> None:
     assert not [s for s in copies if s.startswith("services/") and s != f"services/{service}"]
 
 
+def test_sandbox_has_a_uid_of_its_own() -> None:
+    """RLIMIT_NPROC counts every process of a uid: runs sharing one with the generator's threads
+    could not fork (docs/deploy.md, "The sandbox")."""
+    uids = {s: final(p, "USER")[-1].args.split(":")[0] for s, (p, _, _) in SERVICES.items()}
+    assert uids["sandbox"] not in {u for s, u in uids.items() if s != "sandbox"}
+
+
+def test_base_image_helper_names_what_compose_and_the_compose_test_use() -> None:
+    """deploy/base-images.sh parses, and prints the variables compose reads and the test sets."""
+    script = ROOT / "deploy/base-images.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    built = dict(re.findall(r"\[([A-Z_]+)\]=(crucible-base/\S+)", script.read_text()))
+    assert set(built) == {"PYTHON_IMAGE", "REDIS_IMAGE", "SANDBOX_LB_IMAGE", "INIT_IMAGE"}
+    test = (ROOT / "deploy/compose_test.py").read_text()
+    for variable, image in built.items():
+        assert f'"{variable}": "{image}"' in test, variable
+        assert f"${{{variable}" in (ROOT / "compose.yaml").read_text() or variable == "PYTHON_IMAGE"
+    assert "ARG PYTHON_IMAGE=" in (ROOT / SERVICES["gateway"][0]).read_text()
+
+
 def _dependencies(pyproject: Path, extras: set[str]) -> set[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
     deps = list(project.get("dependencies", []))
@@ -103,8 +124,9 @@ def test_model_images_pin_torch_and_their_index() -> None:
     for text in (generator, trainer):
         assert re.search(r"ARG TORCH_VERSION=\d+\.\d+\.\d+", text)
         assert '--index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in text
-    for package in ("trl", "accelerate"):
-        assert f'"{package}>=' in trainer
+    # TRL (SFT / DPO) comes with the trainer package the image installs.
+    assert "/src/services/trainer" in trainer
+    assert {"trl", "datasets"} <= _dependencies(ROOT / "services/trainer/pyproject.toml", set())
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M)
     if pinned:
         assert f"ARG TORCH_VERSION={pinned[1]}" in trainer, "same torch as the development environment"
@@ -118,10 +140,37 @@ def test_trainer_image_carries_the_vendored_data() -> None:
 
 def test_worker_health_script_is_python_that_compiles() -> None:
     (copy,) = [
-        i for i in instructions(SERVICES["trainer"][0]) if "crucible-worker-health" in i.args and i.heredocs
+        i for i in instructions(SERVICES["trainer"][0]) if i.keyword == "COPY" and "worker-health" in i.args
     ]
-    compile(copy.heredocs[0], "crucible-worker-health", "exec")
+    (source,) = docker.copy_sources(copy)
+    compile((ROOT / source).read_text(), "crucible-worker-health", "exec")
     assert "--chmod=0755" in copy.args
+    assert docker.words(copy.args)[-1] == "/usr/local/bin/crucible-worker-health"
+
+
+@pytest.mark.parametrize("dockerfile", [p for p, _, _ in SERVICES.values()])
+def test_builds_without_a_registry_on_docker_20_10(dockerfile: str) -> None:
+    """No `# syntax=` line (BuildKit would pull its frontend from Docker Hub) and no here-documents
+    (the frontend built into Docker 20.10, Debian 12's docker.io, does not know them)."""
+    text = (ROOT / dockerfile).read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M)
+    assert not any(i.heredocs for i in instructions(dockerfile))
+
+
+@pytest.mark.parametrize("dockerfile", [p for p, _, _ in SERVICES.values()])
+def test_pip_gets_the_mirror_the_wheelhouse_and_the_proxy_ca(dockerfile: str) -> None:
+    """docs/deploy.md, "Building behind a proxy or offline": every pip call sees all three."""
+    build = [i for i in instructions(dockerfile) if i.stage == 0]
+    args = {i.args.split("=")[0] for i in build if i.keyword == "ARG"}
+    assert {"PIP_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_NO_INDEX"} <= args
+    assert docker.env(build)["PIP_FIND_LINKS"] == "/wheels"
+    pip_runs = [i.args for i in build if i.keyword == "RUN" and "pip install" in i.args]
+    assert pip_runs
+    for run in pip_runs:
+        assert "--mount=type=secret,id=pip-ca" in run
+        assert "--mount=type=bind,source=deploy/wheels,target=/wheels" in run
+        assert "PIP_CERT=/run/secrets/pip-ca" in run
+    assert (ROOT / "deploy/wheels/README.md").exists()
 
 
 def test_vllm_image_is_the_generator_on_gpus() -> None:
@@ -159,8 +208,8 @@ def test_copied_files_exist_in_the_build_context(dockerfile: Path) -> None:
             if (context / source).is_dir():
                 kept = [
                     p
-                    for p in (context / source).rglob("*.py")
-                    if not ignore.excluded(str(p.relative_to(context)))
+                    for p in (context / source).rglob("*")
+                    if p.is_file() and not ignore.excluded(str(p.relative_to(context)))
                 ]
                 assert kept, f"{dockerfile}: nothing of {source} reaches the context"
 

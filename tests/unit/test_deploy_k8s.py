@@ -3,15 +3,14 @@ workloads are hardened, probed, sized and wired as docs/deploy.md says."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import os
 
 import crucible_shared
 import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy import kustomize
+from tests.deploy import kubectl
 from tests.deploy.env import IMAGES
 from tests.deploy.stack import OVERLAYS, ROOT, find, k8s_objects, workloads
 
@@ -43,18 +42,14 @@ def test_overlay_renders(variant: str) -> None:
     )
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_python_renderer_agrees_with_kubectl_kustomize(variant: str) -> None:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(OVERLAYS[variant])],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    expected = {_key(o): o for o in yaml.safe_load_all(out) if o}
-    assert {_key(o): o for o in k8s_objects(variant)} == expected
+def test_kubectl_refuses_a_broken_overlay(tmp_path) -> None:
+    """Rendering is kubectl's own: a patch that matches nothing fails the render."""
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(OVERLAYS['cpu'], tmp_path)}]\npatches:\n  - target: {{kind: Deployment, name: nothing}}\n"
+        "    patch: '[{op: add, path: /spec/replicas, value: 2}]'\n"
+    )
+    with pytest.raises(kubectl.KustomizeError, match="nothing"):
+        kubectl.kustomize(tmp_path)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -120,7 +115,7 @@ def test_every_container_has_probes_and_resources(variant: str) -> None:
 def test_images_are_ours_and_versioned(variant: str) -> None:
     for _, spec in workloads(variant):
         for container in spec["containers"]:
-            name, tag, _ = kustomize.split_image(container["image"])
+            name, tag, _ = kubectl.split_image(container["image"])
             if name.startswith("crucible/"):
                 assert name in IMAGES, name
                 assert tag == crucible_shared.__version__, container["image"]
@@ -140,6 +135,16 @@ def test_services_select_workloads_and_named_ports(variant: str) -> None:
         assert target in pods, obj["metadata"]["name"]
         for port in obj["spec"]["ports"]:
             assert port["targetPort"] in pods[target]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sandbox_pods_run_as_the_sandbox_images_own_uid(variant: str) -> None:
+    """A run's RLIMIT_NPROC counts its uid on the whole node: not the generator's or trainer's."""
+    uids = {obj["metadata"]["name"]: spec["securityContext"]["runAsUser"] for obj, spec in workloads(variant)}
+    assert uids["sandbox"] == 10002 and uids["sandbox"] not in {u for n, u in uids.items() if n != "sandbox"}
+    container = find(variant, "Deployment", "sandbox")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert int(env["CRUCIBLE_SANDBOX_PROCESSES"]) >= 1024
 
 
 def test_sandbox_scales_and_has_no_egress() -> None:

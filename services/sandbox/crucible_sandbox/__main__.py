@@ -35,6 +35,11 @@ def main() -> None:
     import uvicorn
 
     from crucible_sandbox.api import create_app
+    from crucible_sandbox.isolation import undumpable
+
+    # Its environment holds the API keys: where runs share the server's uid (no uid switch), this
+    # keeps them from reading /proc/<server>/environ or its memory.
+    undumpable()
 
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port, log_level="warning", access_log=False

@@ -96,6 +96,11 @@ SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def undumpable() -> None:
+    """No process of this uid may read this process's memory or /proc files (environ)."""
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
@@ -218,6 +223,11 @@ class Isolation:
     # -- in the run's processes, once their spec is read --------------------------------------
     def confine_program(self, limits: dict[str, Any]) -> None:
         """The run's memory limit (for all its processes), then the slot's uid."""
+        if not self.caps.uid_switch:
+            # RLIMIT_NPROC counts every process of the uid on the host: without a uid of its own a
+            # run would be counted with the service's threads (and the container's other
+            # services') and could not even fork. The container's pids limit bounds it instead.
+            limits.pop("processes", None)
         if self.cgroup is not None and self.caps.memory != "sampled":
             self.cgroup.set_memory(int(limits["memory_mb"]))
         for fd in self.keep_fds():

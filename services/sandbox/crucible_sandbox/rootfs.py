@@ -27,6 +27,8 @@ import site
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+# Scratch is data: nothing written there runs as a program (a run's own script, say).
+SCRATCH_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin")
@@ -178,7 +180,7 @@ class RootBuilder:
         opts = scratch_options(self.tmpfs_mb)
         for d in SCRATCH:
             os.makedirs(new + d, exist_ok=True)
-            self._mount(b"tmpfs", new + d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+            self._mount(b"tmpfs", new + d, b"tmpfs", SCRATCH_FLAGS, opts)
 
     def _pivot(self, new: str) -> None:
         os.chdir(new)
@@ -212,7 +214,7 @@ def reset_scratch(libc: ctypes.CDLL, free_when_empty: dict[str, int], tmpfs_mb: 
             pass
         _check(libc.umount2(root.encode(), MNT_DETACH), f"unmount {root}", libc)
         _check(
-            libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, scratch_options(tmpfs_mb)),
+            libc.mount(b"tmpfs", root.encode(), b"tmpfs", SCRATCH_FLAGS, scratch_options(tmpfs_mb)),
             f"mount tmpfs {root}",
             libc,
         )

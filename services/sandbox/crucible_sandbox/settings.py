@@ -69,7 +69,9 @@ class Settings(BaseSettings):
     )
     file_bytes: int = Field(16 << 20, description="Largest file a run may write.")
     open_files: int = 64
-    processes: int = Field(32, description="Processes per run (enforced with the per-slot uid).")
+    processes: int = Field(
+        32, description="Processes per run (RLIMIT_NPROC, applied only where runs have a uid of their own)."
+    )
 
     # Isolation (see crucible_sandbox/isolation.py).
     isolate: bool = Field(True, description="Use namespaces, uid switch and cgroups where the host allows.")
