@@ -139,3 +139,17 @@ def test_shared_and_none_baselines() -> None:
     none = SpiralConfig(game={"name": "tictactoe"}, baseline="none")
     batch, metrics = step(none, {})
     assert all(s.advantage == s.reward for s in batch) and "role/x/baseline" not in metrics
+
+
+def test_per_turn_rewards_add_to_the_return_from_their_turn_on() -> None:
+    """A game may reward single turns (`Move.reward`): a turn's return is its role's terminal
+    return plus the role's per-turn rewards from that turn on; the baseline folds the whole game's."""
+    from crucible_trainer.games.base import Move
+
+    episode = x_wins(0)
+    episode.turns[0].move = Move(True, "[1]", reward=0.25)  # X's first move
+    episode.turns[2].move = Move(True, "[2]", reward=0.5)  # X's second move
+    returns = spiral.turn_returns(episode)
+    assert returns[0] == 1.75 and returns[2] == 1.5 and returns[4] == 1.0  # X: +1 terminal
+    assert returns[1] == returns[3] == -1.0  # O's turns: its terminal return alone
+    assert spiral.role_totals(episode) == {"x": 1.75, "o": -1.0}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def _episodes(
     return out
 
 
-def _renderer(ctx: StepContext):
+def _renderer(ctx: StepContext) -> Callable[[list[dict[str, str]]], str]:
     """Messages -> the prompt text: the chat template for chat models, the plain contents otherwise."""
     if ctx.prompts.chat:
         return ctx.prompts.render
