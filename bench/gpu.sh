@@ -9,6 +9,7 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
+#   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~8 min: $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
 #   bash bench/gpu.sh offline-rl      #   them while the machine is warm); JSON + Markdown to $OUT
@@ -121,9 +122,12 @@ PY
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)
     for part in data train rl; do python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}"; done ;;
+  selfplay)  # code-output game and tic-tac-toe, RAE and shared baseline, 4 runs sharing the GPU
+    shift
+    python3 bench/selfplay.py --json "${OUT:-/tmp}/selfplay.json" --out-dir "${OUT:-/tmp}/selfplay" "$@" ;;
   offline-data|offline-train|offline-rl|offline-table)  # extra arguments go to bench/offline_figures.py
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,34p "$0"; exit 2 ;;
+    sed -n 2,35p "$0"; exit 2 ;;
 esac

@@ -120,11 +120,68 @@ def _stage_line(data: dict[str, Any]) -> str:
 
 
 def bar_text(step: Any, metrics: dict[str, Any]) -> str:
+    """The progress bar's label: reward and pass rate; for a game job each role's win rate; for
+    SFT / DPO the training loss.
+
+    >>> bar_text(3, {"reward_mean": 0.25, "pass_rate": 0.5})
+    'step 3: reward 0.250 · pass 50.0%'
+    >>> bar_text(3, {"games": 8, "role/x/win_rate": 0.5, "role/o/win_rate": 0.25, "game/illegal_rate": 0.125})
+    'step 3: x wins 50.0% · o wins 25.0% · illegal 12.5%'
+    >>> bar_text(3, {"loss": 0.6931})
+    'step 3: loss 0.6931'
+    """
+    if "games" in metrics:
+        roles = [k.split("/")[1] for k in metrics if k.startswith("role/") and k.endswith("/win_rate")]
+        parts = [f"{role} wins {_pct(metrics[f'role/{role}/win_rate'])}" for role in roles]
+        parts.append(f"illegal {_pct(metrics.get('game/illegal_rate'))}")
+        return f"step {step}: " + " · ".join(parts)
     if "reward_mean" not in metrics and "loss" in metrics:  # SFT / DPO: the training loss
         return f"step {step}: loss {_num(metrics.get('loss'), 4)}"
     return (
         f"step {step}: reward {_num(metrics.get('reward_mean'), 3)} · pass {_pct(metrics.get('pass_rate'))}"
     )
+
+
+def game_lines(step: Any, metrics: dict[str, Any]) -> list[str]:
+    """A game job's step as lines a person reads: how each role did, the game's own figures, and
+    the arena's results against each fixed opponent.
+
+    >>> for line in game_lines(2, {"games": 4, "role/writer/return_mean": -0.5, "role/writer/win_rate": 0.25,
+    ...         "role/writer/illegal_rate": 0.0, "role/writer/baseline": -0.1, "game/writer_invalid_rate": 0.75,
+    ...         "game/predictor_accuracy": 0.0, "arena/base/games": 4, "arena/base/win_rate": 0.5,
+    ...         "arena/base/draw_rate": 0.0, "arena/base/loss_rate": 0.5}):
+    ...     print(line)
+    games      step 2: writer return -0.50, wins 25.0%, illegal 0.0%, baseline -0.10
+    games      step 2: predictor accuracy 0.0% · writer invalid 75.0%
+    arena      step 2 vs base: win 50.0% · draw 0.0% · loss 50.0% (4 games)
+    """
+    if "games" not in metrics:
+        return []
+    lines = []
+    roles = [k.split("/")[1] for k in metrics if k.startswith("role/") and k.endswith("/return_mean")]
+    for role in roles:
+        text = (
+            f"step {step}: {role} return {_num(metrics[f'role/{role}/return_mean'])}, "
+            f"wins {_pct(metrics.get(f'role/{role}/win_rate'))}, "
+            f"illegal {_pct(metrics.get(f'role/{role}/illegal_rate'))}"
+        )
+        if f"role/{role}/baseline" in metrics:
+            text += f", baseline {_num(metrics[f'role/{role}/baseline'])}"
+        lines.append(_line("games", text))
+    shown = {"game/predictor_accuracy": "predictor accuracy", "game/writer_invalid_rate": "writer invalid"}
+    shown |= {"game/draw_rate": "draws", "game/forfeit_rate": "lost to an illegal move"}
+    facts = [f"{label} {_pct(metrics[key])}" for key, label in shown.items() if key in metrics]
+    if facts:
+        lines.append(_line("games", f"step {step}: " + " · ".join(facts)))
+    opponents = [k.split("/")[1] for k in metrics if k.startswith("arena/") and k.endswith("/games")]
+    for name in opponents:
+        rates = " · ".join(
+            f"{r} {_pct(metrics.get(f'arena/{name}/{r}_rate'))}" for r in ("win", "draw", "loss")
+        )
+        lines.append(
+            _line("arena", f"step {step} vs {name}: {rates} ({metrics[f'arena/{name}/games']:.0f} games)")
+        )
+    return lines
 
 
 def follow(client: Any, job_id: str, console: Any, *, samples: bool = False, raw: bool = False) -> Any:
@@ -154,6 +211,10 @@ def follow(client: Any, job_id: str, console: Any, *, samples: bool = False, raw
                     total=total,
                     description=bar_text(data.get("step"), data.get("metrics", {})),
                 )
+                # A game job's steps with arena games (every arena.every steps) get a summary.
+                if any(k.startswith("arena/") for k in data.get("metrics", {})):
+                    for line in game_lines(data.get("step"), data.get("metrics", {})):
+                        bar.console.print(line, markup=False, highlight=False)
                 continue
             line = describe(event, data, samples=samples)
             if line is not None:
@@ -169,6 +230,7 @@ def print_outcome(console: Any, record: Any) -> None:
     for key, label in (
         ("adapter", "adapter"),
         ("before_after", "before/after"),
+        ("games_report", "games"),
         ("report", "report"),
         ("learning_curve", "curves"),
         ("merged", "merged"),

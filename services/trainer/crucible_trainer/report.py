@@ -1,9 +1,11 @@
-"""Learning-curve plot from a job's metrics.jsonl: one panel per training metric present, plus
-the evaluations (before, every N steps, after) as a time series."""
+"""Learning-curve plot from a job's metrics.jsonl: one panel per training metric present (a game
+job's per-role and per-opponent metrics one line per role or opponent), plus the evaluations
+(before, every N steps, after) as a time series."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 CURVES = [
@@ -12,8 +14,35 @@ CURVES = [
     ("zero_signal_fraction", "zero-signal groups"),
     ("c2_rescue_rate", "c2 rescue rate"),
     ("filter/extra_draw_fraction", "extra groups drawn"),
+    # Game jobs (SPIRAL): `*` is one path segment, one line per match (a role, an opponent).
+    ("role/*/return_mean", "return per role"),
+    ("role/*/win_rate", "win rate per role"),
+    ("role/*/illegal_rate", "illegal moves per role"),
+    ("role/*/baseline", "baseline per role (RAE)"),
+    ("rae/advantage_sq_*", "mean squared advantage"),
+    ("game/predictor_accuracy", "predictor accuracy"),
+    ("game/writer_invalid_rate", "writer invalid rate"),
+    ("arena/*/win_rate", "win rate vs fixed opponents"),
     ("eval/greedy_pass@1", "eval: greedy pass@1"),
 ]
+COLUMNS = 6
+
+
+def _series(rows: list[dict], pattern: str) -> dict[str, list[tuple[float, float]]]:
+    """(step, value) points of every metric `pattern` names, by what its `*` matched (or the key).
+
+    >>> _series([{"step": 1, "role/x/win_rate": 0.5, "role/o/win_rate": 0.25, "arena/b/x/win_rate": 1}],
+    ...         "role/*/win_rate")
+    {'x': [(1, 0.5)], 'o': [(1, 0.25)]}
+    """
+    match = re.compile("^" + re.escape(pattern).replace(r"\*", "([^/]+)") + "$")
+    out: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        for key, value in row.items():
+            found = match.match(key)
+            if found and isinstance(value, int | float):
+                out.setdefault(found.group(1) if found.groups() else key, []).append((row["step"], value))
+    return out
 
 
 def learning_curve(metrics_path: Path, out: Path) -> Path | None:
@@ -28,15 +57,22 @@ def learning_curve(metrics_path: Path, out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [(k, label) for k, label in CURVES if any(k in r for r in rows)]
-    fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 3.2), squeeze=False)
-    for ax, (key, label) in zip(axes[0], present, strict=True):
-        xs = [r["step"] for r in rows if key in r]
-        ys = [r[key] for r in rows if key in r]
-        ax.plot(xs, ys, marker="o", ms=3)
+    present = [(pattern, label, series) for pattern, label in CURVES if (series := _series(rows, pattern))]
+    if not present:
+        return None
+    cols = min(len(present), COLUMNS)
+    nrows = -(-len(present) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+    for ax, (pattern, label, series) in zip(axes.flat, present, strict=False):
+        for name, points in series.items():
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", ms=3, label=name)
+        if "*" in pattern:
+            ax.legend(fontsize=7)
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(present) :]:
+        ax.set_visible(False)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -51,11 +87,15 @@ def samples_per_step(spec: dict) -> int:
     64
     >>> samples_per_step({"method": {"name": "srrl", "budget": 10}, "optim": {"problems_per_step": 8}})
     80
+    >>> samples_per_step({"method": {"name": "spiral", "games_per_step": 16}})  # a game job: its games
+    16
     """
-    from crucible_shared.jobs import TrainJob
+    from crucible_shared.jobs import SpiralConfig, TrainJob
 
     job = TrainJob.model_validate(spec)
     method = job.method
+    if isinstance(method, SpiralConfig):
+        return method.games_per_step
     per_problem = {"grpo": "group_size", "srrl": "budget", "reinforce": "samples", "ppo": "samples"}[
         method.name
     ]

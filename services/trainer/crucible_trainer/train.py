@@ -6,9 +6,10 @@ publish the new version to every generator replica -> stale-policy check -> metr
 events -> checkpoint -> interval evaluation. The method is looked up in
 `crucible_trainer.methods.REGISTRY`; nothing here depends on which one it is.
 
-A checkpoint holds the adapter, the optimizer, every RNG and the problem sampler, so a job
-killed at step k and resumed trains on the same problems in the same order as one that never
-stopped; the "before" evaluation and the pre-filter's choice stay in the run dir for it.
+A checkpoint holds the adapter, the optimizer, every RNG, the problem sampler and the method's
+state (`StepContext.state`, e.g. SPIRAL's baselines), so a job killed at step k and resumed trains
+on the same problems in the same order as one that never stopped; the "before" evaluation and the
+pre-filter's choice stay in the run dir for it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class TrainRun:
         self.channel = channel
         self.method = method_module(spec.method)
         self.problems: list[Any] = []
+        self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
         self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
 
     # -- the job ------------------------------------------------------------------------------
@@ -132,13 +134,13 @@ class TrainRun:
         if start == 1:
             if spec.model.init_adapter:
                 await publisher.publish(policy, 0)
-            ctx = StepContext(spec, roller, prompts, sampler, publisher.model_name, 0)
+            ctx = self._context(roller, prompts, sampler, publisher, 0)
             await self._prepare(ctx, sampler)
         before = await self._before(pool, sandbox, publisher.model_name, start)
         version = start - 1
         for step in range(start, spec.optim.steps + 1):
             self.cancel.check()
-            ctx = StepContext(spec, roller, prompts, sampler, publisher.model_name, step)
+            ctx = self._context(roller, prompts, sampler, publisher, step)
             batch = sampler.draw(spec.optim.problems_per_step)
             metrics = await self._step(ctx, policy, publisher, pool, batch)
             version = step if step % spec.publish.every == 0 else version
@@ -146,7 +148,7 @@ class TrainRun:
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
-                extra = {"version": version, "sampler": sampler.state()}
+                extra = {"version": version, "sampler": sampler.state(), "method": self.method_state}
                 await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra)
             if stopping and step < spec.optim.steps:
                 raise Interrupted(step)
@@ -185,10 +187,25 @@ class TrainRun:
         extra = state["extra"]
         if "sampler" in extra:
             sampler.load(extra["sampler"])
+        self.method_state.update(extra.get("method", {}))
         await publisher.adopt(extra.get("version", state["step"]))
         self.events.forget_after(state["step"])
         self.events.emit("resumed", step=state["step"], checkpoint=str(found))
         return state["step"] + 1
+
+    def _context(
+        self, roller: Roller, prompts: PromptBook, sampler: ProblemSampler, publisher: Publisher, step: int
+    ) -> StepContext:
+        return StepContext(
+            self.spec,
+            roller,
+            prompts,
+            sampler,
+            publisher.model_name,
+            step,
+            base_name=publisher.base_name,
+            state=self.method_state,
+        )
 
     async def _prepare(self, ctx: StepContext, sampler: ProblemSampler) -> None:
         """The method's one-off choice of problems (a pre-filter), kept in the run dir so a
@@ -249,7 +266,7 @@ class TrainRun:
         return metrics
 
     def _log_rollouts(self, step: int, samples: list[Sample]) -> None:
-        rows = [rollout_row(step, s, self.problems[s.task_index].task_id) for s in samples]
+        rows = [rollout_row(step, s, s.problem_id or self.problems[s.task_index].task_id) for s in samples]
         for i, s in enumerate(samples):
             rows[i]["sample"] = i
             rows[i]["parent"] = s.parent

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from crucible_shared.jobs import GRPOConfig, PPOConfig, ReinforceConfig, SRRLConfig, TrainJob
+from crucible_shared.jobs import GRPOConfig, PPOConfig, ReinforceConfig, SpiralConfig, SRRLConfig, TrainJob
 
-from crucible_trainer.methods import grpo, ppo, reinforce, srrl
+from crucible_trainer.methods import grpo, ppo, reinforce, spiral, srrl
 from crucible_trainer.rl.context import StepContext
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
@@ -38,6 +38,7 @@ REGISTRY: dict[type, Any] = {
     SRRLConfig: srrl,
     ReinforceConfig: reinforce,
     PPOConfig: ppo,
+    SpiralConfig: spiral,
 }
 
 

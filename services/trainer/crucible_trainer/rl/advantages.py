@@ -63,3 +63,46 @@ def mean_baseline(rewards: list[float]) -> list[float]:
     """REINFORCE with a baseline: r - mean(r)."""
     mean = sum(rewards) / len(rewards)
     return [round(r - mean, 4) for r in rewards]
+
+
+def ema_baselines(
+    returns: list[tuple[str, float]], baselines: dict[str, float], decay: float
+) -> dict[str, float]:
+    """SPIRAL's role-conditioned baselines after folding in `returns`, (key, return) pairs in order:
+    b[key] <- decay * b[key] + (1 - decay) * return. A key seen for the first time starts at 0.
+
+    >>> ema_baselines([("ttt/x", 1.0), ("ttt/x", 1.0), ("ttt/o", -1.0)], {}, 0.5)
+    {'ttt/x': 0.75, 'ttt/o': -0.5}
+    """
+    out = dict(baselines)
+    for key, value in returns:
+        out[key] = round(decay * out.get(key, 0.0) + (1 - decay) * value, 10)
+    return out
+
+
+def baseline_advantages(returns: list[float], keys: list[str], baselines: dict[str, float]) -> list[float]:
+    """Role-conditioned advantages (RAE): each return minus the baseline of its key (its game and
+    role), as the baseline was before this batch, so it is independent of the return it corrects.
+
+    >>> baseline_advantages([1.0, -1.0, 1.0], ["w", "p", "w"], {"w": 0.5, "p": -0.5})
+    [0.5, -0.5, 0.5]
+    """
+    return [round(r - baselines.get(k, 0.0), 6) for r, k in zip(returns, keys, strict=True)]
+
+
+def scale_within(advantages: list[float], returns: list[float], groups: list[str]) -> list[float]:
+    """Advantages divided by the std of their group's returns in the batch (GRPO-style), where it
+    is positive; a group whose returns are all equal keeps its advantages as they are.
+
+    >>> scale_within([0.5, -1.5, 1.0, 1.0], [1.0, -1.0, 1.0, 1.0], ["w", "w", "p", "p"])
+    [0.5, -1.5, 1.0, 1.0]
+    >>> scale_within([2.0, -2.0], [3.0, -1.0], ["w", "w"])
+    [1.0, -1.0]
+    """
+    by_group: dict[str, list[float]] = {}
+    for r, g in zip(returns, groups, strict=True):
+        by_group.setdefault(g, []).append(r)
+    stds = {g: _mean_std(v)[1] for g, v in by_group.items()}
+    return [
+        round(a / (stds[g] + EPS), 4) if stds[g] > 0 else a for a, g in zip(advantages, groups, strict=True)
+    ]

@@ -1,5 +1,6 @@
-"""What a method needs to collect a step: the roller, the prompts, the problem sampler, the spec and
-the name of the policy version rollouts are sampled from."""
+"""What a method needs to collect a step: the roller, the prompts, the problem sampler, the spec, the
+name of the policy version rollouts are sampled from (and of the frozen base), and the method's
+state that lives across steps and checkpoints."""
 
 from __future__ import annotations
 
@@ -82,6 +83,10 @@ class StepContext:
     model_name: str  # the adapter version rollouts are sampled from
     step: int
     timing: Timing = field(default_factory=Timing)
+    base_name: str = ""  # the frozen base model, as the generator serves it (a fixed opponent, a reference)
+    # The method's own state across steps (e.g. SPIRAL's baselines): one dict for the whole job,
+    # saved in every checkpoint and restored on resume. Plain data only (it is pickled).
+    state: dict[str, Any] = field(default_factory=dict)
 
     async def sample(
         self,

@@ -38,7 +38,17 @@ def fraction(result: RunResult) -> float:
 def graded(result: RunResult) -> float:
     """Execution reward: +1 ran and printed output, +0.5 ran silently, -0.5 syntax error, -1 crashed or timed out.
 
-    "Ran" means the program and its tests executed to the end (whatever the answers were).
+    "Ran" means the program and its tests executed to the end (whatever the answers were). It
+    needs no tests: on a program run without them (the sandbox's `"kind": "run"`) `passed` means
+    it ran to its end, and the self-play code-output game takes only +1 as a valid program.
+
+    >>> run = lambda status, stdout="", **kw: RunResult(status=status, passed=0, total=0, stdout=stdout, **kw)
+    >>> graded(run("passed", "42\\n")), graded(run("passed")), graded(run("passed", " \\n"))
+    (1.0, 0.5, 0.5)
+    >>> graded(run("syntax_error", exception_type="IndentationError"))
+    -0.5
+    >>> [graded(run(s, "partial")) for s in ("error", "timeout", "memory_exceeded", "output_exceeded")]
+    [-1.0, -1.0, -1.0, -1.0]
     """
     if result.status == RunStatus.syntax_error:
         return -0.5

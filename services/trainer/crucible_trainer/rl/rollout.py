@@ -8,7 +8,7 @@ takes a fraction of a second, against tens of seconds of generation).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool, samples
@@ -36,6 +36,8 @@ class Sample:
     result: RunResult | None = None
     reward: float | None = None
     advantage: float = 0.0
+    problem_id: str | None = None  # its label in rollout logs when not its task's id (a game's turn)
+    info: dict[str, Any] = field(default_factory=dict)  # extra columns of its rollout-log row
 
 
 @dataclass
