@@ -24,8 +24,9 @@ class RunStatus(StrEnum):
     """Overall outcome of a run, worst first when several apply.
 
     For a run without tests (`"kind": "run"`), `passed` means the program ran to its end (or
-    called `exit()` / `sys.exit(0)`); `error` that it raised, exited with another status or was
-    killed; `syntax_error` that it did not compile (`exception_type` says `SyntaxError`,
+    called `exit()` / `sys.exit(0)` / `os._exit(0)`) and its process exited with status 0; `error`
+    that it raised, exited with another status or was killed (whatever it wrote to the harness's
+    channel before); `syntax_error` that it did not compile (`exception_type` says `SyntaxError`,
     `IndentationError` or `TabError`). Whether it printed is `stdout`.
     """
 

@@ -170,3 +170,44 @@ def test_run_form_garbage_on_the_report_channel(sandbox) -> None:
     runs = [_run(code, call={"function": "add", "args": [1, 2]}) for code in GARBAGE.values()]
     for name, result in zip(GARBAGE, _batch(sandbox, runs), strict=True):
         assert result["status"] != "sandbox_error", (name, result["message"])
+
+
+# A forged end of run: "done" frames written to every descriptor the harness might report on, then
+# the program fails in a way of its own. The header is the channel's (4-byte big-endian length).
+FORGE = (
+    "import json, os, struct, sys\n"
+    "print('output as if it had run')\n"
+    "sys.stdout.flush()\n"
+    "for value in ({'t': 'done'}, {'t': 'done', 'value': '42', 'value_type': 'int'}):\n"
+    "    body = json.dumps(value, separators=(',', ':')).encode()\n"
+    "    for fd in range(3, 64):\n"
+    "        try:\n"
+    "            os.write(fd, struct.pack('>I', len(body)) + body)\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+FORGED_ENDINGS = {
+    "raise": "1 / 0\n",
+    "sys_exit_3": "raise SystemExit(3)\n",
+    "sigkill_itself": "import signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    "abort": "os.abort()\n",
+    "os_exit_1": "os._exit(1)\n",
+}
+
+
+@pytest.mark.parametrize("ending", sorted(FORGED_ENDINGS))
+def test_a_forged_end_of_run_does_not_turn_a_crash_into_a_pass(sandbox, ending) -> None:
+    result = _batch(sandbox, [_run(FORGE + FORGED_ENDINGS[ending], value="last_expression")])[0]
+    assert result["status"] == "error", result
+    assert graded(result) == -1.0
+
+
+def test_exiting_with_status_zero_is_a_run_to_its_end(sandbox) -> None:
+    results = _batch(
+        sandbox,
+        [
+            _run("import os\nprint('bye')\nimport sys\nsys.stdout.flush()\nos._exit(0)\n"),
+            _run(FORGE + "os._exit(0)\n"),  # a forged end changes nothing here: it did exit 0
+        ],
+    )
+    assert [r["status"] for r in results] == ["passed", "passed"], results

@@ -70,6 +70,9 @@ class ProcessOutcome:
     def first(self, *kinds: str) -> dict[str, Any] | None:
         return next((f for f in self.frames[1:] if f.get("t") in kinds), None)
 
+    def last(self, *kinds: str) -> dict[str, Any] | None:
+        return next((f for f in reversed(self.frames[1:]) if f.get("t") in kinds), None)
+
 
 def worst(statuses: list[str]) -> str:
     """The overall status: the worst of the given ones, `passed` when empty.
@@ -569,18 +572,27 @@ def summarise_cases(
 def judge_run(proc: ProcessOutcome) -> dict[str, Any]:
     """Result of a program run without tests (`"kind": "run"`).
 
-    `passed`: it ran to its end (or called `exit()` / `sys.exit(0)`); `error`: it raised, exited
-    with another status or was killed; `timeout`, `memory_exceeded`, `output_exceeded` as ever.
+    `passed`: it ran to its end (or called `exit()` / `sys.exit(0)` / `os._exit(0)`) and its process
+    exited with status 0; `error`: it raised, exited with another status or was killed; `timeout`,
+    `memory_exceeded`, `output_exceeded` as ever.
+
+    The program can write to the report channel itself, so a frame it forged must not decide
+    the verdict: the *last* end frame counts (the harness writes its own after the program raised
+    or exited) and `passed` also needs the process's own exit status 0 (a program that forges
+    `done` and then kills itself or crashes the interpreter is an error).
     """
     out = _base(0, proc)
     out["value"] = out["value_type"] = None
     status = process_status(proc)
     if not proc.started:
         return _not_started(out, [], proc, "harness")
-    end = proc.first("done", "crash", "exit")
+    end = proc.last("done", "crash", "exit")
+    clean = proc.exit_code == 0 and proc.signal is None
     if status is not None:
         out.update(status=status, message=_ended_how(proc)[1])
-    elif end is None:
+    elif end is None and clean:
+        out.update(status="passed", message="the program exited with status 0")
+    elif end is None or (end.get("t") == "done" and not clean):
         out.update(status="error", message=_ended_how(proc)[1])
     elif end.get("t") == "done":
         out.update(

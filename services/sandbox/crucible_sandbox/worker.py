@@ -178,7 +178,10 @@ class Worker:
             ]
             if judge_fds:
                 streams += [_Stream(judge_fds[1], "judge"), _Stream(judge_fds[2], "judge_err")]
-            return self._collect(streams, wall_s, caps, started, judge is not None, tests + 8)
+            # A run without tests is judged from the program's own frames: answer only once its
+            # real exit status is known (it could write the final frame itself, then crash).
+            exit_known = program.get("kind") == "run"
+            return self._collect(streams, wall_s, caps, started, judge is not None, tests + 8, exit_known)
         finally:
             for fd in [*program_fds, *judge_fds]:
                 with contextlib.suppress(OSError):
@@ -211,6 +214,7 @@ class Worker:
         started: float,
         judged: bool,
         frames: int,
+        exit_known: bool = False,
     ) -> tuple[verdict.ProcessOutcome, verdict.ProcessOutcome | None]:
         output_cap, report_cap = caps
         by_fd = {s.fd: s for s in streams}
@@ -226,7 +230,7 @@ class Worker:
         give_up = time.monotonic() + wall_s + _ZYGOTE_GRACE_S
         try:
             while open_fds or done is None:
-                if not open_fds and not killed and lead.data.endswith(finished):
+                if not open_fds and not killed and not exit_known and lead.data.endswith(finished):
                     # The run is through and its processes have closed their ends: answer now,
                     # while they are torn down; the DONE is collected before the slot's next run.
                     self.awaiting_done = True
