@@ -49,6 +49,8 @@ mkdir -p /tmp/crucible-pkgs
 for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli services/*/crucible_*; do ln -sfn "$ROOT/$pkg" /tmp/crucible-pkgs/; done
 export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
+# Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 M=/root/m
 
 case "${1:-}" in
@@ -97,7 +99,7 @@ PY
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do
-      bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" --filter "$mode" --micro-batch 32
+      bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" --filter "$mode" --micro-batch 16
     done ;;
   bg)  # NAME CMD...: `bash bench/gpu.sh CMD...` in a session of its own, results under /root/results
     name=$2; shift 2

@@ -99,7 +99,7 @@ class Stack:
             "crucible_generator",
             {
                 "CRUCIBLE_GENERATOR_MODEL": MODEL,
-                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256",
+                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
             },
             "CRUCIBLE_GENERATOR_PORT",

@@ -323,7 +323,7 @@ def main() -> None:
         "crucible_generator",
         {
             "CRUCIBLE_GENERATOR_MODEL": args.model,
-            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256" if cuda else "32",
+            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128" if cuda else "32",
             "CRUCIBLE_GENERATOR_MAX_LORAS": str(4 * len(names) + 4),
             "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
             **({} if cuda else {"CRUCIBLE_GENERATOR_DEVICE": "cpu"}),
