@@ -44,6 +44,8 @@ def main() -> None:
             samples.append(seen)
         ev = run.get("eval") or {}
         label = run["method"].upper()
+        if run.get("filter", "none") != "none":
+            label += f", {run['filter']} filter"
         if ev.get("before") and ev.get("after"):
             label += f" (pass@1 {ev['before']['greedy_pass@1']:.1%} → {ev['after']['greedy_pass@1']:.1%})"
         for ax, (key, title) in zip(axes, PANELS, strict=True):

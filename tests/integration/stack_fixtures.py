@@ -140,8 +140,22 @@ class WorkerFactory:
                 proc.wait()
 
 
+def clean_slate(redis_url: str, generator: Service) -> None:
+    """What earlier tests left behind, gone: their jobs (queued ones would run before this test's),
+    and the adapters of their jobs (a killed job's versions stay loaded and count against
+    `max_loras`)."""
+    import httpx
+    from redis import Redis
+
+    Redis.from_url(redis_url).flushdb()
+    for card in httpx.get(f"{generator.url}/v1/models", timeout=30).json()["data"]:
+        if card.get("parent"):
+            httpx.post(f"{generator.url}/v1/unload_lora_adapter", json={"lora_name": card["id"]}, timeout=60)
+
+
 @pytest.fixture
 def workers(redis_url, stack_generator, sandbox, stack_dirs) -> Iterator[WorkerFactory]:
+    clean_slate(redis_url, stack_generator)
     factory = WorkerFactory(trainer_env(redis_url, stack_generator, sandbox, stack_dirs))
     yield factory
     factory.stop_all()

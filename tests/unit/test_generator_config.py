@@ -69,3 +69,43 @@ def test_vllm_image_is_based_on_vllm_openai_with_a_health_check():
     assert re.search(r"^FROM vllm/vllm-openai:v[\d.]+$", dockerfile, re.M)
     assert re.search(r"^ENV VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", dockerfile, re.M)
     assert re.search(r"HEALTHCHECK .*\n.*/health", dockerfile)
+
+
+def test_max_batch_size_is_auto_by_default_or_a_number(monkeypatch):
+    assert Settings().max_batch_size == "auto"
+    monkeypatch.setenv("CRUCIBLE_GENERATOR_MAX_BATCH_SIZE", "96")
+    assert Settings().max_batch_size == 96
+    for bad in ("big", "0", "-3"):
+        monkeypatch.setenv("CRUCIBLE_GENERATOR_MAX_BATCH_SIZE", bad)
+        with pytest.raises(ValueError, match="max_batch_size"):
+            Settings()
+
+
+def test_auto_batch_size_follows_free_memory_and_the_model_s_cache():
+    from types import SimpleNamespace
+
+    from crucible_generator.memory import BOUNDS, batch_from_memory, kv_bytes_per_token
+
+    smol = SimpleNamespace(
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576
+    )
+    wide = SimpleNamespace(num_hidden_layers=32, num_attention_heads=32, hidden_size=4096)  # no GQA
+    per_token = kv_bytes_per_token(smol, 2)
+    assert kv_bytes_per_token(wide, 2) == 2 * 32 * 32 * 128 * 2
+    sizes = [batch_from_memory(gib * 2**30, per_token, 8192) for gib in (0, 1, 4, 16, 80)]
+    assert sizes == sorted(sizes) and sizes[0] == BOUNDS[0] and sizes[-1] == BOUNDS[1]
+    assert all(s & (s - 1) == 0 for s in sizes)  # powers of two
+    # The caches chosen fit in the share of free memory the module promises.
+    assert batch_from_memory(4 * 2**30, per_token, 8192) * per_token * 2048 <= 0.4 * 4 * 2**30
+    # A wider cache per token leaves room for fewer sequences; a shorter context for more.
+    assert batch_from_memory(16 * 2**30, kv_bytes_per_token(wide, 2), 8192) < sizes[3]
+    assert batch_from_memory(1 * 2**30, per_token, 512) > sizes[1]
+
+
+def test_auto_batch_size_on_a_cpu_is_the_cpu_default():
+    import torch
+    from crucible_generator.memory import CPU_BATCH, auto_batch_size
+
+    model = torch.nn.Linear(2, 2)
+    model.device = torch.device("cpu")  # what a transformers model exposes
+    assert auto_batch_size(model, 2048) == CPU_BATCH

@@ -29,6 +29,7 @@ from redis.asyncio import Redis as AsyncRedis
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
+from rq.job import JobStatus as RQStatus
 from rq.serializers import JSONSerializer
 
 _TTL_S = 7 * 24 * 3600
@@ -172,7 +173,9 @@ class JobStore:
     def rq_status(self, job_id: str) -> str | None:
         try:
             job = Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer)
-            return str(job.get_status(refresh=True))
+            status = job.get_status(refresh=True)
+            # rq's JobStatus is a str-mixin Enum: str() of it is "JobStatus.FINISHED", not its value.
+            return None if status is None else RQStatus(status).value
         except NoSuchJobError:
             return None
 

@@ -34,6 +34,7 @@ from crucible_shared.openai_protocol import (
 
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, NotFound
+from .memory import auto_batch_size
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -366,10 +367,15 @@ def build_service(settings: Settings) -> GeneratorService:
 
     model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     log.info("loaded %s on %s (%s)", settings.model, model.device, model.dtype)
+    batch = settings.max_batch_size
+    if batch == "auto":
+        context = settings.max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
+        batch = auto_batch_size(model, context)
+    log.info("max_batch_size %d (%s)", batch, "from memory" if settings.max_batch_size == "auto" else "set")
     engine = Engine(
         model,
         tokenizer,
-        max_batch_size=settings.max_batch_size,
+        max_batch_size=batch,
         batch_wait_s=settings.batch_wait_ms / 1000,
         max_model_len=settings.max_model_len,
         max_loras=settings.max_loras,

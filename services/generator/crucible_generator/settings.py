@@ -5,7 +5,7 @@ Defaults serve the built-in SmolLM2-135M-Instruct on whatever device the host ha
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,7 +33,11 @@ class Settings(BaseSettings):
     )
     max_loras: int = Field(default=4, ge=1, le=256, description="Most LoRA adapters loaded at once.")
     max_lora_rank: int = Field(default=64, ge=1, le=1024, description="Largest LoRA rank accepted.")
-    max_batch_size: int = Field(default=64, ge=1, le=4096, description="Most sequences decoded together.")
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
+        default="auto",
+        description="Most sequences decoded together; `auto`: from the GPU memory left after loading "
+        "the model (see memory.py), 64 on a CPU.",
+    )
     batch_wait_ms: float = Field(
         default=5.0, ge=0, le=1000, description="How long a lone request waits for others to batch with."
     )
