@@ -227,6 +227,12 @@ class RunResult(BaseModel):
         default=None, description="Runs without tests: repr of the final expression or the call's result."
     )
     value_type: str | None = Field(default=None, description="The type of `value`'s object.")
+    same_answer: bool | None = Field(
+        default=None,
+        description="True: the program gave one answer to every test although the tests expect different "
+        "ones (it ignores its input; the tests it passes, it passes by a constant). None: not known "
+        "(fewer than two comparable answers, or a suite the sandbox does not compare itself).",
+    )
     duration_ms: float = 0.0
     cached: bool = False
 

@@ -277,7 +277,57 @@ def judge_calls(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
 
     done = proc.first("done") is not None
     verdicts = _unfinished(plan.tests, records, done, proc, judge)
-    return _finish(out, verdicts, proc, ["error"] if proc.malformed else [])
+    out = _finish(out, verdicts, proc, ["error"] if proc.malformed else [])
+    out["same_answer"] = same_answer(
+        [
+            (value, calls[i].expected)
+            for i, rec in sorted(records.items())
+            if calls[i].op == "==" and (value := _decoded(rec)) is not _NOTHING
+        ]
+    )
+    return out
+
+
+_NOTHING = object()
+
+
+def _decoded(rec: dict[str, Any]) -> Any:
+    """The value a test's record reports, or `_NOTHING` (it crashed, timed out, or is malformed)."""
+    if "value" not in rec:
+        return _NOTHING
+    try:
+        return decode(rec["value"])
+    except ValueError:
+        return _NOTHING
+
+
+def same_answer(pairs: list[tuple[Any, Any]]) -> bool | None:
+    """Whether the program gave one answer to every test although the tests expect different ones.
+
+    Such a program ignores its input: whatever tests it passes, it passes because the constant it
+    returns happens to be their answer (`return True` against asserts expecting True and False).
+    A reward that pays per test passed must not pay for that. None: fewer than two answers.
+
+    >>> same_answer([(True, True), (True, False), (True, True)])
+    True
+    >>> same_answer([(1, 1), (2, 2)]), same_answer([(5, 5), (5, 5)])  # answers vary; tests agree
+    (False, False)
+    >>> same_answer([(1, 1), (True, 2)])  # 1 and True are different answers
+    False
+    >>> same_answer([(3, 3)]) is None
+    True
+    """
+    if len(pairs) < 2:
+        return None
+
+    def same(a: Any, b: Any) -> bool:
+        try:
+            return type(a) is type(b) and bool(a == b)
+        except Exception:  # plain data compares; anything else counts as different
+            return False
+
+    (first, first_expected), rest = pairs[0], pairs[1:]
+    return all(same(first, v) for v, _ in rest) and not all(same(first_expected, e) for _, e in rest)
 
 
 def _judge_call(site: str, call: Call, index: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -535,7 +585,7 @@ def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcom
 
 
 def summarise_cases(
-    verdicts: list[dict[str, Any]], procs: list[ProcessOutcome], total: int
+    verdicts: list[dict[str, Any]], procs: list[ProcessOutcome], total: int, expected: list[str]
 ) -> dict[str, Any]:
     """Run-level result for the stdio form."""
     shown = next(
@@ -560,6 +610,13 @@ def summarise_cases(
     out["tests"] = verdicts
     out["passed"] = sum(v["status"] == "passed" for v in verdicts)
     out["status"] = worst(statuses)
+    out["same_answer"] = same_answer(
+        [
+            (normalise_output(p.stdout), normalise_output(want))
+            for v, p, want in zip(verdicts, procs, expected, strict=False)
+            if v["status"] in ("passed", "failed")
+        ]
+    )
     bad = next((v for v in verdicts if v["status"] != "passed"), None)
     if bad is not None:
         out["message"] = f"case {bad['index']}: {bad.get('message') or bad['status']}"

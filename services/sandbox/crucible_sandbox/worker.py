@@ -364,7 +364,7 @@ class Worker:
             )
             verdicts.append(verdict.judge_case(i, case["input"], case["output"], proc))
             procs.append(proc)
-        return verdict.summarise_cases(verdicts, procs, len(cases))
+        return verdict.summarise_cases(verdicts, procs, len(cases), [c["output"] for c in cases])
 
     def _run_only(self, request: dict[str, Any], caps: tuple[int, int]) -> dict[str, Any]:
         """A program without tests (`"kind": "run"`): run it, report what it did."""

@@ -36,6 +36,7 @@ def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
         "status": result.status.value if result is not None else None,
         "tests_passed": result.passed if result is not None else None,
         "tests_total": result.total if result is not None else None,
+        "same_answer": result.same_answer if result is not None else None,
         "message": result.message if result is not None else "",
         "tokens": len(sample.completion_ids),
         "finish_reason": sample.finish_reason,

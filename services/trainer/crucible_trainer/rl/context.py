@@ -139,4 +139,8 @@ def reward_metrics(batch: list[Sample]) -> dict[str, float]:
         out["pass_rate"] = sum(1 for s in scored if s.result and s.result.status == "passed") / len(scored)
         out["completion_tokens_mean"] = sum(len(s.completion_ids) for s in scored) / len(scored)
         out["truncated_fraction"] = sum(1 for s in scored if s.finish_reason == "length") / len(scored)
+        # Programs that gave one answer to every test (hard-coded): a rise means reward hacking.
+        out["same_answer_fraction"] = sum(1 for s in scored if s.result and s.result.same_answer) / len(
+            scored
+        )
     return out

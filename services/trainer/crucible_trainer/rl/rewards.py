@@ -31,7 +31,18 @@ def all_pass(result: RunResult) -> float:
 
 
 def fraction(result: RunResult) -> float:
-    """Fraction of the tests that passed."""
+    """Fraction of the tests that passed; nothing for a program that gives one answer to every test.
+
+    A constant (`return True`) passes the asserts whose answer it happens to be; paying for those
+    taught a policy to hard-code answers on a GPU run (docs/benchmarks.md). The sandbox says when a
+    program answered every test alike although the tests expect different answers (`same_answer`).
+
+    >>> constant = RunResult(status="failed", passed=2, total=3, same_answer=True)
+    >>> fraction(constant), fraction(constant.model_copy(update={"same_answer": False}))
+    (0.0, 0.6666666666666666)
+    """
+    if result.same_answer and result.status != RunStatus.passed:
+        return 0.0
     return result.passed / result.total if result.total else 0.0
 
 
