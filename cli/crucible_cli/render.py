@@ -39,6 +39,8 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
     >>> describe("eval_finished", {"label": "before", "greedy_pass@1": 0.0, "problems": 4,
     ...          "dataset": "mbpp", "mean_generated_tokens": 118.4})
     'before     pass@1 0.0% on 4 MBPP tasks, 118 tokens avg'
+    >>> describe("eval_finished", {"label": "after", "greedy_pass@1": None, "pass@1": 0.625, "problems": 2})
+    'after      pass@1 62.5% (sampled) on 2 tasks'
     """
     if event == "status":
         status = data.get("status", "?")
@@ -57,7 +59,8 @@ def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str 
             data.get("label", "eval"), f"evaluating {data.get('model')} on {data.get('tasks')} tasks{where}"
         )
     if event == "eval_finished":
-        parts = [f"pass@1 {_pct(data.get('greedy_pass@1'))}"]
+        greedy = data.get("greedy_pass@1")
+        parts = [] if greedy is None else [f"pass@1 {_pct(greedy)}"]  # an evaluation of samples only
         parts += [
             f"{k} {_pct(v)} (sampled)" for k, v in data.items() if k.startswith("pass@") and v is not None
         ]
