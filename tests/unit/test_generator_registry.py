@@ -1,4 +1,5 @@
-"""Adapter bookkeeping: vLLM's errors, the `max_loras` bound and deferred unloading."""
+"""Adapter bookkeeping: vLLM's errors, the `max_loras` bound (evicting the least recently used idle
+adapter) and deferred unloading."""
 
 from __future__ import annotations
 
@@ -78,3 +79,45 @@ def test_each_load_gets_its_own_peft_slot(tmp_path):
     registry = AdapterRegistry(max_loras=3, max_lora_rank=16)
     slots = [registry.reserve(name, fake_adapter(tmp_path / name)).slot for name in ("a.1", "a.2")]
     assert len(set(slots)) == 2 and all("." not in slot for slot in slots)
+
+
+def _ready(registry: AdapterRegistry, tmp_path: Path, name: str) -> None:
+    registry.reserve(name, fake_adapter(tmp_path / name))
+    registry.mark_ready(name)
+
+
+def test_at_max_loras_the_least_recently_used_idle_adapter_makes_room(tmp_path):
+    registry = AdapterRegistry(max_loras=3, max_lora_rank=16)
+    for name in ("dead-job-v1", "live-v1"):
+        _ready(registry, tmp_path, name)
+    assert registry.evict_for_room() is None  # room left: nothing goes
+    _ready(registry, tmp_path, "live-v2")
+    registry.acquire("dead-job-v1", 1)  # used after the others were loaded...
+    registry.release("dead-job-v1")
+    registry.acquire("live-v2", 1)  # ...and live-v2 still decodes
+    # live-v1 is idle and the least recently used: it goes, not the adapter in use.
+    assert registry.evict_for_room() == "live-v1"
+    with pytest.raises(NotFound):
+        registry.acquire("live-v1", 1)  # no new request gets an evicted adapter
+    registry.forget("live-v1")  # (the engine deletes its weights)
+    registry.reserve("live-v3", fake_adapter(tmp_path / "live-v3"))  # and the load fits
+
+
+def test_at_max_loras_with_every_adapter_in_use_the_load_is_refused(tmp_path):
+    registry = AdapterRegistry(max_loras=2, max_lora_rank=16)
+    for name in ("a-v1", "b-v1"):
+        _ready(registry, tmp_path, name)
+        registry.acquire(name, 1)
+    assert registry.evict_for_room() is None
+    with pytest.raises(InvalidUserInput, match="max_loras=2 adapters are already loaded and in use"):
+        registry.reserve("c-v1", fake_adapter(tmp_path / "c-v1"))
+
+
+def test_a_load_that_would_fail_is_refused_before_anything_is_evicted(tmp_path):
+    registry = AdapterRegistry(max_loras=1, max_lora_rank=16)
+    _ready(registry, tmp_path, "a-v1")
+    with pytest.raises(BadRequest):
+        registry.validate("big-v1", fake_adapter(tmp_path / "big", rank=64))
+    with pytest.raises(InvalidUserInput, match="already been loaded"):
+        registry.validate("a-v1", str(tmp_path / "a-v1"))
+    assert [a.name for a in registry.served()] == ["a-v1"]

@@ -1,7 +1,9 @@
 """Bookkeeping of LoRA adapters: which names are served, by how many sequences, and the limits.
 
 An adapter goes `loading` -> `ready` -> `unloading` -> forgotten. Only `ready` adapters accept new
-requests. Unloading waits for the sequences still decoding with the adapter (its `refs`): whoever
+requests. At `max_loras`, loading one more evicts the least recently used adapter that no request
+is using (a job that died never unloads its versions; they must not lock every later job out);
+when every adapter is in use the load is refused. Unloading waits for the sequences still decoding with the adapter (its `refs`): whoever
 drops the count to zero while the adapter is `unloading` deletes its weights. The registry holds no
 weights and never touches torch; the engine does the loading and deleting. Thread-safe: the event
 loop acquires and the engine thread releases.
@@ -39,6 +41,7 @@ class Adapter:
     state: AdapterState = AdapterState.loading
     refs: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
+    last_used: float = field(default_factory=time.monotonic)  # loaded or last given a request
 
 
 def read_adapter_rank(name: str, path: str) -> int:
@@ -71,8 +74,8 @@ class AdapterRegistry:
         self._slots = itertools.count()
         self._lock = threading.Lock()
 
-    def reserve(self, name: str, path: str) -> Adapter:
-        """Claim `name` for a load of `path`, or raise the error vLLM gives for this request."""
+    def validate(self, name: str, path: str) -> int:
+        """The rank of the adapter at `path`, or the error vLLM gives for loading it as `name`."""
         if not name or not path:
             raise InvalidUserInput("Both 'lora_name' and 'lora_path' must be provided.")
         rank = read_adapter_rank(name, path)
@@ -81,29 +84,52 @@ class AdapterRegistry:
                 f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.", param="lora_path"
             )
         with self._lock:
-            existing = self._adapters.get(name)
-            if existing is not None and existing.state is AdapterState.unloading:
-                raise InvalidUserInput(
-                    f"The lora adapter '{name}' is still being unloaded; use a new name for new weights."
-                )
-            if existing is not None:
-                raise InvalidUserInput(
-                    f"The lora adapter '{name}' has already been loaded. Adapter names are versioned: "
-                    "load new weights under a new name."
-                )
+            self._check_new_name(name)
+        return rank
+
+    def _check_new_name(self, name: str) -> None:
+        existing = self._adapters.get(name)
+        if existing is not None and existing.state is AdapterState.unloading:
+            raise InvalidUserInput(
+                f"The lora adapter '{name}' is still being unloaded; use a new name for new weights."
+            )
+        if existing is not None:
+            raise InvalidUserInput(
+                f"The lora adapter '{name}' has already been loaded. Adapter names are versioned: "
+                "load new weights under a new name."
+            )
+
+    def reserve(self, name: str, path: str) -> Adapter:
+        """Claim `name` for a load of `path`, or raise the error vLLM gives for this request."""
+        rank = self.validate(name, path)
+        with self._lock:
+            self._check_new_name(name)  # again: another load may have claimed it meanwhile
             active = [a for a in self._adapters.values() if a.state is not AdapterState.unloading]
             if len(active) >= self.max_loras:
                 raise InvalidUserInput(
                     f"Cannot load lora adapter '{name}': max_loras={self.max_loras} adapters are already "
-                    f"loaded ({', '.join(sorted(a.name for a in active))}). Unload one first."
+                    f"loaded and in use ({', '.join(sorted(a.name for a in active))}). Unload one first."
                 )
             adapter = Adapter(name=name, path=path, rank=rank, slot=f"lora{next(self._slots)}")
             self._adapters[name] = adapter
             return adapter
 
+    def evict_for_room(self) -> str | None:
+        """At `max_loras`: start unloading the least recently used idle adapter and return its name
+        (the caller deletes its weights); None when there is room or every adapter is in use."""
+        with self._lock:
+            active = [a for a in self._adapters.values() if a.state is not AdapterState.unloading]
+            idle = [a for a in active if a.state is AdapterState.ready and a.refs == 0]
+            if len(active) < self.max_loras or not idle:
+                return None
+            victim = min(idle, key=lambda a: a.last_used)
+            victim.state = AdapterState.unloading
+            return victim.name
+
     def mark_ready(self, name: str) -> None:
         with self._lock:
             self._adapters[name].state = AdapterState.ready
+            self._adapters[name].last_used = time.monotonic()
 
     def forget(self, name: str) -> None:
         """Drop `name` entirely (after a failed load or once its weights are deleted)."""
@@ -117,6 +143,7 @@ class AdapterRegistry:
             if adapter is None or adapter.state is not AdapterState.ready:
                 raise NotFound(f"The model `{name}` does not exist.", param="model")
             adapter.refs += count
+            adapter.last_used = time.monotonic()
             return adapter
 
     def rebind(self, name: str, slot: str) -> None:

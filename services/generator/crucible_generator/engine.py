@@ -231,7 +231,15 @@ class Engine:
             raise
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would."""
+        """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would.
+
+        At `max_loras` the least recently used idle adapter goes first (see `adapters.py`)."""
+        self.adapters.validate(name, path)  # a load that will fail must not evict anything
+        victim = self.adapters.evict_for_room()
+        if victim is not None:
+            await asyncio.shield(self._call_in_engine(lambda: self._detach(victim)))
+            log.warning("max_loras reached: evicted %s, the least recently used idle adapter", victim)
+            self.metrics.adapter_evictions.inc()
         slot = self.adapters.reserve(name, path).slot
         started = time.perf_counter()
 

@@ -43,6 +43,11 @@ class Metrics:
         self.adapters = Gauge(
             "crucible_generator_lora_adapters", "LoRA adapters by state.", ["state"], registry=r
         )
+        self.adapter_evictions = Counter(
+            "crucible_generator_lora_evictions_total",
+            "Idle LoRA adapters unloaded to make room for another at max_loras.",
+            registry=r,
+        )
         self.adapter_load_seconds = Histogram(
             "crucible_generator_lora_load_seconds",
             "Time to load a LoRA adapter.",
