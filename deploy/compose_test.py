@@ -468,7 +468,10 @@ def job(compose: Compose, summary: dict, env: dict[str, str], out_dir: Path) -> 
         "status": record.status.value,
         "duration_s": duration,
         "adapters_hot_swapped": published,
-        "greedy_pass@1": {label: evals[label]["greedy_pass@1"] for label in ("before", "after")},
+        "pass@1": {
+            label: {k: evals[label].get(k) for k in ("greedy_pass@1", "pass@1")}
+            for label in ("before", "after")
+        },
         "reports": sorted(report),
     }
     log(f"job {created.id} finished in {duration} s; adapters {published} seen in the generator")
@@ -476,7 +479,7 @@ def job(compose: Compose, summary: dict, env: dict[str, str], out_dir: Path) -> 
 
 
 def _brief(data: dict) -> str:
-    keep = ("status", "step", "name", "label", "greedy_pass@1", "attempt", "reason", "error")
+    keep = ("status", "step", "name", "label", "greedy_pass@1", "pass@1", "attempt", "reason", "error")
     return json.dumps({k: data[k] for k in keep if k in data})
 
 
