@@ -345,7 +345,8 @@ def sandbox(compose: Compose, summary: dict, env: dict[str, str]) -> None:
 # The privileges docs/deploy.md gives for the stronger isolation modes.
 MODES = {
     "uid": ["SETUID", "SETGID", "KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE"],
-    "full": ["SYS_ADMIN", "SETUID", "SETGID", "KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE"],
+    # SYS_CHROOT: Docker's seccomp refuses pivot_root, so the zygote enters its root with chroot.
+    "full": ["SYS_ADMIN", "SYS_CHROOT", "SETUID", "SETGID", "KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE"],
 }
 
 
