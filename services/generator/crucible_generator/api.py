@@ -37,9 +37,7 @@ from .settings import Settings
 
 T = TypeVar("T")
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 500, 501)
-}
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in (400, 404, 500)}
 
 
 def _clean_loc(loc: tuple | list) -> str | None:

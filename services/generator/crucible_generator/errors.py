@@ -45,13 +45,6 @@ class NotFound(GeneratorError):
     type = "NotFoundError"
 
 
-class NotImplementedFeature(GeneratorError):
-    """A vLLM feature this server does not offer (e.g. streaming)."""
-
-    status = HTTPStatus.NOT_IMPLEMENTED
-    type = "NotImplementedError"
-
-
 class ServerError(GeneratorError):
     """Something failed inside the server."""
 
