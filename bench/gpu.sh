@@ -17,6 +17,7 @@
 #   bash bench/gpu.sh filters STEPS TASKS  # GRPO with no filter, the pre-filter and dynamic sampling,
 #                                     #   the three at once in the background (they share the GPU)
 #   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
+#   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
 #   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
 #
 # Here (not on the GPU machine), from the repository root, before the first call:
@@ -120,6 +121,8 @@ PY
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     tar -czf "${OUT:-/tmp}/results.tar.gz" -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
+  seq)  # SUBCOMMAND...: several no-argument subcommands one after the other (for `bg`)
+    shift; for sub in "$@"; do bash bench/gpu.sh "$sub" || echo "$sub failed"; done ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)
