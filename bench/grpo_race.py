@@ -8,7 +8,12 @@ step with the time split (generate / execute / train / publish) and the median o
 With `--eval-tasks N` it also evaluates greedy pass@1 on the first N MBPP test tasks before and
 after training (the learning run; `--method srrl` for SRRL at the same sample budget).
 
-Usage: python bench/grpo_race.py [--steps 8] [--method grpo|srrl] [--eval-tasks 0] [--json out.json]
+With `--generator-url URL` the job uses that generator instead (e.g. vLLM serving the same weights
+under the served name `smollm2-135m-instruct`): adapters are published to it through
+`/v1/load_lora_adapter` and the stale-policy check compares against its logprobs.
+
+Usage: python bench/grpo_race.py [--steps 8] [--method grpo|srrl] [--eval-tasks 0] [--generator-url URL]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -97,6 +102,9 @@ def main() -> None:
         default=64,
         help="sequences per forward/backward (same gradient, less memory)",
     )
+    parser.add_argument(
+        "--generator-url", default=None, help="an external generator (default: spawn Crucible's)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -108,20 +116,24 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = start(
-        "crucible_generator",
-        {
-            "CRUCIBLE_GENERATOR_MODEL": args.model,
-            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
-            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-        },
-        "CRUCIBLE_GENERATOR_PORT",
-        log=work / "generator.log",
-        timeout=600,
+    generator = (
+        None
+        if args.generator_url
+        else start(
+            "crucible_generator",
+            {
+                "CRUCIBLE_GENERATOR_MODEL": args.model,
+                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
+                "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+            },
+            "CRUCIBLE_GENERATOR_PORT",
+            log=work / "generator.log",
+            timeout=600,
+        )
     )
     try:
         settings = Settings(
-            generator_urls=[generator.url],
+            generator_urls=[args.generator_url or generator.url],
             sandbox_url=sandbox.url,
             adapter_dir=work / "adapters",
             runs_dir=work / "jobs",
@@ -145,7 +157,8 @@ def main() -> None:
         summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
         total = time.perf_counter() - t
     finally:
-        generator.stop()
+        if generator is not None:
+            generator.stop()
         sandbox.stop()
     rows = [
         row
@@ -194,6 +207,7 @@ def main() -> None:
                     "difficulty_filter": summary.get("difficulty_filter"),
                     "filter": "pre" if args.difficulty_filter else args.filter,
                     "reward": args.reward,
+                    "generator": args.generator_url or "crucible",
                 },
                 indent=1,
             )

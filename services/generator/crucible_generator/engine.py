@@ -1,20 +1,28 @@
-"""The generation engine: dynamic batching over one transformers model with many LoRA adapters.
+"""The generation engine: continuous batching over one transformers model with many LoRA adapters.
 
 One engine thread owns the model. Requests from the event loop become *sequences* (one per prompt
-and sample, so `n` expands inside the batch) in a FIFO queue. The thread takes up to
-`max_batch_size` of them, waiting at most `batch_wait_s` after the oldest arrived for others to join,
-then runs its own decode loop: a left-padded prefill, then one token per step with a KV cache,
-dropping finished rows from the batch as it goes. Rows of different adapters share a batch through
-PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
+and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves them two ways:
+
+* **Continuous batching** (the fast path, on by default with CUDA; `continuous.py`): sequences of
+  one adapter (or none) decode in rows of a preallocated KV cache with that adapter merged into a
+  copy of the weights. Between two decode steps finished rows leave and waiting sequences of the
+  same adapter join, each prefilled into a free row; steps replay CUDA graphs captured once per
+  window. The queue stays FIFO: a waiting sequence of another adapter stops further joins, the
+  batch drains, and the next batch merges that adapter.
+* **Eager batches** (mixed adapters, adapters that cannot be merged, models the fast path does not
+  support, requests longer than its rows, or `fast_decode=off`): up to `max_batch_size` sequences,
+  a left-padded prefill, then one token per step with a dynamic KV cache, dropping finished rows as
+  it goes. Rows of different adapters share such a batch through PEFT's `adapter_names`
+  (mixed-adapter LoRA), with `"__base__"` for the base model.
+
+A lone request waits at most `batch_wait_s` after it arrived for others to share its first batch.
+While a continuous batch runs, joiners are admitted together (one prefill serves them all) once
+enough have gathered (`len(waiting) >= running // JOIN_FRACTION`) or the oldest waited `join_wait_s`.
 
 Adapter loads and unloads run on the same thread *between two decode steps*, so they never race
 with a forward pass and never wait for a long batch to end. Loading adds new modules under a new name
 and leaves the others untouched, so requests in flight on an older version keep decoding with it.
 An unloaded adapter is deleted (its memory freed) when its last sequence finishes.
-
-A batch whose rows all use one adapter (or none) takes the fast path when it is on
-(`fastpath.py`: merged weights, a static KV cache, CUDA graphs); mixed batches, adapters that
-cannot be merged and models it does not support take the eager PEFT path below.
 
 The event loop never blocks: results come back through `loop.call_soon_threadsafe`.
 """
@@ -36,8 +44,9 @@ import torch
 from transformers import DynamicCache
 
 from .adapters import AdapterRegistry
+from .continuous import ContinuousDecoder
 from .errors import BadRequest, GeneratorError, ServerError
-from .fastpath import FastDecoder, FastSession, supports
+from .fastpath import supports
 from .metrics import Metrics
 from .sampling import RowParams, make_generator, sample
 from .slots import SpareSlot, config_signature
@@ -45,6 +54,9 @@ from .slots import SpareSlot, config_signature
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+# A running batch admits joiners once this share of its rows (1/JOIN_FRACTION) waits: an admission is
+# one eager prefill (thousands of small kernels), too dear to pay for each sequence alone at scale.
+JOIN_FRACTION = 8
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,8 @@ class Engine:
         metrics: Metrics | None = None,
         fast_decode: str = "auto",
         cuda_graphs: bool = True,
+        fast_context: int = 2048,
+        join_wait_s: float = 0.02,
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
@@ -137,6 +151,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.join_wait_s = join_wait_s
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
         self.adapters = AdapterRegistry(max_loras=max_loras, max_lora_rank=max_lora_rank)
         self.metrics = metrics or Metrics()
@@ -150,10 +165,16 @@ class Engine:
             seed if seed is not None else int.from_bytes(os.urandom(8), "little"), self.device
         )
         self._spare: SpareSlot | None = None  # an unloaded adapter's modules, kept for reuse
-        self.fast: FastDecoder | None = None
+        self.fast: ContinuousDecoder | None = None
         if fast_decode == "on" or (fast_decode == "auto" and self.device.type == "cuda"):
             if supports(model.config):
-                self.fast = FastDecoder(model, use_graphs=cuda_graphs, max_batch_size=max_batch_size)
+                self.fast = ContinuousDecoder(
+                    model,
+                    rows=max_batch_size,
+                    length=min(self.max_model_len, fast_context),
+                    use_graphs=cuda_graphs,
+                    on_capture=self.metrics.graph_captures.inc,
+                )
             else:
                 log.info("fast decoding does not handle this model's attention layers; using the eager path")
         self._cond = threading.Condition()
@@ -346,20 +367,48 @@ class Engine:
     # --- engine thread: batching -------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.fast is not None:
+            try:
+                with torch.inference_mode():
+                    self.fast.capture_all()
+            except Exception:
+                log.exception("capturing decode graphs failed; they are captured on first use instead")
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
             try:
                 with torch.inference_mode():
-                    self._decode(batch)
+                    if self._fits_fast(batch[0]) and self._merge(batch[0].slot):
+                        self._continuous(batch)
+                    else:
+                        self._decode(batch)
             except Exception as exc:
                 log.exception("batch failed")
                 for seq in batch:
                     if seq.finish_reason is None:
                         self._fail(seq, exc)
 
+    def _fits_fast(self, seq: _Sequence) -> bool:
+        """Whether `seq` can decode in a row of the continuous batch."""
+        if self.fast is None:
+            return False
+        longest = min(len(seq.prompt_ids) + seq.params.max_tokens, self.max_model_len)
+        return longest <= self.fast.length
+
+    def _merge(self, slot: str | None) -> bool:
+        """Merge `slot`'s adapter into the fast path's weights; False when it cannot be merged."""
+        assert self.fast is not None
+        try:
+            return self.fast.merged.select(self.peft, slot)
+        except Exception:
+            log.exception("merging an adapter failed; using the eager path from now on")
+            self.fast = None
+            return False
+
     def _next_batch(self) -> list[_Sequence] | None:
+        """The next batch, FIFO: a run of sequences that all take the fast path with one adapter,
+        or a run of sequences that all take the eager path."""
         while True:
             self._run_control_ops()
             with self._cond:
@@ -376,16 +425,148 @@ class Engine:
                 if len(self._waiting) < self.max_batch_size and wait_left > 0:
                     self._cond.wait(wait_left)
                     continue
-                batch = []
-                while self._waiting and len(batch) < self.max_batch_size:
-                    seq = self._waiting.popleft()
-                    if seq.request.cancelled:
-                        self._drop(seq)
-                    else:
-                        batch.append(seq)
-                self.metrics.waiting.set(len(self._waiting))
+                head = self._waiting[0]
+                batch = self._take(lambda seq, head=head: self._same_batch(head, seq), self.max_batch_size)
                 if batch:
                     return batch
+
+    def _same_batch(self, head: _Sequence, seq: _Sequence) -> bool:
+        """Whether `seq` decodes in the batch `head` opens: fast path with the same adapter, or eager."""
+        fast = self._fits_fast(head)
+        return self._fits_fast(seq) == fast and (not fast or seq.slot == head.slot)
+
+    def _take(self, joins: Callable[[_Sequence], bool], limit: int) -> list[_Sequence]:
+        """Pop waiting sequences from the head while `joins` accepts them (caller holds the lock)."""
+        batch: list[_Sequence] = []
+        while self._waiting and len(batch) < limit:
+            seq = self._waiting[0]
+            if seq.request.cancelled:
+                self._drop(self._waiting.popleft())
+            elif joins(seq):
+                batch.append(self._waiting.popleft())
+            else:
+                break
+        self.metrics.waiting.set(len(self._waiting))
+        return batch
+
+    # --- engine thread: continuous batching ----------------------------------------------------
+
+    def _continuous(self, first: list[_Sequence]) -> None:
+        """Decode `first` in rows of the fast path, admitting later sequences of the same adapter
+        between steps, until no row is left."""
+        fast = self.fast
+        assert fast is not None
+        slot = first[0].slot
+        rows: dict[int, _Sequence] = {}
+        free = list(range(fast.rows - 1, -1, -1))  # popped from the end: lowest rows first
+        joining = first
+        try:
+            while True:
+                if joining:
+                    self._admit(joining, rows, free)
+                if not rows:
+                    break
+                self._continuous_step(rows, free)
+                # Between two steps: the one safe moment to change adapters.
+                self._run_control_ops()
+                joining = self._joiners(slot, len(rows), len(free))
+        except Exception as exc:
+            log.exception("continuous batch failed")
+            for seq in list(rows.values()):
+                if seq.finish_reason is None:
+                    self._fail(seq, exc)
+            fast.release(list(rows))
+        finally:
+            self.metrics.running.set(0)
+
+    def _joiners(self, slot: str | None, running: int, free: int) -> list[_Sequence]:
+        """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
+        if free == 0:
+            return []
+        with self._cond:
+            if self._control or not self._waiting:
+                return []
+            oldest = self._waiting[0].enqueued
+            if len(self._waiting) < running // JOIN_FRACTION and time.monotonic() - oldest < self.join_wait_s:
+                return []
+            joining = self._take(lambda s: s.slot == slot and self._fits_fast(s), free)
+        if joining and running:
+            self.metrics.joined.inc(len(joining))
+        return joining
+
+    def _admit(self, seqs: list[_Sequence], rows: dict[int, _Sequence], free: list[int]) -> None:
+        """Prefill `seqs` into free rows and sample their first tokens."""
+        fast = self.fast
+        assert fast is not None
+        placed = [free.pop() for _ in seqs]
+        logits = fast.prefill(placed, [s.prompt_ids for s in seqs])
+        self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in seqs))
+        distinct = {tuple(s.prompt_ids) for s in seqs}
+        self.metrics.prefix_reused_tokens.inc(sum(len(s.prompt_ids) for s in seqs) - sum(map(len, distinct)))
+        for row, seq in zip(placed, seqs, strict=True):
+            rows[row] = seq
+        self._sample_rows(logits, placed, rows, free)
+
+    def _continuous_step(self, rows: dict[int, _Sequence], free: list[int]) -> None:
+        """One decode step of every live row."""
+        fast = self.fast
+        assert fast is not None
+        live = sorted(rows)
+        longest = max(len(s.prompt_ids) + len(s.output_ids) for s in rows.values())
+        window = fast.window(live[-1], longest)
+        index = torch.tensor(live, device=self.device)
+        tokens = torch.tensor([rows[r].output_ids[-1] for r in live], device=self.device)
+        self.metrics.batch_size.observe(len(live))
+        self.metrics.running.set(len(live))
+        logits = fast.step(index, tokens, window)
+        self._sample_rows(logits[index], live, rows, free)
+
+    def _sample_rows(
+        self, logits: torch.Tensor, live: list[int], rows: dict[int, _Sequence], free: list[int]
+    ) -> None:
+        """Sample one token for each of `live` (rows of `logits` in that order); free the finished."""
+        seqs = [rows[r] for r in live]
+        ended, _ = self._pick(logits, seqs)
+        done = []
+        for row, finished in zip(live, ended, strict=True):
+            if finished:
+                del rows[row]
+                done.append(row)
+        if done:
+            free.extend(sorted(done, reverse=True))
+            free.sort(reverse=True)
+            assert self.fast is not None
+            self.fast.release(done)
+
+    def _pick(self, logits: torch.Tensor, seqs: list[_Sequence]) -> tuple[list[bool], torch.Tensor]:
+        """Sample the next token of each sequence (rows of `logits`), record it, and complete or drop
+        the sequences that end; returns which ended and the tokens (on the device)."""
+        num_top = max((s.params.logprobs or 0) for s in seqs)
+        picked = sample(logits, [s.row for s in seqs], num_top=num_top)
+        tokens = picked.tokens.tolist()
+        lps = picked.logprobs.tolist()
+        top_ids = picked.top_ids.tolist() if picked.top_ids is not None else None
+        top_lps = picked.top_logprobs.tolist() if picked.top_logprobs is not None else None
+        ended = []
+        for j, seq in enumerate(seqs):
+            if seq.request.cancelled:
+                self._drop(seq)
+                ended.append(True)
+                continue
+            seq.output_ids.append(tokens[j])
+            seq.logprobs.append(lps[j])
+            if seq.params.logprobs and top_ids is not None and top_lps is not None:
+                k = seq.params.logprobs
+                seq.top.append(list(zip(top_ids[j][:k], top_lps[j][:k], strict=True)))
+            if self._finished(seq):
+                self._complete(seq)
+                ended.append(True)
+            else:
+                ended.append(False)
+        self.metrics.generation_tokens.inc(len(seqs))
+        return ended, picked.tokens
+
+    # --- engine thread: eager batches ----------------------------------------------------------
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, adapters: list[str]) -> torch.Tensor:
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
@@ -414,71 +595,30 @@ class Engine:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
-    def _fast_prefill(
-        self, seqs: list[_Sequence], inputs: tuple[torch.Tensor, ...]
-    ) -> tuple[FastSession, torch.Tensor] | None:
-        """Open a fast session and prefill it, or None: mixed adapters, an unmergeable adapter, or
-        a failure (the fast path is then off for good and the batch goes the eager way)."""
-        slot = seqs[0].slot
-        if self.fast is None or any(s.slot != slot for s in seqs):
-            return None
-        max_new = max(min(s.params.max_tokens, self.max_model_len - len(s.prompt_ids)) for s in seqs)
-        try:
-            session = self.fast.open(self.peft, slot, *inputs, max_new=max(max_new, 1))
-            return None if session is None else (session, session.prefill())
-        except Exception:
-            log.exception("fast decoding failed; using the eager path from now on")
-            self.fast = None
-            return None
-
     def _decode(self, seqs: list[_Sequence]) -> None:
         """Prefill `seqs` together, then decode one token per step until every row has finished."""
-        self.metrics.batch_size.observe(len(seqs))
         self.metrics.running.set(len(seqs))
         inputs = self._prepare(seqs)
-        fast = self._fast_prefill(seqs, inputs)
-        session: FastSession | _EagerSession
-        if fast is not None:
-            session, logits = fast
-        else:
-            session = _EagerSession(self, seqs, *inputs)
-            logits = session.prefill()
+        session = _EagerSession(self, seqs, *inputs)
+        logits = session.prefill()
         self.metrics.prompt_tokens.inc(int(inputs[1].sum()))
 
         rows = seqs
         done = [False] * len(rows)
         while True:
             live = [i for i, d in enumerate(done) if not d]
-            live_rows = [rows[i] for i in live]
-            num_top = max((s.params.logprobs or 0) for s in live_rows)
+            self.metrics.batch_size.observe(len(live))
             live_logits = logits if len(live) == len(rows) else logits[torch.tensor(live, device=self.device)]
-            picked = sample(live_logits, [s.row for s in live_rows], num_top=num_top)
-            tokens = picked.tokens.tolist()
-            lps = picked.logprobs.tolist()
-            top_ids = picked.top_ids.tolist() if picked.top_ids is not None else None
-            top_lps = picked.top_logprobs.tolist() if picked.top_logprobs is not None else None
-            for j, i in enumerate(live):
-                seq = rows[i]
-                if seq.request.cancelled:
-                    self._drop(seq)
-                    done[i] = True
-                    continue
-                seq.output_ids.append(tokens[j])
-                seq.logprobs.append(lps[j])
-                if seq.params.logprobs and top_ids is not None and top_lps is not None:
-                    k = seq.params.logprobs
-                    seq.top.append(list(zip(top_ids[j][:k], top_lps[j][:k], strict=True)))
-                if self._finished(seq):
-                    self._complete(seq)
-                    done[i] = True
-            self.metrics.generation_tokens.inc(len(live))
+            ended, picked = self._pick(live_logits, [rows[i] for i in live])
+            for i, end in zip(live, ended, strict=True):
+                done[i] = end
             # Between two steps: the one safe moment to change adapters.
             self._run_control_ops()
             still = [i for i, d in enumerate(done) if not d]
             if not still:
                 break
             next_tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=self.device)
-            next_tokens[torch.tensor(live, device=self.device)] = picked.tokens
+            next_tokens[torch.tensor(live, device=self.device)] = picked
             logits, keep = session.step(next_tokens, still)
             if keep is not None:
                 rows = [rows[i] for i in keep]

@@ -32,12 +32,27 @@ class Metrics:
         )
         self.batch_size = Histogram(
             "crucible_generator_batch_size",
-            "Sequences per batch at prefill.",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            "Sequences decoded together, at every decode step.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=r,
         )
         self.waiting = Gauge(
             "crucible_generator_waiting_sequences", "Sequences queued for a batch.", registry=r
+        )
+        self.joined = Counter(
+            "crucible_generator_joined_sequences",
+            "Sequences admitted into a continuous batch that was already decoding.",
+            registry=r,
+        )
+        self.prefix_reused_tokens = Counter(
+            "crucible_generator_prefix_reused_tokens",
+            "Prompt tokens not prefilled again: an identical prompt was prefilled in the same admission.",
+            registry=r,
+        )
+        self.graph_captures = Counter(
+            "crucible_generator_graph_captures",
+            "Decode steps captured as CUDA graphs (once per window; none in steady state).",
+            registry=r,
         )
         self.running = Gauge("crucible_generator_running_sequences", "Sequences being decoded.", registry=r)
         self.adapters = Gauge(

@@ -1,0 +1,190 @@
+"""Serving race: tokens/s of OpenAI-compatible completion servers under closed-loop clients, and the
+time to hot-swap a LoRA adapter, measured side by side.
+
+Every server gets the same work: `--clients` closed-loop clients, each sending one `/v1/completions`
+request at a time (the same `--prompt-tokens`-token prompt as token ids, `--max-tokens` greedy
+tokens with `ignore_eos`) for `--seconds`; tokens/s is the completion tokens of the requests that
+ended in the window over the time to the last of them. Rounds alternate between the servers (a
+warm-up round each first, so CUDA-graph capture and the like are not timed), and the figure per
+server is the median of its rounds. Then, per server, `--swaps` times: perturb a rank-16 LoRA
+adapter, save it, `POST /v1/load_lora_adapter` under a new name and ask it for one token (as
+`bench/generator.py` does); the previous version is unloaded.
+
+    python bench/serve_race.py --server vllm=http://127.0.0.1:8001@base \\
+        --server crucible=http://127.0.0.1:8002@smollm2-135m-instruct --model-dir /root/models/m \\
+        --clients 1 8 32 128 --json race.json
+
+`NAME=URL@MODEL`: MODEL is the `model` field the server expects for its base model. For Crucible's
+generator, `/metrics` is read before and after the measured rounds: the graph-capture counter shows
+whether steady-state decoding captured anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generator import hot_swap, percentile  # the hot-swap protocol, shared
+
+TEXT = (
+    "Write a Python function `longest_run(xs)` that returns the length of the longest run of equal "
+    "consecutive items in the list `xs`, and 0 for an empty list. Your code should pass these tests:\n"
+    "assert longest_run([1, 1, 2, 2, 2, 3]) == 3\nassert longest_run([]) == 0\n"
+    "assert longest_run(['a']) == 1\n\ndef longest_run(xs):\n"
+)
+
+
+def prompt_ids(tokenizer, count: int) -> list[int]:
+    ids = tokenizer(TEXT * (1 + count // 40)).input_ids
+    if len(ids) < count:
+        raise SystemExit(f"the prompt text is only {len(ids)} tokens; --prompt-tokens {count} is too many")
+    return ids[:count]
+
+
+async def closed_loop(url: str, model: str, prompt: list[int], clients: int, seconds: float, max_tokens: int):
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        start = time.perf_counter()
+        deadline = start + seconds
+        tokens, requests, last = 0, 0, start
+
+        async def client() -> None:
+            nonlocal tokens, requests, last
+            while time.perf_counter() < deadline:
+                response = await http.post("/v1/completions", json=body)
+                response.raise_for_status()
+                now = time.perf_counter()
+                if now <= deadline:
+                    tokens += response.json()["usage"]["completion_tokens"]
+                    requests += 1
+                    last = now
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return {
+        "tokens": tokens,
+        "requests": requests,
+        "seconds": last - start,
+        "tps": tokens / max(last - start, 1e-9),
+    }
+
+
+def captures(url: str) -> float | None:
+    """Crucible's graph-capture counter, or None for a server without it."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    match = re.search(r"^crucible_generator_graph_captures_total (\S+)$", text, re.M)
+    return float(match.group(1)) if match else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", action="append", required=True, help="NAME=URL@MODEL (repeat)")
+    parser.add_argument(
+        "--model-dir", required=True, help="the served model's directory (tokenizer, LoRA base)"
+    )
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=86)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    servers = {}
+    for spec in args.server:
+        name, _, rest = spec.partition("=")
+        url, _, model = rest.partition("@")
+        if not (name and url and model):
+            raise SystemExit(f"--server {spec!r}: expected NAME=URL@MODEL")
+        servers[name] = (url.rstrip("/"), model)
+
+    from transformers import AutoTokenizer
+
+    prompt = prompt_ids(AutoTokenizer.from_pretrained(args.model_dir), args.prompt_tokens)
+    results: dict = {"clients": {}, "hot_swap": {}, "captures": {}, "setup": vars(args) | {"server": servers}}
+    for clients in args.clients:
+        for url, model in servers.values():  # warm-up
+            asyncio.run(closed_loop(url, model, prompt, clients, min(args.seconds, 3.0), args.max_tokens))
+        before = {name: captures(url) for name, (url, _) in servers.items()}
+        rounds: dict[str, list[dict]] = {name: [] for name in servers}
+        for _ in range(args.rounds):
+            for name, (url, model) in servers.items():
+                rounds[name].append(
+                    asyncio.run(closed_loop(url, model, prompt, clients, args.seconds, args.max_tokens))
+                )
+        row = {
+            name: {"tps": statistics.median(r["tps"] for r in runs), "rounds": runs}
+            for name, runs in rounds.items()
+        }
+        for name, (url, _) in servers.items():
+            after = captures(url)
+            if after is not None and before[name] is not None:
+                row[name]["captures_while_measured"] = after - before[name]
+        results["clients"][clients] = row
+        print(json.dumps({"clients": clients} | {n: round(r["tps"], 1) for n, r in row.items()}), flush=True)
+
+    if args.swaps:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).to(device)
+        for name, (url, _) in servers.items():
+            swap = hot_swap(url, model, args.swaps, 16, job=f"race-{name}")
+            results["hot_swap"][name] = {
+                key: {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9), "all": values}
+                for key, values in swap.items()
+            }
+            print(
+                json.dumps(
+                    {"hot_swap": name} | {k: round(v["p50"], 4) for k, v in results["hot_swap"][name].items()}
+                )
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(markdown(results, list(servers)))
+
+
+def markdown(results: dict, names: list[str]) -> str:
+    first = names[0]
+    head = (
+        "| clients | "
+        + " | ".join(f"{n} tok/s" for n in names)
+        + " | "
+        + " | ".join(f"{n} / {first}" for n in names[1:])
+        + " |"
+    )
+    lines = [head, "|" + "---:|" * (1 + 2 * len(names) - 1)]
+    for clients, row in results["clients"].items():
+        cells = [f"{row[n]['tps']:,.0f}" for n in names] + [
+            f"{row[n]['tps'] / row[first]['tps']:.2f}" for n in names[1:]
+        ]
+        lines.append(f"| {clients} | " + " | ".join(cells) + " |")
+    if results["hot_swap"]:
+        lines += [
+            "",
+            "| server | save p50 | load returned p50 | first token p50 (s, from the save) |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, swap in results["hot_swap"].items():
+            lines.append(
+                f"| {name} | {swap['save']['p50']:.3f} | {swap['load_returned']['p50']:.3f} | {swap['first_token']['p50']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Continuous batching on the fast path: sequences join and leave the running decode batch between
+two steps, each in a KV-cache row of its own.
+
+The fast path (merged weights, see `fastpath.py`) keeps one preallocated cache of `rows` rows by
+`length` slots per layer. A row is one sequence: its prompt fills slots `0..n-1` at admission and
+every decode step writes its new token at its own next slot, so rows of different lengths and ages
+decode side by side. A finished row is free at once and the next waiting sequence takes it at the
+next step boundary; nobody waits for the longest row of a batch to end.
+
+A decode step runs over a *window* of the cache: the first `b` rows (`b` a power of two covering
+the highest live row) and the first `l` slots (`l` a multiple of `LENGTH_BUCKET` covering the
+longest live row). Each window's step is captured as a CUDA graph the first time it is used and
+replayed from then on (`capture_all` takes every window at start-up): the buffers never move, so a
+graph stays valid for the life of the server and steady-state decoding captures nothing. Rows inside the window that are free compute a throwaway
+token (their write slot stays at 0, so they never run off the cache).
+
+Admission prefills the new sequences together (eagerly: prompts vary in length) into a scratch
+cache, then copies each prompt's keys and values into its row, shifted so the prompt starts at slot
+0. Identical prompts are prefilled once and copied into every row that asked for them: the samples
+of a GRPO group, or `n > 1`, share one prefill.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
+
+log = logging.getLogger(__name__)
+
+PREFILL_TOKENS = 16384  # most (padded) prompt tokens one prefill forward takes
+
+
+class RowCache:
+    """Per-layer `[rows, kv_heads, length, head_dim]` keys and values; row `r` writes its next key
+    at slot `write[r]`. Attention layers call `update` only; the window `(b, l)` is what they see.
+
+    Deliberately not a transformers `Cache`: with a 4-D mask supplied, transformers builds no mask
+    of its own (as for `fastpath.StaticKVCache`).
+    """
+
+    def __init__(self, config: Any, rows: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        shape = (rows, kv_heads, length, head_dim)
+        layers = int(config.num_hidden_layers)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.write = torch.zeros(rows, dtype=torch.long, device=device)
+        self.window = (rows, length)
+        self._rows = torch.arange(rows, device=device)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, slots = self.window
+        rows, at = self._rows[:b], self.write[:b]
+        self.keys[layer_idx][rows, :, at] = key_states[:, :, -1]
+        self.values[layer_idx][rows, :, at] = value_states[:, :, -1]
+        return self.keys[layer_idx][:b, :, :slots], self.values[layer_idx][:b, :, :slots]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # asked by some versions; positions are given
+        return 0
+
+
+class ContinuousDecoder:
+    """The merged model, its row cache and one CUDA graph per window; the engine drives it."""
+
+    def __init__(
+        self,
+        base: torch.nn.Module,
+        *,
+        rows: int,
+        length: int,
+        use_graphs: bool,
+        on_capture: Callable[[], Any] | None = None,
+    ) -> None:
+        self.merged = MergedModel(base)
+        self.model = self.merged.model
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        self.rows, self.length = rows, -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.cache = RowCache(self.model.config, rows, self.length, self.device, self.dtype)
+        self.hidden = torch.finfo(self.dtype).min
+        self.mask = torch.full((rows, self.length), self.hidden, dtype=self.dtype, device=self.device)
+        self.input_ids = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
+        self.live = torch.zeros(rows, dtype=torch.long, device=self.device)  # 1: the row decodes
+        self._slots = torch.arange(self.length, device=self.device)
+        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.captures = 0  # graphs captured so far (steady state adds none)
+        self._on_capture = on_capture
+        params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._takes_cache_position = "cache_position" in params
+        self._zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._open = torch.zeros((), dtype=self.dtype, device=self.device)  # a visible slot's mask value
+
+    def window(self, highest_row: int, longest: int) -> tuple[int, int]:
+        """The step window covering rows `0..highest_row` and `longest` slots."""
+        length = min(-(-longest // LENGTH_BUCKET) * LENGTH_BUCKET, self.length)
+        return bucket(highest_row + 1, self.rows), length
+
+    def _forward(self, cache: Any, input_ids, mask, positions) -> torch.Tensor:
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
+        if self._takes_cache_position:  # older transformers derive slots from it; ours ignore it
+            kwargs["cache_position"] = self._zero + torch.arange(input_ids.shape[1], device=self.device)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs)
+        return out.logits[:, -1, :]
+
+    # --- admission ------------------------------------------------------------------------------
+
+    def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Fill `rows` with `prompts` (one each) and return each row's next-token logits."""
+        unique: dict[tuple[int, ...], int] = {}
+        source = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        distinct = list(unique)
+        logits: list[torch.Tensor | None] = [None] * len(distinct)
+        start = 0
+        while start < len(distinct):  # chunks of at most PREFILL_TOKENS padded tokens
+            end, width = start, 0
+            while end < len(distinct):
+                wider = max(width, len(distinct[end]))
+                if end > start and wider * (end - start + 1) > PREFILL_TOKENS:
+                    break
+                width, end = wider, end + 1
+            members = [i for i, s in enumerate(source) if start <= s < end]
+            chunk = self._prefill_chunk(
+                distinct[start:end], [rows[i] for i in members], [source[i] - start for i in members]
+            )
+            for k in range(start, end):
+                logits[k] = chunk[k - start]
+            start = end
+        return torch.stack([logits[s] for s in source])  # type: ignore[misc]
+
+    def _prefill_chunk(
+        self, prompts: list[tuple[int, ...]], rows: list[int], source: list[int]
+    ) -> torch.Tensor:
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask2d = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for i, prompt in enumerate(prompts):  # left-padded, as `fastpath` prefills
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask2d[i, width - len(prompt) :] = True
+        ids, mask2d = ids.to(self.device), mask2d.to(self.device)
+        positions = (mask2d.long().cumsum(-1) - 1).clamp(min=0)
+        scratch = StaticKVCache(width, self.device)
+        logits = self._forward(scratch, ids, prefill_mask(mask2d, width, self.dtype), positions)
+        # Copy each prompt into its rows shifted left so that it starts at slot 0.
+        src = torch.tensor(source, device=self.device)
+        lengths = torch.tensor([len(prompts[s]) for s in source], device=self.device)
+        shift = (self._slots[:width].unsqueeze(0) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
+        target = torch.tensor(rows, device=self.device)
+        for layer, (k, v) in enumerate(zip(scratch.keys, scratch.values, strict=True)):
+            index = shift[:, None, :, None].expand(len(rows), k.shape[1], width, k.shape[3])
+            self.cache.keys[layer][target, :, :width] = k[src].gather(2, index)
+            self.cache.values[layer][target, :, :width] = v[src].gather(2, index)
+        self.mask[target] = torch.where(
+            self._slots.unsqueeze(0) < lengths.unsqueeze(1), self._open, self.hidden
+        )
+        self.cache.write[target] = lengths
+        self.positions[target, 0] = lengths
+        self.live[target] = 1
+        return logits
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Free `rows`: they stop advancing (their writes stay at slot 0 until a prompt fills them)."""
+        if rows:
+            target = torch.tensor(list(rows), device=self.device)
+            self.live[target] = 0
+            self.cache.write[target] = 0
+
+    # --- decoding -------------------------------------------------------------------------------
+
+    def step(self, rows: torch.Tensor, tokens: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+        """Feed `tokens` to the live `rows` and return the next logits of the window's rows."""
+        self.input_ids[rows, 0] = tokens
+        if not self.use_graphs:
+            return self._step(window)
+        entry = self._graphs.get(window)
+        if entry is None:
+            try:
+                entry = self._capture(window)
+            except Exception:
+                # Some models do host syncs inside forward; they still get the static path.
+                log.exception("CUDA graph capture failed; decoding without graphs from now on")
+                self.use_graphs = False
+                torch.cuda.synchronize()
+                return self._step(window)
+        entry[0].replay()
+        return entry[1]
+
+    def _step(self, window: tuple[int, int]) -> torch.Tensor:
+        b, slots = window
+        self.cache.window = window
+        # Open the slot each row writes now (a tensor value: nothing leaves the device in a graph).
+        self.mask.index_put_((self.cache._rows[:b], self.cache.write[:b]), self._open)
+        mask = self.mask[:b, :slots][:, None, None, :]
+        logits = self._forward(self.cache, self.input_ids[:b], mask, self.positions[:b])
+        self.cache.write[:b] += self.live[:b]
+        self.positions[:b, 0] += self.live[:b]
+        return logits
+
+    def capture_all(self) -> None:
+        """Capture every window's step now (at start-up, before any row is used), so that serving
+        never pauses for a capture. The captured steps write only into free rows."""
+        if not self.use_graphs:
+            return
+        sizes = sorted({bucket(n, self.rows) for n in range(1, self.rows + 1)})
+        for b in sizes:
+            for slots in range(LENGTH_BUCKET, self.length + 1, LENGTH_BUCKET):
+                if (b, slots) not in self._graphs:
+                    self._capture((b, slots))
+
+    def _capture(self, window: tuple[int, int]) -> tuple[Any, torch.Tensor]:
+        """Record `_step(window)` as a CUDA graph, leaving the decode state as it was before."""
+        saved = (self.mask.clone(), self.cache.write.clone(), self.positions.clone())
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up (allocator, kernels' lazy init) off the capture
+                    self._step(window)
+                    self._restore(saved)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = self._step(window)
+        finally:
+            self._restore(saved)
+        self._graphs[window] = (graph, logits)
+        self.captures += 1
+        if self._on_capture is not None:
+            self._on_capture()
+        log.info("captured a decode graph for %d rows x %d slots", *window)
+        return graph, logits
+
+    def _restore(self, saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self.mask.copy_(saved[0])
+        self.cache.write.copy_(saved[1])
+        self.positions.copy_(saved[2])
