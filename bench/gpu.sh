@@ -9,6 +9,11 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
+#   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
+#   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
+#   bash bench/gpu.sh serve-race      # both under closed-loop clients + hot-swap (bench/serve_race.py)
+#   bash bench/gpu.sh vllm-race STEPS # Crucible's GRPO job with vLLM as its generator
+#   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~8 min: $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
@@ -53,6 +58,9 @@ export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
 # Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 M=/root/m
+dense_dir() {  # the built-in model's dense checkpoint in Crucible's cache (made by `setup`)
+  python3 -c "import crucible_models as m; print(m.cache_dir() / 'models' / f'{m.DEFAULT_MODEL}-{m._CONVERSION_VERSION}')"
+}
 
 case "${1:-}" in
   part-a)
@@ -71,8 +79,8 @@ if not (target / "config.json").exists():
 print("dense checkpoint:", target)
 PY
     nvidia-smi --query-gpu=name,memory.total --format=csv ;;
-  trl)
-    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ;;
+  trl)  # STEPS [vllm]: TRL's GRPOTrainer, HF generation or vLLM in colocate mode
+    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
   race)
     python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
   learn)
@@ -123,6 +131,53 @@ PY
     tar -czf "${OUT:-/tmp}/results.tar.gz" -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
   seq)  # SUBCOMMAND...: several no-argument subcommands one after the other (for `bg`)
     shift; for sub in "$@"; do bash bench/gpu.sh "$sub" || echo "$sub failed"; done ;;
+  vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on the dense built-in model, :8101
+    # The cached checkpoint is fp32: serve bf16 like Crucible's generator does on CUDA.
+    PORT=8101 GENERATOR_DTYPE=bfloat16 bash bench/gpu-vllm.sh profile "$(dense_dir)" ;;
+  crucible-up)  # Crucible's generator on the same weights, :8102, in its own session (outlives the call)
+    mkdir -p /root/logs
+    CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=warning setsid python3 -m crucible_generator \
+      > /root/logs/crucible-generator.log 2>&1 < /dev/null &
+    for _ in $(seq 1 300); do
+      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
+      sleep 1
+    done
+    tail -30 /root/logs/crucible-generator.log; exit 1 ;;
+  serve-race)  # vLLM (:8101) against Crucible's generator (:8102): bench/serve_race.py; extra arguments go to it
+    shift
+    python3 bench/serve_race.py --server vllm=http://127.0.0.1:8101@smollm2-135m-instruct \
+      --server crucible=http://127.0.0.1:8102@smollm2-135m-instruct --model-dir "$(dense_dir)" \
+      --json "${OUT:-/tmp}/serve-race.json" "$@"
+    cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
+  vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
+    NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
+    python3 bench/vllm_fixtures.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
+      --model-dir "$(dense_dir)" --out /root/fixtures
+    tar -czf "${OUT:-/tmp}/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
+  vllm-race)  # Crucible's GRPO job with vLLM (:8101) as its generator; STEPS
+    python3 bench/grpo_race.py --steps "${2:-8}" --generator-url http://127.0.0.1:8101 --json "${OUT:-/tmp}/race-vllm.json"
+    cp /root/logs/vllm.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
+  eval-servers)  # greedy pass@1 on the first N MBPP test tasks through vLLM (:8101) and Crucible's generator (:8102)
+    python3 - "${2:-500}" "${OUT:-/tmp}" <<'PY'
+import json, subprocess, sys, tempfile
+from pathlib import Path
+from crucible_cli.spawn import start
+limit, out = sys.argv[1], Path(sys.argv[2])
+work = Path(tempfile.mkdtemp())
+sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+summary = {}
+try:
+    for name, url in (("vllm", "http://127.0.0.1:8101"), ("crucible", "http://127.0.0.1:8102")):
+        subprocess.run([sys.executable, "-m", "crucible_cli", "eval", "--split", "test", "--limit", limit, "--n", "0",
+                        "--max-tokens", "256", "--concurrency", "256", "--quiet", "--generator", url,
+                        "--sandbox", sandbox.url, "--out", str(work / name)], check=True)
+        summary[name] = sorted(str(p.relative_to(work)) for p in (work / name).rglob("*.json"))
+finally:
+    sandbox.stop()
+subprocess.run(["tar", "-czf", str(out / "eval-servers.tar.gz"), "-C", str(work), "vllm", "crucible"], check=True)
+print(json.dumps(summary))
+PY
+    ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)

@@ -21,5 +21,6 @@ exec vllm serve "${GENERATOR_MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}" \
     --max-model-len "${GENERATOR_MAX_MODEL_LEN:-8192}" \
     --gpu-memory-utilization "${GENERATOR_GPU_MEMORY_UTILIZATION:-0.85}" \
     --max-logprobs 20 \
+    --dtype "${GENERATOR_DTYPE:-auto}" \
     --generation-config vllm \
     "$@"
