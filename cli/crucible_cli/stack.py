@@ -56,6 +56,7 @@ class Stack:
     sandbox_port: int = 8002
     redis_url: str | None = None
     model: str | None = None
+    generator_backend: str | None = None  # auto | vllm | crucible (generator_backend.pick)
     procs: list[Proc] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     worker_restarts: int = 0
@@ -113,19 +114,13 @@ class Stack:
             }
         )
         py = sys.executable
-        model_env = {"CRUCIBLE_GENERATOR_MODEL": self.model} if self.model else {}
         self._start(
             "sandbox",
             [py, "-m", "crucible_sandbox"],
             f"http://127.0.0.1:{self.sandbox_port}",
             {"CRUCIBLE_SANDBOX_PORT": str(self.sandbox_port)},
         )
-        self._start(
-            "generator",
-            [py, "-m", "crucible_generator"],
-            f"http://127.0.0.1:{self.generator_port}",
-            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env},
-        )
+        self._start_generator(progress)
         self._start(
             "gateway",
             [py, "-m", "crucible_gateway"],
@@ -142,6 +137,27 @@ class Stack:
         progress("waiting for the trainer worker")
         self._wait_worker(redis_url, deadline)
         return {p.name: p.url for p in self.procs}
+
+    def _start_generator(self, progress: Callable[[str], None]) -> None:
+        from crucible_cli import generator_backend
+
+        backend = generator_backend.pick(self.generator_backend)
+        url = f"http://127.0.0.1:{self.generator_port}"
+        if backend == "vllm":
+            from crucible_models import DEFAULT_MODEL
+
+            model = self.model or DEFAULT_MODEL
+            progress(f"generator: vLLM serving {model}")
+            command = generator_backend.vllm_command(model, model, self.generator_port)
+            self._start("generator", command, url, generator_backend.VLLM_ENV)
+            return
+        model_env = {"CRUCIBLE_GENERATOR_MODEL": self.model} if self.model else {}
+        self._start(
+            "generator",
+            [sys.executable, "-m", "crucible_generator"],
+            url,
+            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env},
+        )
 
     def _wait_worker(self, redis_url: str, deadline: float) -> None:
         from redis import Redis

@@ -45,6 +45,11 @@ def up(
     generator_port: int = typer.Option(8001),
     sandbox_port: int = typer.Option(8002),
     model: str = typer.Option(None, help="Generator model (default: the built-in SmolLM2-135M-Instruct)."),
+    generator_backend: str = typer.Option(
+        None,
+        help="auto (vLLM on a CUDA host that has it, else Crucible's server), vllm or crucible "
+        "(default: $CRUCIBLE_GENERATOR_BACKEND, else auto).",
+    ),
 ) -> None:
     """Start Redis, sandbox, generator, a trainer worker and the gateway; Ctrl-C stops them all.
     A trainer worker that dies is started again; any other service dying stops the stack."""
@@ -59,7 +64,14 @@ def up(
     from crucible_cli.stack import Stack
 
     console = Console()
-    stack = Stack(state_dir, gateway_port, generator_port, sandbox_port, model=model)
+    stack = Stack(
+        state_dir,
+        gateway_port,
+        generator_port,
+        sandbox_port,
+        model=model,
+        generator_backend=generator_backend,
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         with console.status("starting") as status:
@@ -78,7 +90,7 @@ def up(
         raise typer.Exit(1)
     except KeyboardInterrupt:
         console.print("stopping")
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     finally:
@@ -93,6 +105,10 @@ def demo(
     steps: int = typer.Option(None, min=1, help="Training steps (default: the demo job's)."),
     config: Path = typer.Option(
         None, "--config", "-c", help="Run this train spec (YAML/JSON) instead of the built-in demo job."
+    ),
+    generator_backend: str = typer.Option(
+        None,
+        help="auto, vllm or crucible, as for `crucible up` (default: $CRUCIBLE_GENERATOR_BACKEND, else auto).",
     ),
 ) -> None:
     """Start the stack, evaluate, train GRPO with adapter hot-swap, evaluate again, print before/after."""
@@ -120,7 +136,13 @@ def demo(
     if steps:
         spec = spec.model_copy(update={"optim": spec.optim.model_copy(update={"steps": steps})})
     started = time.monotonic()
-    stack = Stack(state_dir, gateway_port=free_port(), generator_port=free_port(), sandbox_port=free_port())
+    stack = Stack(
+        state_dir,
+        gateway_port=free_port(),
+        generator_port=free_port(),
+        sandbox_port=free_port(),
+        generator_backend=generator_backend,
+    )
     try:
         with console.status("starting the stack") as status:
             urls = stack.start(progress=lambda m: status.update(m))
@@ -134,7 +156,7 @@ def demo(
                 f"submitted {created.id}: evaluate, train {spec.optim.steps} {spec.method.name.upper()} steps, evaluate again"
             )
             final = follow(client, created.id, console, samples=False)
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     finally:
