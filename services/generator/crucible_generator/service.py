@@ -34,7 +34,7 @@ from crucible_shared.openai_protocol import (
 
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, NotFound
-from .memory import auto_batch_size
+from .memory import WORKING_LEN, auto_batch_size
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -377,12 +377,14 @@ def build_service(settings: Settings) -> GeneratorService:
         tokenizer,
         max_batch_size=batch,
         batch_wait_s=settings.batch_wait_ms / 1000,
+        join_wait_s=settings.join_wait_ms / 1000,
         max_model_len=settings.max_model_len,
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
         seed=settings.seed,
         fast_decode=settings.fast_decode,
         cuda_graphs=settings.cuda_graphs,
+        fast_context=WORKING_LEN,  # the row length `max_batch_size: auto` budgets for
     )
     engine.start()
     return GeneratorService(

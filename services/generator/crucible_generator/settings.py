@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     batch_wait_ms: float = Field(
         default=5.0, ge=0, le=1000, description="How long a lone request waits for others to batch with."
     )
+    join_wait_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=1000,
+        description="How long a sequence waits to join a running batch while few others wait with it.",
+    )
     max_model_len: int | None = Field(
         default=None, ge=16, description="Prompt + completion token limit (default: the model's context)."
     )
