@@ -87,7 +87,7 @@ def test_steady_state_decoding_captures_no_graph_and_joins_running_batches():
         want = asyncio.run(clients(eager))
         got = asyncio.run(clients(fast))
         captured = fast.fast.captures
-        assert captured == 5 * 8  # rows 1..16 (5 sizes) x 256..2048 slots (8 lengths), at start-up
+        assert captured == 5 * 8 + 5 * 8  # decode: 5 row sizes x 8 lengths; prefill: 5 counts x 8 widths
         asyncio.run(clients(fast))
         assert fast.fast.captures == captured
         assert fast.metrics.registry.get_sample_value("crucible_generator_joined_sequences_total") > 0

@@ -30,7 +30,9 @@ def counter(engine: Engine, name: str) -> float:
 def engines(tmp_path_factory):
     model = tiny_llama(max_positions=512)
     path = save_adapter(model, tmp_path_factory.mktemp("continuous") / "a1", 1, ["q_proj", "v_proj"])
-    eager = Engine(copy.deepcopy(model), DigitsTokenizer(), max_batch_size=8, batch_wait_s=0.02, fast_decode="off")
+    eager = Engine(
+        copy.deepcopy(model), DigitsTokenizer(), max_batch_size=8, batch_wait_s=0.02, fast_decode="off"
+    )
     fast = Engine(
         model, DigitsTokenizer(), max_batch_size=ROWS, batch_wait_s=0.02, fast_decode="on", join_wait_s=0.0
     )
@@ -93,6 +95,21 @@ def test_more_sequences_than_rows_take_the_rows_others_freed(engines):
     assert [len(r[0].token_ids) for r in got] == lengths
 
 
+def test_prefills_in_fixed_shapes_generate_the_same(engines):
+    # What CUDA graphs replay: prompts padded to a power-of-two count and a rounded width.
+    eager, fast = engines
+    prompts = [[3 + i] * (1 + 3 * i) for i in range(5)] + [[9] * 70]
+    fast.fast.bucket_prefill = True
+    try:
+        got = asyncio.run(fast.generate(prompts, greedy(6)))
+    finally:
+        fast.fast.bucket_prefill = False
+    want = asyncio.run(eager.generate(prompts, greedy(6)))
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+
+
 def test_identical_prompts_are_prefilled_once(engines):
     eager, fast = engines
     prompts = [[4, 5, 6, 7, 8, 9], [11, 12, 13]]
@@ -137,7 +154,7 @@ def test_another_adapter_waits_its_turn_and_later_requests_do_not_overtake_it(en
         later = asyncio.ensure_future(timed("base-later", [8, 9], greedy(10)))
         return await asyncio.gather(first, adapted, later)
 
-    first, adapted, later = asyncio.run(scenario())
+    _, adapted, later = asyncio.run(scenario())
     # FIFO: the a1 request stops further joins; the later base request runs after it.
     assert done["base-long"] < done["a1"] < done["base-later"]
     assert adapted.token_ids == solo(eager, [5, 6], greedy(10), "a1").token_ids

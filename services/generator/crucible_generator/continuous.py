@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,13 @@ from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill
 log = logging.getLogger(__name__)
 
 PREFILL_TOKENS = 16384  # most (padded) prompt tokens one prefill forward takes
+# Prefills of up to PREFILL_GRAPH_ROWS distinct prompts of up to PREFILL_GRAPH_WIDTH tokens run as
+# CUDA graphs too (padded to a power of two of prompts and a multiple of PREFILL_WIDTH_STEP): an
+# eager prefill launches thousands of small kernels, ~10 ms whatever its size, which a busy batch
+# would otherwise pay at every admission.
+PREFILL_GRAPH_ROWS = 16
+PREFILL_GRAPH_WIDTH = 512
+PREFILL_WIDTH_STEP = 64
 
 
 class RowCache:
@@ -79,6 +87,7 @@ class ContinuousDecoder:
         rows: int,
         length: int,
         use_graphs: bool,
+        prefill_graphs: bool = True,
         on_capture: Callable[[], Any] | None = None,
     ) -> None:
         self.merged = MergedModel(base)
@@ -95,6 +104,9 @@ class ContinuousDecoder:
         self.live = torch.zeros(rows, dtype=torch.long, device=self.device)  # 1: the row decodes
         self._slots = torch.arange(self.length, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self._prefill_graphs: dict[tuple[int, int], _PrefillGraph] = {}
+        # Prefill in fixed shapes (and, with graphs, replay them); tests turn it on without CUDA.
+        self.bucket_prefill = self.use_graphs and prefill_graphs
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.captures = 0  # graphs captured so far (steady state adds none)
         self._on_capture = on_capture
@@ -144,16 +156,26 @@ class ContinuousDecoder:
     def _prefill_chunk(
         self, prompts: list[tuple[int, ...]], rows: list[int], source: list[int]
     ) -> torch.Tensor:
-        width = max(len(p) for p in prompts)
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask2d = torch.zeros((len(prompts), width), dtype=torch.bool)
+        count, width = len(prompts), max(len(p) for p in prompts)
+        if self.bucket_prefill and count <= PREFILL_GRAPH_ROWS and width <= PREFILL_GRAPH_WIDTH:
+            # A fixed shape (padding rows, a rounded width): one captured graph per shape.
+            count = bucket(count, PREFILL_GRAPH_ROWS)
+            width = -(-width // PREFILL_WIDTH_STEP) * PREFILL_WIDTH_STEP
+        ids = torch.zeros((count, width), dtype=torch.long)
+        mask2d = torch.zeros((count, width), dtype=torch.bool)  # padding rows: nothing real
         for i, prompt in enumerate(prompts):  # left-padded, as `fastpath` prefills
             ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask2d[i, width - len(prompt) :] = True
         ids, mask2d = ids.to(self.device), mask2d.to(self.device)
-        positions = (mask2d.long().cumsum(-1) - 1).clamp(min=0)
-        scratch = StaticKVCache(width, self.device)
-        logits = self._forward(scratch, ids, prefill_mask(mask2d, width, self.dtype), positions)
+        graph = self._prefill_graph((count, width)) if self.use_graphs and self.bucket_prefill else None
+        if graph is not None:
+            graph.ids.copy_(ids)
+            graph.mask2d.copy_(mask2d)
+            graph.graph.replay()
+            scratch, logits = graph.scratch, graph.logits
+        else:
+            scratch = StaticKVCache(width, self.device)
+            logits = self._prefill_forward(scratch, ids, mask2d)
         # Copy each prompt into its rows shifted left so that it starts at slot 0.
         src = torch.tensor(source, device=self.device)
         lengths = torch.tensor([len(prompts[s]) for s in source], device=self.device)
@@ -169,7 +191,31 @@ class ContinuousDecoder:
         self.cache.write[target] = lengths
         self.positions[target, 0] = lengths
         self.live[target] = 1
-        return logits
+        return logits[: len(prompts)]
+
+    def _prefill_forward(
+        self, scratch: StaticKVCache, ids: torch.Tensor, mask2d: torch.Tensor
+    ) -> torch.Tensor:
+        positions = (mask2d.long().cumsum(-1) - 1).clamp(min=0)
+        scratch.position.zero_()
+        return self._forward(scratch, ids, prefill_mask(mask2d, ids.shape[1], self.dtype), positions)
+
+    def _prefill_graph(self, shape: tuple[int, int]) -> _PrefillGraph | None:
+        """The captured prefill of `shape` (rows, width), capturing it now if needed; None when
+        capture fails (prefills then run eagerly from now on)."""
+        graph = self._prefill_graphs.get(shape)
+        if graph is not None:
+            return graph
+        try:
+            graph = _PrefillGraph(shape, self)
+        except Exception:
+            log.exception("capturing a prefill graph failed; prefilling eagerly from now on")
+            self.bucket_prefill = False
+            torch.cuda.synchronize()
+            return None
+        self._prefill_graphs[shape] = graph
+        self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
+        return graph
 
     def release(self, rows: Sequence[int]) -> None:
         """Free `rows`: they stop advancing (their writes stay at slot 0 until a prompt fills them)."""
@@ -214,11 +260,19 @@ class ContinuousDecoder:
         never pauses for a capture. The captured steps write only into free rows."""
         if not self.use_graphs:
             return
+        started = time.perf_counter()
         sizes = sorted({bucket(n, self.rows) for n in range(1, self.rows + 1)})
         for b in sizes:
             for slots in range(LENGTH_BUCKET, self.length + 1, LENGTH_BUCKET):
                 if (b, slots) not in self._graphs:
                     self._capture((b, slots))
+        if self.bucket_prefill:
+            counts = sorted({bucket(n, PREFILL_GRAPH_ROWS) for n in range(1, PREFILL_GRAPH_ROWS + 1)})
+            widths = range(PREFILL_WIDTH_STEP, min(PREFILL_GRAPH_WIDTH, self.length) + 1, PREFILL_WIDTH_STEP)
+            for count in counts:
+                for width in widths:
+                    self._prefill_graph((count, width))
+        log.info("captured %d CUDA graphs in %.1f s", self.captures, time.perf_counter() - started)
 
     def _capture(self, window: tuple[int, int]) -> tuple[Any, torch.Tensor]:
         """Record `_step(window)` as a CUDA graph, leaving the decode state as it was before."""
@@ -237,13 +291,36 @@ class ContinuousDecoder:
         finally:
             self._restore(saved)
         self._graphs[window] = (graph, logits)
+        self._count_capture(f"a decode graph for {window[0]} rows x {window[1]} slots")
+        return graph, logits
+
+    def _count_capture(self, what: str) -> None:
         self.captures += 1
         if self._on_capture is not None:
             self._on_capture()
-        log.info("captured a decode graph for %d rows x %d slots", *window)
-        return graph, logits
+        log.debug("captured %s", what)
 
     def _restore(self, saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         self.mask.copy_(saved[0])
         self.cache.write.copy_(saved[1])
         self.positions.copy_(saved[2])
+
+
+class _PrefillGraph:
+    """One captured prefill shape: static inputs, its scratch cache and its logits."""
+
+    def __init__(self, shape: tuple[int, int], decoder: ContinuousDecoder) -> None:
+        width = shape[1]
+        self.ids = torch.zeros(shape, dtype=torch.long, device=decoder.device)
+        self.mask2d = torch.zeros(shape, dtype=torch.bool, device=decoder.device)
+        self.mask2d[:, -1] = True  # warm-up rows: one real token each
+        self.scratch = StaticKVCache(width, decoder.device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up (allocates the scratch cache) off the capture
+                decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=decoder._pool):
+            self.logits = decoder._prefill_forward(self.scratch, self.ids, self.mask2d)

@@ -142,6 +142,7 @@ class Engine:
         metrics: Metrics | None = None,
         fast_decode: str = "auto",
         cuda_graphs: bool = True,
+        prefill_graphs: bool = True,
         fast_context: int = 2048,
         join_wait_s: float = 0.02,
     ) -> None:
@@ -173,6 +174,7 @@ class Engine:
                     rows=max_batch_size,
                     length=min(self.max_model_len, fast_context),
                     use_graphs=cuda_graphs,
+                    prefill_graphs=prefill_graphs,
                     on_capture=self.metrics.graph_captures.inc,
                 )
             else:

@@ -384,6 +384,7 @@ def build_service(settings: Settings) -> GeneratorService:
         seed=settings.seed,
         fast_decode=settings.fast_decode,
         cuda_graphs=settings.cuda_graphs,
+        prefill_graphs=settings.prefill_graphs,
         fast_context=WORKING_LEN,  # the row length `max_batch_size: auto` budgets for
     )
     engine.start()

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     cuda_graphs: bool = Field(
         default=True, description="Replay decode steps as CUDA graphs (fast path, CUDA)."
     )
+    prefill_graphs: bool = Field(
+        default=True,
+        description="Replay prefills of up to 16 prompts of up to 512 tokens as CUDA graphs (fast path, CUDA).",
+    )
     seed: int | None = Field(default=None, description="Seed of the sampler for requests without a `seed`.")
     log_level: str = Field(default="info", description="uvicorn / logging level.")
 
