@@ -182,6 +182,8 @@ subprocess.run(["tar", "-czf", str(out / "eval-servers.tar.gz"), "-C", str(work)
 print(json.dumps(summary))
 PY
     ;;
+  gpu-tests)  # the GPU-marked tests (CUDA graphs, continuous batching on SmolLM2)
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_generator_gpu.py ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)

@@ -1,9 +1,11 @@
 """Self-play figures (SPIRAL) on one GPU in a fixed budget: the code-output game and tic-tac-toe,
 each with role-conditioned advantages (RAE) and with one shared baseline (the ablation).
 
-Starts one sandbox and one generator, runs every game job as its own process (a 135M model leaves
-an H100 mostly idle, so the runs share it concurrently, and share the generator), and evaluates the
-base model's MBPP-test greedy pass@1 meanwhile through the one evaluation path (an eval job). Each
+Starts one sandbox, and one generator per game job and one for the evaluation (a 135M model leaves
+an H100 mostly idle, so the runs share it concurrently; sharing one generator, five streams of short
+game turns of different adapters queued behind each other's batches), runs every game job as its
+own process, and evaluates the base model's MBPP-test greedy pass@1 meanwhile through the one
+evaluation path (an eval job). Each
 job plays arena games against fixed opponents every `--arena-every` steps (tic-tac-toe: the random
 player and the frozen base; code-output: the frozen base), evaluates MBPP-test greedy pass@1 halfway
 and after training (transfer), and logs per-role returns, win and illegal-move rates, predictor
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -319,19 +322,26 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="crucible-selfplay-"))
     cuda = _cuda()
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = start(
-        "crucible_generator",
-        {
-            "CRUCIBLE_GENERATOR_MODEL": args.model,
-            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128" if cuda else "32",
-            "CRUCIBLE_GENERATOR_MAX_LORAS": str(4 * len(names) + 4),
-            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-            **({} if cuda else {"CRUCIBLE_GENERATOR_DEVICE": "cpu"}),
-        },
-        "CRUCIBLE_GENERATOR_PORT",
-        log=work / "generator.log",
-        timeout=600,
-    )
+    generator_env = {
+        "CRUCIBLE_GENERATOR_MODEL": args.model,
+        "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128" if cuda else "32",
+        "CRUCIBLE_GENERATOR_MAX_LORAS": "8",
+        "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+        **({} if cuda else {"CRUCIBLE_GENERATOR_DEVICE": "cpu"}),
+    }
+    with ThreadPoolExecutor(len(names) + 1) as pool:  # start them side by side
+        futures = {
+            key: pool.submit(
+                start,
+                "crucible_generator",
+                generator_env,
+                "CRUCIBLE_GENERATOR_PORT",
+                log=work / f"generator-{key}.log",
+                timeout=600,
+            )
+            for key in [*names, "eval"]
+        }
+        generators = {key: future.result() for key, future in futures.items()}
     started_s = time.perf_counter() - t0
     print(f"services up in {started_s:.0f} s (work dir {work})", flush=True)
     specs = {name: job_spec(name, args) for name in names}
@@ -346,7 +356,7 @@ def main() -> None:
             cmd = [
                 sys.executable, __file__, "--child", name, "--child-spec", str(spec_path),
                 "--child-deadline", str(deadline), "--work", str(work),
-                "--generator", generator.url, "--sandbox", sandbox.url,
+                "--generator", generators[name].url, "--sandbox", sandbox.url,
             ]  # fmt: skip
             procs[name] = subprocess.Popen(
                 cmd, stdout=(work / f"{name}.log").open("w"), stderr=subprocess.STDOUT
@@ -357,7 +367,7 @@ def main() -> None:
         while queue and len(procs) < width:
             launch(queue.pop(0))
         if args.eval_tasks:
-            before = asyncio.run(base_eval(generator.url, sandbox.url, work, args))
+            before = asyncio.run(base_eval(generators["eval"].url, sandbox.url, work, args))
             print("before:", json.dumps(before), flush=True)
         while any(p.poll() is None for p in procs.values()) or queue:
             running = sum(p.poll() is None for p in procs.values())
@@ -373,7 +383,8 @@ def main() -> None:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-        generator.stop()
+        for generator in generators.values():
+            generator.stop()
         sandbox.stop()
     out_dir = args.out_dir
     if out_dir is not None:
