@@ -140,7 +140,7 @@ PY
     PORT=8101 GENERATOR_DTYPE=bfloat16 bash bench/gpu-vllm.sh profile "$(dense_dir)" ;;
   crucible-up)  # Crucible's generator on the same weights, :8102, in its own session (outlives the call)
     mkdir -p /root/logs
-    CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=warning setsid python3 -m crucible_generator \
+    CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info setsid python3 -m crucible_generator \
       > /root/logs/crucible-generator.log 2>&1 < /dev/null &
     for _ in $(seq 1 300); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
@@ -155,6 +155,8 @@ PY
     cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
+    bash bench/gpu.sh vllm-fixtures ;;
+  vllm-fixtures)
     python3 bench/vllm_fixtures.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
       --model-dir "$(dense_dir)" --out /root/fixtures
     tar -czf "${OUT:-/tmp}/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back

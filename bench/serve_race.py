@@ -154,7 +154,7 @@ def main() -> None:
                 )
             )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps(results, indent=1, default=str))
     print(markdown(results, list(servers)))
 
 

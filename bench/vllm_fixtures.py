@@ -49,7 +49,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp())
     adapter = make_adapter(args.model_dir, root)
     bodies: dict[str, httpx.Response] = {}
-    with httpx.Client(base_url=args.url, timeout=120) as http:
+    # A fresh connection per request: vLLM 0.22 resets the connection after an unhandled error.
+    with httpx.Client(base_url=args.url, timeout=120, headers={"Connection": "close"}) as http:
         bodies["completion_n2_logprobs_token_ids"] = http.post(
             "/v1/completions",
             json={"model": args.model, "prompt": "def add(a, b):", "n": 2, "max_tokens": 32, "seed": 7,

@@ -286,7 +286,7 @@ class ContinuousDecoder:
                     self._restore(saved)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 logits = self._step(window)
         finally:
             self._restore(saved)
@@ -322,5 +322,5 @@ class _PrefillGraph:
                 decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=decoder._pool):
+        with torch.cuda.graph(self.graph, pool=decoder._pool, capture_error_mode="thread_local"):
             self.logits = decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
