@@ -82,7 +82,8 @@ def test_complete_sends_vllm_fields_and_flattens_samples():
     for s in flat:
         assert len(s.token_ids) == len(s.logprobs)
         assert s.prompt_token_ids == [1604, 803, 24, 81, 28, 278, 727]
-    assert flat[0].token_ids[-1] == 2 and flat[0].finish_reason == "stop"  # vLLM keeps the EOS id
+    assert all(len(s.token_ids) == 32 and s.finish_reason == "length" for s in flat)
+    assert flat[0].token_ids != flat[1].token_ids  # two samples, not one answer twice
 
 
 def test_chat_samples_carry_prompt_ids_and_logprobs():
@@ -91,7 +92,7 @@ def test_chat_samples_carry_prompt_ids_and_logprobs():
             return await gen.chat([{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2)
 
     (s,) = samples(run(go()))
-    assert s.text.startswith("def add") and len(s.logprobs) == len(s.token_ids)
+    assert s.text.startswith("```python\nadd(a, b)") and len(s.logprobs) == len(s.token_ids) == 24
     assert s.prompt_token_ids and s.prompt_token_ids[0] == 1
 
 
