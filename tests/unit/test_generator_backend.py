@@ -54,3 +54,14 @@ def test_the_builtin_model_is_served_from_its_dense_copy_under_its_name():
     assert command[command.index("--served-model-name") + 1] == "smollm2-135m-instruct"
     assert command[command.index("--dtype") + 1] == "bfloat16"
     assert "--enable-lora" in command and command[command.index("--port") + 1] == "8123"
+
+
+def test_the_image_pins_the_vllm_release_the_fixtures_were_recorded_from():
+    root = Path(__file__).resolve().parents[2]
+    pinned = re.search(
+        r"^FROM vllm/vllm-openai:v([\d.]+)$", (root / "services/generator/vllm/Dockerfile").read_text(), re.M
+    )
+    recorded = re.search(
+        r"real vLLM ([\d.]+) OpenAI-compatible", (root / "tests/fixtures/vllm/README.md").read_text()
+    )
+    assert pinned and recorded and pinned.group(1) == recorded.group(1) == "0.22.0"
