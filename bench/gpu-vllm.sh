@@ -11,28 +11,24 @@
 # it there only while the machine stays warm (~30 s after a call): chain the calls at once.
 # (MoE models: keep _moe_C in `prepare`, a third part. Non-Hopper GPUs: keep FA2, or TRITON_ATTN.)
 #
-# From a project checkout: ../shared does not travel to the GPU machine, so copy this script
-# into the repository first (e.g. bench/gpu-vllm.sh) and use that path below; keep .carry/ and
-# .whl/ out of git (.git/info/exclude).
-# Here (a machine with pip and the package index), from the repository root:
+# In Crucible, the model travels as for every GPU benchmark (`bench/gpu.sh part-a` / `setup`, which
+# also converts it into Crucible's dense cache) and `bench/gpu.sh vllm-up` serves that checkpoint
+# with the project's launch profile (`profile` below). Here, from the repository root:
 #   bash bench/gpu-vllm.sh prepare     # -> .carry/vllm/{s1,s2,site.sha256}; .vllm-wheels = download cache
 #
-# Calls on the GPU machine, each one right after the previous returns. Shown with a model that
-# travels as a GGUF split in two (.carry/a/part, .carry/b/part, .carry/b/sha256); a dense HF
-# directory (config.json, *.safetensors, tokenizer files) can be served directly instead.
+# Calls on the GPU machine, each one right after the previous returns (the machine stays warm only
+# ~30 s between calls):
 #   1. carry [".carry/vllm/s1"]                     bash bench/gpu-vllm.sh stage .carry/vllm/s1
 #   2. carry [".carry/vllm/s2", ".carry/vllm/site.sha256"]
 #        bash bench/gpu-vllm.sh stage .carry/vllm/s2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
-#   3. carry [".carry/a"]                           bash bench/gpu-vllm.sh stage .carry/a/part a
-#   4. carry [".carry/b"]  (timeout_s 480)
-#        G=bench/gpu-vllm.sh; export NAME=my-model
-#        bash $G join /root/stage/model.gguf .carry/b/sha256 /root/stage/a .carry/b/part &&
-#        bash $G model /root/stage/model.gguf /root/models/m &&   # GGUF -> dense HF checkpoint
-#        bash $G serve /root/models/m &&                          # background (setsid), waits for /health
-#        bash $G check /root/models/m; bash $G stop               # LoRA load/use/unload, logprobs, parity
-# Every device step sets PYTHONPATH=/tmp/site itself. Logs (vllm.log) and check.json go to $OUT
-# (so they come back) when it is set, else /tmp. The server outlives its call (own session): a
-# next call made while the machine is warm can use it at http://127.0.0.1:$PORT.
+#   3. carry [".carry/a"]                           bash bench/gpu.sh part-a
+#   4. carry [".carry/b", ".whl"]
+#        bash bench/gpu.sh setup && bash bench/gpu.sh vllm-up && bash bench/gpu.sh vllm-check
+#        (vllm-check = `check` below + the fixture recorder; then serve-race, vllm-race, ...: bench/gpu.sh)
+# `serve MODEL_DIR` starts vLLM with this script's own minimal flags instead of the profile.
+# Every device step sets PYTHONPATH=/tmp/site itself. Logs and check.json go to $OUT (so they come
+# back) when it is set, else /tmp. The server outlives its call (own session): a next call made
+# while the machine is warm can use it at http://127.0.0.1:$PORT.
 #
 # Seen on an H100 (SmolLM2-135M-Instruct from a Q4_1 GGUF, 2026-11-26): 4 calls, about 5 minutes
 # of device time with the machine start. install + first import 25 s; GGUF -> dense 34-42 s;
@@ -120,11 +116,6 @@ stage)  # device: keep a carried file in /root/stage (optionally under another n
   cp "$2" "/root/stage/${3:-$(basename "$2")}"
   ls -la /root/stage ;;
 
-join)  # device: join OUT SHA256FILE PART... -- concatenate parts and verify the sha256
-  dest=$2 sha=$(cat "$3"); shift 3
-  cat "$@" > "$dest"
-  echo "$sha  $dest" | sha256sum -c ;;
-
 install)  # device: reassemble and unpack into /tmp/site, then a quick import check
   sha=$(cat "${2:-.carry/vllm/site.sha256}")
   cat /root/stage/s1 /root/stage/s2 > /root/stage/site.tar.xz
@@ -140,32 +131,6 @@ import vllm.entrypoints.openai.api_server  # noqa: F401
 print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", md.version("transformers"),
       "triton", md.version("triton"), "| FA3:", fa.FA3_AVAILABLE, fa.FA3_UNAVAILABLE_REASON or "",
       f"| import {time.perf_counter() - t:.1f} s")
-PY
-  ;;
-
-model)  # device: GGUF file -> dense HF checkpoint (the GGUF-loaded model is flagged quantized)
-  python3 - "$2" "$3" <<'PY'
-import sys
-from pathlib import Path
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-gguf, out = Path(sys.argv[1]), Path(sys.argv[2])
-if (out / "config.json").exists():
-    sys.exit(print("dense checkpoint already there:", out))
-folder, name = str(gguf.parent), gguf.name
-tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-config = AutoConfig.from_pretrained(folder, gguf_file=name)
-if hasattr(config, "quantization_config"):
-    del config.quantization_config
-dense = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-dense.load_state_dict(quantized.state_dict())
-dense.tie_weights()
-dense.generation_config.eos_token_id = config.eos_token_id
-dense.generation_config.bos_token_id = config.bos_token_id
-dense.save_pretrained(out)
-tok.save_pretrained(out)
-print("dense checkpoint:", out, sorted(p.name for p in out.iterdir()))
 PY
   ;;
 
