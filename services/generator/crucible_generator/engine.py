@@ -485,6 +485,11 @@ class Engine:
         """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
         if free == 0:
             return []
+        assert self.fast is not None
+        if self.fast.merged.current != slot:
+            # The batch's adapter was unloaded as its last row ended and its slot may already hold
+            # the next version's weights: a new batch merges them before anything decodes.
+            return []
         with self._cond:
             if self._control or not self._waiting:
                 return []
