@@ -178,3 +178,15 @@ def test_a_cancelled_request_frees_its_row(engines):
         return result
 
     assert len(asyncio.run(scenario())[0].token_ids) == 5
+
+
+def test_a_sequence_may_fill_its_row_to_the_last_slot(engines):
+    # The lookahead step after a sequence's last token feeds that token (its keys go to the row's
+    # last slot) before the host knows the sequence ended; one token longer goes the eager way.
+    eager, fast = engines
+    length = fast.fast.length  # 512: the tiny model's context
+    prompt = [4, 5, 6, 7, 8, 9]
+    for max_tokens in (length - len(prompt) - 1, length - len(prompt)):
+        got = solo(fast, prompt, greedy(max_tokens))
+        assert got.token_ids == solo(eager, prompt, greedy(max_tokens)).token_ids
+        assert len(got.token_ids) == max_tokens

@@ -226,9 +226,12 @@ class ContinuousDecoder:
 
     # --- decoding -------------------------------------------------------------------------------
 
-    def step(self, rows: torch.Tensor, tokens: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
-        """Feed `tokens` to the live `rows` and return the next logits of the window's rows."""
+    def feed(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Set the token each of `rows` feeds to the next step (device tensors: no host sync)."""
         self.input_ids[rows, 0] = tokens
+
+    def step(self, window: tuple[int, int]) -> torch.Tensor:
+        """One decode step of the window's rows; returns their next-token logits."""
         if not self.use_graphs:
             return self._step(window)
         entry = self._graphs.get(window)

@@ -48,7 +48,7 @@ from .continuous import ContinuousDecoder
 from .errors import BadRequest, GeneratorError, ServerError
 from .fastpath import supports
 from .metrics import Metrics
-from .sampling import RowParams, make_generator, sample
+from .sampling import RowParams, SampleOutput, make_generator, sample
 from .slots import SpareSlot, config_signature
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,40 @@ class _Sequence:
     stop_reason: int | str | None = None
 
 
+class _Readback:
+    """A sampling result on its way to the host: copies queued right after the sampling (so they
+    do not wait for later steps queued behind them), read once they have landed."""
+
+    def __init__(self, picked: SampleOutput) -> None:
+        parts = [picked.tokens, picked.logprobs]
+        if picked.top_ids is not None and picked.top_logprobs is not None:
+            parts += [picked.top_ids, picked.top_logprobs]
+        self._host = [t.to("cpu", non_blocking=True) for t in parts]  # pinned when from CUDA
+        self._event: Any = None
+        if picked.tokens.is_cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def lists(self) -> list[list]:
+        """tokens, logprobs and, when asked, top ids and top logprobs, as lists."""
+        if self._event is not None:
+            self._event.synchronize()
+        return [t.tolist() for t in self._host]
+
+
+@dataclass
+class _Launched:
+    """A decode step queued on the device: its rows (and their sequences), its sampled tokens on
+    the device (the next step's input) and their copy on the way to the host."""
+
+    rows: list[tuple[int, _Sequence]]
+    picked: SampleOutput
+    readback: _Readback = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.readback = _Readback(self.picked)
+
+
 def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
     """Complete `future` unless its awaiter is gone (runs on the event loop)."""
     if future.done():
@@ -166,6 +200,7 @@ class Engine:
             seed if seed is not None else int.from_bytes(os.urandom(8), "little"), self.device
         )
         self._spare: SpareSlot | None = None  # an unloaded adapter's modules, kept for reuse
+        self._live: tuple[list[int], torch.Tensor | None] = ([], None)  # the continuous batch's row index
         self.fast: ContinuousDecoder | None = None
         if fast_decode == "on" or (fast_decode == "auto" and self.device.type == "cuda"):
             if supports(model.config):
@@ -392,7 +427,8 @@ class Engine:
                         self._fail(seq, exc)
 
     def _fits_fast(self, seq: _Sequence) -> bool:
-        """Whether `seq` can decode in a row of the continuous batch."""
+        """Whether `seq` can decode in a row of the continuous batch. (The lookahead step after its
+        last token writes that token's keys, at slot `longest - 1`: nothing past the row.)"""
         if self.fast is None:
             return False
         longest = min(len(seq.prompt_ids) + seq.params.max_tokens, self.max_model_len)
@@ -455,23 +491,38 @@ class Engine:
 
     def _continuous(self, first: list[_Sequence]) -> None:
         """Decode `first` in rows of the fast path, admitting later sequences of the same adapter
-        between steps, until no row is left."""
+        between steps, until no row is left.
+
+        One step of lookahead keeps the GPU busy while the host works: step t+1 is launched (its
+        input tokens are step t's samples, still on the device) before step t's tokens are read
+        back and checked for stops. A row that ended at step t computes one throwaway token in
+        step t+1, which is then discarded. Admissions, adapter operations and the end of the batch
+        first settle the outstanding step."""
         fast = self.fast
         assert fast is not None
         slot = first[0].slot
         rows: dict[int, _Sequence] = {}
         free = list(range(fast.rows - 1, -1, -1))  # popped from the end: lowest rows first
+        pending: _Launched | None = None
         joining = first
         try:
             while True:
                 if joining:
+                    pending = self._settle(pending, rows, free)
                     self._admit(joining, rows, free)
                 if not rows:
                     break
-                self._continuous_step(rows, free)
-                # Between two steps: the one safe moment to change adapters.
-                self._run_control_ops()
+                launched = self._launch(rows, pending is not None)
+                self._settle(pending, rows, free)
+                pending = launched
+                if self._control:
+                    # Between two steps: the one safe moment to change adapters.
+                    pending = self._settle(pending, rows, free)
+                    self._run_control_ops()
                 joining = self._joiners(slot, len(rows), len(free))
+                if not joining and not rows:
+                    break
+            self._settle(pending, rows, free)
         except Exception as exc:
             log.exception("continuous batch failed")
             for seq in list(rows.values()):
@@ -502,7 +553,7 @@ class Engine:
         return joining
 
     def _admit(self, seqs: list[_Sequence], rows: dict[int, _Sequence], free: list[int]) -> None:
-        """Prefill `seqs` into free rows and sample their first tokens."""
+        """Prefill `seqs` into free rows and sample their first tokens (settled at once)."""
         fast = self.fast
         assert fast is not None
         placed = [free.pop() for _ in seqs]
@@ -512,50 +563,69 @@ class Engine:
         self.metrics.prefix_reused_tokens.inc(sum(len(s.prompt_ids) for s in seqs) - sum(map(len, distinct)))
         for row, seq in zip(placed, seqs, strict=True):
             rows[row] = seq
-        self._sample_rows(logits, placed, rows, free)
+        index = torch.tensor(placed, device=self.device)
+        launched = _Launched(list(zip(placed, seqs, strict=True)), self._sample(logits, seqs))
+        fast.feed(index, launched.picked.tokens)
+        self._settle(launched, rows, free)
 
-    def _continuous_step(self, rows: dict[int, _Sequence], free: list[int]) -> None:
-        """One decode step of every live row."""
+    def _launch(self, rows: dict[int, _Sequence], lagging: bool) -> _Launched:
+        """Queue one decode step of every live row and the sampling of its tokens (not read back).
+
+        `lagging`: the previous step's tokens are not on the host yet, so every row is one token
+        further than its `output_ids` say."""
         fast = self.fast
         assert fast is not None
         live = sorted(rows)
-        longest = max(len(s.prompt_ids) + len(s.output_ids) for s in rows.values())
+        longest = max(len(s.prompt_ids) + len(s.output_ids) for s in rows.values()) + int(lagging)
         window = fast.window(live[-1], longest)
-        index = torch.tensor(live, device=self.device)
-        tokens = torch.tensor([rows[r].output_ids[-1] for r in live], device=self.device)
+        if self._live[0] != live:
+            # A blocking copy to the device would wait for the step in flight: build the row index
+            # only when the rows change (admissions and ends), not at every step.
+            self._live = (live, torch.tensor(live, device=self.device))
+        index = self._live[1]
         self.metrics.batch_size.observe(len(live))
         self.metrics.running.set(len(live))
-        logits = fast.step(index, tokens, window)
-        self._sample_rows(logits[index], live, rows, free)
-
-    def _sample_rows(
-        self, logits: torch.Tensor, live: list[int], rows: dict[int, _Sequence], free: list[int]
-    ) -> None:
-        """Sample one token for each of `live` (rows of `logits` in that order); free the finished."""
+        logits = fast.step(window)
         seqs = [rows[r] for r in live]
-        ended, _ = self._pick(logits, seqs)
-        done = []
-        for row, finished in zip(live, ended, strict=True):
-            if finished:
-                del rows[row]
-                done.append(row)
+        launched = _Launched(list(zip(live, seqs, strict=True)), self._sample(logits[index], seqs))
+        fast.feed(index, launched.picked.tokens)  # the next step's input, without a trip to the host
+        return launched
+
+    def _settle(self, launched: _Launched | None, rows: dict[int, _Sequence], free: list[int]) -> None:
+        """Read back a launched step's tokens, record them, free the rows whose sequence ended.
+
+        Sequences that had already ended (the step ran one token past them) are skipped."""
+        if launched is None:
+            return None
+        current = [(row, seq) for row, seq in launched.rows if seq.finish_reason is None]
+        keep = [i for i, (_, seq) in enumerate(launched.rows) if seq.finish_reason is None]
+        ended = self._record([seq for _, seq in current], launched.readback, keep)
+        done = [row for (row, _), end in zip(current, ended, strict=True) if end]
+        for row in done:
+            del rows[row]
         if done:
-            free.extend(sorted(done, reverse=True))
+            free.extend(done)
             free.sort(reverse=True)
             assert self.fast is not None
             self.fast.release(done)
+        return None
+
+    def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> SampleOutput:
+        num_top = max((s.params.logprobs or 0) for s in seqs)
+        return sample(logits, [s.row for s in seqs], num_top=num_top)
 
     def _pick(self, logits: torch.Tensor, seqs: list[_Sequence]) -> tuple[list[bool], torch.Tensor]:
         """Sample the next token of each sequence (rows of `logits`), record it, and complete or drop
         the sequences that end; returns which ended and the tokens (on the device)."""
-        num_top = max((s.params.logprobs or 0) for s in seqs)
-        picked = sample(logits, [s.row for s in seqs], num_top=num_top)
-        tokens = picked.tokens.tolist()
-        lps = picked.logprobs.tolist()
-        top_ids = picked.top_ids.tolist() if picked.top_ids is not None else None
-        top_lps = picked.top_logprobs.tolist() if picked.top_logprobs is not None else None
+        picked = self._sample(logits, seqs)
+        return self._record(seqs, _Readback(picked), list(range(len(seqs)))), picked.tokens
+
+    def _record(self, seqs: list[_Sequence], readback: _Readback, index: list[int]) -> list[bool]:
+        """Append row `index[j]` of a sampling result to `seqs[j]`; complete or drop those that end."""
+        tokens, lps, *top = readback.lists()
+        top_ids, top_lps = top if top else (None, None)
         ended = []
-        for j, seq in enumerate(seqs):
+        for j, seq in zip(index, seqs, strict=True):
             if seq.request.cancelled:
                 self._drop(seq)
                 ended.append(True)
@@ -571,7 +641,7 @@ class Engine:
             else:
                 ended.append(False)
         self.metrics.generation_tokens.inc(len(seqs))
-        return ended, picked.tokens
+        return ended
 
     # --- engine thread: eager batches ----------------------------------------------------------
 
