@@ -130,8 +130,9 @@ class ContinuousDecoder:
 
     # --- admission ------------------------------------------------------------------------------
 
-    def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Fill `rows` with `prompts` (one each) and return each row's next-token logits."""
+    def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
+        """Fill `rows` with `prompts` (one each); returns each row's next-token logits and how many
+        prompt tokens were not prefilled again (identical prompts share one prefill)."""
         unique: dict[tuple[int, ...], int] = {}
         source = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         distinct = list(unique)
@@ -151,7 +152,8 @@ class ContinuousDecoder:
             for k in range(start, end):
                 logits[k] = chunk[k - start]
             start = end
-        return torch.stack([logits[s] for s in source])  # type: ignore[misc]
+        reused = sum(map(len, prompts)) - sum(map(len, distinct))
+        return torch.stack([logits[s] for s in source]), reused  # type: ignore[misc]
 
     def _prefill_chunk(
         self, prompts: list[tuple[int, ...]], rows: list[int], source: list[int]
@@ -280,17 +282,13 @@ class ContinuousDecoder:
     def _capture(self, window: tuple[int, int]) -> tuple[Any, torch.Tensor]:
         """Record `_step(window)` as a CUDA graph, leaving the decode state as it was before."""
         saved = (self.mask.clone(), self.cache.write.clone(), self.positions.clone())
+
+        def warm_up() -> None:
+            self._step(window)
+            self._restore(saved)
+
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up (allocator, kernels' lazy init) off the capture
-                    self._step(window)
-                    self._restore(saved)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                logits = self._step(window)
+            graph, logits = capture_graph(lambda: self._step(window), warm_up, self._pool)
         finally:
             self._restore(saved)
         self._graphs[window] = (graph, logits)
@@ -318,12 +316,28 @@ class _PrefillGraph:
         self.mask2d = torch.zeros(shape, dtype=torch.bool, device=decoder.device)
         self.mask2d[:, -1] = True  # warm-up rows: one real token each
         self.scratch = StaticKVCache(width, decoder.device)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up (allocates the scratch cache) off the capture
-                decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=decoder._pool, capture_error_mode="thread_local"):
-            self.logits = decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
+
+        def forward() -> torch.Tensor:
+            return decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
+
+        # The warm-up also allocates the scratch cache, before the capture.
+        self.graph, self.logits = capture_graph(forward, forward, decoder._pool)
+
+
+def capture_graph(
+    fn: Callable[[], torch.Tensor], warm_up: Callable[[], Any], pool: Any
+) -> tuple[Any, torch.Tensor]:
+    """Capture `fn` as a CUDA graph in `pool` after running `warm_up` twice on a side stream
+    (allocator and kernels' lazy initialisation stay out of the graph); returns the graph and the
+    output it refills at every replay. Thread-local capture: another thread's CUDA calls (another
+    engine, a test) must not invalidate it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            warm_up()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn()
+    return graph, out

@@ -508,7 +508,8 @@ class Engine:
         try:
             while True:
                 if joining:
-                    pending = self._settle(pending, rows, free)
+                    self._settle(pending, rows, free)
+                    pending = None
                     self._admit(joining, rows, free)
                 if not rows:
                     break
@@ -517,7 +518,8 @@ class Engine:
                 pending = launched
                 if self._control:
                     # Between two steps: the one safe moment to change adapters.
-                    pending = self._settle(pending, rows, free)
+                    self._settle(pending, rows, free)
+                    pending = None
                     self._run_control_ops()
                 joining = self._joiners(slot, len(rows), len(free))
                 if not joining and not rows:
@@ -557,10 +559,9 @@ class Engine:
         fast = self.fast
         assert fast is not None
         placed = [free.pop() for _ in seqs]
-        logits = fast.prefill(placed, [s.prompt_ids for s in seqs])
+        logits, reused = fast.prefill(placed, [s.prompt_ids for s in seqs])
         self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in seqs))
-        distinct = {tuple(s.prompt_ids) for s in seqs}
-        self.metrics.prefix_reused_tokens.inc(sum(len(s.prompt_ids) for s in seqs) - sum(map(len, distinct)))
+        self.metrics.prefix_reused_tokens.inc(reused)
         for row, seq in zip(placed, seqs, strict=True):
             rows[row] = seq
         index = torch.tensor(placed, device=self.device)
@@ -596,11 +597,10 @@ class Engine:
 
         Sequences that had already ended (the step ran one token past them) are skipped."""
         if launched is None:
-            return None
-        current = [(row, seq) for row, seq in launched.rows if seq.finish_reason is None]
-        keep = [i for i, (_, seq) in enumerate(launched.rows) if seq.finish_reason is None]
-        ended = self._record([seq for _, seq in current], launched.readback, keep)
-        done = [row for (row, _), end in zip(current, ended, strict=True) if end]
+            return
+        current = [(i, row, seq) for i, (row, seq) in enumerate(launched.rows) if seq.finish_reason is None]
+        ended = self._record([seq for _, _, seq in current], launched.readback, [i for i, _, _ in current])
+        done = [row for (_, row, _), end in zip(current, ended, strict=True) if end]
         for row in done:
             del rows[row]
         if done:
@@ -608,7 +608,6 @@ class Engine:
             free.sort(reverse=True)
             assert self.fast is not None
             self.fast.release(done)
-        return None
 
     def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> SampleOutput:
         num_top = max((s.params.logprobs or 0) for s in seqs)
