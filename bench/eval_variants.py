@@ -87,7 +87,9 @@ def evaluate(name: str, url: str, sandbox: str, limit: int, work: Path) -> dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--limit", type=int, default=500)
     parser.add_argument("--server", action="append", default=[], help="NAME=URL of a running server")
     parser.add_argument("--variant", action="append", default=[], help="NAME[=KEY=VALUE,...]")
@@ -111,10 +113,16 @@ def main() -> None:
                 key, value = pair.split("=", 1)
                 env[f"CRUCIBLE_GENERATOR_{key.upper()}"] = value
             generator = start(
-                "crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / f"generator-{name}.log", timeout=600
+                "crucible_generator",
+                env,
+                "CRUCIBLE_GENERATOR_PORT",
+                log=work / f"generator-{name}.log",
+                timeout=600,
             )
             try:
-                rows.append({**evaluate(name, generator.url, sandbox.url, args.limit, work), "settings": settings})
+                rows.append(
+                    {**evaluate(name, generator.url, sandbox.url, args.limit, work), "settings": settings}
+                )
             finally:
                 generator.stop()
             print(json.dumps(rows[-1]), flush=True)

@@ -331,7 +331,11 @@ def main() -> None:
     }
     # Game turns are short and a step plays `--games` games: 64 rows of 1,024 slots each (a quarter
     # of the evaluation generator's KV cache) keep five generators and four trainers on one card.
-    game_env = {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "64", "CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"} if cuda else {}
+    game_env = (
+        {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "64", "CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"}
+        if cuda
+        else {}
+    )
     with ThreadPoolExecutor(len(names) + 1) as pool:  # start them side by side
         futures = {
             key: pool.submit(
