@@ -15,7 +15,7 @@
 #   bash bench/gpu.sh vllm-race STEPS # Crucible's GRPO job with vLLM as its generator
 #   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
-#   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~8 min: $OUT/selfplay.json + $OUT/selfplay/
+#   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
 #   bash bench/gpu.sh offline-rl      #   them while the machine is warm); JSON + Markdown to $OUT

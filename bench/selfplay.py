@@ -18,7 +18,7 @@ is cancelled (its figures so far are kept, marked partial), so the JSON is alway
 
 Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared]
            [--ttt-steps 36] [--code-steps 26] [--games 32] [--arena-every 5] [--eval-tasks 500]
-           [--deadline-s 420] [--json out.json] [--out-dir dir]
+           [--deadline-s 720] [--parallel 2] [--json out.json] [--out-dir dir]
        python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
 """
 
@@ -287,9 +287,14 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--parallel", type=int, default=0, help="runs at once (0: all)")
     parser.add_argument(
-        "--deadline-s", type=float, default=420, help="cancel runs still going this long after the start"
+        "--parallel",
+        type=int,
+        default=2,
+        help="runs at once (0: all); four trainers beside five generators overfill an 80 GB card",
+    )
+    parser.add_argument(
+        "--deadline-s", type=float, default=720, help="cancel runs still going this long after the start"
     )
     parser.add_argument(
         "--tiny", action="store_true", help="a CPU smoke run: 2 steps of 2 games, short turns"
