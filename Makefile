@@ -50,6 +50,7 @@ format: dev
 bench: setup
 	$(BIN)/python bench/sandbox_throughput.py
 	$(BIN)/python bench/generator.py
+	$(BIN)/python bench/decode_attention.py
 	$(BIN)/python bench/gateway_streams.py
 
 # The compose stack for real (docs/deploy.md, "Testing the deployment"): builds the images, runs the

@@ -15,6 +15,7 @@
 #   bash bench/gpu.sh vllm-race STEPS # Crucible's GRPO job with vLLM as its generator
 #   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
+#   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
@@ -190,6 +191,8 @@ PY
       --server crucible=http://127.0.0.1:8102 --variant rows256=MAX_BATCH_SIZE=256 \
       --variant rows128=MAX_BATCH_SIZE=128 --variant join2ms=MAX_BATCH_SIZE=256,JOIN_WAIT_MS=2 \
       --variant eager-prefill=MAX_BATCH_SIZE=256,PREFILL_GRAPHS=false --json "${OUT:-/tmp}/eval-variants.json" ;;
+  decode-attention)  # decode-step attention, expanded per query head against packed (bench/decode_attention.py)
+    python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
   gpu-tests)  # the GPU-marked tests (CUDA graphs, continuous batching on SmolLM2)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_generator_gpu.py ;;
   generator)

@@ -61,6 +61,7 @@ async def after_tokens(engine: Engine, count: float) -> None:
 
 def test_a_request_joins_a_running_batch_and_generates_what_it_would_alone(engines):
     eager, fast = engines
+    assert fast.fast.packed_attention  # decode steps use the packed GQA attention (attention.py)
     long_prompt, short_prompt = [5, 6, 7, 8], [9, 10]
     joined_before = counter(fast, "crucible_generator_joined_sequences_total")
 

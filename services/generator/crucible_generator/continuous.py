@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class ContinuousDecoder:
     ) -> None:
         self.merged = MergedModel(base)
         self.model = self.merged.model
+        self.packed_attention = use_packed_attention(self.model)
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
         self.rows, self.length = rows, -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
