@@ -61,6 +61,14 @@ def test_prefill_goes_to_transformers_sdpa() -> None:
     torch.testing.assert_close(ours, theirs)
 
 
+def test_arguments_that_change_attention_go_to_transformers() -> None:
+    """Soft-capping is not something the packed path does: transformers' SDPA refuses it loudly."""
+    query = torch.randn(1, 6, 1, 8)
+    key, value = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="softcap"):
+        packed_gqa_sdpa(types.SimpleNamespace(num_key_value_groups=3), query, key, value, None, softcap=30.0)
+
+
 def test_only_sdpa_models_switch(tiny_llama_config) -> None:
     from transformers import AutoModelForCausalLM
 

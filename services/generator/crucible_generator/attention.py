@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 NAME = "crucible_decode_sdpa"
+# Arguments that change the attention itself (soft-capping, sinks, biases, windows): transformers'
+# function handles (or refuses) them, never silently dropped here.
+SPECIAL = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
 
 
 def packed_gqa_sdpa(
@@ -36,7 +39,8 @@ def packed_gqa_sdpa(
     groups = int(getattr(module, "num_key_value_groups", 1))
     batch, heads, q_len, dim = query.shape
     shared_mask = attention_mask is None or attention_mask.shape[1] == 1
-    if q_len != 1 or groups == 1 or not shared_mask or dropout:
+    special = any(kwargs.get(k) is not None for k in SPECIAL)
+    if q_len != 1 or groups == 1 or not shared_mask or dropout or special:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
