@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import repeat_kv
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services" / "generator"))
@@ -29,8 +30,7 @@ WINDOWS = [(64, 256), (128, 256), (256, 512), (256, 768)]
 
 
 def expanded(module, query, key, value, mask, scaling=None):
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling).transpose(
         1, 2
     ), None

@@ -8,7 +8,8 @@ Usage (GPU machine; `bash bench/gpu.sh eval-variants N` runs the standard set):
         --variant default --variant rows128=MAX_BATCH_SIZE=128 --variant join2ms=JOIN_WAIT_MS=2 \
         --json out.json
 A variant is NAME[=KEY=VALUE[,KEY=VALUE...]], each KEY a generator setting without its
-`CRUCIBLE_GENERATOR_` prefix. Prints one table row per run; `--json` keeps every figure and report.
+`CRUCIBLE_GENERATOR_` prefix. Prints one table row per run; `--json` keeps every figure, `--out DIR`
+each run's report (`bash bench/gpu.sh eval-servers N`: the two servers alone).
 """
 
 from __future__ import annotations
@@ -94,11 +95,13 @@ def main() -> None:
     parser.add_argument("--server", action="append", default=[], help="NAME=URL of a running server")
     parser.add_argument("--variant", action="append", default=[], help="NAME[=KEY=VALUE,...]")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--out", type=Path, help="keep each run's report here (NAME/report.json, ...)")
     args = parser.parse_args()
 
     from crucible_cli.spawn import start
 
-    work = Path(tempfile.mkdtemp(prefix="crucible-eval-variants-"))
+    work = args.out or Path(tempfile.mkdtemp(prefix="crucible-eval-variants-"))
+    work.mkdir(parents=True, exist_ok=True)
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
     rows = []
     try:

@@ -166,26 +166,10 @@ PY
     python3 bench/grpo_race.py --steps "${2:-8}" --generator-url http://127.0.0.1:8101 --json "${OUT:-/tmp}/race-vllm.json"
     cp /root/logs/vllm.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
   eval-servers)  # greedy pass@1 on the first N MBPP test tasks through vLLM (:8101) and Crucible's generator (:8102)
-    python3 - "${2:-500}" "${OUT:-/tmp}" <<'PY'
-import json, subprocess, sys, tempfile
-from pathlib import Path
-from crucible_cli.spawn import start
-limit, out = sys.argv[1], Path(sys.argv[2])
-work = Path(tempfile.mkdtemp())
-sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-summary = {}
-try:
-    for name, url in (("vllm", "http://127.0.0.1:8101"), ("crucible", "http://127.0.0.1:8102")):
-        subprocess.run([sys.executable, "-m", "crucible_cli", "eval", "--split", "test", "--limit", limit, "--n", "0",
-                        "--max-tokens", "256", "--concurrency", "256", "--quiet", "--generator", url,
-                        "--sandbox", sandbox.url, "--out", str(work / name)], check=True)
-        summary[name] = sorted(str(p.relative_to(work)) for p in (work / name).rglob("*.json"))
-finally:
-    sandbox.stop()
-subprocess.run(["tar", "-czf", str(out / "eval-servers.tar.gz"), "-C", str(work), "vllm", "crucible"], check=True)
-print(json.dumps(summary))
-PY
-    ;;
+    rm -rf /root/eval-servers
+    python3 bench/eval_variants.py --limit "${2:-500}" --server vllm=http://127.0.0.1:8101 \
+      --server crucible=http://127.0.0.1:8102 --out /root/eval-servers --json "${OUT:-/tmp}/eval-servers.json"
+    tar -czf "${OUT:-/tmp}/eval-servers.tar.gz" -C /root/eval-servers vllm crucible ;;
   eval-variants)  # N: the eval through vLLM (:8101), Crucible (:8102) and Crucible generators of other settings
     python3 bench/eval_variants.py --limit "${2:-500}" --server vllm=http://127.0.0.1:8101 \
       --server crucible=http://127.0.0.1:8102 --variant rows256=MAX_BATCH_SIZE=256 \

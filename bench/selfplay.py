@@ -335,7 +335,8 @@ def main() -> None:
         **({} if cuda else {"CRUCIBLE_GENERATOR_DEVICE": "cpu"}),
     }
     # Game turns are short and a step plays `--games` games: 64 rows of 1,024 slots each (a quarter
-    # of the evaluation generator's KV cache) keep five generators and four trainers on one card.
+    # of the evaluation generator's KV cache), so five generators leave room for two trainers
+    # (`--parallel 2`; a trainer takes ~16 GiB at micro-batch 32) on one 80 GB card.
     game_env = (
         {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "64", "CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"}
         if cuda

@@ -96,8 +96,6 @@ def closed_loop(
     deadline = start + seconds
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
         parts = pool.map(_process, [(url, body, n, start, deadline) for n in shares])
-    while time.time() < start:
-        time.sleep(0.01)
     tokens = sum(p[0] for p in parts)
     last = max(p[2] for p in parts)
     return {

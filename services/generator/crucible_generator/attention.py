@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "crucible_decode_sdpa"
 # Arguments that change the attention itself (soft-capping, sinks, biases, windows): transformers'
@@ -41,8 +42,6 @@ def packed_gqa_sdpa(
     shared_mask = attention_mask is None or attention_mask.shape[1] == 1
     special = any(kwargs.get(k) is not None for k in SPECIAL)
     if q_len != 1 or groups == 1 or not shared_mask or dropout or special:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(
             module,
             query,
