@@ -171,6 +171,7 @@ def main() -> None:
         "time/execute_tail_s",
         "time/train_s",
         "publish/total_s",
+        "time/stale_wait_s",  # the part of the stale-policy check the rollouts did not hide
         "reward_mean",
         "zero_signal_fraction",
         "completion_tokens_mean",
@@ -186,7 +187,7 @@ def main() -> None:
         )
     later = [r["time/step_s"] for r in rows[1:]] or [rows[0]["time/step_s"]]
     median = statistics.median(later)
-    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:6]}
+    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:7]}
     print(
         f"median step (steps 2+): {median:.2f} s; split: "
         + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
@@ -208,6 +209,7 @@ def main() -> None:
                     "filter": "pre" if args.difficulty_filter else args.filter,
                     "reward": args.reward,
                     "generator": args.generator_url or "crucible",
+                    "stale_check_final": summary.get("stale_check"),
                 },
                 indent=1,
             )

@@ -683,7 +683,9 @@ class PublishSpec(_Spec):
     staleness_window: int = Field(
         1, ge=0, le=64, description="Older versions kept loaded (vLLM --max-loras >= this + 1)."
     )
-    stale_check: bool = Field(True, description="Score a probe with trainer and generator after each swap.")
+    stale_check: bool = Field(
+        True, description="Score a probe with trainer and generator for each version rollouts sample from."
+    )
     stale_tolerance: float = Field(
         0.05, gt=0, le=100, description="Max mean |logprob difference| on the probe."
     )

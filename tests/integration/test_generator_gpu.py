@@ -100,3 +100,31 @@ def test_steady_state_decoding_captures_no_graph_and_joins_running_batches():
     # an answer or two; a broken row layout would change most of them.
     agree = sum(f.token_ids[:16] == e.token_ids[:16] for e, f in zip(want, got, strict=True))
     assert agree >= 0.9 * len(want), f"{agree} of {len(want)} answers start as the eager path's do"
+
+
+def test_sampled_rows_are_drawn_without_a_host_sync():
+    # A host sync in sampling makes the decode loop wait for the step in flight (no lookahead).
+    from crucible_generator.sampling import RowParams, make_generator, sample
+
+    shared = make_generator(7, "cuda")  # rows 1 and 5 share one: the non-contiguous fill
+    rows = [
+        RowParams(
+            temperature=0.0 if i % 4 == 0 else 1.0,
+            top_p=0.9 if i % 3 == 0 else 1.0,
+            top_k=50 if i % 5 == 0 else 0,
+            generator=shared if i in (1, 5) else make_generator(i, "cuda"),
+        )
+        for i in range(64)
+    ]
+    logits = torch.randn(64, 49152, device="cuda", dtype=torch.bfloat16)
+    sample(logits, rows, num_top=2)  # warms the pinned-memory cache
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = sample(logits, rows, num_top=2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    tokens = out.tokens.cpu()
+    assert tokens.shape == (64,) and bool(((tokens >= 0) & (tokens < 49152)).all())
+    greedy = torch.argmax(logits.float(), dim=-1).cpu()
+    assert all(tokens[i] == greedy[i] for i in range(0, 64, 4))

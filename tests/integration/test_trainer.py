@@ -96,9 +96,14 @@ def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dir
             "publish/load_s",
         ):
             assert key in row, key
-        # The generator serves what the trainer just published (stale-policy check).
+        # The generator served the policy the trainer held while the step sampled from it (the
+        # base model at step 1, v1 at step 2): the stale-policy check, run beside the rollouts.
         assert row["stale/diff"] <= 0.05
-    # v1 and v2 were published under new names and served (the stale check above scored each
+        assert row["time/stale_wait_s"] >= 0
+    # v2, published after the last step, is checked once more before the job ends.
+    assert summary["stale_check"]["stale/diff"] <= 0.05
+    assert summary["stale_check"]["stale/policy_moved"] > 0 or sum(r["update/sequences"] for r in rows) == 0
+    # v1 and v2 were published under new names and served (the stale checks above scored them
     # through the generator); once the job is over it frees the generator's adapter slots.
     assert (stack_dirs["adapters"] / "grpo-it" / "v1" / "adapter_config.json").exists()
     assert (stack_dirs["adapters"] / "grpo-it" / "v2" / "adapter_config.json").exists()
@@ -115,6 +120,56 @@ def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dir
         or updated[1] == 0
     )
     assert (run_dir / "learning_curve.png").exists()
+
+
+def test_a_generator_serving_other_weights_fails_the_step(
+    stack_generator, sandbox, stack_dirs, monkeypatch
+) -> None:
+    """A replica that serves other weights under a version's name (a botched copy, a lagging
+    reload): the step sampling from it fails before its samples train anything."""
+    import torch
+    from crucible_trainer import train as train_module
+    from crucible_trainer.train import StalePolicyError
+    from safetensors.torch import save_file
+
+    class TamperingPublisher(train_module.Publisher):
+        async def publish(self, policy, version):
+            save = policy.save_adapter
+
+            def tampered(path: Path) -> Path:
+                out = save(path)
+                weights = load_file(str(path / "adapter_model.safetensors"))
+                noise = torch.Generator().manual_seed(version)
+                for name, t in weights.items():
+                    if "lora_B" in name:
+                        weights[name] = torch.randn(t.shape, generator=noise).to(t.dtype) * 0.2
+                save_file(weights, str(path / "adapter_model.safetensors"))
+                return out
+
+            policy.save_adapter = tampered
+            try:
+                return await super().publish(policy, version)
+            finally:
+                del policy.save_adapter
+
+    monkeypatch.setattr(train_module, "Publisher", TamperingPublisher)
+    from crucible_trainer.channel import LocalChannel
+
+    events: list[dict] = []
+    channel = LocalChannel("stale-it", lambda kind, event: events.append(event))
+    spec = tiny_job(optim={"steps": 3}, checkpoint={"every": 1})
+    with pytest.raises(StalePolicyError, match=r"stale-it-v1 \(version 1\)"):
+        train(spec, "stale-it", settings_for(stack_generator, sandbox, stack_dirs), channel)
+    run_dir = stack_dirs["runs"] / "stale-it"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # Step 1 sampled from the untouched base model; step 2 never finished.
+    assert [r["step"] for r in rows] == [1]
+    assert rows[0]["stale/diff"] <= 0.05
+    stale = [e for e in events if e["type"] == "stale_policy"]
+    assert (
+        len(stale) == 1 and stale[0]["version"] == 1 and stale[0]["stale/diff"] > spec.publish.stale_tolerance
+    )
+    assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
 
 
 def test_srrl_step_refines_failed_attempts(stack_generator, sandbox, stack_dirs) -> None:

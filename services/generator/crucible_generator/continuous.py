@@ -32,6 +32,7 @@ import torch
 
 from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
+from .transfer import to_device
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class ContinuousDecoder:
         for i, prompt in enumerate(prompts):  # left-padded, as `fastpath` prefills
             ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask2d[i, width - len(prompt) :] = True
-        ids, mask2d = ids.to(self.device), mask2d.to(self.device)
+        ids, mask2d = to_device(ids, self.device), to_device(mask2d, self.device)
         graph = self._prefill_graph((count, width)) if self.use_graphs and self.bucket_prefill else None
         if graph is not None:
             graph.ids.copy_(ids)
@@ -181,10 +182,10 @@ class ContinuousDecoder:
             scratch = StaticKVCache(width, self.device)
             logits = self._prefill_forward(scratch, ids, mask2d)
         # Copy each prompt into its rows shifted left so that it starts at slot 0.
-        src = torch.tensor(source, device=self.device)
-        lengths = torch.tensor([len(prompts[s]) for s in source], device=self.device)
+        src = to_device(source, self.device)
+        lengths = to_device([len(prompts[s]) for s in source], self.device)
         shift = (self._slots[:width].unsqueeze(0) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
-        target = torch.tensor(rows, device=self.device)
+        target = to_device(rows, self.device)
         for layer, (k, v) in enumerate(zip(scratch.keys, scratch.values, strict=True)):
             index = shift[:, None, :, None].expand(len(rows), k.shape[1], width, k.shape[3])
             self.cache.keys[layer][target, :, :width] = k[src].gather(2, index)
@@ -224,7 +225,7 @@ class ContinuousDecoder:
     def release(self, rows: Sequence[int]) -> None:
         """Free `rows`: they stop advancing (their writes stay at slot 0 until a prompt fills them)."""
         if rows:
-            target = torch.tensor(list(rows), device=self.device)
+            target = to_device(list(rows), self.device)
             self.live[target] = 0
             self.cache.write[target] = 0
 

@@ -50,6 +50,7 @@ from .fastpath import supports
 from .metrics import Metrics
 from .sampling import RowParams, SampleOutput, make_generator, sample
 from .slots import SpareSlot, config_signature
+from .transfer import to_device
 
 log = logging.getLogger(__name__)
 
@@ -564,7 +565,7 @@ class Engine:
         self.metrics.prefix_reused_tokens.inc(reused)
         for row, seq in zip(placed, seqs, strict=True):
             rows[row] = seq
-        index = torch.tensor(placed, device=self.device)
+        index = to_device(placed, self.device)
         launched = _Launched(list(zip(placed, seqs, strict=True)), self._sample(logits, seqs))
         fast.feed(index, launched.picked.tokens)
         self._settle(launched, rows, free)
@@ -580,9 +581,8 @@ class Engine:
         longest = max(len(s.prompt_ids) + len(s.output_ids) for s in rows.values()) + int(lagging)
         window = fast.window(live[-1], longest)
         if self._live[0] != live:
-            # A blocking copy to the device would wait for the step in flight: build the row index
-            # only when the rows change (admissions and ends), not at every step.
-            self._live = (live, torch.tensor(live, device=self.device))
+            # Built only when the rows change (admissions and ends), not at every step.
+            self._live = (live, to_device(live, self.device))
         index = self._live[1]
         self.metrics.batch_size.observe(len(live))
         self.metrics.running.set(len(live))

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .transfer import to_device
+
 # vLLM treats temperatures below this as greedy decoding.
 GREEDY_EPSILON = 1e-5
 
@@ -81,13 +83,13 @@ def sample(logits: torch.Tensor, rows: list[RowParams], num_top: int = 0) -> Sam
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
     if sampled:
         device = logits.device
-        index = torch.tensor(sampled, device=device) if len(sampled) < len(rows) else None
+        index = to_device(sampled, device) if len(sampled) < len(rows) else None
         part = logits if index is None else logits[index]
-        temperatures = torch.tensor([rows[i].temperature for i in sampled], device=device)
+        temperatures = to_device([rows[i].temperature for i in sampled], device, torch.float32)
         scaled = part / temperatures.unsqueeze(1)
         if any(rows[i].top_p < 1.0 or rows[i].top_k > 0 for i in sampled):
-            top_p = torch.tensor([rows[i].top_p for i in sampled], device=device)
-            top_k = torch.tensor([rows[i].top_k for i in sampled], device=device)
+            top_p = to_device([rows[i].top_p for i in sampled], device, torch.float32)
+            top_k = to_device([rows[i].top_k for i in sampled], device, torch.long)
             scaled = filter_logits(scaled, top_p, top_k)
         probs = torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs)
@@ -106,7 +108,7 @@ def sample(logits: torch.Tensor, rows: list[RowParams], num_top: int = 0) -> Sam
                 fill = torch.empty((len(members), probs.shape[1]), device=device).exponential_(
                     generator=generator
                 )
-                noise[torch.tensor(members, device=device)] = fill
+                noise[to_device(members, device)] = fill
         # Exp(1) can return exactly 0 (a division by zero would pick a zero-probability token).
         draws = torch.argmax(probs / noise.clamp_(min=1e-20), dim=-1)
         if index is None:

@@ -1,10 +1,16 @@
 """The training job: one loop for every method, run by the RQ worker and by `crucible train --local`.
 
 Per step: problems from the sampler -> the method collects samples (rollouts from the generator
-at the current adapter version, sandbox results, rewards, advantages) -> policy update ->
-publish the new version to every generator replica -> stale-policy check -> metrics, rollouts,
-events -> checkpoint -> interval evaluation. The method is looked up in
-`crucible_trainer.methods.REGISTRY`; nothing here depends on which one it is.
+at the current adapter version, sandbox results, rewards, advantages), and meanwhile the
+stale-policy check of that version -> policy update -> publish the new version to every
+generator replica -> metrics, rollouts, events -> checkpoint -> interval evaluation. The method
+is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends on which one it is.
+
+The stale-policy check asks the generator to score a probe with the version a step samples from
+and compares it with the trainer's policy, which still holds exactly that version until the
+step's update: run beside the rollouts, it costs the step no time, and a generator that serves
+other weights fails the step before its samples train anything. The version published after the
+last step is checked once more before the final evaluation.
 
 A checkpoint holds the adapter, the optimizer, every RNG, the problem sampler and the method's
 state (`StepContext.state`, e.g. SPIRAL's baselines), so a job killed at step k and resumed trains
@@ -44,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 class StalePolicyError(RuntimeError):
-    """The generator does not serve the policy the trainer just published."""
+    """The generator does not serve the policy the trainer holds for the version it samples from."""
 
 
 class TrainRun:
@@ -130,19 +136,21 @@ class TrainRun:
         )
         prompts = PromptBook(self.problems, chat, policy.tokenizer)
         sampler = ProblemSampler(list(range(len(self.problems))), spec.seed)
-        start = await self._resume(policy, publisher, sampler)
+        start, version = await self._resume(policy, publisher, sampler)
         if start == 1:
             if spec.model.init_adapter:
                 await publisher.publish(policy, 0)
             ctx = self._context(roller, prompts, sampler, publisher, 0)
             await self._prepare(ctx, sampler)
         before = await self._before(pool, sandbox, publisher.model_name, start)
-        version = start - 1
         for step in range(start, spec.optim.steps + 1):
             self.cancel.check()
             ctx = self._context(roller, prompts, sampler, publisher, step)
             batch = sampler.draw(spec.optim.problems_per_step)
-            metrics = await self._step(ctx, policy, publisher, pool, batch)
+            # The served version is the trainer's policy only when nothing trained since it was
+            # published (with publish.every > 1 the rollouts of the steps between are off-policy).
+            served_is_policy = spec.publish.stale_check and version == step - 1
+            metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
             version = step if step % spec.publish.every == 0 else version
             self.events.metrics(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
@@ -159,6 +167,11 @@ class TrainRun:
                 and step < spec.optim.steps
             ):
                 await self._evaluate(pool, sandbox, publisher.model_name, f"step-{step}", step)
+        if spec.publish.stale_check and version == spec.optim.steps and publisher.current:
+            probe = prompts.first(0)
+            self.summary["stale_check"] = await self._stale_check(
+                pool, policy, publisher.model_name, version, probe
+            )
         final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter")
         self.summary.update(
             status=JobStatus.finished.value,
@@ -178,20 +191,22 @@ class TrainRun:
         self.events.emit("status", status="finished", summary=self.summary)
         return self.summary
 
-    async def _resume(self, policy: Policy, publisher: Publisher, sampler: ProblemSampler) -> int:
-        """The first step to run: 1, or the one after the newest checkpoint (restored)."""
+    async def _resume(self, policy: Policy, publisher: Publisher, sampler: ProblemSampler) -> tuple[int, int]:
+        """The first step to run (1, or the one after the newest checkpoint, restored) and the
+        adapter version the generators serve from then on."""
         found = checkpoint.latest(self.run_dir)
         if found is None:
-            return 1
+            return 1, 0
         state = await asyncio.to_thread(checkpoint.restore, policy, found)
         extra = state["extra"]
         if "sampler" in extra:
             sampler.load(extra["sampler"])
         self.method_state.update(extra.get("method", {}))
-        await publisher.adopt(extra.get("version", state["step"]))
+        version = extra.get("version", state["step"])
+        await publisher.adopt(version)
         self.events.forget_after(state["step"])
         self.events.emit("resumed", step=state["step"], checkpoint=str(found))
-        return state["step"] + 1
+        return state["step"] + 1, version
 
     def _context(
         self, roller: Roller, prompts: PromptBook, sampler: ProblemSampler, publisher: Publisher, step: int
@@ -229,41 +244,72 @@ class TrainRun:
         self.events.emit("difficulty_filter", kept=len(chosen), of=len(indices))
 
     async def _step(
-        self, ctx: StepContext, policy: Policy, publisher: Publisher, pool: GeneratorPool, batch: list[int]
+        self,
+        ctx: StepContext,
+        policy: Policy,
+        publisher: Publisher,
+        pool: GeneratorPool,
+        batch: list[int],
+        check: bool,
     ) -> dict[str, float]:
         spec, step = self.spec, ctx.step
         t0 = time.perf_counter()
-        samples, metrics = await self.cancel.guard(self.method.collect(ctx, spec.method, batch))
-        t1 = time.perf_counter()
+        checking = (
+            asyncio.create_task(
+                self._stale_check(pool, policy, ctx.model_name, step - 1, ctx.prompts.first(0))
+            )
+            if check
+            else None
+        )
+        try:
+            samples, metrics = await self.cancel.guard(self.method.collect(ctx, spec.method, batch))
+            t1 = time.perf_counter()
+            if checking is not None:
+                metrics.update(await self.cancel.guard(checking))
+        finally:
+            if checking is not None and not checking.done():
+                checking.cancel()
+            elif checking is not None and not checking.cancelled():
+                checking.exception()  # retrieved: the step's own error is the one to report
+        t2 = time.perf_counter()
         ucfg = self.method.update_config(spec.method, spec)
         metrics.update(await asyncio.to_thread(update, policy, samples, ucfg, spec.seed + step))
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         metrics["lr"] = policy.lr
         metrics["time/rollout_s"] = t1 - t0
         metrics["time/generate_s"] = ctx.timing.generate_s
         metrics["time/execute_tail_s"] = ctx.timing.execute_tail_s
         metrics["time/execute_busy_s"] = ctx.timing.execute_busy_s
-        metrics["time/train_s"] = t2 - t1
+        if checking is not None:
+            metrics["time/stale_wait_s"] = t2 - t1  # the part of the check the rollouts did not hide
+        metrics["time/train_s"] = t3 - t2
         self._log_rollouts(step, samples)
         if step % spec.publish.every == 0:
             metrics.update(await publisher.publish(policy, step))
             self.events.emit(
                 "adapter_published", step=step, name=publisher.model_name, load_s=metrics["publish/load_s"]
             )
-            if spec.publish.stale_check:
-                t3 = time.perf_counter()
-                check = await stale_check(pool, policy, publisher.model_name, ctx.prompts.first(0))
-                metrics.update(check)
-                metrics["time/stale_check_s"] = time.perf_counter() - t3
-                if not check["stale/diff"] <= spec.publish.stale_tolerance:
-                    self.events.emit("stale_policy", step=step, **check)
-                    raise StalePolicyError(
-                        f"the generator's log-probs for {publisher.model_name} differ from the trainer's by "
-                        f"{check['stale/diff']:.4f} per token (tolerance {spec.publish.stale_tolerance})"
-                    )
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["policy_version"] = float(step if publisher.current else 0)
         return metrics
+
+    async def _stale_check(
+        self, pool: GeneratorPool, policy: Policy, model_name: str, version: int, probe: str
+    ) -> dict[str, float]:
+        """`stale/*` figures of the generator serving `model_name` against the trainer's policy,
+        or StalePolicyError when they differ by more than the tolerance. The probe is the first
+        problem's prompt: the same for the whole job, so rows compare."""
+        spec = self.spec.publish
+        started = time.perf_counter()
+        check = await stale_check(pool, policy, model_name, probe)
+        check["time/stale_check_s"] = time.perf_counter() - started
+        if not check["stale/diff"] <= spec.stale_tolerance:
+            self.events.emit("stale_policy", version=version, name=model_name, **check)
+            raise StalePolicyError(
+                f"the generator's log-probs for {model_name} (version {version}) differ from the trainer's "
+                f"by {check['stale/diff']:.4f} per token (tolerance {spec.stale_tolerance})"
+            )
+        return check
 
     def _log_rollouts(self, step: int, samples: list[Sample]) -> None:
         rows = [rollout_row(step, s, s.problem_id or self.problems[s.task_index].task_id) for s in samples]
