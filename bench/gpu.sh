@@ -13,6 +13,8 @@
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
 #   bash bench/gpu.sh serve-race      # both under closed-loop clients + hot-swap (bench/serve_race.py)
 #   bash bench/gpu.sh vllm-race STEPS # Crucible's GRPO job with vLLM as its generator
+#   bash bench/gpu.sh servers-down    # stop both servers (the card to TRL and the race)
+#   bash bench/gpu.sh race-trio STEPS # TRL + vLLM colocate, then Crucible's race, one after the other
 #   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
 #   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
@@ -155,6 +157,13 @@ PY
       --server crucible=http://127.0.0.1:8102@smollm2-135m-instruct --model-dir "$(dense_dir)" \
       --json "${OUT:-/tmp}/serve-race.json" "$@"
     cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
+  servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
+    bash bench/gpu-vllm.sh stop
+    for pid in $(pgrep -f "[c]rucible_generator"); do kill "$pid" 2>/dev/null || true; done
+    sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
+  race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
+    bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true
+    bash bench/gpu.sh race "${2:-24}" ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;
