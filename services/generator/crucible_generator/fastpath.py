@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .norms import fuse_rms_norms
+
 LENGTH_BUCKET = 256  # decode windows are rounded up to this many slots, so steps share a graph
 BASE = None  # the merged copy's state when it holds the plain base weights
 STALE = "\0stale"  # ... when its adapter was unloaded: the next select merges again
@@ -89,6 +91,7 @@ class MergedModel:
 
     def __init__(self, base: torch.nn.Module) -> None:
         self.model = copy.deepcopy(base).eval()
+        self.fused_norms = fuse_rms_norms(self.model)
         self.current: str | None = BASE
         self._touched: dict[str, torch.Tensor] = {}  # module name -> its pristine base weight
 
