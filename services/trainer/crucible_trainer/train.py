@@ -1,14 +1,14 @@
 """The training job: one loop for every method, run by the RQ worker and by `crucible train --local`.
 
 Per step: problems from the sampler -> the method collects samples (rollouts from the generator
-at the current adapter version, sandbox results, rewards, advantages), and meanwhile the
-stale-policy check of that version -> policy update -> publish the new version to every
+at the current adapter version, sandbox results, rewards, advantages), and meanwhile (on a GPU;
+just before, on a CPU) the stale-policy check of that version -> policy update -> publish the new version to every
 generator replica -> metrics, rollouts, events -> checkpoint -> interval evaluation. The method
 is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends on which one it is.
 
 The stale-policy check asks the generator to score a probe with the version a step samples from
 and compares it with the trainer's policy, which still holds exactly that version until the
-step's update: run beside the rollouts, it costs the step no time, and a generator that serves
+step's update: run beside the rollouts, it costs a GPU step no time, and a generator that serves
 other weights fails the step before its samples train anything. The version published after the
 last step is checked once more before the final evaluation.
 
@@ -25,6 +25,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -254,34 +255,39 @@ class TrainRun:
     ) -> dict[str, float]:
         spec, step = self.spec, ctx.step
         t0 = time.perf_counter()
-        checking = (
-            asyncio.create_task(
-                self._stale_check(pool, policy, ctx.model_name, step - 1, ctx.prompts.first(0))
-            )
-            if check
-            else None
-        )
+
+        def probe() -> Coroutine[Any, Any, dict[str, float]]:
+            return self._stale_check(pool, policy, ctx.model_name, step - 1, ctx.prompts.first(0))
+
+        # On a GPU the probe runs beside the rollouts. On a CPU the trainer's scoring would share
+        # the cores the generator decodes on (two thread pools on the same cores slow both down
+        # far more than running one after the other): it runs first.
+        beside = check and policy.device.startswith("cuda")
+        checked = await self.cancel.guard(probe()) if check and not beside else {}
+        waited = time.perf_counter() - t0
+        checking = asyncio.create_task(probe()) if beside else None
         try:
             samples, metrics = await self.cancel.guard(self.method.collect(ctx, spec.method, batch))
             t1 = time.perf_counter()
             if checking is not None:
-                metrics.update(await self.cancel.guard(checking))
+                checked = await self.cancel.guard(checking)
         finally:
             if checking is not None and not checking.done():
                 checking.cancel()
             elif checking is not None and not checking.cancelled():
                 checking.exception()  # retrieved: the step's own error is the one to report
         t2 = time.perf_counter()
+        metrics.update(checked)
         ucfg = self.method.update_config(spec.method, spec)
         metrics.update(await asyncio.to_thread(update, policy, samples, ucfg, spec.seed + step))
         t3 = time.perf_counter()
         metrics["lr"] = policy.lr
-        metrics["time/rollout_s"] = t1 - t0
+        metrics["time/rollout_s"] = t1 - t0 - waited
         metrics["time/generate_s"] = ctx.timing.generate_s
         metrics["time/execute_tail_s"] = ctx.timing.execute_tail_s
         metrics["time/execute_busy_s"] = ctx.timing.execute_busy_s
-        if checking is not None:
-            metrics["time/stale_wait_s"] = t2 - t1  # the part of the check the rollouts did not hide
+        if check:  # the part of the check the rollouts did not hide
+            metrics["time/stale_wait_s"] = waited + t2 - t1
         metrics["time/train_s"] = t3 - t2
         self._log_rollouts(step, samples)
         if step % spec.publish.every == 0:
