@@ -2,9 +2,10 @@
 
 Per step: problems from the sampler -> the method collects samples (rollouts from the generator
 at the current adapter version, sandbox results, rewards, advantages), and meanwhile (on a GPU;
-just before, on a CPU) the stale-policy check of that version -> policy update -> publish the new version to every
-generator replica -> metrics, rollouts, events -> checkpoint -> interval evaluation. The method
-is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends on which one it is.
+just before, on a CPU) the stale-policy check of that version -> policy update -> publish the
+new version to every generator replica -> metrics, rollouts, events -> checkpoint -> interval
+evaluation. The method is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends
+on which one it is.
 
 The stale-policy check asks the generator to score a probe with the version a step samples from
 and compares it with the trainer's policy, which still holds exactly that version until the
@@ -25,7 +26,6 @@ import json
 import logging
 import random
 import time
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -256,21 +256,23 @@ class TrainRun:
         spec, step = self.spec, ctx.step
         t0 = time.perf_counter()
 
-        def probe() -> Coroutine[Any, Any, dict[str, float]]:
-            return self._stale_check(pool, policy, ctx.model_name, step - 1, ctx.prompts.first(0))
-
-        # On a GPU the probe runs beside the rollouts. On a CPU the trainer's scoring would share
-        # the cores the generator decodes on (two thread pools on the same cores slow both down
-        # far more than running one after the other): it runs first.
-        beside = check and policy.device.startswith("cuda")
-        checked = await self.cancel.guard(probe()) if check and not beside else {}
-        waited = time.perf_counter() - t0
-        checking = asyncio.create_task(probe()) if beside else None
+        checking = (
+            asyncio.create_task(
+                self._stale_check(pool, policy, ctx.model_name, step - 1, ctx.prompts.first(0))
+            )
+            if check
+            else None
+        )
         try:
+            if checking is not None and not policy.device.startswith("cuda"):
+                # On a CPU the trainer's scoring would share the cores the generator decodes on
+                # (two thread pools on the same cores slow both down far more than running one
+                # after the other): the check runs first. On a GPU it runs beside the rollouts.
+                await self.cancel.guard(checking)
+            waited = time.perf_counter() - t0
             samples, metrics = await self.cancel.guard(self.method.collect(ctx, spec.method, batch))
             t1 = time.perf_counter()
-            if checking is not None:
-                checked = await self.cancel.guard(checking)
+            checked = await self.cancel.guard(checking) if checking is not None else {}
         finally:
             if checking is not None and not checking.done():
                 checking.cancel()
