@@ -15,6 +15,7 @@ relative to the first root of its kind.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +36,53 @@ class PathOutsideRoots(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
+
+
+class UnsafePath(ValueError):
+    """A relative path from a request that does not name a regular file inside its root."""
+
+
+def file_inside(root: Path, rel: str) -> Path:
+    """The regular file `rel` names under `root`, reached without links; `UnsafePath` otherwise.
+
+    The check walks `rel` one component at a time from an open descriptor of `root`
+    (`O_NOFOLLOW` at every step), so it is a containment check by construction, not a
+    comparison of two joined paths: an absolute path, `..`, `.`, an empty component, a
+    backslash, a NUL byte, a symbolic link anywhere on the way, and anything that is not a
+    regular file (a FIFO, a device, a directory) are all refused the same way. `/proc` and
+    other trees outside `root` cannot be reached because nothing outside `root` can be.
+    """
+    parts = rel.split("/")
+    if (
+        not rel
+        or "\x00" in rel
+        or "\\" in rel
+        or rel.startswith("/")
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise UnsafePath(rel)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root, flags | os.O_DIRECTORY)
+    except OSError:
+        raise UnsafePath(rel) from None
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        # O_NONBLOCK: opening a FIFO planted in the run dir must not hang the request.
+        leaf = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+        try:
+            if not stat.S_ISREG(os.fstat(leaf).st_mode):
+                raise UnsafePath(rel)
+        finally:
+            os.close(leaf)
+    except (OSError, ValueError):
+        raise UnsafePath(rel) from None
+    finally:
+        os.close(fd)
+    return root / rel
 
 
 class PathRoots(BaseSettings):

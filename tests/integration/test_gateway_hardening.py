@@ -5,10 +5,12 @@ and nothing outside the run dirs is read."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -76,6 +78,70 @@ def test_artifact_paths_with_nul_or_links_reveal_nothing(gateway, job, stack_dir
         assert r.status_code == 404, (path, r.status_code, r.text[:200])
         assert "s3cret" not in r.text
     assert httpx.get(f"{gateway.url}/v1/jobs/{job}/artifacts/report.md").text == "ok"
+
+
+def raw_get(url: str, path: str) -> tuple[int, bytes]:
+    """GET `path` exactly as written: httpx and browsers would fold `..` and `//` before sending."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()
+
+
+# Each is an attack class on `GET /v1/jobs/{id}/artifacts/{path}`. The first two read /etc/passwd
+# before the containment check existed (the old check joined the root to an absolute path on both
+# sides of an equality, so it compared the path with itself).
+ESCAPES = {
+    "absolute": "/etc/passwd",
+    "absolute, encoded": "%2Fetc%2Fpasswd",
+    "absolute, double slash": "//etc//passwd",
+    "dot-dot": "../../../../../../../../etc/passwd",
+    "dot-dot, encoded": "..%2F..%2F..%2F..%2F..%2F..%2F..%2F..%2Fetc%2Fpasswd",
+    "dot-dot, encoded dots": "%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+    "dot-dot, backslashes": "..%5C..%5C..%5C..%5C..%5C..%5C..%5C..%5Cetc%5Cpasswd",
+    "dot-dot inside then out": "sub/../../../../../../../../../etc/passwd",
+    "proc": "/proc/{pid}/environ",
+    "proc, encoded": "%2Fproc%2F{pid}%2Fenviron",
+    "proc, self": "/proc/self/environ",
+    "NUL": "report.md%00",
+    "NUL, absolute": "%2Fetc%2Fpasswd%00report.md",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ESCAPES))
+def test_artifact_paths_never_leave_the_run_dir(gateway, job, stack_dirs, attack) -> None:
+    run_dir = stack_dirs["runs"] / job
+    (run_dir / "sub").mkdir(parents=True, exist_ok=True)
+    (run_dir / "report.md").write_text("ok")
+    path = ESCAPES[attack].format(pid=gateway.proc.pid)  # the gateway's own environment
+    status, body = raw_get(gateway.url, f"/v1/jobs/{job}/artifacts/{path}")
+    assert status == 404, (attack, status, body[:200])
+    assert b"root:" not in body and b"PATH=" not in body
+    assert set(json.loads(body)) == {"error"}
+
+
+def test_links_fifos_and_secrets_next_to_the_run_dir_are_refused(gateway, job, stack_dirs, tmp_path) -> None:
+    """Links to /proc, /etc and to a file of keys beside the run dir; a FIFO that would hang a
+    reader; a directory. Same 404 for all, and the request never blocks."""
+    run_dir = stack_dirs["runs"] / job
+    (run_dir / "sub").mkdir(parents=True, exist_ok=True)
+    keys_file = stack_dirs["runs"] / "api-keys.txt"
+    keys_file.write_text("s3cret-key")
+    (run_dir / "environ").symlink_to("/proc/self/environ")
+    (run_dir / "proc").symlink_to("/proc", target_is_directory=True)
+    (run_dir / "etc").symlink_to("/etc", target_is_directory=True)
+    (run_dir / "sub" / "keys").symlink_to("../../api-keys.txt")
+    os.mkfifo(run_dir / "pipe")
+    for path in ("environ", "proc/self/environ", "etc/passwd", "sub/keys", "pipe", "sub", "sub/"):
+        status, body = raw_get(gateway.url, f"/v1/jobs/{job}/artifacts/{path}")
+        assert status == 404, (path, status, body[:200])
+        assert b"s3cret" not in body and b"root:" not in body
+    status, _ = raw_get(gateway.url, f"/v1/jobs/{job}/artifacts/../{job}/report.md")
+    assert status == 404
 
 
 # -- event streams --------------------------------------------------------------------------------

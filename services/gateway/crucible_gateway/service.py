@@ -18,7 +18,7 @@ from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
 from crucible_shared.lifecycle import FINAL, JobRecord, JobStatus, valid_job_id
-from crucible_shared.paths import PathOutsideRoots
+from crucible_shared.paths import PathOutsideRoots, UnsafePath, file_inside
 
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
@@ -199,20 +199,15 @@ class GatewayService:
         return sorted(out, key=lambda a: a.path)
 
     def artifact_path(self, root: Path, job_id: str, rel: str) -> Path:
-        """The file `rel` names under the run dir: a regular file reached without links."""
-        missing = ApiError(404, f"no artifact {rel[:200]!r} for job {job_id}", field="path")
-        if "\x00" in rel or not rel:
-            raise missing
-        target = root / rel
+        """The file `rel` names under the run dir: a regular file inside it, reached without links.
+
+        Every refusal (absolute, `..`, link, special file, missing) is the same 404, so an
+        answer tells nothing about what exists outside the run dir.
+        """
         try:
-            real_root = root.resolve(strict=True)
-            if target.resolve(strict=True) != real_root / Path(os.path.normpath(rel)):
-                raise missing  # a link somewhere on the way, or `..`
-            if not stat.S_ISREG(target.lstat().st_mode):
-                raise missing
-        except (OSError, ValueError):
-            raise missing from None
-        return target
+            return file_inside(root, rel)
+        except UnsafePath:
+            raise ApiError(404, f"no artifact {rel[:200]!r} for job {job_id}", field="path") from None
 
     def adapters(self) -> list[AdapterView]:
         root = Path(self.settings.adapter_dir)
