@@ -128,7 +128,7 @@ READERS = {
     ),
     "sandbox": Reader(
         "sandbox",
-        settings=("crucible_sandbox.settings:Settings",),
+        settings=("crucible_sandbox.server.settings:Settings",),
         packages=("services/sandbox/crucible_sandbox", SHARED),
         deploy_required=(frozenset({"CRUCIBLE_SANDBOX_HOST"}), frozenset({"CRUCIBLE_SANDBOX_API_KEYS"})),
     ),

@@ -292,7 +292,7 @@ def test_api_keys_and_backpressure() -> None:
 
 
 def test_placeholder_api_key_is_refused() -> None:
-    from crucible_sandbox.settings import Settings
+    from crucible_sandbox.server.settings import Settings
 
     with pytest.raises(ValueError, match="api_keys"):
         Settings(api_keys="changeme")

@@ -221,7 +221,7 @@ def test_server_environment_is_not_readable(sandbox) -> None:
         "def add(a, b):\n    class Yes:\n        def __eq__(self, other): return True\n        def __ne__(self, other): return False\n    return Yes()\n",
         "def add(a, b):\n    class Yes(int):\n        def __eq__(self, other): return True\n    return Yes(0)\n",
         "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\ndef add(a, b): return 0\n",
-        "import crucible_sandbox.harness as h\nh.Checker.check = lambda *a, **k: None\nh.Checker.fail = lambda *a, **k: None\ndef add(a, b): return 0\n",
+        "import crucible_sandbox.inrun.harness as h\nh.Checker.check = lambda *a, **k: None\nh.Checker.fail = lambda *a, **k: None\ndef add(a, b): return 0\n",
         "import operator\noperator.eq = lambda a, b: True\ndef add(a, b): return 0\n",
         'import sys\ndef add(a, b):\n    sys.stdout.write(\'{"status": "passed"}\')\n    return 0\n',
     ],

@@ -10,9 +10,10 @@ import marshal
 import operator
 
 import pytest
-from crucible_sandbox import channel, plan, values, verdict
-from crucible_sandbox.link import NotJudged, ProgramObject, ProgramServer
-from crucible_sandbox.verdict import ProcessOutcome, compare_output, judge_calls, judge_judged, worst
+from crucible_sandbox.inrun.link import NotJudged, ProgramObject, ProgramServer
+from crucible_sandbox.judging import plan, verdict
+from crucible_sandbox.judging.verdict import ProcessOutcome, compare_output, judge_calls, judge_judged, worst
+from crucible_sandbox.wire import channel, values
 
 
 @pytest.mark.parametrize("module", [values, verdict])
@@ -184,7 +185,7 @@ def _constants(code) -> list:
 
 
 def test_the_program_receives_no_expected_value() -> None:
-    from crucible_sandbox.worker import compile_tests
+    from crucible_sandbox.judging.worker import compile_tests
 
     # A call plan: the program's process gets names and arguments, never 12345.
     p, calls = compile_tests(
@@ -200,7 +201,7 @@ def test_the_program_receives_no_expected_value() -> None:
 
 
 def test_plan_cache_compiles_each_suite_once() -> None:
-    from crucible_sandbox.worker import PlanCache
+    from crucible_sandbox.judging.worker import PlanCache
 
     cache = PlanCache(entries=1)
     a = {"kind": "asserts", "asserts": ["assert f(1) == 1"], "setup": ""}
@@ -377,7 +378,7 @@ def test_program_server_answers_with_data_or_references() -> None:
 
 
 def test_candidates_compile_without_the_harness_future_imports() -> None:
-    from crucible_sandbox.harness import compile_candidate
+    from crucible_sandbox.inrun.harness import compile_candidate
 
     code, syntax = compile_candidate("def f(x: int) -> int:\n    return x\n")
     namespace: dict = {}

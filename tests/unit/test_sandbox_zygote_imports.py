@@ -13,9 +13,9 @@ import sys
 def test_the_zygote_preloads_what_runs_execute():
     # A fresh interpreter, as the zygote starts: importing the zygote module loads the program's
     # and the judge's code and everything they import.
-    modules = ["harness", "judge", "link", "runtime", "values", "channel"]
+    modules = ["inrun.harness", "inrun.judge", "inrun.link", "inrun.runtime", "wire.values", "wire.channel"]
     code = (
-        "import sys, crucible_sandbox.zygote\n"
+        "import sys, crucible_sandbox.isolation.zygote\n"
         f"print(all('crucible_sandbox.' + m in sys.modules for m in {modules!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -16,7 +16,7 @@ def main() -> None:
 
     from pydantic import ValidationError
 
-    from crucible_sandbox.settings import Settings
+    from crucible_sandbox.server.settings import Settings
 
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:
@@ -26,7 +26,7 @@ def main() -> None:
             f"crucible-sandbox: invalid settings (CRUCIBLE_SANDBOX_* environment variables):\n{exc}"
         ) from None
 
-    from crucible_sandbox.service import unsafe_start
+    from crucible_sandbox.server.service import unsafe_start
 
     refusal = unsafe_start(settings)
     if refusal:
@@ -34,8 +34,8 @@ def main() -> None:
 
     import uvicorn
 
-    from crucible_sandbox.api import create_app
-    from crucible_sandbox.isolation import undumpable
+    from crucible_sandbox.isolation.confine import undumpable
+    from crucible_sandbox.server.api import create_app
 
     # Its environment holds the API keys: where runs share the server's uid (no uid switch), this
     # keeps them from reading /proc/<server>/environ or its memory.

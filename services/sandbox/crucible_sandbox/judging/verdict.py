@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from crucible_sandbox.channel import split_frames
-from crucible_sandbox.plan import Call, Plan
-from crucible_sandbox.values import decode, short_repr
+from crucible_sandbox.judging.plan import Call, Plan
+from crucible_sandbox.wire.channel import split_frames
+from crucible_sandbox.wire.values import decode, short_repr
 
 _PRECEDENCE = [
     "sandbox_error",

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
-from crucible_sandbox import runtime
-from crucible_sandbox.channel import read_frame, read_spec, write_frame
-from crucible_sandbox.link import ProgramServer
-from crucible_sandbox.runtime import CANDIDATE, TestTimeout, exception_info
-from crucible_sandbox.values import Unencodable, encode, short_repr
+from crucible_sandbox.inrun import runtime
+from crucible_sandbox.inrun.link import ProgramServer
+from crucible_sandbox.inrun.runtime import CANDIDATE, TestTimeout, exception_info
+from crucible_sandbox.wire.channel import read_frame, read_spec, write_frame
+from crucible_sandbox.wire.values import Unencodable, encode, short_repr
 
 VALUE_CHARS = 10_000  # the longest repr reported for a run's value
 _NOTHING = object()

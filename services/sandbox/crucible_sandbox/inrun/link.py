@@ -35,10 +35,10 @@ import types
 from collections import deque
 from typing import Any
 
-from crucible_sandbox import runtime
-from crucible_sandbox.channel import read_frame, write_frame
-from crucible_sandbox.runtime import TestTimeout
-from crucible_sandbox.values import Unencodable, decode, encode
+from crucible_sandbox.inrun import runtime
+from crucible_sandbox.inrun.runtime import TestTimeout
+from crucible_sandbox.wire.channel import read_frame, write_frame
+from crucible_sandbox.wire.values import Unencodable, decode, encode
 
 LINK_FRAME = 64 << 20  # the largest answer the judge reads
 MAX_NAMES = 10_000

@@ -15,10 +15,11 @@ from typing import Any
 from crucible_shared.http import ApiError
 from crucible_shared.sandbox import RunRequest, RunResult, RunStatus
 
-from crucible_sandbox import cgroups, metrics
-from crucible_sandbox.plan import plan_check
-from crucible_sandbox.pool import WorkerPool
-from crucible_sandbox.settings import Settings
+from crucible_sandbox.isolation import cgroups
+from crucible_sandbox.judging.plan import plan_check
+from crucible_sandbox.server import metrics
+from crucible_sandbox.server.pool import WorkerPool
+from crucible_sandbox.server.settings import Settings
 
 LANGUAGES = ("python",)
 _UNCACHED = {RunStatus.sandbox_error, RunStatus.timeout}

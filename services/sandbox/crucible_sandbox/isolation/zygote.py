@@ -27,7 +27,7 @@ Protocol on the socket (SOCK_SEQPACKET, one message per datagram):
   of the processes forked for the next run attached (the program's four, then the judge's three
   when a new judge was forked).
 
-Usage (by the worker): python -m crucible_sandbox.zygote '<IsolationConfig as JSON>' <socket fd>
+Usage (by the worker): python -m crucible_sandbox.isolation.zygote '<IsolationConfig as JSON>' <socket fd>
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ import typing  # noqa: F401
 
 # Everything a run's processes execute of the sandbox is imported here: a run's file system has
 # none of the sandbox's files (see `rootfs`).
-from crucible_sandbox import harness, isolation, judge
+from crucible_sandbox.inrun import harness, judge
+from crucible_sandbox.isolation import confine
 
 RUN, KILL, DONE = b"R", b"K", b"D"
 RUN_MSG = struct.Struct(">cd?i")  # RUN, wall-clock seconds, the judge takes part, memory MiB
@@ -72,7 +73,7 @@ class Prepared:
 
 
 class Zygote:
-    def __init__(self, iso: isolation.Isolation, sock: socket.socket) -> None:
+    def __init__(self, iso: confine.Isolation, sock: socket.socket) -> None:
         self.iso, self.sock = iso, sock
         self.poller = select.poll()
         self.poller.register(sock.fileno(), select.POLLIN)
@@ -163,7 +164,7 @@ class Zygote:
                 if remaining <= 0:
                     timed_out = pids[0] in running
                     break
-                events = self.poller.poll(min(remaining, isolation.SAMPLE_S if sampled else remaining) * 1000)
+                events = self.poller.poll(min(remaining, confine.SAMPLE_S if sampled else remaining) * 1000)
                 for fd, _ in events:
                     pid = pidfds.get(fd)
                     if pid is None:
@@ -243,10 +244,10 @@ class Zygote:
 
 
 def main() -> None:
-    cfg = isolation.IsolationConfig(**json.loads(sys.argv[1]))
+    cfg = confine.IsolationConfig(**json.loads(sys.argv[1]))
     sock = socket.socket(fileno=int(sys.argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: its workers close our socket
-    iso = isolation.setup_zygote(cfg)
+    iso = confine.setup_zygote(cfg)
     info = {
         "caps": {**vars(iso.caps)},
         "mode": iso.caps.mode,

@@ -14,8 +14,9 @@ import traceback
 from typing import Any
 
 CANDIDATE = "<candidate>"
-# Frames of the sandbox itself are left out of the tracebacks a run reports.
-_OWN_DIR = os.path.dirname(__file__)
+# Frames of the sandbox itself (any file of the package, this subpackage or another) are left out
+# of the tracebacks a run reports.
+_OWN_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 # Source shown in tracebacks, by file name (`<candidate>`, `<check>`, `<setup>`); handed to
 # `linecache` only when a traceback is formatted.
 SOURCES: dict[str, str] = {}
@@ -84,9 +85,7 @@ def trimmed_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
     try:
         for name, source in SOURCES.items():
             linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-        frames = [
-            f for f in traceback.extract_tb(exc.__traceback__) if os.path.dirname(f.filename) != _OWN_DIR
-        ]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_OWN_DIR)]
         lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
         lines.extend(traceback.format_exception_only(type(exc), exc))
         body = "".join(lines)

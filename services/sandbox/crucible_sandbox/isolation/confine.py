@@ -68,7 +68,8 @@ import sys
 import time
 from typing import Any
 
-from crucible_sandbox import cgroups, landlock, rootfs, runtime
+from crucible_sandbox.inrun import runtime
+from crucible_sandbox.isolation import cgroups, landlock, rootfs
 
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x40000000, 0x08000000
 MS_REC, MS_PRIVATE = 16384, 1 << 18

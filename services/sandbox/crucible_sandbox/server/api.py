@@ -20,8 +20,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from crucible_sandbox.service import SandboxService
-from crucible_sandbox.settings import Settings
+from crucible_sandbox.server.service import SandboxService
+from crucible_sandbox.server.settings import Settings
 
 
 def _key(settings: Settings, header: str | None) -> str | None:

@@ -69,6 +69,14 @@ def _exposed() -> list[str]:
     return roots
 
 
+def package_home() -> str:
+    """The directory the sandbox is imported from (the folder that holds `crucible_sandbox`)."""
+    home = os.path.abspath(__file__)
+    for _ in __name__.split("."):  # crucible_sandbox.isolation.rootfs: three levels up
+        home = os.path.dirname(home)
+    return home
+
+
 def masked(exposed: list[str]) -> list[str]:
     """Directories of installed packages (and of the sandbox itself) inside the exposed trees."""
     base = os.path.realpath(sys.base_prefix)
@@ -76,7 +84,7 @@ def masked(exposed: list[str]) -> list[str]:
     for prefix in ("/usr", "/usr/local", base):
         found.update(glob.glob(f"{prefix}/lib/python3*/site-packages"))
         found.update(glob.glob(f"{prefix}/lib/python3*/dist-packages"))
-    found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where this package lives
+    found.add(package_home())
     stdlib = {os.path.realpath(p) for p in sys.path if p and os.path.realpath(p).startswith(base)}
     real_roots = [os.path.realpath(r) for r in exposed]
     out = set()

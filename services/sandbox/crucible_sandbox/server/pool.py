@@ -24,7 +24,7 @@ import struct
 import sys
 from typing import Any
 
-from crucible_sandbox.channel import encode_frame
+from crucible_sandbox.wire.channel import encode_frame
 
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
@@ -44,7 +44,7 @@ class Worker:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "crucible_sandbox.worker",
+            "crucible_sandbox.judging.worker",
             json.dumps({**self.config, "slot": self.slot, "owner": os.getpid()}),
             str(self.nice),
             self.policy,

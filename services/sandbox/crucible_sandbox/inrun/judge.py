@@ -24,11 +24,11 @@ import time
 import types
 from typing import Any
 
-from crucible_sandbox import runtime
-from crucible_sandbox.channel import read_spec, write_frame
-from crucible_sandbox.link import Link, NotJudged, ProgramLost
-from crucible_sandbox.runtime import TestTimeout
-from crucible_sandbox.values import short_repr
+from crucible_sandbox.inrun import runtime
+from crucible_sandbox.inrun.link import Link, NotJudged, ProgramLost
+from crucible_sandbox.inrun.runtime import TestTimeout
+from crucible_sandbox.wire.channel import read_spec, write_frame
+from crucible_sandbox.wire.values import short_repr
 
 # The judge's own backstop, past the test's time: the program's timer fires first, and a
 # program that does not answer by then is given up on.

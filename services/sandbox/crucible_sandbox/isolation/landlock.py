@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from crucible_sandbox import rootfs
+from crucible_sandbox.isolation import rootfs
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1, 2, 4, 8
 _WRITE_TREE = (

@@ -13,7 +13,7 @@ stdin/stdout, one run at a time. For each run the worker
    the run);
 3. judges the result from its own plan and what the run reported (`verdict`).
 
-Usage (by the server): python -m crucible_sandbox.worker '<IsolationConfig as JSON>' [niceness [idle|batch|other]]
+Usage (by the server): python -m crucible_sandbox.judging.worker '<IsolationConfig as JSON>' [niceness [idle|batch|other]]
 (a batch slot's niceness and scheduling policy are inherited by its zygote and every run it forks).
 """
 
@@ -35,11 +35,19 @@ from collections import OrderedDict
 from types import CodeType
 from typing import Any
 
-from crucible_sandbox import cgroups, verdict
-from crucible_sandbox.channel import encode_frame, read_frame, send_spec, write_frame
-from crucible_sandbox.harness import compile_candidate
-from crucible_sandbox.plan import Plan, plan_asserts, plan_calls, plan_check, plan_check_calls, read_names
-from crucible_sandbox.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
+from crucible_sandbox.inrun.harness import compile_candidate
+from crucible_sandbox.isolation import cgroups
+from crucible_sandbox.isolation.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
+from crucible_sandbox.judging import verdict
+from crucible_sandbox.judging.plan import (
+    Plan,
+    plan_asserts,
+    plan_calls,
+    plan_check,
+    plan_check_calls,
+    read_names,
+)
+from crucible_sandbox.wire.channel import encode_frame, read_frame, send_spec, write_frame
 
 _READ = 1 << 16
 # How long to wait, after the zygote reported the run over (and its processes killed), for the
@@ -120,7 +128,13 @@ class Worker:
     def __init__(self, config: dict[str, Any]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.zygote = subprocess.Popen(
-            [sys.executable, "-m", "crucible_sandbox.zygote", json.dumps(config), str(theirs.fileno())],
+            [
+                sys.executable,
+                "-m",
+                "crucible_sandbox.isolation.zygote",
+                json.dumps(config),
+                str(theirs.fileno()),
+            ],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # fd 1 of the worker is the server's channel
