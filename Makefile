@@ -41,7 +41,7 @@ test-all: dev
 lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared/crucible_shared services/gateway/crucible_gateway
+	$(BIN)/mypy shared/crucible_shared services/gateway/crucible_gateway services/sandbox/crucible_sandbox
 
 format: dev
 	$(BIN)/ruff format .

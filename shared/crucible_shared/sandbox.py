@@ -243,3 +243,47 @@ class RunResult(BaseModel):
 
 class BatchResponse(BaseModel):
     results: list[RunResult]
+
+
+class SandboxIsolation(BaseModel):
+    """The isolation a sandbox's runs get, as its first slot's zygote could set it up."""
+
+    mode: Literal["full", "reduced", "unsafe"] | None = Field(
+        default=None,
+        description="`full`: namespaces, a root of its own and a uid per slot; `reduced`: a fallback "
+        "below; `unsafe`: no isolation at all, as root (see `warning`). None before any slot started.",
+    )
+    network_namespace: bool = Field(
+        default=False, description="Runs have a network of their own, with no way out."
+    )
+    mount_namespace: bool = Field(default=False, description="Each slot has a private mount namespace.")
+    filesystem: Literal["minimal root", "landlock", "host"] = Field(
+        default="host",
+        description="What runs see of the files: a root of their own, Landlock's rules, or the host's.",
+    )
+    uid_switch: bool = Field(default=False, description="Programs and judges run under uids of their own.")
+    ipc_namespace: bool = Field(default=False, description="System V IPC objects cannot outlive a run.")
+    cgroup: str | None = Field(default=None, description="The first slot's cgroup, killed whole after a run.")
+    memory: Literal["cgroup v2", "cgroup v1", "sampled"] = Field(
+        default="sampled", description="What holds a run's memory limit for all its processes together."
+    )
+    subreaper: bool = Field(
+        default=False, description="Daemons a run leaves are re-parented to its zygote and killed."
+    )
+    masked: list[str] = Field(
+        default_factory=list, description="Directories of installed packages hidden from runs."
+    )
+    notes: list[str] = Field(default_factory=list, description="Why a protection is missing, one line each.")
+    warning: str | None = Field(
+        default=None, description="Set when the service runs programs without isolation."
+    )
+
+
+class SandboxHealth(BaseModel):
+    """`GET /health`: liveness, load and the isolation in force."""
+
+    status: Literal["ok"] = "ok"
+    workers: int = Field(description="Worker slots.")
+    pending: int = Field(description="Runs admitted and not finished.")
+    isolation: SandboxIsolation
+    auth: bool = Field(description="Whether requests need an API key.")

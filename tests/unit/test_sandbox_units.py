@@ -11,12 +11,14 @@ import operator
 
 import pytest
 from crucible_sandbox.inrun.link import NotJudged, ProgramObject, ProgramServer
-from crucible_sandbox.judging import plan, verdict
-from crucible_sandbox.judging.verdict import ProcessOutcome, compare_output, judge_calls, judge_judged, worst
+from crucible_sandbox.judging import outcome, output, plan, verdict
+from crucible_sandbox.judging.outcome import ProcessOutcome, worst
+from crucible_sandbox.judging.output import compare_output
+from crucible_sandbox.judging.verdict import judge_calls, judge_judged
 from crucible_sandbox.wire import channel, values
 
 
-@pytest.mark.parametrize("module", [values, verdict])
+@pytest.mark.parametrize("module", [values, outcome, verdict, output])
 def test_doctests(module) -> None:
     assert doctest.testmod(module).failed == 0
 
@@ -185,7 +187,7 @@ def _constants(code) -> list:
 
 
 def test_the_program_receives_no_expected_value() -> None:
-    from crucible_sandbox.judging.worker import compile_tests
+    from crucible_sandbox.judging.compile import compile_tests
 
     # A call plan: the program's process gets names and arguments, never 12345.
     p, calls = compile_tests(
@@ -201,7 +203,7 @@ def test_the_program_receives_no_expected_value() -> None:
 
 
 def test_plan_cache_compiles_each_suite_once() -> None:
-    from crucible_sandbox.judging.worker import PlanCache
+    from crucible_sandbox.judging.compile import PlanCache
 
     cache = PlanCache(entries=1)
     a = {"kind": "asserts", "asserts": ["assert f(1) == 1"], "setup": ""}
@@ -378,7 +380,7 @@ def test_program_server_answers_with_data_or_references() -> None:
 
 
 def test_candidates_compile_without_the_harness_future_imports() -> None:
-    from crucible_sandbox.inrun.harness import compile_candidate
+    from crucible_sandbox.judging.compile import compile_candidate
 
     code, syntax = compile_candidate("def f(x: int) -> int:\n    return x\n")
     namespace: dict = {}

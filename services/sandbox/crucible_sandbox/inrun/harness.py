@@ -1,10 +1,10 @@
 """The program's side of a run: the only process that runs the candidate's code.
 
-It is forked by the zygote ahead of its run and waits for its spec (see `zygote`). The spec holds
+It is forked by the zygote ahead of its run and waits for its spec (see `isolation.zygote`). The spec holds
 the compiled program and, depending on the test form, what to do with it; it never holds a test's
 expected value or the code that computes one:
 
-* `calls`: the name and literal arguments of each test's call (see `plan`): the process calls
+* `calls`: the name and literal arguments of each test's call (see `judging.plan`): the process calls
   each, under the test's timer, and reports the value as data; the worker compares it;
 * `judged`: nothing about the tests: the process serves the run's judge (see `judge`, `link`);
 * `stdio`: one case's input; the worker compares the output;
@@ -21,10 +21,9 @@ import contextlib
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from crucible_sandbox.inrun import runtime
 from crucible_sandbox.inrun.link import ProgramServer
@@ -32,29 +31,14 @@ from crucible_sandbox.inrun.runtime import CANDIDATE, TestTimeout, exception_inf
 from crucible_sandbox.wire.channel import read_frame, read_spec, write_frame
 from crucible_sandbox.wire.values import Unencodable, encode, short_repr
 
+if TYPE_CHECKING:
+    from crucible_sandbox.wire.messages import ProgramSpec, RunLimits
+
 VALUE_CHARS = 10_000  # the longest repr reported for a run's value
 _NOTHING = object()
 
 
-def compile_candidate(source: str) -> tuple[CodeType | None, dict[str, Any] | None]:
-    """(code, None), or (None, the `syntax` frame) when the program does not compile.
-
-    Called by the worker, so the run's process only loads the code object. Compiled as plain
-    Python would (`dont_inherit`: none of this module's `__future__` imports apply).
-    """
-    try:
-        return compile(source, CANDIDATE, "exec", dont_inherit=True), None
-    except (SyntaxError, ValueError) as exc:  # ValueError: source contains null bytes
-        frame = {
-            "t": "syntax",
-            "exc": type(exc).__name__ if isinstance(exc, SyntaxError) else "SyntaxError",
-            "msg": runtime.exception_message(exc),
-            "tb": "".join(traceback.format_exception_only(type(exc), exc)),
-        }
-        return None, frame
-
-
-def program_main(spec_fd: int, report_fd: int, confine: Callable[[dict[str, Any]], None]) -> None:
+def program_main(spec_fd: int, report_fd: int, confine: Callable[[RunLimits], None]) -> None:
     """Entry point of a run's program process, once forked; it may wait here. Never returns.
 
     `confine` applies the run's memory limit and drops the process's privileges.
@@ -66,7 +50,8 @@ def program_main(spec_fd: int, report_fd: int, confine: Callable[[dict[str, Any]
     os.close(spec_fd)
     if got is None:
         _exit(3)
-    run, _, fds = got
+    spec, _, fds = got
+    run = cast("ProgramSpec", spec)  # from the worker, which this process trusts
     write_frame(report_fd, {"t": "started"})
     confine(run["limits"])
     runtime.install_timer()
@@ -109,7 +94,7 @@ def _feed_stdin(text: str) -> None:
     os.close(fd)
 
 
-def _load(run: dict[str, Any], report_fd: int, link_fd: int | None = None) -> dict[str, Any] | None:
+def _load(run: ProgramSpec, report_fd: int, link_fd: int | None = None) -> dict[str, Any] | None:
     """Run the program's module; None (after a `crash` frame) if it raised."""
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     try:
@@ -123,7 +108,7 @@ def _load(run: dict[str, Any], report_fd: int, link_fd: int | None = None) -> di
     return namespace
 
 
-def _run_calls(run: dict[str, Any], report_fd: int, deadline: float) -> None:
+def _run_calls(run: ProgramSpec, report_fd: int, deadline: float) -> None:
     """`calls` form: each test calls one function on literal arguments; its value is reported."""
     namespace = _load(run, report_fd)
     if namespace is None:
@@ -145,12 +130,14 @@ def _run_calls(run: dict[str, Any], report_fd: int, deadline: float) -> None:
     write_frame(report_fd, {"t": "done"})
 
 
-def _call(namespace: dict[str, Any], name: str, arguments: CodeType) -> dict[str, Any]:
+def _call(namespace: dict[str, Any], name: str, arguments: CodeType | None) -> dict[str, Any]:
     """One call of the program, and its value as data (or why there is none)."""
     try:
         if name not in namespace:
             raise NameError(f"name '{name}' is not defined")
-        args, kwargs = eval(arguments, {"__builtins__": {}})  # literals only (see `plan.Call`)
+        if arguments is None:  # a plan always compiles them (see `judging.plan._call`)
+            raise TypeError("the call's arguments were not compiled")
+        args, kwargs = eval(arguments, {"__builtins__": {}})  # literals only (see `judging.plan.Call`)
         value = namespace[name](*args, **kwargs)
     except TestTimeout:
         raise
@@ -162,7 +149,7 @@ def _call(namespace: dict[str, Any], name: str, arguments: CodeType) -> dict[str
         return {"other": {"type": runtime.text(type(value).__qualname__, 100), "repr": short_repr(value)}}
 
 
-def _serve(run: dict[str, Any], report_fd: int, link_fd: int) -> None:
+def _serve(run: ProgramSpec, report_fd: int, link_fd: int) -> None:
     """`judged` form: load the program, then answer the judge's requests until it is done."""
     namespace = _load(run, report_fd, link_fd)
     if namespace is None:
@@ -183,7 +170,7 @@ def _serve(run: dict[str, Any], report_fd: int, link_fd: int) -> None:
     write_frame(report_fd, {"t": "done"})
 
 
-def _run_stdio(run: dict[str, Any], report_fd: int) -> None:
+def _run_stdio(run: ProgramSpec, report_fd: int) -> None:
     """stdin/stdout form: the program is the whole program; the worker judges its output."""
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
@@ -198,16 +185,17 @@ def _run_stdio(run: dict[str, Any], report_fd: int) -> None:
     write_frame(report_fd, {"t": "done"})
 
 
-def _run_only(run: dict[str, Any], report_fd: int) -> None:
+def _run_only(run: ProgramSpec, report_fd: int) -> None:
     """`run` form (no tests): run the program, then its final expression or the call asked for."""
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     value: Any = _NOTHING
     try:
         exec(run["program"], namespace)
-        if run.get("last") is not None:
-            value = eval(run["last"], namespace)
-        elif run.get("call") is not None:
-            name, args, kwargs = run["call"]
+        last, call = run.get("last"), run.get("call")
+        if last is not None:
+            value = eval(last, namespace)
+        elif call is not None:
+            name, args, kwargs = call
             if name not in namespace:
                 raise NameError(f"name '{name}' is not defined")
             value = namespace[name](*args, **kwargs)

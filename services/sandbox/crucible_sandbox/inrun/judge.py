@@ -1,6 +1,6 @@
 """The judge: the process of a run that runs the tests and never the program.
 
-Suites that are not plain calls on literals (see `plan`) run here: `check` functions, asserts of
+Suites that are not plain calls on literals (see `judging.plan`) run here: `check` functions, asserts of
 several statements, setup code, comparisons other than `==`. The judge is forked by the same
 zygote as the program's process, confined the same way but as a uid of its own (the program can
 neither signal it nor read its memory), and it receives only the compiled tests: the program's
@@ -22,13 +22,17 @@ import operator
 import os
 import time
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from crucible_sandbox.inrun import runtime
 from crucible_sandbox.inrun.link import Link, NotJudged, ProgramLost
 from crucible_sandbox.inrun.runtime import TestTimeout
 from crucible_sandbox.wire.channel import read_spec, write_frame
 from crucible_sandbox.wire.values import short_repr
+
+if TYPE_CHECKING:
+    from crucible_sandbox.wire.messages import JudgedTests, JudgeSpec, RunLimits
 
 # The judge's own backstop, past the test's time: the program's timer fires first, and a
 # program that does not answer by then is given up on.
@@ -175,14 +179,16 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     return {**runtime.exception_info(exc), "program": False}
 
 
-def judge_main(spec_fd: int, report_fd: int, confine: Any) -> None:
+def judge_main(spec_fd: int, report_fd: int, confine: Callable[[RunLimits], None]) -> None:
     """Entry point of a run's judge, once forked; it may wait here for its run. Never returns."""
     _exit = os._exit
     got = read_spec(spec_fd)
     os.close(spec_fd)
     if got is None or not got[2]:
         _exit(3)
-    run, tests, (link_fd, *_) = got
+    spec, compiled, (link_fd, *_) = got
+    # From the worker, which this process trusts.
+    run, tests = cast("JudgeSpec", spec), cast("JudgedTests", compiled)
     write_frame(report_fd, {"t": "started"})
     confine(run["limits"])
     runtime.install_timer()
@@ -203,7 +209,7 @@ def judge_main(spec_fd: int, report_fd: int, confine: Any) -> None:
     _exit(0)
 
 
-def _judge(link: Link, tests: dict[str, Any], limits: dict[str, Any], report: int, deadline: float) -> None:
+def _judge(link: Link, tests: JudgedTests, limits: RunLimits, report: int, deadline: float) -> None:
     names = link.hello()
     if names is None:
         write_frame(report, {"t": "program_failed"})
@@ -220,7 +226,7 @@ def _judge(link: Link, tests: dict[str, Any], limits: dict[str, Any], report: in
             write_frame(report, {"t": "done"})
             return
     checker = Checker(tests["ops"], report, link, namespace, limits["test_time_s"], deadline, tests["names"])
-    runner = dict.get(namespace, tests["entry"])
+    runner: Any = dict.get(namespace, tests["entry"])
     args: tuple[Any, ...] = (checker,)
     if entry_point is not None:
         try:

@@ -2,7 +2,7 @@
 
 The judge runs the test code and never holds an object of the program. When the tests use a name
 the program defines, the judge asks the program's process for it over a Unix socket; what comes
-back is plain data (see `values`), or a *reference* to an object that stays in the program's
+back is plain data (see `wire.values`), or a *reference* to an object that stays in the program's
 process and that the judge sees as a `ProgramObject`. Calling a `ProgramObject`, reading its
 attributes, iterating it, taking its length, item, `str`, `int` or `float`: each is one request,
 run in the program's process, whose answer is again data or a reference. Comparing it, taking its
@@ -33,6 +33,7 @@ import importlib
 import operator
 import types
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from crucible_sandbox.inrun import runtime
@@ -130,7 +131,7 @@ class ProgramServer:
             return {"ok": self.encode(getattr(target, str(request.get("name"))))}
         if op == "getitem":
             return {"ok": self.encode(target[self.decode(request.get("key"))])}
-        unary = {
+        unary: dict[str, Callable[[Any], Any]] = {
             "iter": list,
             "len": len,
             "str": str,
@@ -145,7 +146,7 @@ class ProgramServer:
 
     def _changed(self, request: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The arguments a call changed in place, re-encoded (the judge updates its own copies)."""
-        sent = dict(enumerate(request.get("args", [])))
+        sent: dict[Any, Any] = dict(enumerate(request.get("args", [])))
         sent.update(request.get("kwargs", {}))
         back = {}
         for key, value in [*enumerate(args), *kwargs.items()]:
@@ -375,7 +376,7 @@ class Link:
     def _write_back(self, back: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Apply in-place changes the program made to the test's list, dict, set or bytearray arguments."""
         for key, tree in back.items():
-            target = args[int(key)] if key.isdigit() and int(key) < len(args) else kwargs.get(key)
+            target: Any = args[int(key)] if key.isdigit() and int(key) < len(args) else kwargs.get(key)
             new = self._receive(tree)
             if type(target) is not type(new):
                 continue

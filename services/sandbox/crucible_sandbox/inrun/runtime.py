@@ -11,7 +11,10 @@ import resource
 import signal
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crucible_sandbox.wire.messages import ExceptionInfo, RunLimits
 
 CANDIDATE = "<candidate>"
 # Frames of the sandbox itself (any file of the package, this subpackage or another) are left out
@@ -47,7 +50,7 @@ def disarm() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def apply_limits(limits: dict[str, Any], processes: int | None, memory_mb: int | None = None) -> None:
+def apply_limits(limits: RunLimits, processes: int | None, memory_mb: int | None = None) -> None:
     """rlimits of a run's process: CPU, address space, file size, open files, processes, no core."""
 
     def cap(res: int, value: int) -> None:
@@ -94,7 +97,7 @@ def trimmed_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
     return body if len(body) <= limit_chars else "...\n" + body[-limit_chars:]
 
 
-def exception_info(exc: BaseException) -> dict[str, Any]:
+def exception_info(exc: BaseException) -> ExceptionInfo:
     """What a frame says about an exception: type, message, trimmed traceback, out of memory."""
     return {
         "exc": text(type(exc).__name__, 100) or "Exception",

@@ -11,7 +11,7 @@ controller is mounted as cgroup v1 instead, the slot gets `<v1 memory mount>/<ow
 cgroup>/crucible-sandbox/s<server pid>-<slot>` and its `memory.limit_in_bytes`. Either way the
 limit covers every process of the program together, and the kernel's OOM kill count there tells
 the zygote that a run died of it. With neither, `Capabilities.memory` says "sampled" and the
-zygote measures the run's processes itself (see `isolation`).
+zygote measures the run's processes itself (see `confine`).
 
 The program's process writes its own run's limit (it is still root then) before it drops its
 privileges; the zygote never touches the limit. The worker removes a slot's directories once its

@@ -1,9 +1,9 @@
 """The zygote: a small pre-forked process that forks the isolated processes of every run.
 
-Each worker slot (see `worker`) starts one zygote. The zygote imports the in-run code and the
-stdlib modules programs commonly use, sets up its isolation (see `isolation`), freezes its heap,
+Each worker slot (see `judging.worker`) starts one zygote. The zygote imports the in-run code and the
+stdlib modules programs commonly use, sets up its isolation (see `confine`), freezes its heap,
 and from then on only forks. It keeps a run's processes forked ahead: a *program* process and a
-*judge* process (see `harness`, `judge`), each confined and waiting for its spec on a socket; the
+*judge* process (see `inrun.harness`, `inrun.judge`), each confined and waiting for its spec on a socket; the
 worker holds the other ends of their pipes, passed over a Unix socket. When the worker has written
 the specs and says RUN, the zygote waits for the run's processes (killing them at the wall-clock
 deadline, when the worker asks because a cap was hit, or when the sampled memory of the run is
@@ -27,7 +27,7 @@ Protocol on the socket (SOCK_SEQPACKET, one message per datagram):
   of the processes forked for the next run attached (the program's four, then the judge's three
   when a new judge was forked).
 
-Usage (by the worker): python -m crucible_sandbox.isolation.zygote '<IsolationConfig as JSON>' <socket fd>
+Usage (by the worker): python -m crucible_sandbox.isolation.zygote '<SlotConfig as JSON>' <socket fd>
 """
 
 from __future__ import annotations
@@ -51,12 +51,15 @@ import string  # noqa: F401
 import struct
 import sys
 import time
-import typing  # noqa: F401
+import typing
 
 # Everything a run's processes execute of the sandbox is imported here: a run's file system has
 # none of the sandbox's files (see `rootfs`).
 from crucible_sandbox.inrun import harness, judge
 from crucible_sandbox.isolation import confine
+
+if typing.TYPE_CHECKING:
+    from crucible_sandbox.wire.messages import SlotConfig, ZygoteInfo
 
 RUN, KILL, DONE = b"R", b"K", b"D"
 RUN_MSG = struct.Struct(">cd?i")  # RUN, wall-clock seconds, the judge takes part, memory MiB
@@ -244,12 +247,13 @@ class Zygote:
 
 
 def main() -> None:
-    cfg = confine.IsolationConfig(**json.loads(sys.argv[1]))
+    config: SlotConfig = json.loads(sys.argv[1])
+    cfg = confine.IsolationConfig(**config)
     sock = socket.socket(fileno=int(sys.argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown: its workers close our socket
     iso = confine.setup_zygote(cfg)
-    info = {
-        "caps": {**vars(iso.caps)},
+    info: ZygoteInfo = {
+        "caps": iso.caps.report(),
         "mode": iso.caps.mode,
         "pid": os.getpid(),
         "cgroups": iso.cgroup.paths if iso.cgroup else [],

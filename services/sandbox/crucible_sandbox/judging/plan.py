@@ -8,7 +8,7 @@ Plans are built by the trusted worker, which keeps them to judge the run. There 
   arguments, as data; it sends back the value; the worker compares it with the literal, which it
   evaluated itself without running any code (`ast.literal_eval`).
 * **Judged** (`plan_asserts`, `plan_check`): anything else. The tests run in the run's *judge*
-  process, which never holds the program (see `judge`); every `assert` becomes a call to the
+  process, which never holds the program (see `inrun.judge`); every `assert` becomes a call to the
   judge's checker `__ck`, a parameter of the generated test function:
 
       assert f(2) == 4          ->   __ck.check(0, lambda: f(2), lambda: 4)
@@ -24,7 +24,7 @@ import ast
 import builtins
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Any
+from typing import Any, cast
 
 CK = "__ck"
 _OPS = {
@@ -101,7 +101,7 @@ class _AssertRewriter(ast.NodeTransformer):
         loc = _loc(node)
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             site = Site(node, _OPS[type(test.ops[0])])
-            args = [_thunk(test.left, loc), _thunk(test.comparators[0], loc)]
+            args: list[ast.expr] = [_thunk(test.left, loc), _thunk(test.comparators[0], loc)]
         else:
             site = Site(node, None)
             args = [_thunk(test, loc), ast.Constant(None, **loc)]
@@ -115,7 +115,7 @@ class _AssertRewriter(ast.NodeTransformer):
 _NOWHERE = {"lineno": 1, "col_offset": 0, "end_lineno": 1, "end_col_offset": 0}
 
 
-def _loc(ref: ast.AST) -> dict[str, int]:
+def _loc(ref: ast.stmt | ast.expr) -> dict[str, Any]:
     """The source location of `ref`, to give to nodes built in its place."""
     return {
         "lineno": ref.lineno,
@@ -173,7 +173,7 @@ def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.Functio
         kw_defaults=[],
         defaults=[],
     )
-    extra = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
+    extra: dict[str, Any] = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
     return ast.FunctionDef(
         name=name,
         args=args,
@@ -187,13 +187,17 @@ def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.Functio
 
 def plan_asserts(asserts: list[str]) -> Plan:
     """Each entry is one test, run by the judge. Raises SyntaxError (`filename` `<test N>`)."""
+    names: list[list[str]] = []
     plan = Plan(
-        tests=list(asserts), module=ast.Module(body=[], type_ignores=[]), entry="__crucible_tests__", names=[]
+        tests=list(asserts),
+        module=ast.Module(body=[], type_ignores=[]),
+        entry="__crucible_tests__",
+        names=names,
     )
     body: list[ast.stmt] = []
     for i, source in enumerate(asserts):
         tree = ast.parse(source, filename=f"<test {i}>")
-        plan.names.append(read_names(tree))
+        names.append(read_names(tree))
         stmts = [_AssertRewriter(plan, i).visit(s) for s in tree.body]
         body.extend(_guard(i, stmts))
     assert plan.module is not None
@@ -275,7 +279,7 @@ def _call(node: ast.expr, callee: str | None) -> Call | None:
     arguments = compile(
         ast.fix_missing_locations(ast.Expression(both)), "<arguments>", "eval", dont_inherit=True
     )
-    return Call(name, tuple(args), kwargs, op="truth", arguments=arguments)
+    return Call(name, tuple(args), cast(dict[str, Any], kwargs), op="truth", arguments=arguments)
 
 
 def _call_site(node: ast.Assert, callee: str | None) -> Call | None:

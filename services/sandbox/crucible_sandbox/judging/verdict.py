@@ -1,86 +1,52 @@
-"""Trusted judgement: turn what a run's processes reported, and how they ended, into a `RunResult`.
+"""Trusted judgement of a test suite: turn what a run's processes reported into a `RunResult`.
 
-This runs in the worker, outside the run. The program's report is untrusted input: its first
-frame, `started`, is written before any of the program runs, so a report without it means the
-sandbox failed (`sandbox_error`); everything after it is the program's doing, and garbage there is
-a verdict about the program. For a call plan the program reports only values: each is rebuilt from
-plain types and compared here with the literal the test expects. For a judged plan the judge's
-report (a process that never runs the program) carries the verdicts. A run's exit status and its
-stdout never decide `passed`.
+This runs in the worker, outside the run. For a call plan the program reports only values: each
+is rebuilt from plain types and compared here with the literal the test expects. For a judged plan
+the judge's report (a process that never runs the program) carries the verdicts; the program's
+tells only how it crashed. Stdin/stdout cases and runs without tests are judged in `output`; how
+a process ended, and the parts of every result, are in `outcome`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
+from crucible_sandbox.judging.compile import SyntaxFrame
+from crucible_sandbox.judging.outcome import (
+    Frame,
+    ProcessOutcome,
+    as_text,
+    base,
+    crashed,
+    ended_how,
+    failure_message,
+    finish,
+    not_run,
+    not_started,
+    unfinished,
+)
 from crucible_sandbox.judging.plan import Call, Plan
-from crucible_sandbox.wire.channel import split_frames
+from crucible_sandbox.wire.messages import RunResultData, RunStatusName, TestVerdictData
 from crucible_sandbox.wire.values import decode, short_repr
 
-_PRECEDENCE = [
-    "sandbox_error",
-    "syntax_error",
-    "memory_exceeded",
-    "output_exceeded",
-    "timeout",
-    "error",
-    "failed",
-    "passed",
-]
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MALFORMED = "the program wrote malformed data to the harness channel"
 
 
-@dataclass
-class ProcessOutcome:
-    """How one process of a run ended and what it wrote."""
-
-    frames: list[Any] = field(default_factory=list)
-    malformed: bool = False
-    exit_code: int | None = None  # None when killed by a signal
-    signal: int | None = None
-    killed: str | None = None  # "timeout" | "output" | "report" | "memory": the run was ended
-    stdout: str = ""
-    stderr: str = ""
-    truncated: bool = False
-    duration_ms: float = 0.0
-
-    @classmethod
-    def of(
-        cls, status: int, report: bytearray, killed: str | None, duration_ms: float, frames_at_most: int
-    ) -> ProcessOutcome:
-        """`frames_at_most`: how many frames the process writes when all is well."""
-        frames, malformed = split_frames(report, frames_at_most)
-        proc = cls(frames=[f for f in frames if isinstance(f, dict)], malformed=malformed, killed=killed)
-        proc.malformed |= len(proc.frames) != len(frames)
-        proc.duration_ms = duration_ms
-        if os.WIFSIGNALED(status):
-            proc.signal = None if killed else os.WTERMSIG(status)  # our SIGKILL, not the program's doing
-        else:
-            proc.exit_code = os.WEXITSTATUS(status)
-        return proc
-
-    @property
-    def started(self) -> bool:
-        return bool(self.frames) and self.frames[0].get("t") == "started"
-
-    def first(self, *kinds: str) -> dict[str, Any] | None:
-        return next((f for f in self.frames[1:] if f.get("t") in kinds), None)
-
-    def last(self, *kinds: str) -> dict[str, Any] | None:
-        return next((f for f in reversed(self.frames[1:]) if f.get("t") in kinds), None)
-
-
-def worst(statuses: list[str]) -> str:
-    """The overall status: the worst of the given ones, `passed` when empty.
-
-    >>> worst(["passed", "failed", "timeout"])
-    'timeout'
-    """
-    return min(statuses, key=_PRECEDENCE.index, default="passed")
+def syntax_error(frame: SyntaxFrame, tests: list[str]) -> RunResultData:
+    """The result for a program that does not compile: no test ran."""
+    out = base(len(tests), ProcessOutcome())
+    out.update(
+        {
+            "status": "syntax_error",
+            "message": str(frame.get("msg", "syntax error")),
+            "traceback": frame.get("tb"),
+            "exception_type": frame.get("exc", "SyntaxError"),
+            "tests": [not_run(i, s) for i, s in enumerate(tests)],
+        }
+    )
+    return out
 
 
 def clean_text(value: Any) -> Any:
@@ -98,186 +64,31 @@ def clean_text(value: Any) -> Any:
     return value
 
 
-def _text(value: Any, limit: int = 4000) -> str | None:
-    return value[:limit] if isinstance(value, str) else None
-
-
-def _ended_how(proc: ProcessOutcome) -> tuple[str, str]:
-    """(test status, message) for the test that was running when the process stopped."""
-    if proc.killed == "timeout" or proc.signal == 24:  # SIGXCPU: CPU-time limit
-        return "timeout", "time limit exceeded"
-    if proc.killed == "output":
-        return "error", "output limit exceeded"
-    if proc.killed == "report":
-        return "error", "the program wrote too much to the harness channel"
-    if proc.killed == "memory":
-        return "error", "memory limit exceeded (the run's processes together)"
-    if proc.signal is not None:
-        return "error", f"the process was killed by signal {proc.signal}"
-    return "error", f"the process exited with status {proc.exit_code} before this test finished"
-
-
-def process_status(proc: ProcessOutcome) -> str | None:
-    """The run status that how the process was ended implies, if any."""
-    if proc.killed in ("output", "report"):
-        return "output_exceeded"
-    if proc.killed == "memory":
-        return "memory_exceeded"
-    if proc.killed == "timeout" or proc.signal == 24:
-        return "timeout"
-    # A SIGKILL we did not send and the kernel did not count as an OOM kill is the program's own.
-    return None
-
-
-def _base(total: int, proc: ProcessOutcome) -> dict[str, Any]:
-    return {
-        "passed": 0,
-        "total": total,
-        "tests": [],
-        "message": "",
-        "stdout": proc.stdout,
-        "stderr": proc.stderr,
-        "output_truncated": proc.truncated,
-        "duration_ms": round(proc.duration_ms, 3),
-    }
-
-
-def not_run(index: int, source: str, message: str = "") -> dict[str, Any]:
-    return {"index": index, "test": source, "status": "not_run", "message": message, "judged_outside": None}
-
-
-def failure_message(
-    source: str, op: str | None, actual: str, expected: str | None, why: str | None = None
-) -> str:
-    """One line saying what a failed assert saw.
-
-    >>> failure_message("assert add(2, 2) == 4", "==", "5", "4")
-    'assert add(2, 2) == 4 -> got 5'
-    >>> failure_message("assert x < 3", "<", "7", "3")
-    'assert x < 3 -> 7 < 3 is false'
-    """
-    if op is None or op == "==" or expected is None:
-        text = f"{source} -> got {actual}"
-    else:
-        text = f"{source} -> {actual} {op} {expected} is false"
-    return f"{text} ({why})" if why else text
-
-
-def syntax_error(frame: dict[str, Any], tests: list[str]) -> dict[str, Any]:
-    """The result for a program that does not compile: no test ran."""
-    out = _base(len(tests), ProcessOutcome())
-    out.update(
-        status="syntax_error",
-        message=str(frame.get("msg", "syntax error")),
-        traceback=frame.get("tb"),
-        exception_type=frame.get("exc", "SyntaxError"),
-        tests=[not_run(i, s) for i, s in enumerate(tests)],
-    )
-    return out
-
-
-def _not_started(out: dict[str, Any], tests: list[str], proc: ProcessOutcome, who: str) -> dict[str, Any]:
-    status = process_status(proc)
-    out["status"] = status or "sandbox_error"
-    out["message"] = f"the {who} did not start"
-    if status is None:
-        out["message"] += (
-            f" (exit status {proc.exit_code}, signal {proc.signal}); stderr: {proc.stderr[-300:]}"
-        )
-    out["tests"] = [not_run(i, s) for i, s in enumerate(tests)]
-    return out
-
-
-def _crashed(
-    out: dict[str, Any], tests: list[str], crash: dict[str, Any], proc: ProcessOutcome, where: str
-) -> dict[str, Any]:
-    out["status"] = worst(
-        ["memory_exceeded" if crash.get("memory") is True else "error", process_status(proc) or "error"]
-    )
-    out["exception_type"] = _text(crash.get("exc"), 100)
-    out["message"] = f"{_text(crash.get('msg'), 500) or 'error'} ({where})"
-    out["traceback"] = _text(crash.get("tb"))
-    out["tests"] = [not_run(i, s, "the program failed before the tests ran") for i, s in enumerate(tests)]
-    return out
-
-
-def _finish(
-    out: dict[str, Any], verdicts: list[dict[str, Any]], proc: ProcessOutcome, extra: list[str]
-) -> dict[str, Any]:
-    statuses = [_map_test_status(v["status"]) for v in verdicts] + extra
-    if any(v.pop("memory", False) for v in verdicts):
-        statuses.append("memory_exceeded")
-    status = process_status(proc)
-    if status:
-        statuses.append(status)
-    out["tests"] = verdicts
-    out["passed"] = sum(v["status"] == "passed" for v in verdicts)
-    out["status"] = worst(statuses)
-    bad = next((v for v in verdicts if v["status"] != "passed"), None)
-    if bad is not None:
-        out["message"] = bad.get("message") or f"test {bad['index']} {bad['status']}"
-    if proc.killed in ("output", "report"):
-        out["message"] = _ended_how(proc)[1]
-    return out
-
-
-def _map_test_status(status: str) -> str:
-    return {
-        "passed": "passed",
-        "failed": "failed",
-        "not_run": "failed",
-        "error": "error",
-        "timeout": "timeout",
-    }[status]
-
-
-def _unfinished(
-    tests: list[str], records: dict[int, Any], done: bool, proc: ProcessOutcome, judge: Any
-) -> list[dict[str, Any]]:
-    """Verdicts in order: `judge(i, source, record)` for reported tests; for the first test without
-    one, how the process ended (unless the run said it was done); `not_run` for the rest."""
-    verdicts: list[dict[str, Any]] = []
-    stopped = False
-    for i, source in enumerate(tests):
-        rec = records.get(i)
-        if rec is not None:
-            verdicts.append(judge(i, source, rec))
-        elif stopped or done:
-            verdicts.append(not_run(i, source))
-        else:
-            status, message = _ended_how(proc)
-            verdicts.append(
-                {"index": i, "test": source, "status": status, "message": message, "judged_outside": True}
-            )
-            stopped = True
-    return verdicts
-
-
 # -- call plans -----------------------------------------------------------------------------------
 
 
-def judge_calls(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
+def judge_calls(plan: Plan, proc: ProcessOutcome) -> RunResultData:
     """Verdict of a call plan: each value the program reported, compared here with the literal."""
     assert plan.calls is not None
-    out = _base(len(plan.tests), proc)
+    out = base(len(plan.tests), proc)
     if not proc.started:
-        return _not_started(out, plan.tests, proc, "harness")
+        return not_started(out, plan.tests, proc, "harness")
     crash = proc.first("crash")
-    records: dict[int, dict[str, Any]] = {}
+    records: dict[int, Frame] = {}
     for frame in proc.frames[1:]:
         i = frame.get("i")
         if frame.get("t") == "test" and type(i) is int and 0 <= i < len(plan.tests):
             records.setdefault(i, frame)
     if crash is not None and not records:
-        return _crashed(out, plan.tests, crash, proc, "while loading the program")
+        return crashed(out, plan.tests, crash, proc, "while loading the program")
     calls = plan.calls
 
-    def judge(i: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
+    def judge(i: int, source: str, rec: Frame) -> TestVerdictData:
         return _judge_call(plan.sites[i].source, calls[i], i, source, rec)
 
     done = proc.first("done") is not None
-    verdicts = _unfinished(plan.tests, records, done, proc, judge)
-    out = _finish(out, verdicts, proc, ["error"] if proc.malformed else [])
+    verdicts = unfinished(plan.tests, records, done, proc, judge)
+    out = finish(out, verdicts, proc, ["error"] if proc.malformed else [])
     out["same_answer"] = same_answer(
         [
             (value, calls[i].expected)
@@ -291,7 +102,7 @@ def judge_calls(plan: Plan, proc: ProcessOutcome) -> dict[str, Any]:
 _NOTHING = object()
 
 
-def _decoded(rec: dict[str, Any]) -> Any:
+def _decoded(rec: Frame) -> Any:
     """The value a test's record reports, or `_NOTHING` (it crashed, timed out, or is malformed)."""
     if "value" not in rec:
         return _NOTHING
@@ -330,9 +141,9 @@ def same_answer(pairs: list[tuple[Any, Any]]) -> bool | None:
     return all(same(first, v) for v, _ in rest) and not all(same(first_expected, e) for _, e in rest)
 
 
-def _judge_call(site: str, call: Call, index: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
-    ms = rec.get("ms")
-    v: dict[str, Any] = {
+def _judge_call(site: str, call: Call, index: int, source: str, rec: Frame) -> TestVerdictData:
+    ms: Any = rec.get("ms")
+    v: TestVerdictData = {
         "index": index,
         "test": source,
         "status": "passed",
@@ -342,24 +153,31 @@ def _judge_call(site: str, call: Call, index: int, source: str, rec: dict[str, A
     }
     op = None if call.op in ("truth", "not") else call.op
     if rec.get("timeout") is True:
-        v.update(status="timeout", message="time limit exceeded")
+        v.update({"status": "timeout", "message": "time limit exceeded"})
     elif isinstance(rec.get("error"), dict):
         err = rec["error"]
         v.update(
-            status="error",
-            exception_type=_text(err.get("exc"), 100),
-            message=_text(err.get("msg"), 500) or "error",
-            traceback=_text(err.get("tb")),
-            memory=err.get("memory") is True,
+            {
+                "status": "error",
+                "exception_type": as_text(err.get("exc"), 100),
+                "message": as_text(err.get("msg"), 500) or "error",
+                "traceback": as_text(err.get("tb")),
+                "memory": err.get("memory") is True,
+            }
         )
     elif isinstance(rec.get("other"), dict):
-        type_name, actual = _text(rec["other"].get("type"), 100), _text(rec["other"].get("repr"), 300) or "?"
-        why = f"a {type_name} is not plain data: it is not compared outside the program"
+        type_name, actual = (
+            as_text(rec["other"].get("type"), 100),
+            as_text(rec["other"].get("repr"), 300) or "?",
+        )
+        why: str | None = f"a {type_name} is not plain data: it is not compared outside the program"
         v.update(
-            status="failed",
-            judged_outside=False,
-            actual=actual,
-            message=failure_message(site, op, actual, None, why),
+            {
+                "status": "failed",
+                "judged_outside": False,
+                "actual": actual,
+                "message": failure_message(site, op, actual, None, why),
+            }
         )
     elif "value" in rec:
         try:
@@ -371,13 +189,15 @@ def _judge_call(site: str, call: Call, index: int, source: str, rec: dict[str, A
             actual = short_repr(value)
             expected = short_repr(call.expected) if op else None
             v.update(
-                status="failed",
-                actual=actual,
-                expected=expected,
-                message=failure_message(site, op, actual, expected, why),
+                {
+                    "status": "failed",
+                    "actual": actual,
+                    "expected": expected,
+                    "message": failure_message(site, op, actual, expected, why),
+                }
             )
     else:
-        v.update(status="error", message=MALFORMED)
+        v.update({"status": "error", "message": MALFORMED})
     return v
 
 
@@ -398,15 +218,21 @@ def _holds(call: Call, value: Any) -> tuple[bool, str | None]:
 # -- judged plans ---------------------------------------------------------------------------------
 
 
-def judge_judged(plan: Plan, program: ProcessOutcome, judge: ProcessOutcome) -> dict[str, Any]:
+def judge_judged(plan: Plan, program: ProcessOutcome, judge: ProcessOutcome) -> RunResultData:
     """Verdict of a judged plan, from the judge's report (the program's tells how it crashed)."""
-    out = _base(len(plan.tests), program)
+    out = base(len(plan.tests), program)
     ended = judge if judge.killed else program
     if not judge.started:
-        return _not_started(out, plan.tests, ended, "judge")
+        return not_started(out, plan.tests, ended, "judge")
     fault = judge.first("judge_error")
     if fault is not None:
-        out.update(status="sandbox_error", message=f"judge error: {_text(fault.get('msg'), 500)}", tests=[])
+        out.update(
+            {
+                "status": "sandbox_error",
+                "message": f"judge error: {as_text(fault.get('msg'), 500)}",
+                "tests": [],
+            }
+        )
         return out
     if judge.first("program_failed") is not None:
         return _program_failed(out, plan.tests, program)
@@ -414,10 +240,10 @@ def judge_judged(plan: Plan, program: ProcessOutcome, judge: ProcessOutcome) -> 
     if missing is not None:
         crash = {
             "exc": "NameError",
-            "msg": f"NameError: the program does not define `{_text(missing.get('name'), 100)}`",
+            "msg": f"NameError: the program does not define `{as_text(missing.get('name'), 100)}`",
         }
-        return _crashed(out, plan.tests, crash, program, "no function to test")
-    records: dict[int, dict[str, Any]] = {}
+        return crashed(out, plan.tests, crash, program, "no function to test")
+    records: dict[int, Frame] = {}
     for frame in judge.frames[1:]:
         i = frame.get("i")
         if frame.get("t") == "test" and type(i) is int and 0 <= i < len(plan.tests):
@@ -427,32 +253,32 @@ def judge_judged(plan: Plan, program: ProcessOutcome, judge: ProcessOutcome) -> 
         where = (
             "in the program, called from the test set-up" if setup.get("program") else "in the test set-up"
         )
-        return _crashed(out, plan.tests, setup, program, where)
+        return crashed(out, plan.tests, setup, program, where)
 
-    def verdict_of(i: int, source: str, rec: dict[str, Any]) -> dict[str, Any]:
+    def verdict_of(i: int, source: str, rec: Frame) -> TestVerdictData:
         return _judge_record(plan, i, source, rec, program)
 
     done = judge.first("done") is not None
-    verdicts = _unfinished(plan.tests, records, done, ended, verdict_of)
-    extra = ["error"] if setup is not None else []
-    return _finish(out, verdicts, program if program.killed else judge, extra)
+    verdicts = unfinished(plan.tests, records, done, ended, verdict_of)
+    extra: list[RunStatusName] = ["error"] if setup is not None else []
+    return finish(out, verdicts, program if program.killed else judge, extra)
 
 
-def _program_failed(out: dict[str, Any], tests: list[str], program: ProcessOutcome) -> dict[str, Any]:
+def _program_failed(out: RunResultData, tests: list[str], program: ProcessOutcome) -> RunResultData:
     if not program.started:
-        return _not_started(out, tests, program, "harness")
+        return not_started(out, tests, program, "harness")
     crash = program.first("crash")
     if crash is None:
-        crash = {"exc": None, "msg": _ended_how(program)[1]}
-    return _crashed(out, tests, crash, program, "while loading the program")
+        crash = {"exc": None, "msg": ended_how(program)[1]}
+    return crashed(out, tests, crash, program, "while loading the program")
 
 
 def _judge_record(
-    plan: Plan, index: int, source: str, rec: dict[str, Any], program: ProcessOutcome
-) -> dict[str, Any]:
-    ms = rec.get("ms")
+    plan: Plan, index: int, source: str, rec: Frame, program: ProcessOutcome
+) -> TestVerdictData:
+    ms: Any = rec.get("ms")
     helpers = rec.get("helpers")
-    v: dict[str, Any] = {
+    v: TestVerdictData = {
         "index": index,
         "test": source,
         "status": "passed",
@@ -465,12 +291,12 @@ def _judge_record(
     }
     status = rec.get("status")
     if status == "failed":
-        fail = rec.get("fail") if isinstance(rec.get("fail"), dict) else {}
+        fail: dict[str, Any] = rec["fail"] if isinstance(rec.get("fail"), dict) else {}
         site_id = fail.get("site")
         site = plan.sites[site_id] if type(site_id) is int and 0 <= site_id < len(plan.sites) else None
-        actual, expected = _text(fail.get("actual"), 300), _text(fail.get("expected"), 300)
-        why = _text(rec.get("why"), 300)
-        v.update(status="failed", actual=actual, expected=expected)
+        actual, expected = as_text(fail.get("actual"), 300), as_text(fail.get("expected"), 300)
+        why = as_text(rec.get("why"), 300)
+        v.update({"status": "failed", "actual": actual, "expected": expected})
         if site is not None:
             v["message"] = failure_message(site.source, site.op, str(actual), expected, why)
         else:
@@ -480,190 +306,22 @@ def _judge_record(
                 else "assertion failed"
             )
     elif status == "timeout":
-        v.update(status="timeout", message="time limit exceeded")
+        v.update({"status": "timeout", "message": "time limit exceeded"})
     elif status == "error" and rec.get("lost"):
         status_, message = (
-            _ended_how(program) if program.killed or program.signal else ("error", str(rec["lost"]))
+            ended_how(program) if program.killed or program.signal else ("error", str(rec["lost"]))
         )
-        v.update(status=status_, message=message)
+        v.update({"status": status_, "message": message})
     elif status == "error":
         v.update(
-            status="error",
-            exception_type=_text(rec.get("exc"), 100),
-            message=_text(rec.get("msg"), 500) or "error",
-            traceback=_text(rec.get("tb")),
-            memory=rec.get("memory") is True,
+            {
+                "status": "error",
+                "exception_type": as_text(rec.get("exc"), 100),
+                "message": as_text(rec.get("msg"), 500) or "error",
+                "traceback": as_text(rec.get("tb")),
+                "memory": rec.get("memory") is True,
+            }
         )
     elif status != "passed":
-        v.update(status="error", message="the judge reported nothing usable for this test")
+        v.update({"status": "error", "message": "the judge reported nothing usable for this test"})
     return v
-
-
-# -- stdin/stdout ---------------------------------------------------------------------------------
-
-_WS = re.compile(r"[ \t\r\f\v]+")
-
-
-def normalise_output(text: str) -> list[str]:
-    """Lines with runs of whitespace collapsed and trailing whitespace and blank lines dropped.
-
-    >>> normalise_output("1  2 \\n3\\n\\n")
-    ['1 2', '3']
-    """
-    lines = [_WS.sub(" ", line).strip() for line in text.split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
-def compare_output(actual: str, expected: str) -> str | None:
-    """None when the outputs match, else one line saying where they differ.
-
-    A prefix of the expected output does not match:
-
-    >>> compare_output("1\\n", "1\\n2\\n")
-    'output ended after 1 line(s); expected 2'
-    >>> compare_output("1 2\\n", "1  2")
-    """
-    got, want = normalise_output(actual), normalise_output(expected)
-    for lineno, (g, w) in enumerate(zip(got, want, strict=False), start=1):
-        if g != w:
-            return f"line {lineno}: expected {short_repr(w, 120)}, got {short_repr(g, 120)}"
-    if len(got) < len(want):
-        return f"output ended after {len(got)} line(s); expected {len(want)}"
-    if len(got) > len(want):
-        return f"{len(got) - len(want)} extra line(s) after the expected output"
-    return None
-
-
-def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcome) -> dict[str, Any]:
-    """Verdict of one stdin/stdout case from its own process (the worker compares the output)."""
-    verdict: dict[str, Any] = {
-        "index": index,
-        "test": short_repr(stdin, 200),
-        "status": "passed",
-        "message": "",
-        "judged_outside": True,
-        "duration_ms": round(proc.duration_ms, 3),
-    }
-    status = process_status(proc)
-    crash = proc.first("crash", "exit")
-    if not proc.started and status is None:
-        verdict.update(
-            status="sandbox_error", message=f"the harness did not start; stderr: {proc.stderr[-300:]}"
-        )
-    elif status == "timeout":
-        verdict.update(status="timeout", message="time limit exceeded")
-    elif status == "output_exceeded":
-        verdict.update(status="error", message=_ended_how(proc)[1])
-    elif status == "memory_exceeded" or (crash and crash.get("memory") is True):
-        verdict.update(status="error", message="memory limit exceeded", memory=True)
-    elif crash is not None:
-        message = (
-            _text(crash.get("msg"), 500)
-            if crash.get("t") == "crash"
-            else f"exit status {_text(crash.get('code'), 200)}"
-        )
-        verdict.update(
-            status="error",
-            exception_type=_text(crash.get("exc"), 100),
-            message=message or "error",
-            traceback=_text(crash.get("tb")),
-        )
-    elif proc.first("done") is None and (proc.exit_code != 0 or proc.signal is not None):
-        verdict.update(status="error", message=_ended_how(proc)[1])
-    else:
-        diff = compare_output(proc.stdout, expected_output)
-        if diff:
-            verdict.update(
-                status="failed",
-                message=diff,
-                actual=short_repr(proc.stdout, 300),
-                expected=short_repr(expected_output, 300),
-            )
-    return verdict
-
-
-def summarise_cases(
-    verdicts: list[dict[str, Any]], procs: list[ProcessOutcome], total: int, expected: list[str]
-) -> dict[str, Any]:
-    """Run-level result for the stdio form."""
-    shown = next(
-        (p for v, p in zip(verdicts, procs, strict=False) if v["status"] != "passed"),
-        procs[0] if procs else ProcessOutcome(),
-    )
-    out = _base(total, shown)
-    out["duration_ms"] = round(sum(p.duration_ms for p in procs), 3)
-    statuses = []
-    for v, p in zip(verdicts, procs, strict=False):
-        if v["status"] == "sandbox_error":
-            statuses.append("sandbox_error")
-            v.update(status="error")
-            continue
-        status = _map_test_status(v["status"])
-        if v.pop("memory", False):
-            status = "memory_exceeded"
-        elif process_status(p) == "output_exceeded":
-            status = "output_exceeded"
-        statuses.append(status)
-    statuses += ["failed" for v in verdicts[len(procs) :]]
-    out["tests"] = verdicts
-    out["passed"] = sum(v["status"] == "passed" for v in verdicts)
-    out["status"] = worst(statuses)
-    out["same_answer"] = same_answer(
-        [
-            (normalise_output(p.stdout), normalise_output(want))
-            for v, p, want in zip(verdicts, procs, expected, strict=False)
-            if v["status"] in ("passed", "failed")
-        ]
-    )
-    bad = next((v for v in verdicts if v["status"] != "passed"), None)
-    if bad is not None:
-        out["message"] = f"case {bad['index']}: {bad.get('message') or bad['status']}"
-    return out
-
-
-# -- programs without tests -----------------------------------------------------------------------
-
-
-def judge_run(proc: ProcessOutcome) -> dict[str, Any]:
-    """Result of a program run without tests (`"kind": "run"`).
-
-    `passed`: it ran to its end (or called `exit()` / `sys.exit(0)` / `os._exit(0)`) and its process
-    exited with status 0; `error`: it raised, exited with another status or was killed; `timeout`,
-    `memory_exceeded`, `output_exceeded` as ever.
-
-    The program can write to the report channel itself, so a frame it forged must not decide
-    the verdict: the *last* end frame counts (the harness writes its own after the program raised
-    or exited) and `passed` also needs the process's own exit status 0 (a program that forges
-    `done` and then kills itself or crashes the interpreter is an error).
-    """
-    out = _base(0, proc)
-    out["value"] = out["value_type"] = None
-    status = process_status(proc)
-    if not proc.started:
-        return _not_started(out, [], proc, "harness")
-    end = proc.last("done", "crash", "exit")
-    clean = proc.exit_code == 0 and proc.signal is None
-    if status is not None:
-        out.update(status=status, message=_ended_how(proc)[1])
-    elif end is None and clean:
-        out.update(status="passed", message="the program exited with status 0")
-    elif end is None or (end.get("t") == "done" and not clean):
-        out.update(status="error", message=_ended_how(proc)[1])
-    elif end.get("t") == "done":
-        out.update(
-            status="passed",
-            value=_text(end.get("value"), 20_000),
-            value_type=_text(end.get("value_type"), 100),
-        )
-    elif end.get("t") == "exit":
-        out.update(status="error", message=f"the program exited with status {_text(end.get('code'), 200)}")
-    else:
-        out.update(
-            status="memory_exceeded" if end.get("memory") is True else "error",
-            exception_type=_text(end.get("exc"), 100),
-            message=_text(end.get("msg"), 500) or "error",
-            traceback=_text(end.get("tb")),
-        )
-    return out

@@ -3,26 +3,25 @@
 The server starts one worker per slot and talks to it in length-prefixed JSON frames on
 stdin/stdout, one run at a time. For each run the worker
 
-1. compiles the candidate and plans the tests (`plan`; plans are cached: many samples of one
-   problem share them), so the run's processes do no parsing of their own;
-2. sends the specs to the processes its zygote forked ahead for the run (see `zygote` for why
-   forking lives in another process): the program's gets the program and, for a call plan, each
-   test's call; the judge's, when the plan needs one, gets the compiled tests and the program's
-   end of a socket pair to the program (see `link`); then it reads the processes' reports, stdout
-   and stderr concurrently, capping the output and the reports (past a cap it has the zygote end
-   the run);
-3. judges the result from its own plan and what the run reported (`verdict`).
+1. compiles the candidate and plans the tests (`compile`, `plan`; plans are cached: many samples
+   of one problem share them), so the run's processes do no parsing of their own;
+2. sends the specs to the processes its zygote forked ahead for the run (see `isolation.zygote`
+   for why forking lives in another process): the program's gets the program and, for a call
+   plan, each test's call; the judge's, when the plan needs one, gets the compiled tests and the
+   program's end of a socket pair to the program (see `inrun.link`); then it reads the processes'
+   reports, stdout and stderr concurrently, capping the output and the reports (past a cap it has
+   the zygote end the run);
+3. judges the result from its own plan and what the run reported (`verdict`, `output`).
 
-Usage (by the server): python -m crucible_sandbox.judging.worker '<IsolationConfig as JSON>' [niceness [idle|batch|other]]
-(a batch slot's niceness and scheduling policy are inherited by its zygote and every run it forks).
+Usage (by the server): python -m crucible_sandbox.judging.worker '<SlotConfig as JSON>' [niceness
+[idle|batch|other]] (a batch slot's niceness and scheduling policy are inherited by its zygote and
+every run it forks).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import json
-import marshal
 import os
 import selectors
 import shutil
@@ -31,23 +30,28 @@ import socket
 import subprocess
 import sys
 import time
-from collections import OrderedDict
 from types import CodeType
-from typing import Any
+from typing import cast
 
-from crucible_sandbox.inrun.harness import compile_candidate
 from crucible_sandbox.isolation import cgroups
 from crucible_sandbox.isolation.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
-from crucible_sandbox.judging import verdict
-from crucible_sandbox.judging.plan import (
-    Plan,
-    plan_asserts,
-    plan_calls,
-    plan_check,
-    plan_check_calls,
-    read_names,
-)
+from crucible_sandbox.judging import output, verdict
+from crucible_sandbox.judging.compile import PlanCache, SyntaxFrame, compile_candidate, split_last_expression
+from crucible_sandbox.judging.outcome import ProcessOutcome, not_run
 from crucible_sandbox.wire.channel import encode_frame, read_frame, send_spec, write_frame
+from crucible_sandbox.wire.messages import (
+    JudgeSpec,
+    PreparedRun,
+    ProgramSpec,
+    RunLimits,
+    RunOnly,
+    RunResultData,
+    SlotConfig,
+    SlotInfo,
+    StdioTests,
+    TestVerdictData,
+    ZygoteInfo,
+)
 
 _READ = 1 << 16
 # How long to wait, after the zygote reported the run over (and its processes killed), for the
@@ -68,55 +72,6 @@ class ZygoteLost(RuntimeError):
     """The zygote died or stopped answering; the worker exits and the server restarts the slot."""
 
 
-def compile_tests(tests: dict[str, Any]) -> tuple[Plan, Any]:
-    """The trusted plan (kept here, for judging) and what the run receives of the tests.
-
-    For a call plan: each test's (name, args, kwargs), for the program's process. Otherwise the
-    marshalled compiled tests for the judge; the program's process receives nothing of them.
-    """
-    if tests["kind"] == "asserts":
-        plan = plan_calls(tests["asserts"], tests.get("setup", "")) or plan_asserts(tests["asserts"])
-        filename, sources = "<tests>", {"<setup>": tests.get("setup", "")}
-    else:
-        plan = plan_check_calls(tests["check"], tests["entry_point"]) or plan_check(tests["check"])
-        filename, sources = "<check>", {"<check>": tests["check"]}
-    if plan.calls is not None:
-        return plan, [(c.name, c.arguments) for c in plan.calls]
-    assert plan.module is not None
-    judged = {
-        "setup": compile(tests.get("setup", ""), "<setup>", "exec", dont_inherit=True),
-        "module": compile(plan.module, filename, "exec", dont_inherit=True),
-        "entry": plan.entry,
-        "entry_point": tests.get("entry_point"),
-        "ops": [site.op for site in plan.sites],
-        "sources": sources,
-        # Whose builtin-named functions a test means: see `judge.ProgramNamespace`.
-        "names": plan.names,
-        "setup_names": read_names(ast.parse(tests.get("setup", ""))) if plan.names is not None else None,
-    }
-    return plan, marshal.dumps(judged)
-
-
-class PlanCache:
-    """LRU of compiled tests keyed by their JSON: RL batches run many samples of one problem."""
-
-    def __init__(self, entries: int = 256) -> None:
-        self.entries = entries
-        self.data: OrderedDict[str, tuple[Plan, Any]] = OrderedDict()
-
-    def get(self, tests: dict[str, Any]) -> tuple[Plan, Any]:
-        key = json.dumps(tests, sort_keys=True)
-        hit = self.data.get(key)
-        if hit is not None:
-            self.data.move_to_end(key)
-            return hit
-        value = compile_tests(tests)
-        self.data[key] = value
-        if len(self.data) > self.entries:
-            self.data.popitem(last=False)
-        return value
-
-
 class _Stream:
     """One pipe of a run being read: what was kept of it, and how much came."""
 
@@ -125,7 +80,7 @@ class _Stream:
 
 
 class Worker:
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: SlotConfig) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.zygote = subprocess.Popen(
             [
@@ -138,14 +93,14 @@ class Worker:
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # fd 1 of the worker is the server's channel
-            env=os.environ.copy(),  # the worker's own environment is already minimal (see `pool`)
+            env=os.environ.copy(),  # the worker's own environment is already minimal (see `server.pool`)
         )
         theirs.close()
         self.sock = ours
         message = ours.recv(1 << 16)
         if not message:
             raise ZygoteLost("the zygote did not start")
-        self.info = json.loads(message)
+        self.info: ZygoteInfo = json.loads(message)
         self.oom = cgroups.OomCounter(self.info["oom_file"]) if self.info.get("oom_file") else None
         self.plans = PlanCache()
         self.program: list[int] | None = None  # the worker's ends of the next program process's pipes
@@ -158,12 +113,12 @@ class Worker:
     # -- one run's processes ---------------------------------------------------------------------
     def execute(
         self,
-        program: dict[str, Any],
-        judge: tuple[dict[str, Any], bytes] | None,
+        program: ProgramSpec,
+        judge: tuple[JudgeSpec, bytes] | None,
         wall_s: float,
         caps: tuple[int, int],
         tests: int = 0,
-    ) -> tuple[verdict.ProcessOutcome, verdict.ProcessOutcome | None]:
+    ) -> tuple[ProcessOutcome, ProcessOutcome | None]:
         """Run the prepared processes with these specs; collect what they write until they are over.
 
         `caps`: (output bytes, report bytes); `tests`: how many the run has. Returns the program's
@@ -194,7 +149,7 @@ class Worker:
                 streams += [_Stream(judge_fds[1], "judge"), _Stream(judge_fds[2], "judge_err")]
             # A run without tests is judged from the program's own frames: answer only once its
             # real exit status is known (it could write the final frame itself, then crash).
-            exit_known = program.get("kind") == "run"
+            exit_known = program["kind"] == "run"
             return self._collect(streams, wall_s, caps, started, judge is not None, tests + 8, exit_known)
         finally:
             for fd in [*program_fds, *judge_fds]:
@@ -203,7 +158,7 @@ class Worker:
 
     @staticmethod
     def _send_specs(
-        program: dict[str, Any], program_fd: int, judge: tuple[dict[str, Any], bytes] | None, judge_fd: int
+        program: ProgramSpec, program_fd: int, judge: tuple[JudgeSpec, bytes] | None, judge_fd: int
     ) -> None:
         # A process that died before reading its spec is seen below as a harness that did not start.
         if judge is None:
@@ -229,7 +184,7 @@ class Worker:
         judged: bool,
         frames: int,
         exit_known: bool = False,
-    ) -> tuple[verdict.ProcessOutcome, verdict.ProcessOutcome | None]:
+    ) -> tuple[ProcessOutcome, ProcessOutcome | None]:
         output_cap, report_cap = caps
         by_fd = {s.fd: s for s in streams}
         roles = {s.role: s for s in streams}
@@ -291,13 +246,13 @@ class Worker:
         oom = (self.oom is not None and self.oom.grew()) or oom
         duration = (time.perf_counter() - started) * 1000
         killed = "timeout" if timed_out else "memory" if oom else killed
-        program = verdict.ProcessOutcome.of(program_status, roles["report"].data, killed, duration, frames)
+        program = ProcessOutcome.of(program_status, roles["report"].data, killed, duration, frames)
         program.stdout = roles["out"].data.decode("utf-8", "replace")
         program.stderr = roles["err"].data.decode("utf-8", "replace")
         program.truncated = output > output_cap
         judge = None
         if judged:
-            judge = verdict.ProcessOutcome.of(judge_status, roles["judge"].data, killed, duration, frames)
+            judge = ProcessOutcome.of(judge_status, roles["judge"].data, killed, duration, frames)
             judge.stderr = roles["judge_err"].data.decode("utf-8", "replace")
         return program, judge
 
@@ -322,89 +277,98 @@ class Worker:
         return program_status, judge_status, timed_out, oom
 
     # -- runs -----------------------------------------------------------------------------------
-    def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        limits, tests = request["limits"], request["tests"]
+    def run(self, request: PreparedRun) -> RunResultData:
+        limits, tests, source = request["limits"], request["tests"], request["code"]
         caps = (limits["output_bytes"], limits["report_bytes"])
         wall = limits["wall_time_s"] + 0.05
         if tests["kind"] == "run":
-            return self._run_only(request, caps)
+            return self._run_only(source, tests, limits, caps)
         # Compiled here, so a program that does not compile costs no process at all.
-        code, syntax = compile_candidate(request["code"])
+        code, syntax = compile_candidate(source)
         if tests["kind"] == "stdio":
-            return self._run_stdio(request, code, syntax)
+            return self._run_stdio(source, tests, limits, code, syntax)
         plan, compiled = self.plans.get(tests)
         if syntax is not None:
             return verdict.syntax_error(syntax, plan.tests)
-        run = {"source": request["code"], "program": code, "limits": limits}
-        if plan.calls is not None:
-            program, _ = self.execute(
-                {**run, "kind": "calls", "calls": compiled}, None, wall, caps, len(plan.tests)
-            )
+        assert code is not None  # `compile_candidate` gives the code or why there is none
+        if not isinstance(compiled, bytes):  # a call plan: the program's process gets the calls
+            spec: ProgramSpec = {"kind": "calls", "source": source, "program": code, "limits": limits}
+            spec["calls"] = compiled
+            program, _ = self.execute(spec, None, wall, caps, len(plan.tests))
             return verdict.judge_calls(plan, program)
-        judge_spec = ({"limits": limits}, compiled)
-        program, judge = self.execute({**run, "kind": "judged"}, judge_spec, wall, caps, len(plan.tests))
+        spec = {"kind": "judged", "source": source, "program": code, "limits": limits}
+        program, judge = self.execute(spec, ({"limits": limits}, compiled), wall, caps, len(plan.tests))
         assert judge is not None
         return verdict.judge_judged(plan, program, judge)
 
     def _run_stdio(
-        self, request: dict[str, Any], code: CodeType | None, syntax: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        limits = request["limits"]
-        cases = request["tests"]["cases"]
+        self,
+        source: str,
+        tests: StdioTests,
+        limits: RunLimits,
+        code: CodeType | None,
+        syntax: SyntaxFrame | None,
+    ) -> RunResultData:
+        cases = tests["cases"]
         if syntax is not None:
             return verdict.syntax_error(syntax, [c["input"][:200] for c in cases])
+        assert code is not None
         budget_end = time.monotonic() + limits["wall_time_s"]
-        verdicts, procs = [], []
+        verdicts: list[TestVerdictData] = []
+        procs: list[ProcessOutcome] = []
         for i, case in enumerate(cases):
             remaining = budget_end - time.monotonic()
             if remaining <= 0:
                 verdicts.extend(
-                    verdict.not_run(j, c["input"][:200], "the run's time budget ran out")
+                    not_run(j, c["input"][:200], "the run's time budget ran out")
                     for j, c in enumerate(cases[i:], start=i)
                 )
                 break
-            run = {
-                "source": request["code"],
+            spec: ProgramSpec = {
+                "kind": "stdio",
+                "source": source,
                 "program": code,
                 "limits": limits,
-                "kind": "stdio",
                 "stdin": case["input"],
             }
             proc, _ = self.execute(
-                run,
+                spec,
                 None,
                 min(limits["test_time_s"], remaining),
                 (limits["output_bytes"], limits["report_bytes"]),
             )
-            verdicts.append(verdict.judge_case(i, case["input"], case["output"], proc))
+            verdicts.append(output.judge_case(i, case["input"], case["output"], proc))
             procs.append(proc)
-        return verdict.summarise_cases(verdicts, procs, len(cases), [c["output"] for c in cases])
+        return output.summarise_cases(verdicts, procs, len(cases), [c["output"] for c in cases])
 
-    def _run_only(self, request: dict[str, Any], caps: tuple[int, int]) -> dict[str, Any]:
+    def _run_only(
+        self, source: str, options: RunOnly, limits: RunLimits, caps: tuple[int, int]
+    ) -> RunResultData:
         """A program without tests (`"kind": "run"`): run it, report what it did."""
-        options, limits = request["tests"], request["limits"]
-        source = request["code"]
         code, syntax = compile_candidate(source)
         if syntax is not None:
             return verdict.syntax_error(syntax, [])
-        run: dict[str, Any] = {"source": source, "program": code, "limits": limits, "kind": "run"}
-        run["stdin"] = options.get("stdin", "")
+        assert code is not None
+        spec: ProgramSpec = {"kind": "run", "source": source, "program": code, "limits": limits}
+        spec["stdin"] = options.get("stdin", "")
         if options.get("value") == "last_expression":
-            run["program"], run["last"] = _split_last_expression(source, code)
+            spec["program"], spec["last"] = split_last_expression(source, code)
         call = options.get("call")
         if call:
-            run["call"] = (call["function"], tuple(call.get("args", [])), dict(call.get("kwargs", {})))
-        program, _ = self.execute(run, None, limits["wall_time_s"] + 0.05, caps)
-        return verdict.judge_run(program)
+            spec["call"] = (call["function"], tuple(call.get("args", [])), dict(call.get("kwargs", {})))
+        program, _ = self.execute(spec, None, limits["wall_time_s"] + 0.05, caps)
+        return output.judge_run(program)
 
     def serve(self) -> None:
-        write_frame(1, {"ready": True, "pid": os.getpid(), **self.info})
+        ready: SlotInfo = {"ready": True, **self.info}
+        write_frame(1, ready)
         while True:
             request = read_frame(0)
             if request is None:
                 break
+            result: RunResultData
             try:
-                result = self.run(request)
+                result = self.run(cast(PreparedRun, request))
             except ZygoteLost:
                 raise  # the server sees this worker end, answers `sandbox_error` and restarts it
             except Exception as exc:  # a bug of ours: report it as an infrastructure fault
@@ -427,20 +391,9 @@ class Worker:
             os.close(self.oom.fd)
         # What the zygote could not remove from inside its own root.
         cgroups.remove(self.info.get("cgroups", []))
-        if self.info.get("slot_dir"):
-            shutil.rmtree(self.info["slot_dir"], ignore_errors=True)
-
-
-def _split_last_expression(source: str, code: CodeType) -> tuple[CodeType, CodeType | None]:
-    """(the program without its final expression statement, that expression) when it ends in one."""
-    tree = ast.parse(source)
-    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
-        return code, None
-    last = ast.Expression(tree.body.pop().value)
-    return (
-        compile(tree, "<candidate>", "exec", dont_inherit=True),
-        compile(last, "<candidate>", "eval", dont_inherit=True),
-    )
+        slot_dir = self.info.get("slot_dir")
+        if slot_dir:
+            shutil.rmtree(slot_dir, ignore_errors=True)
 
 
 def main() -> None:

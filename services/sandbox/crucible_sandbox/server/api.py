@@ -12,7 +12,7 @@ from crucible_shared.http import (
     error_response,
     install_error_handlers,
 )
-from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult
+from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult, SandboxHealth
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -129,15 +129,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def run_batch(body: BatchRequest, key: str | None = Depends(api_key)) -> Response:
         return _json(BatchResponse(results=await service.run_batch(body.runs, key)))
 
-    @app.get("/health", summary="Liveness, workers and the isolation in force")
-    async def health() -> dict:
-        return {
-            "status": "ok",
-            "workers": settings.workers,
-            "pending": service.pool.pending,
-            "isolation": service.isolation,
-            "auth": bool(settings.api_keys),
-        }
+    @app.get("/health", response_model=SandboxHealth, summary="Liveness, workers and the isolation in force")
+    async def health() -> SandboxHealth:
+        return SandboxHealth(
+            workers=settings.workers,
+            pending=service.pool.pending,
+            isolation=service.isolation,
+            auth=bool(settings.api_keys),
+        )
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:

@@ -22,30 +22,32 @@ import logging
 import os
 import struct
 import sys
-from typing import Any
+from typing import Any, cast
 
 from crucible_sandbox.wire.channel import encode_frame
+from crucible_sandbox.wire.messages import IsolationSettings, PreparedRun, RunResultData, SlotConfig, SlotInfo
 
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 
 
 class Worker:
-    def __init__(self, slot: int, config: dict[str, Any], nice: int = 0, policy: str = "other") -> None:
+    def __init__(self, slot: int, config: IsolationSettings, nice: int = 0, policy: str = "other") -> None:
         self.slot, self.config, self.nice, self.policy = slot, config, nice, policy
         self.proc: asyncio.subprocess.Process | None = None
-        self.info: dict[str, Any] = {}
+        self.info: SlotInfo | None = None
 
     async def start(self) -> None:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
         # Workers and zygotes import exactly what the server imports, installed or not (nothing
         # secret here); the server's own environment, with its secrets, is not passed on.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        config: SlotConfig = {**self.config, "slot": self.slot, "owner": os.getpid()}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "crucible_sandbox.judging.worker",
-            json.dumps({**self.config, "slot": self.slot, "owner": os.getpid()}),
+            json.dumps(config),
             str(self.nice),
             self.policy,
             stdin=asyncio.subprocess.PIPE,
@@ -53,19 +55,19 @@ class Worker:
             env=env,
             limit=1 << 26,
         )
-        self.info = await self._read()
+        self.info = cast(SlotInfo, await self._read())
 
-    async def _read(self) -> dict[str, Any]:
+    async def _read(self) -> Any:
         assert self.proc and self.proc.stdout
         header = await self.proc.stdout.readexactly(_HEADER.size)
         (size,) = _HEADER.unpack(header)
         return json.loads(await self.proc.stdout.readexactly(size))
 
-    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def run(self, request: PreparedRun) -> RunResultData:
         assert self.proc and self.proc.stdin
         self.proc.stdin.write(encode_frame(request))
         await self.proc.stdin.drain()
-        return await self._read()
+        return cast(RunResultData, await self._read())
 
     async def stop(self) -> None:
         if self.proc and self.proc.returncode is None:
@@ -82,7 +84,7 @@ class WorkerPool:
     def __init__(
         self,
         workers: int,
-        config: dict[str, Any],
+        config: IsolationSettings,
         batch_slots: int,
         batch_nice: int = 0,
         batch_policy: str = "other",
@@ -112,8 +114,9 @@ class WorkerPool:
             self._idle_list(w).append(w)
 
     @property
-    def isolation(self) -> dict[str, Any]:
-        return self.workers[0].info if self.workers else {}
+    def isolation(self) -> SlotInfo | None:
+        """What the first slot's zygote set up (None before the pool started)."""
+        return self.workers[0].info if self.workers else None
 
     async def stop(self) -> None:
         await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
@@ -143,7 +146,7 @@ class WorkerPool:
         async with self.freed:
             self.freed.notify_all()
 
-    async def run(self, request: dict[str, Any], batch: bool = False) -> dict[str, Any]:
+    async def run(self, request: PreparedRun, batch: bool = False) -> RunResultData:
         worker = await self._acquire(batch)
         try:
             return await worker.run(request)

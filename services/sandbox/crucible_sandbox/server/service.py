@@ -10,35 +10,37 @@ import os
 import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Generic, TypeVar, cast
 
 from crucible_shared.http import ApiError
-from crucible_shared.sandbox import RunRequest, RunResult, RunStatus
+from crucible_shared.sandbox import RunRequest, RunResult, RunStatus, SandboxIsolation
 
 from crucible_sandbox.isolation import cgroups
 from crucible_sandbox.judging.plan import plan_check
 from crucible_sandbox.server import metrics
 from crucible_sandbox.server.pool import WorkerPool
 from crucible_sandbox.server.settings import Settings
+from crucible_sandbox.wire.messages import PreparedRun, RunLimits, RunResultData, Tests
 
 LANGUAGES = ("python",)
 _UNCACHED = {RunStatus.sandbox_error, RunStatus.timeout}
+V = TypeVar("V")
 
 
-class LRU:
+class LRU(Generic[V]):
     """A bounded mapping that forgets its least recently used entries."""
 
     def __init__(self, entries: int) -> None:
         self.entries = entries
-        self.data: OrderedDict[str, Any] = OrderedDict()
+        self.data: OrderedDict[str, V] = OrderedDict()
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> V | None:
         hit = self.data.get(key)
         if hit is not None:
             self.data.move_to_end(key)
         return hit
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: str, value: V) -> None:
         if self.entries <= 0:
             return
         self.data[key] = value
@@ -79,8 +81,8 @@ class SandboxService:
             batch_nice=settings.batch_nice,
             batch_policy=settings.batch_policy,
         )
-        self.cache = LRU(settings.cache_entries)  # run results by `cache_key`
-        self.valid_tests = LRU(4096)  # hashes of test suites known to parse
+        self.cache: LRU[RunResultData] = LRU(settings.cache_entries)  # run results by `cache_key`
+        self.valid_tests: LRU[bool] = LRU(4096)  # hashes of test suites known to parse
         self.key_slots: dict[str, asyncio.Semaphore] = {}
 
     async def start(self) -> None:
@@ -97,16 +99,16 @@ class SandboxService:
         cgroups.remove_empty_parents()
 
     @property
-    def isolation(self) -> dict[str, Any]:
+    def isolation(self) -> SandboxIsolation:
         """What `/health` says about isolation: the first slot's capabilities, and the mode."""
         info = self.pool.isolation
-        out = {"mode": info.get("mode"), **info.get("caps", {})}
+        out = SandboxIsolation(mode=info["mode"], **info["caps"]) if info else SandboxIsolation()
         if not self.settings.isolate and os.geteuid() == 0:
-            out.update(mode="unsafe", warning="programs run as uid 0 without isolation (UNSAFE_NO_ISOLATION)")
+            out.mode, out.warning = "unsafe", "programs run as uid 0 without isolation (UNSAFE_NO_ISOLATION)"
         return out
 
     # -- validation ---------------------------------------------------------------------------
-    def prepare(self, run: RunRequest, where: str = "") -> dict[str, Any]:
+    def prepare(self, run: RunRequest, where: str = "") -> PreparedRun:
         """Check one run against the server's rules and resolve its limits. Raises ApiError."""
         s = self.settings
         if run.language.lower() not in LANGUAGES:
@@ -118,7 +120,7 @@ class SandboxService:
             )
         if len(run.code.encode()) > s.max_code_bytes:
             raise ApiError(413, f"code is larger than {s.max_code_bytes} bytes", field=f"{where}code")
-        tests = run.tests.model_dump(mode="json")
+        tests = cast(Tests, run.tests.model_dump(mode="json"))
         text = json.dumps(tests).encode()
         if len(text) > s.max_tests_bytes:
             raise ApiError(413, f"tests are larger than {s.max_tests_bytes} bytes", field=f"{where}tests")
@@ -130,7 +132,7 @@ class SandboxService:
             self.valid_tests.put(digest, True)
         lim = run.limits
         wall = min(lim.wall_time_s or s.default_wall_time_s, s.max_wall_time_s)
-        limits = {
+        limits: RunLimits = {
             "wall_time_s": wall,
             "test_time_s": min(lim.test_time_s or s.default_test_time_s, wall),
             "cpu_time_s": min(lim.cpu_time_s or wall, s.max_wall_time_s),
@@ -147,7 +149,7 @@ class SandboxService:
         return {"code": run.code, "tests": tests, "limits": limits}
 
     @staticmethod
-    def _check_tests(tests: dict[str, Any], where: str) -> None:
+    def _check_tests(tests: Tests, where: str) -> None:
         """Test code must parse: a broken test is the caller's error (422), not the candidate's."""
         try:
             if tests["kind"] == "asserts":
@@ -170,7 +172,7 @@ class SandboxService:
             raise ApiError(422, str(e), field=f"{where}.check") from None
 
     @staticmethod
-    def cache_key(prepared: dict[str, Any]) -> str:
+    def cache_key(prepared: PreparedRun) -> str:
         return hashlib.sha256(json.dumps(prepared, sort_keys=True).encode()).hexdigest()
 
     # -- admission ----------------------------------------------------------------------------
@@ -203,7 +205,7 @@ class SandboxService:
 
     # -- execution ----------------------------------------------------------------------------
     async def execute(
-        self, prepared: dict[str, Any], use_cache: bool, key: str | None = None, batch: bool = False
+        self, prepared: PreparedRun, use_cache: bool, key: str | None = None, batch: bool = False
     ) -> RunResult:
         cache_key = self.cache_key(prepared)
         if use_cache and self.settings.cache_entries:
@@ -242,7 +244,7 @@ class SandboxService:
         async with self.admit(len(runs)):
             gate = asyncio.Semaphore(self.batch_slots)
 
-            async def one(p: dict[str, Any], use_cache: bool) -> RunResult:
+            async def one(p: PreparedRun, use_cache: bool) -> RunResult:
                 async with gate:
                     return await self.execute(p, use_cache, key, batch=True)
 

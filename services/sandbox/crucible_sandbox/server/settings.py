@@ -73,7 +73,7 @@ class Settings(BaseSettings):
         32, description="Processes per run (RLIMIT_NPROC, applied only where runs have a uid of their own)."
     )
 
-    # Isolation (see crucible_sandbox/isolation.py).
+    # Isolation (see the `crucible_sandbox.isolation` package).
     isolate: bool = Field(True, description="Use namespaces, uid switch and cgroups where the host allows.")
     unsafe_no_isolation: bool = Field(
         False, description="Allow `isolate=false` while running as root (programs then run as uid 0)."

@@ -18,7 +18,10 @@ import marshal
 import os
 import socket
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # not at run time: a run's processes load no more than they use
+    from crucible_sandbox.wire.messages import JudgeSpec, ProgramSpec
 
 _HEADER = struct.Struct(">I")
 _SPEC = struct.Struct(">II")
@@ -87,9 +90,9 @@ def split_frames(buffer: bytearray, limit: int = 1 << 20) -> tuple[list[Any], bo
     return out, False
 
 
-def send_spec(fd: int, run: dict[str, Any], program: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+def send_spec(fd: int, run: ProgramSpec | JudgeSpec, program: bytes = b"", fds: tuple[int, ...] = ()) -> None:
     """Send a run's spec (and `fds`, attached to its first bytes) on a Unix stream socket."""
-    head = marshal.dumps(run)
+    head = marshal.dumps(cast("dict[str, Any]", run))
     data = memoryview(_SPEC.pack(len(head), len(program)) + head + program)
     sock = socket.socket(fileno=fd)
     try:

@@ -9,7 +9,7 @@ and encoding never runs code of the value's own.
 
 Anything else is refused (`Unencodable`), or, where the caller passes `other`, stands in the tree
 as whatever `other` returns: the program process gives such objects a reference
-(`["ref", id, type name]`) that the judge turns into a proxy (see `judge`). Decoding is total:
+(`["ref", id, type name]`) that the judge turns into a proxy (see `inrun.link`). Decoding is total:
 malformed input of any kind raises ValueError, never anything else.
 
 >>> decode(encode([1, (2.5, "a"), {3: None}, range(3)]))
