@@ -11,14 +11,13 @@ import operator
 
 import pytest
 from crucible_sandbox.inrun.link import NotJudged, ProgramObject, ProgramServer
-from crucible_sandbox.judging import outcome, output, plan, verdict
-from crucible_sandbox.judging.outcome import ProcessOutcome, worst
+from crucible_sandbox.judging import output, plan, verdict
 from crucible_sandbox.judging.output import compare_output
-from crucible_sandbox.judging.verdict import judge_calls, judge_judged
+from crucible_sandbox.judging.verdict import ProcessOutcome, judge_calls, judge_judged, worst
 from crucible_sandbox.wire import channel, values
 
 
-@pytest.mark.parametrize("module", [values, outcome, verdict, output])
+@pytest.mark.parametrize("module", [values, verdict, output])
 def test_doctests(module) -> None:
     assert doctest.testmod(module).failed == 0
 

@@ -6,7 +6,8 @@
   candidate (a syntax error costs no process) and the tests (`plan`, kept here to judge by);
 * `plan`: which statements form each test, and whether a test is a call on literals (judged
   here) or needs the run's judge process;
-* `outcome`, `verdict`, `output`: how a run's processes ended, and the verdict from it.
+* `verdict`: how a run's processes ended, and the verdict of a test suite from it; `output`: the
+  verdict of stdin/stdout cases and of runs without tests.
 
 Trusts: the server's requests and its own plans. Does not trust: anything the program's process
 wrote (its report, stdout, stderr): once its `started` frame is in, garbage there is a verdict

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from crucible_sandbox.judging.outcome import (
+from crucible_sandbox.judging.verdict import (
     ProcessOutcome,
     as_run_status,
     as_text,
@@ -17,9 +17,9 @@ from crucible_sandbox.judging.outcome import (
     ended_how,
     not_started,
     process_status,
+    same_answer,
     worst,
 )
-from crucible_sandbox.judging.verdict import same_answer
 from crucible_sandbox.wire.messages import RunResultData, RunStatusName, TestVerdictData
 from crucible_sandbox.wire.values import short_repr
 

@@ -37,7 +37,7 @@ from crucible_sandbox.isolation import cgroups
 from crucible_sandbox.isolation.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
 from crucible_sandbox.judging import output, verdict
 from crucible_sandbox.judging.compile import PlanCache, SyntaxFrame, compile_candidate, split_last_expression
-from crucible_sandbox.judging.outcome import ProcessOutcome, not_run
+from crucible_sandbox.judging.verdict import ProcessOutcome, not_run
 from crucible_sandbox.wire.channel import encode_frame, read_frame, send_spec, write_frame
 from crucible_sandbox.wire.messages import (
     JudgeSpec,
