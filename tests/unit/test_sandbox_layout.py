@@ -4,6 +4,8 @@ typed messages between its processes naming the fields of the protocol models th
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import crucible_sandbox
@@ -106,3 +108,10 @@ def test_prepared_runs_have_the_typed_shape(tests, typed) -> None:
     assert set(prepared) == _keys(messages.PreparedRun)
     assert set(prepared["tests"]) == _keys(typed)
     assert _keys(messages.RunLimits) == set(prepared["limits"])
+
+
+def test_the_zygote_loads_no_message_types() -> None:
+    # They are for the type checker: the zygote's heap, copied into every run, stays as small.
+    code = "import sys, crucible_sandbox.isolation.zygote\nprint('crucible_sandbox.wire.messages' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """The trusted judge: the worker process of each slot, outside every run.
 
 * `worker`: the slot's loop: takes a run from the server, has its zygote's processes run it,
-  reads their pipes (capped) and answers with the verdict; it never forks;
+  reads their pipes (capped) and answers with the verdict; it forks nothing per run;
 * `compile`: what the worker compiles before a run, so a run's processes parse nothing: the
   candidate (a syntax error costs no process) and the tests (`plan`, kept here to judge by);
 * `plan`: which statements form each test, and whether a test is a call on literals (judged
