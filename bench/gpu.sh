@@ -18,6 +18,7 @@
 #   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
 #   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
+#   bash bench/gpu.sh nan-check       # issue 24's NaN: SDPA kernels at the fast path's shapes, the crashing workload
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
@@ -188,6 +189,9 @@ PY
     python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
   gpu-tests)  # the GPU-marked tests (CUDA graphs, continuous batching on SmolLM2)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_generator_gpu.py ;;
+  nan-check)  # issue 24: attention kernels at the fast path's shapes + the crashing runs' workload (~4 min)
+    python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/integration/test_generator_gpu_nan.py 2>&1 \
+      | tee "${OUT:-/tmp}/nan-check.log" | tail -60 ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)

@@ -43,7 +43,9 @@ def batch() -> list[Sample]:
     completions of 1 to 5 tokens, so the three normalisers differ."""
 
     def sample(group: int, completion: list[int], reward: float, advantage: float) -> Sample:
-        return Sample(group, group, [1, 2 + group], completion, "", "", None, None, reward=reward, advantage=advantage)
+        return Sample(
+            group, group, [1, 2 + group], completion, "", "", None, None, reward=reward, advantage=advantage
+        )
 
     return [
         sample(0, [3, 4, 5], 1.0, 1.5),

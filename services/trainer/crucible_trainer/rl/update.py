@@ -92,7 +92,7 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
     micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
     accum = cfg.grad_accum or len(micro)
     sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio": 0.0}
-    counts = {"micro": 0, "steps": 0}
+    counts = {"micro": 0, "steps": 0, "skipped": 0}
     for iteration in range(cfg.iterations):
         if iteration > 0:
             rng.shuffle(order)
@@ -137,12 +137,17 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
             ratio_n += 1
             counts["micro"] += 1
             if (m + 1) % accum == 0 or m == len(micro) - 1:
-                sums["grad_norm"] += policy.step()
-                counts["steps"] += 1
+                norm = policy.step()  # skipped when not finite (Policy.step)
+                if math.isfinite(norm):
+                    sums["grad_norm"] += norm
+                    counts["steps"] += 1
+                else:
+                    counts["skipped"] += 1
         metrics[f"update/ratio_mean_iter{iteration}"] = ratio_sum / max(ratio_n, 1)
     metrics["loss"] = sums["loss"] / cfg.iterations
     metrics["clip_fraction"] = sums["clip_fraction"] / max(counts["micro"], 1)
     metrics["kl"] = sums["kl"] / max(counts["micro"], 1)
     metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
+    metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
     return metrics
