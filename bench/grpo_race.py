@@ -4,7 +4,9 @@ samples per step, 256 new tokens, fraction-of-tests reward.
 
 Starts a sandbox and a generator (CUDA + bf16 when present) as subprocesses, runs the training
 job in-process (`crucible_trainer.train`, exactly what a queued job runs), and prints seconds per
-step with the time split (generate / execute / train / publish) and the median over steps 2+.
+step with the time split (generate / execute / train / publish), the median over steps 2+ and the
+median over the steps 2+ that updated the policy (a step whose groups all had equal rewards skips
+its update), with how many did.
 With `--eval-tasks N` it also evaluates greedy pass@1 on the first N MBPP test tasks before and
 after training (the learning run; `--method srrl` for SRRL at the same sample budget).
 
@@ -68,6 +70,25 @@ def job_spec(
         "checkpoint": {"every": 10_000},
         "logging": {"wandb_mode": "disabled"},
         "seed": 0,
+    }
+
+
+def step_medians(rows: list[dict]) -> dict:
+    """Median seconds per step over steps 2+ (step 1 pays start-up costs), over all of them and over
+    those that updated the policy (a step whose groups all had equal rewards trains nothing and is
+    faster), and how many updated.
+
+    >>> rows = [{"time/step_s": 9.0, "update/sequences": 8.0}, {"time/step_s": 1.0, "update/sequences": 0.0},
+    ...         {"time/step_s": 3.0, "update/sequences": 16.0}, {"time/step_s": 2.0, "update/sequences": 8.0}]
+    >>> step_medians(rows)
+    {'median_step_s': 2.0, 'median_updated_step_s': 2.5, 'updated_steps': 3}
+    """
+    later = rows[1:] or rows
+    updated = [r for r in later if r.get("update/sequences", 0.0) > 0]
+    return {
+        "median_step_s": statistics.median(r["time/step_s"] for r in later),
+        "median_updated_step_s": statistics.median(r["time/step_s"] for r in updated) if updated else None,
+        "updated_steps": sum(1 for r in rows if r.get("update/sequences", 0.0) > 0),
     }
 
 
@@ -185,12 +206,17 @@ def main() -> None:
             + " ".join(f"{k.split('/')[-1]} {r.get(k, float('nan')):.2f}" for k in keys)
             + f" stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}"
         )
-    later = [r["time/step_s"] for r in rows[1:]] or [rows[0]["time/step_s"]]
-    median = statistics.median(later)
+    timing = step_medians(rows)
+    median = timing["median_step_s"]
     split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:7]}
     print(
         f"median step (steps 2+): {median:.2f} s; split: "
         + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
+    )
+    updated = timing["median_updated_step_s"]
+    print(
+        f"steps that updated the policy: {timing['updated_steps']} of {len(rows)}; their median "
+        + (f"(steps 2+): {updated:.2f} s" if updated is not None else "-")
     )
     if summary.get("difficulty_filter"):
         print("difficulty filter:", json.dumps(summary["difficulty_filter"]))
@@ -203,6 +229,9 @@ def main() -> None:
                     "method": args.method,
                     "rows": rows,
                     "median_step_s": median,
+                    "median_updated_step_s": timing["median_updated_step_s"],
+                    "updated_steps": timing["updated_steps"],
+                    "steps": len(rows),
                     "split": split,
                     "eval": summary.get("eval"),
                     "difficulty_filter": summary.get("difficulty_filter"),
