@@ -8,6 +8,7 @@
 #   bash bench/gpu.sh trl STEPS       # TRL GRPOTrainer baseline
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
+#   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
@@ -18,6 +19,7 @@
 #   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
 #   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
+#   bash bench/gpu.sh nan-check       # issue 24's NaN: SDPA kernels at the fast path's shapes, the crashing workload
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
@@ -113,6 +115,9 @@ finally:
     generator.stop(); sandbox.stop()
 PY
     ;;
+  seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race flags]: bench/seeds.py, one JSON
+    shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
+    python3 bench/seeds.py run --out "${OUT:-/tmp}/results" "$@" ;;
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do
@@ -188,6 +193,9 @@ PY
     python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
   gpu-tests)  # the GPU-marked tests (CUDA graphs, continuous batching on SmolLM2)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_generator_gpu.py ;;
+  nan-check)  # issue 24: attention kernels at the fast path's shapes + the crashing runs' workload (~4 min)
+    python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/integration/test_generator_gpu_nan.py 2>&1 \
+      | tee "${OUT:-/tmp}/nan-check.log" | tail -60 ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)

@@ -4,7 +4,9 @@ samples per step, 256 new tokens, fraction-of-tests reward.
 
 Starts a sandbox and a generator (CUDA + bf16 when present) as subprocesses, runs the training
 job in-process (`crucible_trainer.train`, exactly what a queued job runs), and prints seconds per
-step with the time split (generate / execute / train / publish) and the median over steps 2+.
+step with the time split (generate / execute / train / publish), the median over steps 2+ and the
+median over the steps 2+ that updated the policy (a step whose groups all had equal rewards skips
+its update), with how many did.
 With `--eval-tasks N` it also evaluates greedy pass@1 on the first N MBPP test tasks before and
 after training (the learning run; `--method srrl` for SRRL at the same sample budget).
 
@@ -12,8 +14,15 @@ With `--generator-url URL` the job uses that generator instead (e.g. vLLM servin
 under the served name `smollm2-135m-instruct`): adapters are published to it through
 `/v1/load_lora_adapter` and the stale-policy check compares against its logprobs.
 
+A learning recipe is these flags: `--seed S` (the problems' order and every sampling seed), `--lr`,
+`--group-size`, `--lora-r`, `--temperature`, `--filter`/`--pre-samples`/`--max-draw-factor`,
+`--reward`, `--loss`, `--kl-beta`, and `--sft-first` (SFT on the policy's own passing candidates,
+K=8 per train problem, before GRPO starts from that adapter, with KL 0.02 to it unless `--kl-beta`
+says otherwise; the base model's score is then the pipeline's baseline). `--train-limit` and
+`--eval-tasks` make a tiny run (CPU). `bench/seeds.py` runs one recipe over several seeds.
+
 Usage: python bench/grpo_race.py [--steps 8] [--method grpo|srrl] [--eval-tasks 0] [--generator-url URL]
-       [--json out.json]
+       [--seed 0] [recipe flags] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,32 +51,108 @@ def job_spec(
     group_filter: str = "none",
     before: bool = True,
     micro_batch: int = 64,
+    *,
+    seed: int = 0,
+    lr: float = 1e-4,
+    group_size: int = 8,
+    lora_r: int = 16,
+    temperature: float = 1.0,
+    pre_samples: int = 4,
+    max_draw_factor: float = 3.0,
+    loss: str = "token",
+    kl_beta: float = 0.0,
+    init_adapter: str | None = None,
+    train_limit: int | None = None,
+    eval_max_tokens: int = 256,
 ) -> dict:
-    method_cfg = (
-        {"name": "grpo", "group_size": 8}
+    """The training job of one run (the race's setup unless a recipe flag changes it)."""
+    method_cfg: dict = (
+        {"name": "grpo", "group_size": group_size, "loss": loss, "kl_beta": kl_beta}
         if method == "grpo"
-        else {"name": "srrl", "c1": 2, "c2": 4, "c2_temperature": 0.3, "budget": 10}
+        else {"name": "srrl", "c1": 2, "c2": 4, "c2_temperature": 0.3, "budget": 10, "loss": loss}
     )
-    method_cfg["filter"] = {"mode": group_filter}
+    method_cfg["filter"] = {
+        "mode": group_filter,
+        "pre_samples": pre_samples,
+        "max_draw_factor": max_draw_factor,
+    }
+    model_cfg = (
+        {"base": model, "init_adapter": init_adapter}
+        if init_adapter
+        else {"base": model, "lora_r": lora_r, "lora_alpha": 2 * lora_r, "target_modules": "all-linear"}
+    )
+    limit = {"limit": train_limit} if train_limit else {}
     return {
         "kind": "train",
         "method": method_cfg,
-        "model": {"base": model, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
-        "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": 0},
-        "rollout": {"temperature": 1.0, "max_tokens": max_tokens},
+        "model": model_cfg,
+        "data": {"dataset": "mbpp", "split": "train", "shuffle": True, "seed": seed, **limit},
+        "rollout": {"temperature": temperature, "max_tokens": max_tokens},
         "reward": {"kind": reward},
-        "optim": {"lr": 1e-4, "steps": steps, "problems_per_step": prompts, "micro_batch": micro_batch},
+        "optim": {"lr": lr, "steps": steps, "problems_per_step": prompts, "micro_batch": micro_batch},
         "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
         "eval": {
             "data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks},
-            "max_tokens": 256,
+            "max_tokens": eval_max_tokens,
             "before": before,
         }
         if eval_tasks
         else None,
         "checkpoint": {"every": 10_000},
         "logging": {"wandb_mode": "disabled"},
-        "seed": 0,
+        "seed": seed,
+    }
+
+
+def sft_pipeline(args: argparse.Namespace) -> dict:
+    """The `--sft-first` stage: K=8 candidates per train problem at T=1, run, the passing ones
+    (up to 4 distinct per problem) trained on with SFT (`bench/offline_figures.py`'s recipe); the
+    base model's evaluation first when the run evaluates."""
+    from bench.offline_figures import TRAIN
+
+    stages = ["generate", "annotate", "build", "train"]
+    limit = {"limit": args.train_limit} if args.train_limit else {}
+    return {
+        "kind": "pipeline",
+        "stages": (["baseline"] if args.eval_tasks else []) + stages,
+        "model": {"base": args.model, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r},
+        "data": {"dataset": "mbpp", "split": "train", **limit},
+        "generate": {
+            "k": 8,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "max_tokens": args.max_tokens,
+            "concurrency": 32,
+        },
+        "build": {"n_best": 4, "pairing": "pass_fail", "max_pairs": 4},
+        "eval": {
+            "data": {"dataset": "mbpp", "split": "test", "limit": max(args.eval_tasks, 1)},
+            "greedy": True,
+            "max_tokens": args.eval_max_tokens,
+        },
+        "checkpoint": {"every": 1000},
+        "logging": {"wandb_mode": "disabled"},
+        "seed": args.seed,
+        **TRAIN["sft"],
+    }
+
+
+def step_medians(rows: list[dict]) -> dict:
+    """Median seconds per step over steps 2+ (step 1 pays start-up costs), over all of them and over
+    those that updated the policy (a step whose groups all had equal rewards trains nothing and is
+    faster), and how many updated.
+
+    >>> rows = [{"time/step_s": 9.0, "update/sequences": 8.0}, {"time/step_s": 1.0, "update/sequences": 0.0},
+    ...         {"time/step_s": 3.0, "update/sequences": 16.0}, {"time/step_s": 2.0, "update/sequences": 8.0}]
+    >>> step_medians(rows)
+    {'median_step_s': 2.0, 'median_updated_step_s': 2.5, 'updated_steps': 3}
+    """
+    later = rows[1:] or rows
+    updated = [r for r in later if r.get("update/sequences", 0.0) > 0]
+    return {
+        "median_step_s": statistics.median(r["time/step_s"] for r in later),
+        "median_updated_step_s": statistics.median(r["time/step_s"] for r in updated) if updated else None,
+        "updated_steps": sum(1 for r in rows if r.get("update/sequences", 0.0) > 0),
     }
 
 
@@ -105,6 +190,29 @@ def main() -> None:
     parser.add_argument(
         "--generator-url", default=None, help="an external generator (default: spawn Crucible's)"
     )
+    parser.add_argument(
+        "--generator-batch",
+        type=int,
+        default=128,
+        help="rows of the spawned generator (runs sharing a card: 64)",
+    )
+    recipe = parser.add_argument_group("recipe")
+    recipe.add_argument("--seed", type=int, default=0, help="problem order and sampling seeds")
+    recipe.add_argument("--lr", type=float, default=1e-4)
+    recipe.add_argument("--group-size", type=int, default=8, help="GRPO samples per problem")
+    recipe.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2 * rank)")
+    recipe.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
+    recipe.add_argument("--pre-samples", type=int, default=4, help="--filter pre: samples per problem")
+    recipe.add_argument("--max-draw-factor", type=float, default=3.0, help="--filter dynamic: draw cap")
+    recipe.add_argument("--loss", default="token", choices=["token", "sequence", "dr_grpo"])
+    recipe.add_argument(
+        "--kl-beta", type=float, default=None, help="KL to the start (default 0; 0.02 after SFT)"
+    )
+    recipe.add_argument("--sft-first", action="store_true", help="SFT on passing candidates, then GRPO")
+    recipe.add_argument(
+        "--train-limit", type=int, default=None, help="the first N train problems (tiny runs)"
+    )
+    recipe.add_argument("--eval-max-tokens", type=int, default=256)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -123,7 +231,7 @@ def main() -> None:
             "crucible_generator",
             {
                 "CRUCIBLE_GENERATOR_MODEL": args.model,
-                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
+                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
             },
             "CRUCIBLE_GENERATOR_PORT",
@@ -138,6 +246,15 @@ def main() -> None:
             adapter_dir=work / "adapters",
             runs_dir=work / "jobs",
         )
+        t = time.perf_counter()
+        sft: dict = {}
+        if args.sft_first:
+            from bench.offline_figures import run_pipeline
+
+            done = run_pipeline(sft_pipeline(args), f"sft-s{args.seed}", settings)
+            sft = {"adapter": done["adapter"], "seconds": done["wall_s"], "rounds": done.get("rounds")}
+            sft["base_eval"] = done.get("eval", {}).get("before")
+        kl_beta = args.kl_beta if args.kl_beta is not None else (0.02 if args.sft_first else 0.0)
         spec = TrainJob.model_validate(
             job_spec(
                 args.method,
@@ -150,10 +267,21 @@ def main() -> None:
                 "pre" if args.difficulty_filter else args.filter,
                 not args.no_before,
                 args.micro_batch,
+                seed=args.seed,
+                lr=args.lr,
+                group_size=args.group_size,
+                lora_r=args.lora_r,
+                temperature=args.temperature,
+                pre_samples=args.pre_samples,
+                max_draw_factor=args.max_draw_factor,
+                loss=args.loss,
+                kl_beta=kl_beta,
+                init_adapter=sft.get("adapter"),
+                train_limit=args.train_limit,
+                eval_max_tokens=args.eval_max_tokens,
             )
         )
         job_id = f"race-{args.method}"
-        t = time.perf_counter()
         summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
         total = time.perf_counter() - t
     finally:
@@ -185,17 +313,26 @@ def main() -> None:
             + " ".join(f"{k.split('/')[-1]} {r.get(k, float('nan')):.2f}" for k in keys)
             + f" stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}"
         )
-    later = [r["time/step_s"] for r in rows[1:]] or [rows[0]["time/step_s"]]
-    median = statistics.median(later)
+    timing = step_medians(rows)
+    median = timing["median_step_s"]
     split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in keys[:7]}
     print(
         f"median step (steps 2+): {median:.2f} s; split: "
         + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
     )
+    updated = timing["median_updated_step_s"]
+    print(
+        f"steps that updated the policy: {timing['updated_steps']} of {len(rows)}; their median "
+        + (f"(steps 2+): {updated:.2f} s" if updated is not None else "-")
+    )
     if summary.get("difficulty_filter"):
         print("difficulty filter:", json.dumps(summary["difficulty_filter"]))
-    if summary.get("eval"):
-        print("eval:", json.dumps(summary["eval"]))
+    evals = dict(summary.get("eval") or {})
+    if sft and evals:  # the GRPO job's "before" is the SFT adapter; the run's is the base model
+        evals["sft"] = evals.pop("before", None)
+        evals["before"] = sft.get("base_eval")
+    if evals:
+        print("eval:", json.dumps(evals))
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -203,8 +340,15 @@ def main() -> None:
                     "method": args.method,
                     "rows": rows,
                     "median_step_s": median,
+                    "median_updated_step_s": timing["median_updated_step_s"],
+                    "updated_steps": timing["updated_steps"],
+                    "steps": len(rows),
                     "split": split,
-                    "eval": summary.get("eval"),
+                    "eval": evals or None,
+                    "seed": args.seed,
+                    "wall_s": total,
+                    "spec": spec.model_dump(mode="json"),
+                    "sft": sft or None,
                     "difficulty_filter": summary.get("difficulty_filter"),
                     "filter": "pre" if args.difficulty_filter else args.filter,
                     "reward": args.reward,

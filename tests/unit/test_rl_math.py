@@ -189,3 +189,20 @@ def test_update_raises_good_and_lowers_bad_completions() -> None:
     before = reinforce_policy.score([[1, 2]], [[3, 4, 5]])
     update(reinforce_policy, _batch(), UpdateConfig(objective="reinforce", micro_batch=2))
     assert sum(reinforce_policy.score([[1, 2]], [[3, 4, 5]])[0]) > sum(before[0])
+
+
+def test_a_non_finite_gradient_never_reaches_the_weights() -> None:
+    # One NaN in the adapter would be published and make every later rollout NaN (issue 24).
+    from crucible_trainer.policy import Policy
+
+    layer = torch.nn.Linear(2, 1)
+    policy = Policy.__new__(Policy)  # the optimisation part only: no model to load
+    policy.model, policy.max_grad_norm = layer, 1.0
+    policy.optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    policy.scheduler = torch.optim.lr_scheduler.LambdaLR(policy.optimizer, lambda step: 1.0)
+    before = layer.weight.detach().clone()
+    layer(torch.tensor([[float("nan"), 1.0]])).sum().backward()
+    assert math.isnan(policy.step())
+    assert torch.equal(layer.weight, before) and layer.weight.grad is None
+    layer(torch.tensor([[2.0, 1.0]])).sum().backward()
+    assert math.isfinite(policy.step()) and not torch.equal(layer.weight, before)

@@ -26,9 +26,11 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Literal
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
@@ -44,6 +46,9 @@ PREFILL_TOKENS = 16384  # most (padded) prompt tokens one prefill forward takes
 PREFILL_GRAPH_ROWS = 16
 PREFILL_GRAPH_WIDTH = 512
 PREFILL_WIDTH_STEP = 64
+# `attention_kernels: no_cudnn`: SDPA without cuDNN attention, which PyTorch >= 2.11 prefers on
+# H100s and which has had NaN and out-of-bounds bugs for masked shapes like the fast path's.
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class RowCache:
@@ -91,6 +96,7 @@ class ContinuousDecoder:
         use_graphs: bool,
         prefill_graphs: bool = True,
         on_capture: Callable[[], Any] | None = None,
+        attention_kernels: Literal["auto", "no_cudnn"] = "auto",
     ) -> None:
         self.merged = MergedModel(base)
         self.model = self.merged.model
@@ -118,6 +124,7 @@ class ContinuousDecoder:
         self._takes_cache_position = "cache_position" in params
         self._zero = torch.zeros(1, dtype=torch.long, device=self.device)
         self._open = torch.zeros((), dtype=self.dtype, device=self.device)  # a visible slot's mask value
+        self._kernels = WITHOUT_CUDNN if attention_kernels == "no_cudnn" else None
 
     def window(self, highest_row: int, longest: int) -> tuple[int, int]:
         """The step window covering rows `0..highest_row` and `longest` slots."""
@@ -128,7 +135,8 @@ class ContinuousDecoder:
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
         if self._takes_cache_position:  # older transformers derive slots from it; ours ignore it
             kwargs["cache_position"] = self._zero + torch.arange(input_ids.shape[1], device=self.device)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs)
+        with sdpa_kernel(self._kernels) if self._kernels else nullcontext():  # also while capturing
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs)
         return out.logits[:, -1, :]
 
     # --- admission ------------------------------------------------------------------------------
@@ -162,8 +170,11 @@ class ContinuousDecoder:
         self, prompts: list[tuple[int, ...]], rows: list[int], source: list[int]
     ) -> torch.Tensor:
         count, width = len(prompts), max(len(p) for p in prompts)
-        if self.bucket_prefill and count <= PREFILL_GRAPH_ROWS and width <= PREFILL_GRAPH_WIDTH:
-            # A fixed shape (padding rows, a rounded width): one captured graph per shape.
+        fixed = self.bucket_prefill and count <= PREFILL_GRAPH_ROWS and width <= PREFILL_GRAPH_WIDTH
+        if fixed:
+            # A fixed shape (padding rows, a rounded width): one captured graph per shape. Other
+            # shapes prefill eagerly: a graph per arbitrary shape would be captured mid-serving,
+            # each holding a scratch cache of its own (up to ~0.9 GB at 128 prompts x 300 tokens).
             count = bucket(count, PREFILL_GRAPH_ROWS)
             width = -(-width // PREFILL_WIDTH_STEP) * PREFILL_WIDTH_STEP
         ids = torch.zeros((count, width), dtype=torch.long)
@@ -172,12 +183,13 @@ class ContinuousDecoder:
             ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask2d[i, width - len(prompt) :] = True
         ids, mask2d = to_device(ids, self.device), to_device(mask2d, self.device)
-        graph = self._prefill_graph((count, width)) if self.use_graphs and self.bucket_prefill else None
+        graph = self._prefill_graph((count, width)) if self.use_graphs and fixed else None
         if graph is not None:
             graph.ids.copy_(ids)
             graph.mask2d.copy_(mask2d)
             graph.graph.replay()
-            scratch, logits = graph.scratch, graph.logits
+            # A copy: a later chunk of the same prefill may replay this graph before they are read.
+            scratch, logits = graph.scratch, graph.logits.clone()
         else:
             scratch = StaticKVCache(width, self.device)
             logits = self._prefill_forward(scratch, ids, mask2d)
@@ -221,6 +233,16 @@ class ContinuousDecoder:
         self._prefill_graphs[shape] = graph
         self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
         return graph
+
+    def scrub(self, rows: Sequence[int]) -> None:
+        """Zero `rows`' keys and values in every layer and hide their slots: whatever a fault left
+        there (`faults.py`) must not reach the next sequence placed in them."""
+        if rows:
+            target = to_device(list(rows), self.device)
+            for keys, values in zip(self.cache.keys, self.cache.values, strict=True):
+                keys[target] = 0
+                values[target] = 0
+            self.mask[target] = self.hidden
 
     def release(self, rows: Sequence[int]) -> None:
         """Free `rows`: they stop advancing (their writes stay at slot 0 until a prompt fills them)."""

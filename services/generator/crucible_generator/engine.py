@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from . import faults
 from .adapters import AdapterRegistry
 from .continuous import ContinuousDecoder
 from .errors import BadRequest, GeneratorError, ServerError
@@ -58,6 +60,7 @@ BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 # A running batch admits joiners once this share of its rows (1/JOIN_FRACTION) waits: an admission is
 # one eager prefill (thousands of small kernels), too dear to pay for each sequence alone at scale.
 JOIN_FRACTION = 8
+_REQUEST_IDS = itertools.count(1)  # request numbers in the log and in fault messages
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class _Request:
     results: list[Completion | None]
     remaining: int
     cancelled: bool = False
+    id: int = field(default_factory=lambda: next(_REQUEST_IDS))
 
 
 @dataclass
@@ -114,6 +118,8 @@ class _Sequence:
     text: str | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    cache_row: int | None = None  # its row of the continuous batch's cache
+    faulted: bool = False  # its logits were not finite (`faults.py`)
 
 
 class _Readback:
@@ -180,6 +186,7 @@ class Engine:
         prefill_graphs: bool = True,
         fast_context: int = 2048,
         join_wait_s: float = 0.02,
+        attention_kernels: str = "auto",
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
@@ -212,6 +219,7 @@ class Engine:
                     use_graphs=cuda_graphs,
                     prefill_graphs=prefill_graphs,
                     on_capture=self.metrics.graph_captures.inc,
+                    attention_kernels="no_cudnn" if attention_kernels == "no_cudnn" else "auto",
                 )
             else:
                 log.info("fast decoding does not handle this model's attention layers; using the eager path")
@@ -564,7 +572,7 @@ class Engine:
         self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in seqs))
         self.metrics.prefix_reused_tokens.inc(reused)
         for row, seq in zip(placed, seqs, strict=True):
-            rows[row] = seq
+            rows[row], seq.cache_row = seq, row
         index = to_device(placed, self.device)
         launched = _Launched(list(zip(placed, seqs, strict=True)), self._sample(logits, seqs))
         fast.feed(index, launched.picked.tokens)
@@ -607,6 +615,7 @@ class Engine:
             free.extend(done)
             free.sort(reverse=True)
             assert self.fast is not None
+            self.fast.scrub([row for _, row, seq in current if seq.faulted])
             self.fast.release(done)
 
     def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> SampleOutput:
@@ -625,6 +634,10 @@ class Engine:
         top_ids, top_lps = top if top else (None, None)
         ended = []
         for j, seq in zip(index, seqs, strict=True):
+            if faults.is_fault(lps[j]):
+                self._fault(seq, lps[j])
+                ended.append(True)
+                continue
             if seq.request.cancelled:
                 self._drop(seq)
                 ended.append(True)
@@ -756,6 +769,19 @@ class Engine:
         request.remaining -= 1
         if request.remaining == 0:
             request.loop.call_soon_threadsafe(_resolve, request.future, request.results)
+
+    def _fault(self, seq: _Sequence, value: float) -> None:
+        """`seq`'s logits were not finite: fail its request (once, logged) and mark its row to clear."""
+        seq.faulted = True
+        if seq.request.cancelled:
+            self._drop(seq)
+            return
+        seq.request.cancelled = True  # its other sequences stop too: the request has failed
+        p = seq.params
+        details = {"sample": seq.index, "token": len(seq.output_ids), "prompt_tokens": len(seq.prompt_ids)}
+        details |= {"adapter": seq.adapter, "cache_row": seq.cache_row, "temperature": p.temperature}
+        details |= {"top_p": p.top_p, "top_k": p.top_k, "seed": p.seed, "max_tokens": p.max_tokens}
+        self._fail(seq, faults.non_finite(seq.request.id, details, value))
 
     def _drop(self, seq: _Sequence) -> None:
         seq.finish_reason = "abort"

@@ -34,6 +34,7 @@ from crucible_shared.openai_protocol import (
 
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, NotFound
+from .faults import for_json
 from .memory import WORKING_LEN, auto_batch_size
 from .settings import Settings
 
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 
 # vLLM request fields this server does not implement: refused rather than silently ignored.
 UNSUPPORTED = ("prompt_logprobs", "use_beam_search", "logit_bias", "guided_json", "structured_outputs")
-LOGPROB_FLOOR = -9999.0  # what vLLM sends instead of -inf (not JSON-serializable)
 
 
 class GeneratorService:
@@ -164,13 +164,13 @@ class GeneratorService:
             tokens.append(text)
             offsets.append(offset)
             offset += len(text)
-            entry = {text: max(out.logprobs[i], LOGPROB_FLOOR)}  # the sampled token first, as vLLM
+            entry = {text: for_json(out.logprobs[i])}  # the sampled token first, as vLLM
             for top_id, top_lp in out.top_logprobs[i] if out.top_logprobs else []:
-                entry.setdefault(self._token_text(top_id), max(top_lp, LOGPROB_FLOOR))
+                entry.setdefault(self._token_text(top_id), for_json(top_lp))
             top.append(entry)
         return CompletionLogProbs(
             text_offset=offsets,
-            token_logprobs=[max(lp, LOGPROB_FLOOR) for lp in out.logprobs or []],
+            token_logprobs=[for_json(lp) for lp in out.logprobs or []],
             tokens=tokens,
             top_logprobs=top,
         )
@@ -241,7 +241,7 @@ class GeneratorService:
             tops = [
                 ChatCompletionLogProb(
                     token=self._token_text(t),
-                    logprob=max(lp, LOGPROB_FLOOR),
+                    logprob=for_json(lp),
                     bytes=_utf8(self._token_text(t)),
                 )
                 for t, lp in (out.top_logprobs[i] if out.top_logprobs else [])
@@ -249,7 +249,7 @@ class GeneratorService:
             content.append(
                 ChatCompletionLogProbsContent(
                     token=text,
-                    logprob=max(out.logprobs[i], LOGPROB_FLOOR),
+                    logprob=for_json(out.logprobs[i]),
                     bytes=_utf8(text),
                     top_logprobs=tops,
                 )
@@ -386,6 +386,7 @@ def build_service(settings: Settings) -> GeneratorService:
         cuda_graphs=settings.cuda_graphs,
         prefill_graphs=settings.prefill_graphs,
         fast_context=WORKING_LEN,  # the row length `max_batch_size: auto` budgets for
+        attention_kernels=settings.attention_kernels,
     )
     engine.start()
     return GeneratorService(

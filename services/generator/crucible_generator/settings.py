@@ -65,6 +65,10 @@ class Settings(BaseSettings):
         default=True,
         description="Replay prefills of up to 16 prompts of up to 512 tokens as CUDA graphs (fast path, CUDA).",
     )
+    attention_kernels: Literal["auto", "no_cudnn"] = Field(
+        default="auto",
+        description="Fast path's attention kernels: PyTorch's choice, or any but cuDNN attention (CUDA).",
+    )
     seed: int | None = Field(default=None, description="Seed of the sampler for requests without a `seed`.")
     log_level: str = Field(default="info", description="uvicorn / logging level.")
 

@@ -7,6 +7,8 @@ last `max_completion + 1` logits are materialised.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import shutil
 import tempfile
@@ -18,6 +20,8 @@ from pathlib import Path
 import torch
 from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -164,12 +168,20 @@ class Policy:
 
     # -- optimisation ---------------------------------------------------------------------------
     def step(self) -> float:
-        """Clip, step the optimizer and the schedule; returns the pre-clip gradient norm."""
+        """Clip, step the optimizer and the schedule; returns the pre-clip gradient norm.
+
+        A non-finite norm (an overflow, or a faulty attention kernel: PyTorch 2.11's default cuDNN
+        SDPA backward returns NaN gradients for some masked shapes on H100s) skips the step: one
+        NaN in the adapter would be published to the generators and poison every later rollout."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.max_grad_norm:
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
         else:
             norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        if not math.isfinite(norm):
+            log.warning("gradient norm %s is not finite: optimizer step skipped", norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -2,6 +2,12 @@
 
 All take `logp` (new policy), `old_logp` (behaviour policy, detached), `ref_logp` (reference,
 optional), per-sequence `advantages` and a `mask` of completion tokens, each [batch, tokens].
+
+Each loss is a sum over the micro-batch divided by a `denominator`: by default the micro-batch's
+own count (its sequences, or its tokens for the token-level loss), which makes the loss a mean
+over the rows given. `rl/update.py` passes the count of the whole batch instead (zero-advantage
+samples included, though it never computes them), which is how the published objectives
+normalise.
 """
 
 from __future__ import annotations
@@ -25,14 +31,26 @@ def aggregate(
     mask: torch.Tensor,
     mode: Literal["sequence", "token", "dr_grpo"],
     max_tokens: int,
+    denominator: float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token losses: mean per sequence then over sequences; mean over all tokens (DAPO);
-    or sum over tokens / max_tokens, mean over sequences (Dr. GRPO, no length bias)."""
+    """Reduce per-token losses (TRL's `loss_type` in brackets):
+
+    * `sequence` [grpo]: each sequence's mean over its tokens, summed, / sequences;
+    * `token` [dapo]: the sum over every token / tokens;
+    * `dr_grpo` [dr_grpo]: the sum over every token / (sequences * max_tokens).
+
+    `denominator` is the sequence count (`sequence`, `dr_grpo`) or the token count (`token`);
+    None: this micro-batch's own, i.e. a mean over its rows.
+    """
     if mode == "sequence":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    if mode == "token":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
-    return ((per_token * mask).sum(-1) / max_tokens).mean()
+        total = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum()
+    elif mode == "token":
+        total = (per_token * mask).sum()
+    else:
+        total = (per_token * mask).sum() / max_tokens
+    if denominator is not None:
+        return total / denominator
+    return total / (mask.sum().clamp(min=1) if mode == "token" else per_token.shape[0])
 
 
 def clipped_surrogate(
@@ -48,6 +66,7 @@ def clipped_surrogate(
     aggregation: Literal["sequence", "token", "dr_grpo"] = "token",
     max_tokens: int = 1,
     ratio_mode: Literal["token", "sequence"] = "token",
+    denominator: float | None = None,
 ) -> LossOut:
     """PPO/GRPO clipped objective (negated, to minimise), plus beta * KL(policy || reference).
 
@@ -55,9 +74,10 @@ def clipped_surrogate(
     completion, exp(sum log p_new - sum log p_old), and averages the clipped surrogate over
     sequences (the REINFORCE/PPO codebase's form; `aggregation` does not apply to it).
     KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1, which is unbiased and >= 0.
+    `denominator`: see `aggregate` (sequences for `ratio_mode="sequence"`).
     """
     if ratio_mode == "sequence":
-        return _sequence_clipped(logp, old_logp, advantages, mask, clip_eps, clip_eps_high)
+        return _sequence_clipped(logp, old_logp, advantages, mask, clip_eps, clip_eps_high, denominator)
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(-1)
     high = clip_eps_high if clip_eps_high is not None else clip_eps
@@ -74,7 +94,8 @@ def clipped_surrogate(
         was_clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
         clip_fraction = float((was_clipped.float() * mask).sum() / mask.sum().clamp(min=1))
         ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
-    return LossOut(aggregate(per_token, mask, aggregation, max_tokens), clip_fraction, kl_value, ratio_mean)
+    loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
+    return LossOut(loss, clip_fraction, kl_value, ratio_mean)
 
 
 def _sequence_clipped(
@@ -84,19 +105,22 @@ def _sequence_clipped(
     mask: torch.Tensor,
     clip_eps: float,
     clip_eps_high: float | None,
+    denominator: float | None = None,
 ) -> LossOut:
     high = clip_eps_high if clip_eps_high is not None else clip_eps
     ratio = torch.exp(((logp - old_logp) * mask).sum(-1))
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * advantages
-    loss = -torch.minimum(ratio * advantages, clipped).mean()
+    loss = -torch.minimum(ratio * advantages, clipped).sum() / (denominator or ratio.shape[0])
     with torch.no_grad():
         was_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + high) & (advantages > 0))
         clip_fraction = float(was_clipped.float().mean())
     return LossOut(loss, clip_fraction, 0.0, float(ratio.detach().mean()))
 
 
-def reinforce(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> LossOut:
-    """-A * log p(completion), averaged over sequences."""
+def reinforce(
+    logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, denominator: float | None = None
+) -> LossOut:
+    """-A * log p(completion), summed over sequences / `denominator` (default: their count)."""
     seq_logp = (logp * mask).sum(-1)
-    loss = -(advantages * seq_logp).mean()
+    loss = -(advantages * seq_logp).sum() / (denominator or seq_logp.shape[0])
     return LossOut(loss, 0.0, 0.0, 1.0)

@@ -1,7 +1,22 @@
-"""The policy update shared by every method: micro-batches, accumulation, iterations/epochs."""
+"""The policy update shared by every method: micro-batches, accumulation, iterations/epochs.
+
+Without a KL term a sample of zero advantage adds nothing to the loss or its gradient, so it is
+never run through the model (TRL runs forward and backward for it). It still counts where the
+published objectives count it, in the normaliser: the whole batch's sequences (`sequence`, TRL's
+`grpo`; `dr_grpo`, times `max_tokens`) or tokens (`token`, DAPO), as TRL's
+`GRPOTrainer._compute_loss` computes them. A step whose only informative group is one of eight
+therefore moves the policy an eighth as far as a step where all eight are informative.
+
+Gradient accumulation splits the batch into several optimizer steps (`grad_accum` micro-batches
+each), and each step is normalised as TRL normalises one accumulation step of a generation batch
+split over `S` optimizer steps: the token loss by the whole batch's tokens (TRL's
+`num_items_in_batch`), the sequence losses by the sequences of one step's share, `N / S`, with
+`S = ceil(N / (micro_batch * grad_accum))` counted over the whole batch.
+"""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -28,6 +43,22 @@ class UpdateConfig:
     ratio: Literal["token", "sequence"] = "token"  # PPO: one ratio per token or per completion
 
 
+@dataclass(frozen=True)
+class Normaliser:
+    """What each micro-batch's loss sum is divided by."""
+
+    sequences: float  # `sequence` / `dr_grpo` / sequence-level ratios / REINFORCE
+    tokens: float  # `token`
+
+    @classmethod
+    def of(cls, batch: list[Sample], micro_batch: int, grad_accum: int | None) -> Normaliser:
+        """The published normaliser of `batch`: every scored sample (zero advantage included),
+        per optimizer step as the module docstring says."""
+        scored = [s for s in batch if s.reward is not None]
+        steps = 1 if grad_accum is None else max(1, math.ceil(len(scored) / (micro_batch * grad_accum)))
+        return cls(len(scored) / steps, float(sum(len(s.completion_ids) for s in scored)))
+
+
 def trainable(batch: list[Sample], kl_beta: float) -> list[Sample]:
     """Samples that carry gradient: scored, non-empty, and (without KL) with a non-zero advantage."""
     keep = [s for s in batch if s.reward is not None and s.completion_ids]
@@ -39,7 +70,12 @@ def trainable(batch: list[Sample], kl_beta: float) -> list[Sample]:
 def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
     """Run `cfg.iterations` passes over `batch`; returns averaged metrics (and per-iteration ratios)."""
     samples = trainable(batch, cfg.kl_beta)
-    metrics: dict[str, float] = {"update/sequences": float(len(samples))}
+    norm = Normaliser.of(batch, cfg.micro_batch, cfg.grad_accum)
+    metrics: dict[str, float] = {
+        "update/sequences": float(len(samples)),
+        "update/normaliser_sequences": norm.sequences,
+        "update/normaliser_tokens": norm.tokens,
+    }
     if not samples:
         metrics.update({"loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "kl": 0.0})
         return metrics
@@ -51,13 +87,12 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
         else None
     )
     ref = policy.score(prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
-    total_tokens = sum(len(c) for c in comps)
     rng = random.Random(seed)
     order = list(range(len(samples)))
     micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
     accum = cfg.grad_accum or len(micro)
     sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio": 0.0}
-    counts = {"micro": 0, "steps": 0}
+    counts = {"micro": 0, "steps": 0, "skipped": 0}
     for iteration in range(cfg.iterations):
         if iteration > 0:
             rng.shuffle(order)
@@ -68,8 +103,7 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
             adv = torch.tensor([samples[i].advantage for i in idx], dtype=torch.float32, device=policy.device)
             logp = policy.token_logprobs(b)
             if cfg.objective == "reinforce":
-                out = losses.reinforce(logp, adv, b.tail_mask)
-                weight = len(idx) / len(samples)
+                out = losses.reinforce(logp, adv, b.tail_mask, norm.sequences)
             else:
                 old_lp = (
                     right_align([old[i] for i in idx], b.tail, policy.device)
@@ -91,23 +125,29 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
                     aggregation=cfg.aggregation,
                     max_tokens=cfg.max_tokens,
                     ratio_mode=cfg.ratio,
+                    denominator=norm.tokens
+                    if cfg.aggregation == "token" and cfg.ratio == "token"
+                    else norm.sequences,
                 )
-                tokens = float(b.tail_mask.sum())
-                weight = tokens / total_tokens if cfg.aggregation == "token" else len(idx) / len(samples)
-            (out.loss * weight).backward()
-            sums["loss"] += float(out.loss.detach()) * weight
+            out.loss.backward()
+            sums["loss"] += float(out.loss.detach())
             sums["clip_fraction"] += out.clip_fraction
             sums["kl"] += out.kl
             ratio_sum += out.ratio_mean
             ratio_n += 1
             counts["micro"] += 1
             if (m + 1) % accum == 0 or m == len(micro) - 1:
-                sums["grad_norm"] += policy.step()
-                counts["steps"] += 1
+                norm = policy.step()  # skipped when not finite (Policy.step)
+                if math.isfinite(norm):
+                    sums["grad_norm"] += norm
+                    counts["steps"] += 1
+                else:
+                    counts["skipped"] += 1
         metrics[f"update/ratio_mean_iter{iteration}"] = ratio_sum / max(ratio_n, 1)
     metrics["loss"] = sums["loss"] / cfg.iterations
     metrics["clip_fraction"] = sums["clip_fraction"] / max(counts["micro"], 1)
     metrics["kl"] = sums["kl"] / max(counts["micro"], 1)
     metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
+    metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
     return metrics

@@ -1,0 +1,311 @@
+"""Every learning figure over seeds: one recipe, N seeds, one JSON file per run and a summary.
+
+A recipe is a named set of `bench/grpo_race.py` flags (RECIPES below; any other flags go after
+`--`). `run` starts one `grpo_race.py` process per seed (each with its own sandbox and generator;
+`--parallel K` of them at once, which one GPU holds: see docs/benchmarks.md) and writes, as each
+run ends, `<out>/<card>/learning/<recipe>-seed<S>.json`: an object with `recipe`, `seed`, `before`
+and `after` (greedy pass@1 on the evaluated MBPP test tasks, as fractions; all 500 unless
+`--eval-tasks` says fewer), `steps`, `wall_s`, `command`, and what `grpo_race.py --json` wrote
+(per-step metrics, timing, the job spec). Then `<recipe>-summary.json` and `.md`: mean +-
+standard deviation (n - 1) and the per-seed values. `compare A B` pairs two recipes' runs by seed
+(the same seeds give both recipes the same problems in the same order) and writes
+`compare-<A>-vs-<B>.json`.
+
+Usage:
+  python bench/seeds.py list
+  python bench/seeds.py run RECIPE [--seeds 0 1 2] [--parallel 3] [--card gpu-h100] [--out docs/results]
+                        [--steps N] [--eval-tasks 500] [-- more grpo_race.py flags]
+  python bench/seeds.py summary RECIPE [--card ...] [--out ...]
+  python bench/seeds.py compare RECIPE_A RECIPE_B [--card ...] [--out ...]
+
+On the GPU machine: `bash bench/gpu.sh seeds RECIPE ...` (results under $OUT/results/).
+A tiny CPU run (minutes): `python bench/seeds.py run tiny --seeds 0 1 --card cpu --out /tmp/seeds`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RACE = ROOT / "bench" / "grpo_race.py"
+STEPS, EVAL_TASKS = 100, 500  # the learning runs' defaults: 100 GRPO steps, all 500 MBPP test tasks
+
+
+def shared(*flags: str) -> list[str]:
+    """Recipe flags for runs that share one card: smaller micro-batches and generators."""
+    return ["--micro-batch", "16", "--generator-batch", "64", *flags]
+
+
+# name -> (grpo_race.py flags, what it is). Each row of the learning table is one of these.
+RECIPES: dict[str, tuple[list[str], str]] = {
+    "grpo": (shared(), "GRPO, 8 problems x 8 samples, fraction reward, lr 1e-4, LoRA r16 (the race's setup)"),
+    "pre": (shared("--filter", "pre"), "+ pre-filter (4 samples per train problem, keep 0 < pass < 1)"),
+    "pre8-g16": (
+        shared("--filter", "pre", "--pre-samples", "8", "--group-size", "16"),
+        "pre-filter with 8 samples per problem (keeps more problems), groups of 16",
+    ),
+    "pre-lr2e4": (shared("--filter", "pre", "--lr", "2e-4"), "pre-filter, lr 2e-4"),
+    "pre-r64": (shared("--filter", "pre", "--lora-r", "64"), "pre-filter, LoRA rank 64"),
+    "pre-t07": (shared("--filter", "pre", "--temperature", "0.7"), "pre-filter, rollout temperature 0.7"),
+    "dynamic-fraction": (
+        shared("--filter", "dynamic"),
+        "dynamic sampling, fraction reward (since the sandbox flags same_answer)",
+    ),
+    "dynamic-allpass": (
+        shared("--filter", "dynamic", "--reward", "all_pass"),
+        "dynamic sampling, all_pass reward",
+    ),
+    "sft-grpo": (shared("--sft-first"), "SFT on rejection-sampled candidates, then GRPO (KL 0.02 to SFT)"),
+    "sft-pre": (shared("--sft-first", "--filter", "pre"), "SFT, then GRPO on the pre-filtered problems"),
+    "tiny": (
+        [
+            *("--prompts", "2", "--group-size", "2", "--max-tokens", "24", "--eval-max-tokens", "24"),
+            *("--train-limit", "6", "--micro-batch", "4", "--generator-batch", "16"),
+        ],
+        "CPU smoke recipe: 2 problems x 2 samples, 24 tokens (use with --steps 2 --eval-tasks 3)",
+    ),
+}
+
+
+def card_name() -> str:
+    """`gpu-h100`, `gpu-h200`, ... for the visible GPU, else `cpu`."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name().lower()
+            for model in ("h100", "h200", "a100", "l40s"):
+                if model in name:
+                    return f"gpu-{model}"
+            return "gpu-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
+    except ImportError:
+        pass
+    return "cpu"
+
+
+def record(recipe: str, seed: int, race: dict[str, Any], command: list[str], wall_s: float) -> dict[str, Any]:
+    """One run's result file from what `grpo_race.py --json` wrote.
+
+    >>> race = {"rows": [{"step": 1}, {"step": 2}], "eval": {"before": {"greedy_pass@1": 0.036},
+    ...         "after": {"greedy_pass@1": 0.07}}}
+    >>> r = record("pre", 1, race, ["python", "bench/grpo_race.py"], 12.5)
+    >>> r["recipe"], r["seed"], r["before"], r["after"], r["steps"], r["wall_s"], r["command"]
+    ('pre', 1, 0.036, 0.07, 2, 12.5, 'python bench/grpo_race.py')
+    """
+    evals = race.get("eval") or {}
+
+    def score(label: str) -> float | None:
+        found = evals.get(label) or {}
+        return found.get("greedy_pass@1")
+
+    after = evals.get("after") or {}
+    out = {
+        "recipe": recipe,
+        "seed": seed,
+        "before": score("before"),
+        "after": score("after"),
+        "eval_tasks": after.get("problems"),
+        "steps": len(race.get("rows", [])),
+        "wall_s": round(wall_s, 1),
+        "command": shlex.join(command),
+    }
+    if "sft" in evals:
+        out["sft"] = score("sft")
+    return out | {"race": race}
+
+
+def mean_std(values: list[float]) -> dict[str, float | None]:
+    """Mean and sample standard deviation (None for one value).
+
+    >>> mean_std([0.04, 0.06, 0.08])
+    {'mean': 0.06, 'std': 0.02, 'n': 3}
+    """
+    mean = round(statistics.fmean(values), 6)
+    std = round(statistics.stdev(values), 6) if len(values) > 1 else None
+    return {"mean": mean, "std": std, "n": len(values)}
+
+
+def summarise(recipe: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean +- std over seeds of before, after, their difference and ratio, with per-seed values.
+
+    >>> runs = [{"seed": s, "before": 0.036, "after": a, "steps": 100, "wall_s": 300.0, "eval_tasks": 500}
+    ...         for s, a in ((0, 0.066), (1, 0.086), (2, 0.076))]
+    >>> s = summarise("pre", runs)
+    >>> s["after"], s["gain"]["mean"], s["seeds"]
+    ({'mean': 0.076, 'std': 0.01, 'n': 3}, 0.04, [0, 1, 2])
+    """
+    done = sorted((r for r in runs if r.get("after") is not None), key=lambda r: r["seed"])
+    out: dict[str, Any] = {"recipe": recipe, "seeds": [r["seed"] for r in done]}
+    if not done:
+        return out
+    fields = {
+        "before": [r["before"] for r in done if r["before"] is not None],
+        "after": [r["after"] for r in done],
+        "gain": [r["after"] - r["before"] for r in done if r["before"] is not None],
+        "ratio": [r["after"] / r["before"] for r in done if r["before"]],
+        "wall_s": [r["wall_s"] for r in done],
+    }
+    if any("sft" in r for r in done):
+        fields["sft"] = [r["sft"] for r in done if r.get("sft") is not None]
+    for name, values in fields.items():
+        if values:
+            out[name] = mean_std(values)
+    out["per_seed"] = [
+        {k: r.get(k) for k in ("seed", "before", "sft", "after", "steps", "wall_s")} for r in done
+    ]
+    out["eval_tasks"] = sorted({r.get("eval_tasks") for r in done}, key=str)
+    out["single_seed"] = len(done) == 1
+    return out
+
+
+def compare(a: str, runs_a: list[dict[str, Any]], b: str, runs_b: list[dict[str, Any]]) -> dict[str, Any]:
+    """`b` against `a`, paired by seed: the per-seed differences of `after` and their mean +- std.
+
+    >>> pa = [{"seed": 0, "after": 0.05}, {"seed": 1, "after": 0.06}, {"seed": 2, "after": 0.05}]
+    >>> pb = [{"seed": 0, "after": 0.07}, {"seed": 1, "after": 0.07}, {"seed": 3, "after": 0.2}]
+    >>> c = compare("grpo", pa, "pre", pb)
+    >>> c["seeds"], c["difference"]["mean"], c["b_better"]
+    ([0, 1], 0.015, 2)
+    """
+    by_a = {r["seed"]: r for r in runs_a if r.get("after") is not None}
+    by_b = {r["seed"]: r for r in runs_b if r.get("after") is not None}
+    seeds = sorted(by_a.keys() & by_b.keys())
+    diffs = [round(by_b[s]["after"] - by_a[s]["after"], 6) for s in seeds]
+    return {
+        "a": a,
+        "b": b,
+        "seeds": seeds,
+        "per_seed": [
+            {"seed": s, "a": by_a[s]["after"], "b": by_b[s]["after"], "b_minus_a": d}
+            for s, d in zip(seeds, diffs, strict=True)
+        ],
+        "difference": mean_std(diffs) if diffs else None,
+        "b_better": sum(d > 0 for d in diffs),
+    }
+
+
+def markdown(summary: dict[str, Any], described: str) -> str:
+    """One table row: recipe | seeds | before | after | gain | per-seed after | wall."""
+
+    def pm(key: str) -> str:
+        v = summary.get(key)
+        if not v:
+            return "-"
+        std = f" ± {100 * v['std']:.1f}" if v["std"] is not None else " (1 seed)"
+        return f"{100 * v['mean']:.1f}%{std}"
+
+    per_seed = ", ".join(f"{100 * r['after']:.1f}" for r in summary.get("per_seed", []))
+    wall = summary.get("wall_s", {}).get("mean")
+    return (
+        f"| {summary['recipe']} ({described}) | {len(summary['seeds'])} | {pm('before')} | {pm('after')} | "
+        f"{pm('gain')} | {per_seed} | {wall:.0f} s |\n"
+        if wall is not None
+        else f"| {summary['recipe']} ({described}) | 0 | - | - | - | - | - |\n"
+    )
+
+
+def results_dir(args: argparse.Namespace) -> Path:
+    return Path(args.out) / (args.card or card_name()) / "learning"
+
+
+def load_runs(folder: Path, recipe: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{recipe}-seed*.json"))]
+
+
+def write_summary(folder: Path, recipe: str) -> dict[str, Any]:
+    summary = summarise(recipe, load_runs(folder, recipe))
+    (folder / f"{recipe}-summary.json").write_text(json.dumps(summary, indent=1))
+    described = RECIPES[recipe][1] if recipe in RECIPES else "custom flags"
+    (folder / f"{recipe}-summary.md").write_text(markdown(summary, described))
+    return summary
+
+
+def run_one(recipe: str, seed: int, flags: list[str], folder: Path, log_dir: Path) -> dict[str, Any] | None:
+    """One seed of the recipe through grpo_race.py; its result file, or None if the run failed."""
+    out = Path(tempfile.mkdtemp(prefix=f"seeds-{recipe}-{seed}-")) / "race.json"
+    script = RACE.relative_to(ROOT) if RACE.is_relative_to(ROOT) else RACE
+    command = [sys.executable, str(script), *flags, "--seed", str(seed), "--json", str(out)]
+    log = log_dir / f"{recipe}-seed{seed}.log"
+    started = time.perf_counter()
+    with log.open("w") as handle:
+        done = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0 or not out.exists():
+        print(f"{recipe} seed {seed}: failed (exit {done.returncode}); log: {log}", flush=True)
+        return None
+    result = record(recipe, seed, json.loads(out.read_text()), ["python", *command[1:-2]], wall)
+    (folder / f"{recipe}-seed{seed}.json").write_text(json.dumps(result, indent=1))
+    print(
+        f"{recipe} seed {seed}: before {result['before']} after {result['after']} in {wall:.0f} s", flush=True
+    )
+    return result
+
+
+def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.recipe not in RECIPES and not extra:
+        raise SystemExit(
+            f"unknown recipe {args.recipe!r}: one of {', '.join(RECIPES)} (or give its flags after --)"
+        )
+    flags = list(RECIPES.get(args.recipe, ([], ""))[0])
+    flags += ["--steps", str(args.steps), "--eval-tasks", str(args.eval_tasks), *extra]
+    folder = results_dir(args)
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = folder / "logs"
+    logs.mkdir(exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        results = list(pool.map(lambda s: run_one(args.recipe, s, flags, folder, logs), args.seeds))
+    summary = write_summary(folder, args.recipe)
+    print(json.dumps({k: summary.get(k) for k in ("recipe", "seeds", "before", "after", "gain")}))
+    return 0 if all(results) else 1
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("verb", choices=["list", "run", "summary", "compare"])
+    parser.add_argument("recipe", nargs="*", help="run/summary: one recipe; compare: two")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--parallel", type=int, default=3, help="runs at once (one card holds 3-6)")
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS)
+    parser.add_argument("--card", default=None, help="results folder name (default: the GPU's, or cpu)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    args = parser.parse_args(argv)
+    if args.verb == "list":
+        for name, (flags, described) in RECIPES.items():
+            print(f"{name:18} {described}\n{'':18} {shlex.join(flags)}")
+        return
+    if args.verb == "compare":
+        if len(args.recipe) != 2:
+            raise SystemExit("compare takes two recipes")
+        folder = results_dir(args)
+        a, b = args.recipe
+        result = compare(a, load_runs(folder, a), b, load_runs(folder, b))
+        (folder / f"compare-{a}-vs-{b}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+        return
+    if len(args.recipe) != 1:
+        raise SystemExit(f"{args.verb} takes one recipe")
+    args.recipe = args.recipe[0]
+    if args.verb == "summary":
+        print(json.dumps(write_summary(results_dir(args), args.recipe), indent=1))
+        return
+    raise SystemExit(cmd_run(args, extra))
+
+
+if __name__ == "__main__":
+    main()
