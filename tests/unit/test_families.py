@@ -5,7 +5,8 @@
   and with a rank-8 all-linear LoRA adapter (PEFT + transformers as the reference);
 * hot-swap: v1, then v2 under a new name, answers follow the new weights; unloads;
 * the offline merge (base + adapter folded into one model) gives PEFT's logits;
-* the trainer's policy scores the generator's tokens with the generator's log-probs.
+* a policy update trains the adapter, and the trained adapter, loaded into the engine, gives the
+  log-probs the trainer computes (the stale-policy check).
 
 The same families served over HTTP, trained and evaluated: tests/integration/test_families_served.py.
 """
@@ -115,17 +116,33 @@ def test_merged_model_equals_base_plus_adapter(family, tmp_path):
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 
-def test_the_trainers_log_probs_equal_the_generators(family):
+def test_a_trained_adapter_serves_the_trainers_log_probs(family, tmp_path):
+    """One policy update on the generator's own answers (advantages +1 and -1), the adapter saved and
+    loaded into the engine under a new name: the generator's log-probs of the answers it gives then
+    equal the trainer's, as the stale-policy check demands."""
     from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.rollout import Sample
+    from crucible_trainer.rl.update import UpdateConfig, update
 
     engine = family.engines["on"]
-    asyncio.run(engine.load_adapter("scored", family.adapters[1]))
-    try:
-        out = family.generate("on", "scored")
-    finally:
-        asyncio.run(engine.unload_adapter("scored"))
     spec = ModelSpec(base=str(family.dir), device="cpu", dtype="float32", init_adapter=family.adapters[1])
-    policy = Policy(spec, OptimSpec())
+    policy = Policy(spec, OptimSpec(lr=0.05, warmup_steps=0))
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    answers = family.generate("off")
+    samples = [
+        Sample(0, 0, prompt, c.token_ids, c.text, "", c.logprobs, "length", reward=r, advantage=r)
+        for prompt, c, r in zip(family.prompts, answers, (1.0, -1.0), strict=True)
+    ]
+    metrics = update(policy, samples, UpdateConfig(micro_batch=2))
+    assert metrics["grad_norm"] > 0 and all(
+        not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if "lora_B" in n
+    ), f"{family.name}: the update changed nothing"
+
+    asyncio.run(engine.load_adapter("trained", str(policy.save_adapter(tmp_path / "v1"))))
+    try:
+        out = family.generate("on", "trained")
+    finally:
+        asyncio.run(engine.unload_adapter("trained"))
     scored = policy.score(family.prompts, tokens(out))
     for c, trainer in zip(out, scored, strict=True):
         diff = sum(abs(a - b) for a, b in zip(c.logprobs, trainer, strict=True)) / len(trainer)

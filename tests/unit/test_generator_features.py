@@ -21,7 +21,7 @@ from crucible_generator.features import adapter_gap, config_gap, model_gap, row_
 from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig
 
-from tests.families import family_config, hf_greedy, hf_model, save_checkpoint
+from tests.families import family_config, hf_greedy, hf_logits, hf_model, save_checkpoint
 
 TINY = {
     "hidden_size": 64,
@@ -183,6 +183,14 @@ def test_requests_longer_than_a_capped_row_take_the_eager_path_and_stay_right(tm
     finally:
         engine.stop()
     assert sum("rows hold at most 256 tokens" in r.getMessage() for r in caplog.records) == 1
+    # Why: rows longer than the window would attend past it (the fast path's masks span rows).
+    from crucible_generator.continuous import ContinuousDecoder
+
+    decoder = ContinuousDecoder(reference, rows=1, length=2 * LENGTH_BUCKET, use_graphs=False)
+    with torch.no_grad():
+        unwindowed = decoder.prefill([0], [ids[:310]])[0][0]
+    windowed_logits = hf_logits(reference, ids[:310])[-1]
+    assert not torch.allclose(unwindowed, windowed_logits, atol=1e-3)
 
 
 class _Seq:
