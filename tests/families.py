@@ -104,14 +104,22 @@ def build_family(name: str, root: Path, seed: int = 0, tokenizer: Any = None) ->
     return save_checkpoint(family_config(name, tokenizer), root / name, tokenizer, seed)
 
 
-def save_lora(model_dir: Path, out: Path, seed: int, rank: int = 8, scale: float = 0.05) -> str:
+def save_lora(
+    model_dir: Path,
+    out: Path,
+    seed: int,
+    rank: int = 8,
+    scale: float = 0.05,
+    device: str = "cpu",
+    dtype: Any = None,
+) -> str:
     """A rank-`rank` all-linear LoRA adapter for the model in `model_dir`, with random `lora_B`
     (PEFT initialises it to zero, which would change nothing)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or torch.float32).to(device)
     torch.manual_seed(seed)
     peft = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
     with torch.no_grad():
