@@ -54,6 +54,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # (Phi-3-mini-4k).
     "phi3": ("phi3", {"num_key_value_heads": 4, "sliding_window": 2047, "head_dim": None}),
     "mistral": ("mistral", {"sliding_window": 4096}),  # Mistral-7B-v0.1
+    # gpt-oss: attention sinks, biases, mixture-of-experts MLPs, sliding and global layers (the
+    # released models slide over 128 tokens, which the fast path refuses: less than a row bucket).
+    "gpt-oss": (
+        "gpt_oss",
+        {"intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 256},
+    ),
 }
 
 PROMPTS = [

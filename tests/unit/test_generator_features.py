@@ -223,6 +223,32 @@ def test_each_adapter_feature_merging_would_drop_is_named(config, words):
     assert adapter_gap(LoraConfig(), {}, "default", set()) is None
 
 
+class _Layer:
+    """What `adapter_gap` reads of a PEFT LoRA layer."""
+
+    def __init__(self, base: torch.nn.Module, variant: object | None = None) -> None:
+        self.base, self.lora_variant = base, {"default": variant} if variant is not None else {}
+
+    def get_base_layer(self) -> torch.nn.Module:
+        return self.base
+
+
+class DoraLikeVariant:
+    pass
+
+
+def test_layers_merging_would_get_wrong_are_named():
+    plain = LoraConfig()
+    linear = torch.nn.Linear(4, 4)
+    assert adapter_gap(plain, {"q_proj": _Layer(linear)}, "default", set()) is None
+    variant = {"q_proj": _Layer(linear, DoraLikeVariant())}
+    assert adapter_gap(plain, variant, "default", set()) == "a LoRA variant (DoraLikeVariant)"
+    no_weight = {"block": _Layer(torch.nn.ReLU())}
+    assert adapter_gap(plain, no_weight, "default", set()) == "LoRA on ReLU layers"
+    tied = {"model.embed_tokens": _Layer(torch.nn.Embedding(4, 4))}
+    assert "tied embeddings" in adapter_gap(plain, tied, "default", {"model.embed_tokens", "lm_head"})
+
+
 class Served:
     """A family checkpoint served by a fast-path engine, and PEFT + transformers as the reference."""
 

@@ -12,8 +12,8 @@ and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves 
 * **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
   path does not implement (`features.py`), requests longer than its rows, or `fast_decode=off`): up
   to `max_batch_size` sequences, a left-padded prefill, then one token per step with a dynamic KV
-  cache, dropping finished rows as it goes. Rows of different adapters share such a batch through PEFT's `adapter_names`
-  (mixed-adapter LoRA), with `"__base__"` for the base model.
+  cache, dropping finished rows as it goes. Rows of different adapters share such a batch through
+  PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
 
 A lone request waits at most `batch_wait_s` after it arrived for others to share its first batch.
 While a continuous batch runs, joiners are admitted together (one prefill serves them all) once
@@ -47,7 +47,7 @@ from .adapters import AdapterRegistry
 from .continuous import ContinuousDecoder
 from .errors import BadRequest, GeneratorError, ServerError
 from .fastpath import LENGTH_BUCKET
-from .features import model_gap, row_limit
+from .features import fast_length
 from .metrics import Metrics
 from .sampling import RowParams, SampleOutput, make_generator, sample
 from .slots import SpareSlot, config_signature
@@ -205,39 +205,21 @@ class Engine:
         self._live: tuple[list[int], torch.Tensor | None] = ([], None)  # the continuous batch's row index
         self.fast: ContinuousDecoder | None = None
         if fast_decode == "on" or (fast_decode == "auto" and self.device.type == "cuda"):
-            self.fast = self._fast_decoder(model, fast_context, cuda_graphs, prefill_graphs)
+            length = fast_length(model, min(self.max_model_len, fast_context), LENGTH_BUCKET)
+            if length is not None:  # None: a feature it does not implement (logged)
+                self.fast = ContinuousDecoder(
+                    model,
+                    rows=max_batch_size,
+                    length=length,
+                    use_graphs=cuda_graphs,
+                    prefill_graphs=prefill_graphs,
+                    on_capture=self.metrics.graph_captures.inc,
+                )
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
         self._control: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="generator-engine", daemon=True)
-
-    def _fast_decoder(
-        self, model: Any, context: int, cuda_graphs: bool, prefill_graphs: bool
-    ) -> ContinuousDecoder | None:
-        """The fast path for `model`, or None (one log line says why) when it has a feature the
-        fast path does not implement (`features.py`)."""
-        gap = model_gap(model, LENGTH_BUCKET)
-        if gap is not None:
-            log.info("fast decoding does not implement %s; this model uses the eager path", gap)
-            return None
-        length = min(self.max_model_len, context)
-        limit = row_limit(model.config, LENGTH_BUCKET)
-        if limit is not None and limit < length:
-            log.info(
-                "sliding-window attention: fast-path rows hold at most %d tokens (the window); "
-                "longer requests use the eager path",
-                limit,
-            )
-            length = limit
-        return ContinuousDecoder(
-            model,
-            rows=self.max_batch_size,
-            length=length,
-            use_graphs=cuda_graphs,
-            prefill_graphs=prefill_graphs,
-            on_capture=self.metrics.graph_captures.inc,
-        )
 
     @staticmethod
     def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

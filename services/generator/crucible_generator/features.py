@@ -5,7 +5,7 @@ its own key/value caches and additive 4-D masks over whole rows, and with adapte
 copy of the weights. Whatever a model or an adapter computes outside that picture would come out
 wrong, so it is detected here and served by the eager path instead (one log line names it):
 
-Models (`model_gap`, `config_gap`):
+Models (`model_gap`, `config_gap`; `fast_length` decides and logs):
 * an attention kernel other than SDPA or eager (flash-attention and flex attention do not read a
   4-D additive mask);
 * a composite (multimodal) config, layers that are not attention layers (state-space, linear or
@@ -16,9 +16,9 @@ Models (`model_gap`, `config_gap`):
 
 What the fast path handles as transformers does (the family tests compare them token for token):
 soft-capped attention scores and logits (Gemma-2: eager attention applies them under any mask),
-attention sinks and biases (the model's own layers), fused qkv and gate/up projections (Phi-3:
-their deltas merge like any other), `1 + weight` norms (`norms.py` fuses only norms it reproduces
-exactly), scaled embeddings, tied embeddings (the merged copy keeps them tied).
+attention sinks, biases and experts (gpt-oss: the model's own layers), fused qkv and gate/up
+projections (Phi-3: their deltas merge like any other), `1 + weight` norms (`norms.py` fuses only
+norms it reproduces exactly), scaled embeddings, tied embeddings (the merged copy keeps them tied).
 
 Adapters (`adapter_gap`): anything but plain LoRA deltas on plain weights: LoRA variants (DoRA,
 aLoRA, ...), LoRA biases (`lora_bias`), `modules_to_save`, trainable tokens, LoRA on parameters or
@@ -30,9 +30,12 @@ biases into layers every adapter shares.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 KERNELS = ("sdpa", "eager")
 LAYERS = ("full_attention", "sliding_attention")
@@ -55,6 +58,24 @@ def row_limit(config: Any, bucket: int) -> int | None:
     """The most tokens a fast-path row may hold (a multiple of `bucket`), or None: no limit."""
     window = sliding_window(config)
     return None if window is None else window // bucket * bucket
+
+
+def fast_length(model: torch.nn.Module, length: int, bucket: int) -> int | None:
+    """The row length (at most `length` tokens) the fast path decodes `model` with, or None when the
+    model has a feature it does not implement; either way one log line says why."""
+    gap = model_gap(model, bucket)
+    if gap is not None:
+        log.info("fast decoding does not implement %s; this model uses the eager path", gap)
+        return None
+    limit = row_limit(model.config, bucket)
+    if limit is not None and limit < length:
+        log.info(
+            "sliding-window attention: fast-path rows hold at most %d tokens (the window); "
+            "longer requests use the eager path",
+            limit,
+        )
+        return limit
+    return length
 
 
 def model_gap(model: torch.nn.Module, bucket: int) -> str | None:
