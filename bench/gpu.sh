@@ -20,6 +20,7 @@
 #   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
 #   bash bench/gpu.sh shapes          # random checkpoints shaped as Qwen2.5-Coder-1.5B and -7B in /root/shapes
 #   bash bench/gpu.sh families-gpu    # every model family (and those shapes) on the CUDA fast path vs transformers
+#   bash bench/gpu.sh race-1p5b STEPS # examples/grpo_qwen1p5b.yaml on the 1.5B shape: s/step, peak memory
 #   MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b bash bench/gpu.sh crucible-up   # (vllm-up, serve-race too)
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
@@ -98,6 +99,10 @@ PY
     python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
   race)
     python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
+  race-1p5b)  # STEPS: examples/grpo_qwen1p5b.yaml on the Qwen2.5-Coder-1.5B shape (after `shapes`): seconds per
+    # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
+      --model /root/shapes/qwen2.5-coder-1.5b --steps "${2:-6}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-1p5b.json" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
@@ -215,5 +220,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,38p "$0"; exit 2 ;;
+    sed -n 2,39p "$0"; exit 2 ;;
 esac

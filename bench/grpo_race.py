@@ -12,8 +12,14 @@ With `--generator-url URL` the job uses that generator instead (e.g. vLLM servin
 under the served name `smollm2-135m-instruct`): adapters are published to it through
 `/v1/load_lora_adapter` and the stale-policy check compares against its logprobs.
 
+With `--spec FILE` the job is that spec (e.g. `examples/grpo_qwen1p5b.yaml`: its LoRA rank,
+gradient checkpointing, micro-batch, token budget) with `--model`, `--steps` and evaluation taken
+from the command line; the trainer's peak GPU memory and the card's use at the end are reported.
+Random-weight checkpoints (bench/model_shapes.py) earn every answer the same reward, so no group
+would train: `--kl-beta 0.01` keeps every sequence in the update (at the cost of one reference pass).
+
 Usage: python bench/grpo_race.py [--steps 8] [--method grpo|srrl] [--eval-tasks 0] [--generator-url URL]
-       [--json out.json]
+       [--spec FILE] [--kl-beta B] [--json out.json]
 """
 
 from __future__ import annotations
@@ -71,6 +77,38 @@ def job_spec(
     }
 
 
+def from_spec_file(path: Path, model: str, steps: int, eval_tasks: int) -> dict:
+    """The job spec in `path` with the model, the steps and the evaluation of this race."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["base"] = model
+    raw["optim"]["steps"] = steps
+    raw["eval"] = (
+        {"data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks}, "max_tokens": 256}
+        if eval_tasks
+        else None
+    )
+    raw["checkpoint"] = {"every": 10_000}
+    raw["logging"] = {"wandb_mode": "disabled"}
+    return raw
+
+
+def gpu_memory() -> dict:
+    """The trainer's peak GPU memory (this process) and the card's use now (the generator's too)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "trainer_peak_allocated_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "trainer_peak_reserved_gb": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+        "card_used_gb": round((total - free) / 2**30, 2),
+        "card_total_gb": round(total / 2**30, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,6 +143,8 @@ def main() -> None:
     parser.add_argument(
         "--generator-url", default=None, help="an external generator (default: spawn Crucible's)"
     )
+    parser.add_argument("--spec", type=Path, default=None, help="a job spec YAML to run instead (see above)")
+    parser.add_argument("--kl-beta", type=float, default=None, help="GRPO's KL weight (default: the spec's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -138,8 +178,10 @@ def main() -> None:
             adapter_dir=work / "adapters",
             runs_dir=work / "jobs",
         )
-        spec = TrainJob.model_validate(
-            job_spec(
+        raw = (
+            from_spec_file(args.spec, args.model, args.steps, args.eval_tasks)
+            if args.spec
+            else job_spec(
                 args.method,
                 args.steps,
                 args.eval_tasks,
@@ -152,10 +194,15 @@ def main() -> None:
                 args.micro_batch,
             )
         )
+        if args.kl_beta is not None:
+            raw["method"]["kl_beta"] = args.kl_beta
+        spec = TrainJob.model_validate(raw)
+        args.method = spec.method.name
         job_id = f"race-{args.method}"
         t = time.perf_counter()
         summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
         total = time.perf_counter() - t
+        memory = gpu_memory()
     finally:
         if generator is not None:
             generator.stop()
@@ -192,6 +239,8 @@ def main() -> None:
         f"median step (steps 2+): {median:.2f} s; split: "
         + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
     )
+    if memory:
+        print("memory:", json.dumps(memory))
     if summary.get("difficulty_filter"):
         print("difficulty filter:", json.dumps(summary["difficulty_filter"]))
     if summary.get("eval"):
@@ -210,6 +259,9 @@ def main() -> None:
                     "reward": args.reward,
                     "generator": args.generator_url or "crucible",
                     "stale_check_final": summary.get("stale_check"),
+                    "memory": memory,
+                    "settings": summary.get("settings"),
+                    "spec": str(args.spec) if args.spec else None,
                 },
                 indent=1,
             )
