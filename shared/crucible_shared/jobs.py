@@ -889,6 +889,9 @@ class EvalJob(EvalSpec):
             if self.model._changed(name):
                 raise unused(f"model.{name}", "an evaluation trains nothing (use `adapter` to evaluate one)")
         for name in ("gradient_checkpointing", "device", "dtype", "attn_implementation"):
+            # `sdpa` was the default before `auto`: specs dumped then (queued jobs) stay valid.
+            if name == "attn_implementation" and self.model.attn_implementation == "sdpa":
+                continue
             if self.model._changed(name):
                 raise unused(f"model.{name}", "the generator runs the model of an evaluation, not the job")
         return self

@@ -80,7 +80,7 @@ def tokens(completions) -> list[list[int]]:
     return [c.token_ids for c in completions]
 
 
-def test_greedy_tokens_equal_transformers_with_and_without_the_fast_path(family, caplog):
+def test_greedy_tokens_equal_transformers_with_and_without_the_fast_path(family):
     fast = family.engines["on"]
     assert fast.fast is not None, f"{family.name}: the fast path refused the model"
     assert family.engines["off"].fast is None
