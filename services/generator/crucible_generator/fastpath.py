@@ -7,7 +7,7 @@ overhead. The fast path (`continuous.py` decodes with it) removes both costs:
 * **Merged weights.** A private copy of the base model (taken before PEFT touches it) whose linear
   layers hold `W + ΔW` of the batch's adapter. Switching adapters rewrites those tensors in place
   (one small matmul per layer), so their addresses never change and a captured graph stays valid.
-  Adapters that cannot be merged exactly (DoRA, `modules_to_save`, trained biases, a delta on a
+  Adapters that cannot be merged exactly (DoRA, `modules_to_save`, LoRA biases, a delta on a
   tied weight: `features.py`) keep using the PEFT path.
 * **Static KV caches.** Preallocated buffers with an additive 4-D mask instead of transformers'
   dynamic cache: `StaticKVCache` for a left-padded prefill (every row writes the same slots),
