@@ -20,6 +20,10 @@
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
 #   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
 #   bash bench/gpu.sh nan-check       # issue 24's NaN: SDPA kernels at the fast path's shapes, the crashing workload
+#   bash bench/gpu.sh shapes          # random checkpoints shaped as Qwen2.5-Coder-1.5B and -7B in /root/shapes
+#   bash bench/gpu.sh families-gpu    # every model family (and those shapes) on the CUDA fast path vs transformers
+#   bash bench/gpu.sh race-1p5b STEPS # examples/grpo_qwen1p5b.yaml on the 1.5B shape: s/step, peak memory
+#   MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b bash bench/gpu.sh crucible-up   # (vllm-up, serve-race too)
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
 #   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
@@ -71,6 +75,10 @@ M=/root/m
 dense_dir() {  # the built-in model's dense checkpoint in Crucible's cache (made by `setup`)
   python3 -c "import crucible_models as m; print(m.cache_dir() / 'models' / f'{m.DEFAULT_MODEL}-{m._CONVERSION_VERSION}')"
 }
+# The model the servers and the serving race use: MODEL_DIR (default the built-in model's dense copy),
+# served as MODEL_NAME, e.g. MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b (after `shapes`).
+MODEL_DIR=${MODEL_DIR:-$(dense_dir 2>/dev/null || true)}
+MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
 
 case "${1:-}" in
   part-a)
@@ -93,6 +101,10 @@ PY
     python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
   race)
     python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
+  race-1p5b)  # STEPS: examples/grpo_qwen1p5b.yaml on the Qwen2.5-Coder-1.5B shape (after `shapes`): seconds per
+    # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
+      --model /root/shapes/qwen2.5-coder-1.5b --steps "${2:-6}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-1p5b.json" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
@@ -144,12 +156,13 @@ PY
     tar -czf "${OUT:-/tmp}/results.tar.gz" -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
   seq)  # SUBCOMMAND...: several no-argument subcommands one after the other (for `bg`)
     shift; for sub in "$@"; do bash bench/gpu.sh "$sub" || echo "$sub failed"; done ;;
-  vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on the dense built-in model, :8101
+  vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on MODEL_DIR (default: the dense built-in model), :8101
     # The cached checkpoint is fp32: serve bf16 like Crucible's generator does on CUDA.
-    PORT=8101 GENERATOR_DTYPE=bfloat16 bash bench/gpu-vllm.sh profile "$(dense_dir)" ;;
+    PORT=8101 GENERATOR_DTYPE=bfloat16 GENERATOR_SERVED_NAME="$MODEL_NAME" bash bench/gpu-vllm.sh profile "$MODEL_DIR" ;;
   crucible-up)  # Crucible's generator on the same weights, :8102, in its own session (outlives the call)
     mkdir -p /root/logs
-    CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info setsid python3 -m crucible_generator \
+    CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info CRUCIBLE_GENERATOR_MODEL="$MODEL_DIR" \
+      CRUCIBLE_GENERATOR_SERVED_NAME="$MODEL_NAME" setsid python3 -m crucible_generator \
       > /root/logs/crucible-generator.log 2>&1 < /dev/null &
     for _ in $(seq 1 300); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
@@ -158,8 +171,8 @@ PY
     tail -30 /root/logs/crucible-generator.log; exit 1 ;;
   serve-race)  # vLLM (:8101) against Crucible's generator (:8102): bench/serve_race.py; extra arguments go to it
     shift
-    python3 bench/serve_race.py --server vllm=http://127.0.0.1:8101@smollm2-135m-instruct \
-      --server crucible=http://127.0.0.1:8102@smollm2-135m-instruct --model-dir "$(dense_dir)" \
+    python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
+      --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" \
       --json "${OUT:-/tmp}/serve-race.json" "$@"
     cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
@@ -196,6 +209,14 @@ PY
   nan-check)  # issue 24: attention kernels at the fast path's shapes + the crashing runs' workload (~4 min)
     python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/integration/test_generator_gpu_nan.py 2>&1 \
       | tee "${OUT:-/tmp}/nan-check.log" | tail -60 ;;
+  shapes)  # random-weight checkpoints with the exact shapes of Qwen2.5-Coder-1.5B and -7B in /root/shapes
+    # (bench/model_shapes.py; the built-in tokenizer, padded to their vocabularies: run `setup` first)
+    python3 bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes "${@:2}" \
+      | tee "${OUT:-/tmp}/shapes.json"
+    du -sh /root/shapes/* ;;
+  families-gpu)  # every model family on the CUDA fast path against transformers, and the real shapes when built
+    CRUCIBLE_SHAPES_DIR=/root/shapes python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
+      tests/integration/test_families_gpu.py "${@:2}" ;;
   generator)
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)
@@ -207,5 +228,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,35p "$0"; exit 2 ;;
+    sed -n 2,39p "$0"; exit 2 ;;
 esac

@@ -21,8 +21,14 @@ K=8 per train problem, before GRPO starts from that adapter, with KL 0.02 to it 
 says otherwise; the base model's score is then the pipeline's baseline). `--train-limit` and
 `--eval-tasks` make a tiny run (CPU). `bench/seeds.py` runs one recipe over several seeds.
 
+With `--spec FILE` the job is that spec (e.g. `examples/grpo_qwen1p5b.yaml`: its LoRA rank,
+gradient checkpointing, micro-batch, token budget) with `--model`, `--steps` and evaluation taken
+from the command line; the trainer's peak GPU memory and the card's use at the end are reported.
+Random-weight checkpoints (bench/model_shapes.py) earn every answer the same reward, so no group
+would train: `--kl-beta 0.01` keeps every sequence in the update (at the cost of one reference pass).
+
 Usage: python bench/grpo_race.py [--steps 8] [--method grpo|srrl] [--eval-tasks 0] [--generator-url URL]
-       [--seed 0] [recipe flags] [--json out.json]
+       [--spec FILE] [--seed 0] [recipe flags] [--json out.json]
 """
 
 from __future__ import annotations
@@ -156,6 +162,38 @@ def step_medians(rows: list[dict]) -> dict:
     }
 
 
+def from_spec_file(path: Path, model: str, steps: int, eval_tasks: int) -> dict:
+    """The job spec in `path` with the model, the steps and the evaluation of this race."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["base"] = model
+    raw["optim"]["steps"] = steps
+    raw["eval"] = (
+        {"data": {"dataset": "mbpp", "split": "test", "limit": eval_tasks}, "max_tokens": 256}
+        if eval_tasks
+        else None
+    )
+    raw["checkpoint"] = {"every": 10_000}
+    raw["logging"] = {"wandb_mode": "disabled"}
+    return raw
+
+
+def gpu_memory() -> dict:
+    """The trainer's peak GPU memory (this process) and the card's use now (the generator's too)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "trainer_peak_allocated_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "trainer_peak_reserved_gb": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+        "card_used_gb": round((total - free) / 2**30, 2),
+        "card_total_gb": round(total / 2**30, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -213,6 +251,7 @@ def main() -> None:
         "--train-limit", type=int, default=None, help="the first N train problems (tiny runs)"
     )
     recipe.add_argument("--eval-max-tokens", type=int, default=256)
+    parser.add_argument("--spec", type=Path, default=None, help="a job spec YAML to run instead (see above)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -255,8 +294,10 @@ def main() -> None:
             sft = {"adapter": done["adapter"], "seconds": done["wall_s"], "rounds": done.get("rounds")}
             sft["base_eval"] = done.get("eval", {}).get("before")
         kl_beta = args.kl_beta if args.kl_beta is not None else (0.02 if args.sft_first else 0.0)
-        spec = TrainJob.model_validate(
-            job_spec(
+        raw = (
+            from_spec_file(args.spec, args.model, args.steps, args.eval_tasks)
+            if args.spec
+            else job_spec(
                 args.method,
                 args.steps,
                 args.eval_tasks,
@@ -281,9 +322,14 @@ def main() -> None:
                 eval_max_tokens=args.eval_max_tokens,
             )
         )
+        if args.kl_beta is not None:
+            raw["method"]["kl_beta"] = args.kl_beta
+        spec = TrainJob.model_validate(raw)
+        args.method = spec.method.name
         job_id = f"race-{args.method}"
         summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
         total = time.perf_counter() - t
+        memory = gpu_memory()
     finally:
         if generator is not None:
             generator.stop()
@@ -325,6 +371,8 @@ def main() -> None:
         f"steps that updated the policy: {timing['updated_steps']} of {len(rows)}; their median "
         + (f"(steps 2+): {updated:.2f} s" if updated is not None else "-")
     )
+    if memory:
+        print("memory:", json.dumps(memory))
     if summary.get("difficulty_filter"):
         print("difficulty filter:", json.dumps(summary["difficulty_filter"]))
     evals = dict(summary.get("eval") or {})
@@ -347,13 +395,16 @@ def main() -> None:
                     "eval": evals or None,
                     "seed": args.seed,
                     "wall_s": total,
-                    "spec": spec.model_dump(mode="json"),
+                    "job": spec.model_dump(mode="json"),
                     "sft": sft or None,
                     "difficulty_filter": summary.get("difficulty_filter"),
                     "filter": "pre" if args.difficulty_filter else args.filter,
                     "reward": args.reward,
                     "generator": args.generator_url or "crucible",
                     "stale_check_final": summary.get("stale_check"),
+                    "memory": memory,
+                    "settings": summary.get("settings"),
+                    "spec": str(args.spec) if args.spec else None,
                 },
                 indent=1,
             )

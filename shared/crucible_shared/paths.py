@@ -142,3 +142,19 @@ class PathRoots(BaseSettings):
     def check(self, spec: Any, *, real: bool = False) -> dict[str, Path]:
         """Every path of a job spec, resolved; raises `PathOutsideRoots` for the first bad one."""
         return {field: self.resolve(field, value, kind, real=real) for field, value, kind in job_paths(spec)}
+
+
+def with_checked_model(spec: Any, paths: dict[str, Path]) -> Any:
+    """`spec` with `model.base` and `model.init_adapter` replaced by the absolute paths
+    `PathRoots.check` found for them (`paths`), so the trainer loads what was checked: a relative
+    `./m` lies under the first model root, not under whatever directory the worker runs in.
+    Lexical paths (not `real=True`) keep the names the job gave, which the generator's served
+    model is matched against."""
+    update = {
+        field.removeprefix("model."): str(paths[field])
+        for field in ("model.base", "model.init_adapter")
+        if field in paths
+    }
+    if not update:
+        return spec
+    return spec.model_copy(update={"model": spec.model.model_copy(update=update)})

@@ -30,6 +30,7 @@ MODEL_RUNTIME = {
     "HOME": "the root filesystem is read-only: caches under ~ (Triton, torch, matplotlib) go to /tmp",
     "HF_HOME": "huggingface_hub: the model cache volume",
     "HF_TOKEN": "huggingface_hub: gated or private models",
+    "HF_HUB_OFFLINE": "huggingface_hub: no hub calls on an air-gapped host (models from /models/local)",
 }
 VLLM_RUNTIME = {
     **MODEL_RUNTIME,

@@ -224,6 +224,18 @@ def test_trainer_reads_datasets_from_a_host_folder() -> None:
     assert source == str(ROOT / "datasets"), "CRUCIBLE_DATASETS_DIR defaults to ./datasets"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_models_brought_as_folders_reach_generator_and_trainer_at_one_path(variant: str) -> None:
+    # An air-gapped host (docs/deploy.md): GENERATOR_MODEL and a job's model.base name the same
+    # /models/local/<name>, which lies inside the model roots (/models) the trainer image sets.
+    stack = services(variant)
+    for name in ("generator", "trainer"):
+        svc = stack[name]
+        (source,) = [s for s, (target, _) in mounts(svc).items() if target == "/models/local"]
+        assert source == str(ROOT / "local-models") and mounts(svc)[source][1], name
+        assert svc["environment"]["HF_HUB_OFFLINE"] == "0", f"{name}: HF_HUB_OFFLINE=1 turns the hub off"
+
+
 def _gpu_devices(svc: dict) -> list[dict]:
     return svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
 
@@ -257,6 +269,7 @@ def test_cpu_override_swaps_in_crucibles_generator_and_a_cpu_trainer() -> None:
         "CRUCIBLE_GENERATOR_MAX_LORAS",
         "CRUCIBLE_GENERATOR_MAX_LORA_RANK",
         "HF_TOKEN",
+        "HF_HUB_OFFLINE",
     }
     trainer = stack["trainer"]
     assert trainer["image"].startswith("crucible/trainer-cpu:")

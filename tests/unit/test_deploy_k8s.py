@@ -4,6 +4,7 @@ workloads are hardened, probed, sized and wired as docs/deploy.md says."""
 from __future__ import annotations
 
 import os
+from pathlib import PurePosixPath
 
 import crucible_shared
 import kubernetes_validate
@@ -280,3 +281,42 @@ def test_ingress_routes_to_the_gateway_and_the_sandbox() -> None:
     for name, port in backends.items():
         assert port in [p["name"] for p in find("gpu", "Service", name)["spec"]["ports"]]
     assert ingress["spec"]["tls"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_local_models_component_mounts_model_folders_where_jobs_name_them(variant: str, tmp_path) -> None:
+    # An air-gapped cluster (docs/deploy.md): model folders read-only at /models/local, inside the
+    # model roots, in every generator and trainer, and no hub calls.
+    component = ROOT / "k8s/components/local-models"
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(OVERLAYS[variant], tmp_path)}]\n"
+        f"components: [{os.path.relpath(component, tmp_path)}]\n"
+    )
+    objects = kubectl.kustomize(tmp_path)
+    claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert "crucible-local-models" in {c["metadata"]["name"] for c in claims}
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    patched = {o["metadata"]["name"]: o for o in objects if o["kind"] in ("Deployment", "StatefulSet")}
+    for name in ("generator", "trainer"):
+        spec = patched[name]["spec"]["template"]["spec"]
+        (container,) = [c for c in spec["containers"] if c["name"] == name]
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/models/local")
+        assert mount["readOnly"] is True
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["persistentVolumeClaim"]["claimName"] == "crucible-local-models"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HF_HUB_OFFLINE"] == "1", name
+        if name == "trainer":
+            roots = env.get("CRUCIBLE_MODEL_ROOTS") or _image_env("trainer")["CRUCIBLE_MODEL_ROOTS"]
+            assert any(PurePosixPath("/models/local").is_relative_to(r) for r in roots.split(","))
+    assert {o["metadata"]["name"] for o in objects if o["kind"] in ("Deployment", "StatefulSet")} == {
+        o["metadata"]["name"] for o in k8s_objects(variant) if o["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def _image_env(name: str) -> dict[str, str]:
+    from tests.deploy import docker
+
+    dockerfile, _ = IMAGES[f"crucible/{name}"]
+    return docker.env(docker.final_stage(docker.parse((ROOT / dockerfile).read_text())))

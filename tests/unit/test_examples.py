@@ -47,3 +47,15 @@ def test_demo_job_is_the_tiny_example() -> None:
 
     example = yaml.safe_load((EXAMPLES[0].parent / "grpo_tiny.yaml").read_text())
     assert TrainJob.model_validate(DEMO_JOB) == TrainJob.model_validate(example)
+
+
+def test_the_attention_kernel_defaults_to_the_familys_and_old_specs_still_parse() -> None:
+    assert TrainJob.model_validate({"kind": "train"}).model.attn_implementation == "auto"
+    # `sdpa` was the default before `auto`: an eval job queued with it dumped stays valid...
+    old = EvalJob.model_validate({"kind": "eval"}).model_dump(mode="json")
+    old["model"]["attn_implementation"] = "sdpa"
+    assert EvalJob.model_validate(old).model.attn_implementation == "sdpa"
+    # ...while choosing a kernel for the generator's model is still refused, naming the field.
+    old["model"]["attn_implementation"] = "eager"
+    with pytest.raises(ValidationError, match=r"model\.attn_implementation"):
+        EvalJob.model_validate(old)

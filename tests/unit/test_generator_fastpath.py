@@ -12,7 +12,8 @@ import copy
 import pytest
 import torch
 from crucible_generator.engine import Engine, SamplingParams
-from crucible_generator.fastpath import MergedModel, bucket, prefill_mask, supports
+from crucible_generator.fastpath import LENGTH_BUCKET, MergedModel, bucket, prefill_mask
+from crucible_generator.features import config_gap
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
@@ -130,8 +131,10 @@ def test_merging_restores_layers_the_next_adapter_does_not_touch(engines):
 
 
 def test_unmergeable_and_unsupported_cases():
-    assert supports(LlamaConfig())
-    assert not supports(MistralConfig(sliding_window=16))
+    llama, mistral = LlamaConfig(), MistralConfig(sliding_window=16)
+    llama._attn_implementation = mistral._attn_implementation = "sdpa"
+    assert config_gap(llama, LENGTH_BUCKET) is None
+    assert "sliding-window" in config_gap(mistral, LENGTH_BUCKET)
     assert bucket(5, 64) == 8 and bucket(64, 64) == 64 and bucket(40, 48) == 48 and bucket(1, 8) == 1
     model = tiny_model()
     peft_model = get_peft_model(

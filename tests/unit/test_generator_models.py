@@ -15,8 +15,19 @@ def test_other_names_pass_through(monkeypatch, tmp_path):
         models.resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
         == "HuggingFaceTB/SmolLM2-135M-Instruct"
     )
-    assert models.resolve_model_path("/models/mine") == "/models/mine"
     assert not any(tmp_path.iterdir())
+
+
+def test_a_local_model_directory_must_hold_a_checkpoint(monkeypatch, tmp_path):
+    import pytest
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"config\.json is missing"):
+        models.resolve_model_path(str(tmp_path / "m"))  # not a hub lookup that hides the typo
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert models.resolve_model_path(str(tmp_path / "m")) == str(tmp_path / "m")
+    assert models.resolve_model_path("~/m") == str(tmp_path / "m")
 
 
 def test_builtin_gguf_ships_with_the_package():
@@ -67,3 +78,16 @@ def test_concurrent_conversions_leave_one_complete_copy(monkeypatch, tmp_path):
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp dirs left behind
     models.ensure_dense_checkpoint("smollm2-135m-instruct")
     assert len(conversions) == 4  # the cached copy is reused afterwards
+
+
+def test_each_family_gets_an_attention_kernel_it_supports(family_checkpoints):
+    import pytest
+
+    gemma2, llama = str(family_checkpoints.get("gemma2")), str(family_checkpoints.get("llama"))
+    assert models.pick_attention("auto", llama) == models.pick_attention(None, llama) == "sdpa"
+    assert models.pick_attention("auto", gemma2) == "eager"  # transformers has no SDPA for it
+    assert models.pick_attention("eager", llama) == "eager"
+    with pytest.raises(ValueError, match=r"no SDPA attention for .*gemma2.*use auto or eager"):
+        models.pick_attention("sdpa", gemma2)
+    model, _ = models.load_model(gemma2, device="cpu")
+    assert model.config._attn_implementation == "eager"

@@ -48,7 +48,7 @@ def read_adapter_rank(name: str, path: str) -> int:
     """Check that `path` holds a PEFT LoRA adapter and return its largest rank.
 
     Raises `NotFound` (vLLM's answer) when there is no adapter at `path`, `BadRequest` when the
-    adapter is not a LoRA adapter or its config is unreadable.
+    adapter is not a LoRA adapter, trains the base model's biases, or its config is unreadable.
     """
     folder = Path(path).expanduser()
     config_file = folder / "adapter_config.json"
@@ -60,6 +60,15 @@ def read_adapter_rank(name: str, path: str) -> int:
         raise BadRequest(f"Loading lora {name} failed: unreadable adapter_config.json ({exc})") from exc
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise BadRequest(f"Loading lora {name} failed: peft_type is {config.get('peft_type')!r}, not LORA")
+    bias = config.get("bias") or "none"
+    if bias != "none":
+        # PEFT loads such biases into the base model's own layers, shared by every adapter and by
+        # the base: serving this adapter would change everyone else's answers.
+        raise BadRequest(
+            f"Loading lora {name} failed: the adapter trains the base model's biases (bias={bias!r}), "
+            "which every other adapter and the base model share; train it with bias='none'",
+            param="lora_path",
+        )
     ranks = [int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
     return max(ranks)
 

@@ -9,11 +9,11 @@ and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves 
   same adapter join, each prefilled into a free row; steps replay CUDA graphs captured once per
   window. The queue stays FIFO: a waiting sequence of another adapter stops further joins, the
   batch drains, and the next batch merges that adapter.
-* **Eager batches** (mixed adapters, adapters that cannot be merged, models the fast path does not
-  support, requests longer than its rows, or `fast_decode=off`): up to `max_batch_size` sequences,
-  a left-padded prefill, then one token per step with a dynamic KV cache, dropping finished rows as
-  it goes. Rows of different adapters share such a batch through PEFT's `adapter_names`
-  (mixed-adapter LoRA), with `"__base__"` for the base model.
+* **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
+  path does not implement (`features.py`), requests longer than its rows, or `fast_decode=off`): up
+  to `max_batch_size` sequences, a left-padded prefill, then one token per step with a dynamic KV
+  cache, dropping finished rows as it goes. Rows of different adapters share such a batch through
+  PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
 
 A lone request waits at most `batch_wait_s` after it arrived for others to share its first batch.
 While a continuous batch runs, joiners are admitted together (one prefill serves them all) once
@@ -48,7 +48,8 @@ from . import faults
 from .adapters import AdapterRegistry
 from .continuous import ContinuousDecoder
 from .errors import BadRequest, GeneratorError, ServerError
-from .fastpath import supports
+from .fastpath import LENGTH_BUCKET
+from .features import fast_length
 from .metrics import Metrics
 from .sampling import RowParams, SampleOutput, make_generator, sample
 from .slots import SpareSlot, config_signature
@@ -211,18 +212,17 @@ class Engine:
         self._live: tuple[list[int], torch.Tensor | None] = ([], None)  # the continuous batch's row index
         self.fast: ContinuousDecoder | None = None
         if fast_decode == "on" or (fast_decode == "auto" and self.device.type == "cuda"):
-            if supports(model.config):
+            length = fast_length(model, min(self.max_model_len, fast_context), LENGTH_BUCKET)
+            if length is not None:  # None: a feature it does not implement (logged)
                 self.fast = ContinuousDecoder(
                     model,
                     rows=max_batch_size,
-                    length=min(self.max_model_len, fast_context),
+                    length=length,
                     use_graphs=cuda_graphs,
                     prefill_graphs=prefill_graphs,
                     on_capture=self.metrics.graph_captures.inc,
                     attention_kernels="no_cudnn" if attention_kernels == "no_cudnn" else "auto",
                 )
-            else:
-                log.info("fast decoding does not handle this model's attention layers; using the eager path")
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
         self._control: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]] = deque()

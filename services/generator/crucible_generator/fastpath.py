@@ -7,7 +7,8 @@ overhead. The fast path (`continuous.py` decodes with it) removes both costs:
 * **Merged weights.** A private copy of the base model (taken before PEFT touches it) whose linear
   layers hold `W + ΔW` of the batch's adapter. Switching adapters rewrites those tensors in place
   (one small matmul per layer), so their addresses never change and a captured graph stays valid.
-  Adapters that cannot be merged exactly (DoRA, `modules_to_save`) keep using the PEFT path.
+  Adapters that cannot be merged exactly (DoRA, `modules_to_save`, LoRA biases, a delta on a
+  tied weight: `features.py`) keep using the PEFT path.
 * **Static KV caches.** Preallocated buffers with an additive 4-D mask instead of transformers'
   dynamic cache: `StaticKVCache` for a left-padded prefill (every row writes the same slots),
   `continuous.RowCache` for decoding (every row writes its own next slot).
@@ -15,31 +16,27 @@ overhead. The fast path (`continuous.py` decodes with it) removes both costs:
   instead of thousands. Sampling stays outside.
 
 Costs: one extra copy of the weights (fine for the small models this server targets; turn it off
-with `fast_decode=off` for large ones) and the row cache. Models with sliding-window or other
-non-global attention layers are not handled here and use the eager path.
+with `fast_decode=off` for large ones) and the row cache. What a model or an adapter computes
+beyond this picture (short sliding windows, non-attention layers, other attention kernels, ...)
+is detected by `features.py` and served by the eager path.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import torch
 
+from .features import adapter_gap, tied_weights
 from .norms import fuse_rms_norms
+
+log = logging.getLogger(__name__)
 
 LENGTH_BUCKET = 256  # decode windows are rounded up to this many slots, so steps share a graph
 BASE = None  # the merged copy's state when it holds the plain base weights
 STALE = "\0stale"  # ... when its adapter was unloaded: the next select merges again
-
-
-def supports(config: Any) -> bool:
-    """Whether every attention layer of `config` attends to the whole context (no sliding windows)."""
-    types = getattr(config, "layer_types", None)
-    if types is not None:
-        return all(t == "full_attention" for t in types)
-    window = getattr(config, "sliding_window", None)
-    return window is None or getattr(config, "use_sliding_window", True) is False
 
 
 def bucket(n: int, ceiling: int) -> int:
@@ -94,6 +91,8 @@ class MergedModel:
         self.fused_norms = fuse_rms_norms(self.model)
         self.current: str | None = BASE
         self._touched: dict[str, torch.Tensor] = {}  # module name -> its pristine base weight
+        self._tied = tied_weights(self.model)
+        self.refused: dict[str, str] = {}  # slot -> why it cannot be merged (logged once)
 
     def select(self, peft: Any, slot: str | None) -> bool:
         """Make the copy compute `slot`'s adapter (None: the base); False if it cannot be merged."""
@@ -116,24 +115,31 @@ class MergedModel:
 
     def forget(self, slot: str) -> None:
         """`slot` is gone: a later adapter may reuse its name for other weights."""
+        self.refused.pop(slot, None)
         if self.current == slot:
             self.current = STALE
 
-    @staticmethod
-    def _lora_layers(peft: Any, slot: str) -> dict[str, Any] | None:
+    def _lora_layers(self, peft: Any, slot: str) -> dict[str, Any] | None:
+        """`slot`'s LoRA layers by module name in the base model; None (and one log line per
+        slot) when merging them would not compute what PEFT computes (`features.adapter_gap`)."""
         from peft.tuners.lora import LoraLayer
 
-        config = peft.peft_config.get(slot)
-        if config is None or getattr(config, "modules_to_save", None):
+        if slot in self.refused:
             return None
         prefix = "base_model.model."
         layers = {}
         for name, module in peft.named_modules():
-            if not isinstance(module, LoraLayer) or slot not in module.lora_A:
-                continue
-            if module.use_dora.get(slot) or not hasattr(module.get_base_layer(), "weight"):
-                return None
-            layers[name.removeprefix(prefix)] = module
+            if isinstance(module, LoraLayer) and (
+                slot in module.lora_A or slot in getattr(module, "lora_embedding_A", {})
+            ):
+                layers[name.removeprefix(prefix)] = module
+        gap = adapter_gap(peft.peft_config.get(slot), layers, slot, self._tied)
+        if gap is not None:
+            self.refused[slot] = gap
+            log.info(
+                "adapter %s: the fast path does not merge %s; its requests use the eager path", slot, gap
+            )
+            return None
         return layers
 
 

@@ -1,4 +1,5 @@
-"""Settings a job leaves to the machine: device, dtype, micro-batch, gradient checkpointing.
+"""Settings a job leaves to the machine: device, dtype, attention kernel, micro-batch, gradient
+checkpointing.
 
 `resolve` turns every `auto` of a spec into a value for this machine and says what it chose
 (the job logs it at its start). On a GPU the micro-batch comes from free memory and an
@@ -38,7 +39,7 @@ def bytes_per_sequence(config: Any, tokens: int, completion: int, dtype_bytes: i
 def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
     """The spec with every `auto` replaced, and the choices made (for the job's log)."""
     import torch
-    from crucible_models import pick_device, pick_dtype, resolve_model_path
+    from crucible_models import pick_attention, pick_device, pick_dtype, resolve_model_path
     from transformers import AutoConfig
 
     device = pick_device(spec.model.device)
@@ -47,7 +48,7 @@ def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
     chosen: dict[str, Any] = {
         "device": device,
         "dtype": str(dtype).removeprefix("torch."),
-        "attn_implementation": spec.model.attn_implementation,
+        "attn_implementation": pick_attention(spec.model.attn_implementation, spec.model.base),
     }
     if device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
@@ -73,7 +74,12 @@ def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
         update={
             "optim": spec.optim.model_copy(update={"micro_batch": micro}),
             "model": spec.model.model_copy(
-                update={"gradient_checkpointing": checkpointing, "device": device, "dtype": chosen["dtype"]}
+                update={
+                    "gradient_checkpointing": checkpointing,
+                    "device": device,
+                    "dtype": chosen["dtype"],
+                    "attn_implementation": chosen["attn_implementation"],
+                }
             ),
         }
     )

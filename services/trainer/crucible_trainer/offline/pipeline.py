@@ -33,6 +33,7 @@ from typing import Any
 
 from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 from crucible_shared.lifecycle import JobStatus
+from crucible_shared.paths import with_checked_model
 
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.cancel import Cancelled, CancelToken
@@ -84,8 +85,9 @@ class PipelineRun:
 
     # -- the job --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        spec = self.spec
-        self.paths = self.settings.path_roots().check(spec, real=True)
+        roots = self.settings.path_roots()
+        self.paths = roots.check(self.spec, real=True)
+        self.spec = spec = with_checked_model(self.spec, roots.check(self.spec))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if spec.reuse and spec.reuse != self.job_id:
             self._reuse(Path(self.settings.runs_dir) / spec.reuse)

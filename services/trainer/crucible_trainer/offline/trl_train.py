@@ -79,7 +79,9 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
     if hooks.stop_requested():
         raise Cancelled()
     spec = run.model
-    model, tokenizer = load_model(spec.base, device=spec.device, dtype=spec.dtype)
+    model, tokenizer = load_model(
+        spec.base, device=spec.device, dtype=spec.dtype, attn_implementation=spec.attn_implementation
+    )
     peft_config = None
     if run.start_adapter:
         model = PeftModel.from_pretrained(model, run.start_adapter, is_trainable=True)

@@ -89,7 +89,7 @@ def clipped_surrogate(
         diff = ref_logp - logp
         kl = torch.exp(diff) - diff - 1
         per_token = per_token + kl_beta * kl
-        kl_value = float((kl * mask).sum() / mask.sum().clamp(min=1))
+        kl_value = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
     with torch.no_grad():
         was_clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
         clip_fraction = float((was_clipped.float() * mask).sum() / mask.sum().clamp(min=1))

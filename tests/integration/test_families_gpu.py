@@ -1,0 +1,144 @@
+"""On CUDA: every model family on the generator's GPU fast path (merged weights, row caches, packed
+decode attention, fused norms, CUDA graphs for every decode and prefill shape) against transformers.
+
+* Tiny random checkpoints of every family (tests/families.py) in float32, where one rounding cannot
+  flip a near tie: greedy tokens equal transformers' (PEFT's with an adapter), base, rank-8
+  all-linear adapter, hot-swap to a second version under a new name, unloads; graphs captured and
+  still in use; the trainer's log-probs (on the GPU) equal the generator's.
+* Checkpoints with the exact shapes of Qwen2.5-Coder-1.5B and -7B (bench/model_shapes.py), when
+  `CRUCIBLE_SHAPES_DIR` names the folder they were built into: the trainer's bf16 log-probs equal
+  the generator's fast path with a rank-16 adapter within the stale-policy tolerance (what every
+  GRPO step checks), and at 1.5B in float32 the greedy tokens equal transformers'.
+
+Run on a GPU machine: `bash bench/gpu.sh families-gpu` (after `setup`, and `shapes` for the second part).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from crucible_shared.jobs import ModelSpec, OptimSpec, PublishSpec
+
+from tests.families import FAMILIES, PROMPTS, hf_greedy, hf_model, save_lora
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+TOKENS = 16
+STALE_TOLERANCE = PublishSpec().stale_tolerance
+SHAPES = Path(os.environ.get("CRUCIBLE_SHAPES_DIR", "/nonexistent"))
+
+
+def greedy(n: int = TOKENS):
+    from crucible_generator.engine import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+def engine_for(path: Path, dtype: str, **kw):
+    import crucible_models as models
+    from crucible_generator.engine import Engine
+
+    model, tokenizer = models.load_model(str(path), device="cuda", dtype=dtype)
+    engine = Engine(model, tokenizer, fast_decode="on", cuda_graphs=True, seed=0, **kw)
+    engine.start()
+    return engine, tokenizer
+
+
+def run(engine, prompts, adapter=None, n: int = TOKENS):
+    return asyncio.run(engine.generate(prompts, greedy(n), adapter=adapter))
+
+
+def mean_diff(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_checkpoints):
+    from crucible_trainer.policy import Policy
+
+    path = family_checkpoints.get(name)
+    adapters = {v: family_checkpoints.adapter(name, v) for v in (1, 2)}
+    engine, tokenizer = engine_for(path, "float32", max_batch_size=4, max_model_len=512)
+    try:
+        fast = engine.fast
+        assert fast is not None and fast.use_graphs, f"{name}: no CUDA-graph fast path"
+        prompts = [tokenizer.encode(p) for p in PROMPTS]
+
+        def want(adapter: str | None) -> list[list[int]]:
+            reference = hf_model(path, adapter, device="cuda")
+            return [hf_greedy(reference, p, TOKENS) for p in prompts]
+
+        base = want(None)
+        assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base"
+        asyncio.run(engine.load_adapter("v1", adapters[1]))
+        assert [c.token_ids for c in run(engine, prompts, "v1")] == want(adapters[1]) != base, name
+        assert fast.merged.current == engine.adapters.slot("v1")  # decoded on merged weights
+        asyncio.run(engine.load_adapter("v2", adapters[2]))
+        asyncio.run(engine.unload_adapter("v1"))
+        out = run(engine, prompts, "v2")
+        assert [c.token_ids for c in out] == want(adapters[2]), f"{name}: v2 after the swap"
+        policy = Policy(
+            ModelSpec(base=str(path), device="cuda", dtype="float32", init_adapter=adapters[2]), OptimSpec()
+        )
+        for c, scored in zip(out, policy.score(prompts, [c.token_ids for c in out]), strict=True):
+            assert mean_diff(c.logprobs, scored) <= min(STALE_TOLERANCE, 1e-3), name
+        del policy
+        asyncio.run(engine.unload_adapter("v2"))
+        assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base after unloading"
+        assert fast.use_graphs and fast.captures > 0, f"{name}: graph capture failed; decoded without graphs"
+    finally:
+        engine.stop()
+        torch.cuda.empty_cache()
+
+
+def shapes() -> list[Path]:
+    return sorted(p for p in SHAPES.glob("qwen2.5-coder-*") if (p / "config.json").is_file())
+
+
+@pytest.mark.skipif(
+    not shapes(), reason="no real-shape checkpoints (bench/model_shapes.py; CRUCIBLE_SHAPES_DIR)"
+)
+@pytest.mark.parametrize("path", shapes(), ids=lambda p: p.name)
+def test_real_shapes_serve_the_trainers_log_probs_with_an_adapter(path, tmp_path):
+    from crucible_trainer.policy import Policy
+
+    adapter = save_lora(
+        path, tmp_path / "r16", seed=1, rank=16, scale=0.01, device="cuda", dtype=torch.bfloat16
+    )
+    engine, tokenizer = engine_for(path, "bfloat16", max_batch_size=16, max_model_len=1024)
+    try:
+        assert engine.fast is not None and engine.fast.use_graphs
+        prompts = [tokenizer.encode(p) for p in PROMPTS] * 4  # 12 rows: one continuous batch
+        asyncio.run(engine.load_adapter("r16", adapter))
+        out = run(engine, prompts, "r16", n=64)
+        assert engine.fast.merged.current == engine.adapters.slot("r16") and engine.fast.use_graphs
+    finally:
+        engine.stop()
+        del engine
+        torch.cuda.empty_cache()
+    spec = ModelSpec(base=str(path), device="cuda", dtype="bfloat16", init_adapter=adapter)
+    scored = Policy(spec, OptimSpec()).score(prompts, [c.token_ids for c in out])
+    diffs = [mean_diff(c.logprobs, s) for c, s in zip(out, scored, strict=True)]
+    assert max(diffs) <= STALE_TOLERANCE, diffs
+
+
+@pytest.mark.skipif(
+    not (SHAPES / "qwen2.5-coder-1.5b").is_dir(), reason="no Qwen2.5-Coder-1.5B-shaped checkpoint"
+)
+def test_qwen_1p5b_shape_greedy_tokens_equal_transformers_in_float32():
+    path = SHAPES / "qwen2.5-coder-1.5b"
+    engine, tokenizer = engine_for(path, "float32", max_batch_size=4, max_model_len=512)
+    try:
+        prompts = [tokenizer.encode(p) for p in PROMPTS]
+        got = [c.token_ids for c in run(engine, prompts)]
+        assert engine.fast.use_graphs
+    finally:
+        engine.stop()
+        del engine
+        torch.cuda.empty_cache()
+    reference = hf_model(path, device="cuda", dtype=torch.float32)
+    assert got == [hf_greedy(reference, p, TOKENS) for p in prompts]
