@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,128 +44,22 @@ from transformers import DynamicCache
 
 from . import faults
 from .adapters import AdapterRegistry
+from .batching import ContinuousBatching
 from .continuous import ContinuousDecoder
 from .errors import BadRequest, GeneratorError, ServerError
 from .fastpath import LENGTH_BUCKET
 from .features import fast_length
 from .metrics import Metrics
 from .sampling import RowParams, SampleOutput, make_generator, sample
+from .sequences import Completion, Readback, Request, SamplingParams, Sequence, eos_ids, resolve
 from .slots import SpareSlot, config_signature
-from .transfer import to_device
 
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
-# A running batch admits joiners once this share of its rows (1/JOIN_FRACTION) waits: an admission is
-# one eager prefill (thousands of small kernels), too dear to pay for each sequence alone at scale.
-JOIN_FRACTION = 8
-_REQUEST_IDS = itertools.count(1)  # request numbers in the log and in fault messages
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request generation settings (already validated)."""
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's plus the top k
-
-
-@dataclass
-class Completion:
-    """One finished sample: what vLLM calls a `CompletionOutput`."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    stop_reason: int | str | None
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-
-
-@dataclass
-class _Request:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    results: list[Completion | None]
-    remaining: int
-    cancelled: bool = False
-    id: int = field(default_factory=lambda: next(_REQUEST_IDS))
-
-
-@dataclass
-class _Sequence:
-    request: _Request
-    index: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    adapter: str | None  # the name clients use
-    slot: str | None  # the adapter's name inside PEFT
-    row: RowParams
-    enqueued: float = field(default_factory=time.monotonic)
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    text: str | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    cache_row: int | None = None  # its row of the continuous batch's cache
-    faulted: bool = False  # its logits were not finite (`faults.py`)
-
-
-class _Readback:
-    """A sampling result on its way to the host: copies queued right after the sampling (so they
-    do not wait for later steps queued behind them), read once they have landed."""
-
-    def __init__(self, picked: SampleOutput) -> None:
-        parts = [picked.tokens, picked.logprobs]
-        if picked.top_ids is not None and picked.top_logprobs is not None:
-            parts += [picked.top_ids, picked.top_logprobs]
-        self._host = [t.to("cpu", non_blocking=True) for t in parts]  # pinned when from CUDA
-        self._event: Any = None
-        if picked.tokens.is_cuda:
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def lists(self) -> list[list]:
-        """tokens, logprobs and, when asked, top ids and top logprobs, as lists."""
-        if self._event is not None:
-            self._event.synchronize()
-        return [t.tolist() for t in self._host]
-
-
-@dataclass
-class _Launched:
-    """A decode step queued on the device: its rows (and their sequences), its sampled tokens on
-    the device (the next step's input) and their copy on the way to the host."""
-
-    rows: list[tuple[int, _Sequence]]
-    picked: SampleOutput
-    readback: _Readback = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.readback = _Readback(self.picked)
-
-
-def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    """Complete `future` unless its awaiter is gone (runs on the event loop)."""
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-class Engine:
+class Engine(ContinuousBatching):
     """Owns the model, the batch queue, the decode loop and the LoRA adapters."""
 
     def __init__(
@@ -200,7 +92,7 @@ class Engine:
         self.adapters = AdapterRegistry(max_loras=max_loras, max_lora_rank=max_lora_rank)
         self.metrics = metrics or Metrics()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = self._eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         # transformers renamed `past_key_values` to `cache`; pass whichever this version takes.
         params = inspect.signature(type(model).forward).parameters
@@ -224,20 +116,10 @@ class Engine:
                     attention_kernels="no_cudnn" if attention_kernels == "no_cudnn" else "auto",
                 )
         self._cond = threading.Condition()
-        self._waiting: deque[_Sequence] = deque()
+        self._waiting: deque[Sequence] = deque()
         self._control: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="generator-engine", daemon=True)
-
-    @staticmethod
-    def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-        ids: set[int] = set()
-        for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-            if isinstance(value, int):
-                ids.add(value)
-            elif value:
-                ids.update(int(v) for v in value)
-        return frozenset(ids)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -255,7 +137,7 @@ class Engine:
 
     def submit(
         self, prompts: list[list[int]], params: SamplingParams, n: int, adapter: str | None
-    ) -> tuple[asyncio.Future, _Request]:
+    ) -> tuple[asyncio.Future, Request]:
         """Queue `n` samples of each prompt; the future yields `len(prompts) * n` completions.
 
         Completions are ordered prompt-major (`index = prompt_index * n + sample_index`), like
@@ -264,7 +146,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         total = len(prompts) * n
         slot = self.adapters.acquire(adapter, total).slot if adapter is not None else None
-        request = _Request(loop=loop, future=loop.create_future(), results=[None] * total, remaining=total)
+        request = Request(loop=loop, future=loop.create_future(), results=[None] * total, remaining=total)
         seqs = []
         for p, prompt in enumerate(prompts):
             for j in range(n):
@@ -279,7 +161,7 @@ class Engine:
                     top_k=params.top_k,
                     generator=generator,
                 )
-                seqs.append(_Sequence(request, p * n + j, list(prompt), params, adapter, slot, row))
+                seqs.append(Sequence(request, p * n + j, list(prompt), params, adapter, slot, row))
         with self._cond:
             self._waiting.extend(seqs)
             self.metrics.waiting.set(len(self._waiting))
@@ -406,9 +288,9 @@ class Engine:
                 result = fn()
             except Exception as exc:
                 log.exception("adapter operation failed")
-                loop.call_soon_threadsafe(_resolve, future, None, exc)
+                loop.call_soon_threadsafe(resolve, future, None, exc)
             else:
-                loop.call_soon_threadsafe(_resolve, future, result)
+                loop.call_soon_threadsafe(resolve, future, result)
 
     # --- engine thread: batching -------------------------------------------------------------
 
@@ -435,7 +317,7 @@ class Engine:
                     if seq.finish_reason is None:
                         self._fail(seq, exc)
 
-    def _fits_fast(self, seq: _Sequence) -> bool:
+    def _fits_fast(self, seq: Sequence) -> bool:
         """Whether `seq` can decode in a row of the continuous batch. (The lookahead step after its
         last token writes that token's keys, at slot `longest - 1`: nothing past the row.)"""
         if self.fast is None:
@@ -453,7 +335,7 @@ class Engine:
             self.fast = None
             return False
 
-    def _next_batch(self) -> list[_Sequence] | None:
+    def _next_batch(self) -> list[Sequence] | None:
         """The next batch, FIFO: a run of sequences that all take the fast path with one adapter,
         or a run of sequences that all take the eager path."""
         while True:
@@ -477,14 +359,14 @@ class Engine:
                 if batch:
                     return batch
 
-    def _same_batch(self, head: _Sequence, seq: _Sequence) -> bool:
+    def _same_batch(self, head: Sequence, seq: Sequence) -> bool:
         """Whether `seq` decodes in the batch `head` opens: fast path with the same adapter, or eager."""
         fast = self._fits_fast(head)
         return self._fits_fast(seq) == fast and (not fast or seq.slot == head.slot)
 
-    def _take(self, joins: Callable[[_Sequence], bool], limit: int) -> list[_Sequence]:
+    def _take(self, joins: Callable[[Sequence], bool], limit: int) -> list[Sequence]:
         """Pop waiting sequences from the head while `joins` accepts them (caller holds the lock)."""
-        batch: list[_Sequence] = []
+        batch: list[Sequence] = []
         while self._waiting and len(batch) < limit:
             seq = self._waiting[0]
             if seq.request.cancelled:
@@ -496,139 +378,17 @@ class Engine:
         self.metrics.waiting.set(len(self._waiting))
         return batch
 
-    # --- engine thread: continuous batching ----------------------------------------------------
-
-    def _continuous(self, first: list[_Sequence]) -> None:
-        """Decode `first` in rows of the fast path, admitting later sequences of the same adapter
-        between steps, until no row is left.
-
-        One step of lookahead keeps the GPU busy while the host works: step t+1 is launched (its
-        input tokens are step t's samples, still on the device) before step t's tokens are read
-        back and checked for stops. A row that ended at step t computes one throwaway token in
-        step t+1, which is then discarded. Admissions, adapter operations and the end of the batch
-        first settle the outstanding step."""
-        fast = self.fast
-        assert fast is not None
-        slot = first[0].slot
-        rows: dict[int, _Sequence] = {}
-        free = list(range(fast.rows - 1, -1, -1))  # popped from the end: lowest rows first
-        pending: _Launched | None = None
-        joining = first
-        try:
-            while True:
-                if joining:
-                    self._settle(pending, rows, free)
-                    pending = None
-                    self._admit(joining, rows, free)
-                if not rows:
-                    break
-                launched = self._launch(rows, pending is not None)
-                self._settle(pending, rows, free)
-                pending = launched
-                if self._control:
-                    # Between two steps: the one safe moment to change adapters.
-                    self._settle(pending, rows, free)
-                    pending = None
-                    self._run_control_ops()
-                joining = self._joiners(slot, len(rows), len(free))
-                if not joining and not rows:
-                    break
-            self._settle(pending, rows, free)
-        except Exception as exc:
-            log.exception("continuous batch failed")
-            for seq in list(rows.values()):
-                if seq.finish_reason is None:
-                    self._fail(seq, exc)
-            fast.release(list(rows))
-        finally:
-            self.metrics.running.set(0)
-
-    def _joiners(self, slot: str | None, running: int, free: int) -> list[_Sequence]:
-        """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
-        if free == 0:
-            return []
-        assert self.fast is not None
-        if self.fast.merged.current != slot:
-            # The batch's adapter was unloaded as its last row ended and its slot may already hold
-            # the next version's weights: a new batch merges them before anything decodes.
-            return []
-        with self._cond:
-            if self._control or not self._waiting:
-                return []
-            oldest = self._waiting[0].enqueued
-            if len(self._waiting) < running // JOIN_FRACTION and time.monotonic() - oldest < self.join_wait_s:
-                return []
-            joining = self._take(lambda s: s.slot == slot and self._fits_fast(s), free)
-        if joining and running:
-            self.metrics.joined.inc(len(joining))
-        return joining
-
-    def _admit(self, seqs: list[_Sequence], rows: dict[int, _Sequence], free: list[int]) -> None:
-        """Prefill `seqs` into free rows and sample their first tokens (settled at once)."""
-        fast = self.fast
-        assert fast is not None
-        placed = [free.pop() for _ in seqs]
-        logits, reused = fast.prefill(placed, [s.prompt_ids for s in seqs])
-        self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in seqs))
-        self.metrics.prefix_reused_tokens.inc(reused)
-        for row, seq in zip(placed, seqs, strict=True):
-            rows[row], seq.cache_row = seq, row
-        index = to_device(placed, self.device)
-        launched = _Launched(list(zip(placed, seqs, strict=True)), self._sample(logits, seqs))
-        fast.feed(index, launched.picked.tokens)
-        self._settle(launched, rows, free)
-
-    def _launch(self, rows: dict[int, _Sequence], lagging: bool) -> _Launched:
-        """Queue one decode step of every live row and the sampling of its tokens (not read back).
-
-        `lagging`: the previous step's tokens are not on the host yet, so every row is one token
-        further than its `output_ids` say."""
-        fast = self.fast
-        assert fast is not None
-        live = sorted(rows)
-        longest = max(len(s.prompt_ids) + len(s.output_ids) for s in rows.values()) + int(lagging)
-        window = fast.window(live[-1], longest)
-        if self._live[0] != live:
-            # Built only when the rows change (admissions and ends), not at every step.
-            self._live = (live, to_device(live, self.device))
-        index = self._live[1]
-        self.metrics.batch_size.observe(len(live))
-        self.metrics.running.set(len(live))
-        logits = fast.step(window)
-        seqs = [rows[r] for r in live]
-        launched = _Launched(list(zip(live, seqs, strict=True)), self._sample(logits[index], seqs))
-        fast.feed(index, launched.picked.tokens)  # the next step's input, without a trip to the host
-        return launched
-
-    def _settle(self, launched: _Launched | None, rows: dict[int, _Sequence], free: list[int]) -> None:
-        """Read back a launched step's tokens, record them, free the rows whose sequence ended.
-
-        Sequences that had already ended (the step ran one token past them) are skipped."""
-        if launched is None:
-            return
-        current = [(i, row, seq) for i, (row, seq) in enumerate(launched.rows) if seq.finish_reason is None]
-        ended = self._record([seq for _, _, seq in current], launched.readback, [i for i, _, _ in current])
-        done = [row for (_, row, _), end in zip(current, ended, strict=True) if end]
-        for row in done:
-            del rows[row]
-        if done:
-            free.extend(done)
-            free.sort(reverse=True)
-            assert self.fast is not None
-            self.fast.scrub([row for _, row, seq in current if seq.faulted])
-            self.fast.release(done)
-
-    def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> SampleOutput:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
         num_top = max((s.params.logprobs or 0) for s in seqs)
         return sample(logits, [s.row for s in seqs], num_top=num_top)
 
-    def _pick(self, logits: torch.Tensor, seqs: list[_Sequence]) -> tuple[list[bool], torch.Tensor]:
+    def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[bool], torch.Tensor]:
         """Sample the next token of each sequence (rows of `logits`), record it, and complete or drop
         the sequences that end; returns which ended and the tokens (on the device)."""
         picked = self._sample(logits, seqs)
-        return self._record(seqs, _Readback(picked), list(range(len(seqs)))), picked.tokens
+        return self._record(seqs, Readback(picked), list(range(len(seqs)))), picked.tokens
 
-    def _record(self, seqs: list[_Sequence], readback: _Readback, index: list[int]) -> list[bool]:
+    def _record(self, seqs: list[Sequence], readback: Readback, index: list[int]) -> list[bool]:
         """Append row `index[j]` of a sampling result to `seqs[j]`; complete or drop those that end."""
         tokens, lps, *top = readback.lists()
         top_ids, top_lps = top if top else (None, None)
@@ -673,7 +433,7 @@ class Engine:
             self.peft.set_adapter(first)
         return self.peft(**inputs, **kwargs).logits[:, -1, :]
 
-    def _prepare(self, seqs: list[_Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prepare(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids, their attention mask and position ids, on the device."""
         width = max(len(s.prompt_ids) for s in seqs)
         input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
@@ -684,7 +444,7 @@ class Engine:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
-    def _decode(self, seqs: list[_Sequence]) -> None:
+    def _decode(self, seqs: list[Sequence]) -> None:
         """Prefill `seqs` together, then decode one token per step until every row has finished."""
         self.metrics.running.set(len(seqs))
         inputs = self._prepare(seqs)
@@ -717,7 +477,7 @@ class Engine:
 
     # --- engine thread: stopping rules and results ---------------------------------------------
 
-    def _finished(self, seq: _Sequence) -> bool:
+    def _finished(self, seq: Sequence) -> bool:
         """Apply vLLM's stopping rules to the token just appended; fill in the finish reason."""
         token, params = seq.output_ids[-1], seq.params
         if not params.ignore_eos and token in self.eos_ids:
@@ -733,7 +493,7 @@ class Engine:
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
-    def _hit_stop_string(self, seq: _Sequence) -> bool:
+    def _hit_stop_string(self, seq: Sequence) -> bool:
         skip = seq.params.skip_special_tokens
         # A new stop string must end in the newest token: decoding a short tail first keeps this
         # check O(1) per token (decoding the whole output at every step is quadratic).
@@ -751,7 +511,7 @@ class Engine:
         seq.finish_reason, seq.stop_reason = "stop", stop
         return True
 
-    def _complete(self, seq: _Sequence) -> None:
+    def _complete(self, seq: Sequence) -> None:
         if seq.text is None:
             seq.text = self.tokenizer.decode(
                 seq.output_ids, skip_special_tokens=seq.params.skip_special_tokens
@@ -768,9 +528,9 @@ class Engine:
         self._release(seq)
         request.remaining -= 1
         if request.remaining == 0:
-            request.loop.call_soon_threadsafe(_resolve, request.future, request.results)
+            request.loop.call_soon_threadsafe(resolve, request.future, request.results)
 
-    def _fault(self, seq: _Sequence, value: float) -> None:
+    def _fault(self, seq: Sequence, value: float) -> None:
         """`seq`'s logits were not finite: fail its request (once, logged) and mark its row to clear."""
         seq.faulted = True
         if seq.request.cancelled:
@@ -783,16 +543,16 @@ class Engine:
         details |= {"top_p": p.top_p, "top_k": p.top_k, "seed": p.seed, "max_tokens": p.max_tokens}
         self._fail(seq, faults.non_finite(seq.request.id, details, value))
 
-    def _drop(self, seq: _Sequence) -> None:
+    def _drop(self, seq: Sequence) -> None:
         seq.finish_reason = "abort"
         self._release(seq)
 
-    def _fail(self, seq: _Sequence, exc: Exception) -> None:
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
         self._drop(seq)
         error = exc if isinstance(exc, GeneratorError) else ServerError(f"Generation failed: {exc}")
-        seq.request.loop.call_soon_threadsafe(_resolve, seq.request.future, None, error)
+        seq.request.loop.call_soon_threadsafe(resolve, seq.request.future, None, error)
 
-    def _release(self, seq: _Sequence) -> None:
+    def _release(self, seq: Sequence) -> None:
         if seq.adapter is not None and self.adapters.release(seq.adapter):
             self._detach(seq.adapter)
             self._update_adapter_gauge()
@@ -806,7 +566,7 @@ class _EagerSession:
     Finished rows are never sampled, so seeded draws do not depend on it.
     """
 
-    def __init__(self, engine: Engine, seqs: list[_Sequence], input_ids, mask, positions) -> None:
+    def __init__(self, engine: Engine, seqs: list[Sequence], input_ids, mask, positions) -> None:
         self.engine = engine
         self.input_ids, self.mask, self.positions = input_ids, mask, positions
         self.adapters = [s.slot or BASE_ADAPTER for s in seqs]

@@ -1,0 +1,149 @@
+"""Continuous batching on the fast path: rows of a preallocated KV cache that sequences of one adapter
+join and leave between decode steps, with one step of lookahead (the engine's docstring says how
+the engine picks this path).
+
+`ContinuousBatching` is a part of `Engine` (it runs on the engine thread and uses the engine's
+queue, fast path, metrics and recording of sampled tokens); it is kept apart so each reads on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .sequences import Launched, Sequence
+from .transfer import to_device
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+# A running batch admits joiners once this share of its rows (1/JOIN_FRACTION) waits: an admission is
+# one eager prefill (thousands of small kernels), too dear to pay for each sequence alone at scale.
+JOIN_FRACTION = 8
+
+
+class ContinuousBatching:
+    """The engine thread's continuous-batching loop (a mixin of `Engine`)."""
+
+    def _continuous(self: Engine, first: list[Sequence]) -> None:
+        """Decode `first` in rows of the fast path, admitting later sequences of the same adapter
+        between steps, until no row is left.
+
+        One step of lookahead keeps the GPU busy while the host works: step t+1 is launched (its
+        input tokens are step t's samples, still on the device) before step t's tokens are read
+        back and checked for stops. A row that ended at step t computes one throwaway token in
+        step t+1, which is then discarded. Admissions, adapter operations and the end of the batch
+        first settle the outstanding step."""
+        fast = self.fast
+        assert fast is not None
+        slot = first[0].slot
+        rows: dict[int, Sequence] = {}
+        free = list(range(fast.rows - 1, -1, -1))  # popped from the end: lowest rows first
+        pending: Launched | None = None
+        joining = first
+        try:
+            while True:
+                if joining:
+                    self._settle(pending, rows, free)
+                    pending = None
+                    self._admit(joining, rows, free)
+                if not rows:
+                    break
+                launched = self._launch(rows, pending is not None)
+                self._settle(pending, rows, free)
+                pending = launched
+                if self._control:
+                    # Between two steps: the one safe moment to change adapters.
+                    self._settle(pending, rows, free)
+                    pending = None
+                    self._run_control_ops()
+                joining = self._joiners(slot, len(rows), len(free))
+                if not joining and not rows:
+                    break
+            self._settle(pending, rows, free)
+        except Exception as exc:
+            log.exception("continuous batch failed")
+            for seq in list(rows.values()):
+                if seq.finish_reason is None:
+                    self._fail(seq, exc)
+            fast.release(list(rows))
+        finally:
+            self.metrics.running.set(0)
+
+    def _joiners(self: Engine, slot: str | None, running: int, free: int) -> list[Sequence]:
+        """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
+        if free == 0:
+            return []
+        assert self.fast is not None
+        if self.fast.merged.current != slot:
+            # The batch's adapter was unloaded as its last row ended and its slot may already hold
+            # the next version's weights: a new batch merges them before anything decodes.
+            return []
+        with self._cond:
+            if self._control or not self._waiting:
+                return []
+            oldest = self._waiting[0].enqueued
+            if len(self._waiting) < running // JOIN_FRACTION and time.monotonic() - oldest < self.join_wait_s:
+                return []
+            joining = self._take(lambda s: s.slot == slot and self._fits_fast(s), free)
+        if joining and running:
+            self.metrics.joined.inc(len(joining))
+        return joining
+
+    def _admit(self: Engine, seqs: list[Sequence], rows: dict[int, Sequence], free: list[int]) -> None:
+        """Prefill `seqs` into free rows and sample their first tokens (settled at once)."""
+        fast = self.fast
+        assert fast is not None
+        placed = [free.pop() for _ in seqs]
+        logits, reused = fast.prefill(placed, [s.prompt_ids for s in seqs])
+        self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in seqs))
+        self.metrics.prefix_reused_tokens.inc(reused)
+        for row, seq in zip(placed, seqs, strict=True):
+            rows[row], seq.cache_row = seq, row
+        index = to_device(placed, self.device)
+        launched = Launched(list(zip(placed, seqs, strict=True)), self._sample(logits, seqs))
+        fast.feed(index, launched.picked.tokens)
+        self._settle(launched, rows, free)
+
+    def _launch(self: Engine, rows: dict[int, Sequence], lagging: bool) -> Launched:
+        """Queue one decode step of every live row and the sampling of its tokens (not read back).
+
+        `lagging`: the previous step's tokens are not on the host yet, so every row is one token
+        further than its `output_ids` say."""
+        fast = self.fast
+        assert fast is not None
+        live = sorted(rows)
+        longest = max(len(s.prompt_ids) + len(s.output_ids) for s in rows.values()) + int(lagging)
+        window = fast.window(live[-1], longest)
+        if self._live[0] != live:
+            # Built only when the rows change (admissions and ends), not at every step.
+            self._live = (live, to_device(live, self.device))
+        index = self._live[1]
+        self.metrics.batch_size.observe(len(live))
+        self.metrics.running.set(len(live))
+        logits = fast.step(window)
+        seqs = [rows[r] for r in live]
+        launched = Launched(list(zip(live, seqs, strict=True)), self._sample(logits[index], seqs))
+        fast.feed(index, launched.picked.tokens)  # the next step's input, without a trip to the host
+        return launched
+
+    def _settle(self: Engine, launched: Launched | None, rows: dict[int, Sequence], free: list[int]) -> None:
+        """Read back a launched step's tokens, record them, free the rows whose sequence ended.
+
+        Sequences that had already ended (the step ran one token past them) are skipped."""
+        if launched is None:
+            return
+        current = [(i, row, seq) for i, (row, seq) in enumerate(launched.rows) if seq.finish_reason is None]
+        ended = self._record([seq for _, _, seq in current], launched.readback, [i for i, _, _ in current])
+        done = [row for (_, row, _), end in zip(current, ended, strict=True) if end]
+        for row in done:
+            del rows[row]
+        if done:
+            free.extend(done)
+            free.sort(reverse=True)
+            assert self.fast is not None
+            self.fast.scrub([row for _, row, seq in current if seq.faulted])
+            self.fast.release(done)
