@@ -137,9 +137,9 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
             ratio_n += 1
             counts["micro"] += 1
             if (m + 1) % accum == 0 or m == len(micro) - 1:
-                norm = policy.step()  # skipped when not finite (Policy.step)
-                if math.isfinite(norm):
-                    sums["grad_norm"] += norm
+                grad_norm = policy.step()  # skipped when not finite (Policy.step)
+                if math.isfinite(grad_norm):
+                    sums["grad_norm"] += grad_norm
                     counts["steps"] += 1
                 else:
                     counts["skipped"] += 1
