@@ -44,8 +44,10 @@ from crucible_shared.jobs.games import (
     TicTacToeGame,
 )
 from crucible_shared.jobs.methods import (
+    ClippedMethod,
     GroupFilter,
     GRPOConfig,
+    Loss,
     PPOConfig,
     ReinforceConfig,
     SRRLConfig,
@@ -98,6 +100,7 @@ __all__ = [
     "ArenaSpec",
     "BuildSpec",
     "CheckpointSpec",
+    "ClippedMethod",
     "CodeOutputGame",
     "DPOConfig",
     "DPOLoss",
@@ -111,6 +114,7 @@ __all__ = [
     "GroupFilter",
     "JobSpec",
     "LoggingSpec",
+    "Loss",
     "MergeSpec",
     "Method",
     "ModelSpec",

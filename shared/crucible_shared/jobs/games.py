@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from crucible_shared.jobs.base import MAX_STEPS, _Spec, invalid, unused
-from crucible_shared.jobs.methods import _ClippedMethod
+from crucible_shared.jobs.methods import ClippedMethod
 
 
 class CodeOutputGame(_Spec):
@@ -117,7 +117,7 @@ class ArenaSpec(_Spec):
         return self
 
 
-class SpiralConfig(_ClippedMethod):
+class SpiralConfig(ClippedMethod):
     """SPIRAL: multi-turn, multi-role games played by the policy against itself (its role given in
     the prompt) or against a fixed opponent, trained on its own turns with role-conditioned
     advantages: return minus an EMA baseline per (game, role)."""
@@ -143,14 +143,6 @@ class SpiralConfig(_ClippedMethod):
     scale: Literal["none", "role"] = Field(
         "none",
         description="role: divide advantages by the std of the role's returns in the step (GRPO-style).",
-    )
-    loss: Literal["sequence", "token", "dr_grpo"] = Field(
-        "token", description="Loss aggregation (as GRPO's)."
-    )
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
-    num_iterations: int = Field(1, ge=1, le=16, description="Updates per batch of turns.")
-    kl_beta: float = Field(
-        0.0, ge=0, le=100, description="KL penalty to the reference (the starting policy)."
     )
     arena: ArenaSpec = Field(
         default_factory=ArenaSpec, description="Measuring games against fixed opponents."

@@ -49,12 +49,33 @@ def _legacy_filter(data: Any) -> Any:
     return data
 
 
-class _ClippedMethod(_Spec):
-    """Shared checks of the methods with a clipped ratio."""
+Loss = Literal["sequence", "token", "dr_grpo"]
+
+
+class ClippedMethod(_Spec):
+    """The fields and checks of the methods with a clipped ratio (GRPO, SRRL, SPIRAL), declared
+    once; the trainer builds their update from these alone."""
+
+    loss: Loss = Field(
+        "token",
+        description="Aggregation: mean per sequence, mean over all tokens (DAPO), or sum / max_tokens (Dr. GRPO).",
+    )
+    clip_eps: float = Field(
+        0.2, gt=0, lt=1, description="PPO clip range (low side, and high side unless set)."
+    )
+    kl_beta: float = Field(
+        0.0, ge=0, le=100, description="KL penalty to the reference (the starting policy)."
+    )
+    num_iterations: int = Field(1, ge=1, le=16, description="mu: updates per batch of samples.")
+
+    @property
+    def clip_high(self) -> float | None:
+        """The upper clip range when it differs from `clip_eps` (GRPO's clip-higher)."""
+        return None
 
     @model_validator(mode="after")
-    def _check_clip(self) -> _ClippedMethod:
-        if getattr(self, "num_iterations", 1) == 1:
+    def _check_clip(self) -> ClippedMethod:
+        if self.num_iterations == 1:
             for name in ("clip_eps", "clip_eps_high"):
                 if name in type(self).model_fields and self._changed(name):
                     raise unused(
@@ -65,7 +86,7 @@ class _ClippedMethod(_Spec):
         return self
 
 
-class GRPOConfig(_ClippedMethod):
+class GRPOConfig(ClippedMethod):
     """Group Relative Policy Optimisation."""
 
     name: Literal["grpo"] = "grpo"
@@ -73,19 +94,12 @@ class GRPOConfig(_ClippedMethod):
     scale: Literal["group", "batch", "none"] = Field(
         "group", description="Divide advantages by the group's / batch's std, or not."
     )
-    loss: Literal["sequence", "token", "dr_grpo"] = Field(
-        "token",
-        description="Aggregation: mean per sequence, mean over all tokens (DAPO), or sum / max_tokens (Dr. GRPO).",
-    )
-    clip_eps: float = Field(
-        0.2, gt=0, lt=1, description="PPO clip range (low side, and high side unless set)."
-    )
     clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher (DAPO) upper range.")
-    kl_beta: float = Field(
-        0.0, ge=0, le=100, description="KL penalty to the reference (the starting policy)."
-    )
-    num_iterations: int = Field(1, ge=1, le=16, description="mu: updates per batch of rollouts.")
     filter: GroupFilter = Field(default_factory=GroupFilter, description="Which groups train.")
+
+    @property
+    def clip_high(self) -> float | None:
+        return self.clip_eps_high
 
     @model_validator(mode="before")
     @classmethod
@@ -93,7 +107,7 @@ class GRPOConfig(_ClippedMethod):
         return _legacy_filter(data)
 
 
-class SRRLConfig(_ClippedMethod):
+class SRRLConfig(ClippedMethod):
     """Self-refined RL: first attempts (c1), refinements of the failed ones (c2), trained together."""
 
     name: Literal["srrl"] = "srrl"
@@ -113,10 +127,6 @@ class SRRLConfig(_ClippedMethod):
     scale: Literal["group", "none"] = Field(
         "group", description="Normalise advantages per problem by std, or only centre."
     )
-    loss: Literal["sequence", "token", "dr_grpo"] = "token"
-    clip_eps: float = Field(0.2, gt=0, lt=1)
-    num_iterations: int = Field(1, ge=1, le=16)
-    kl_beta: float = Field(0.0, ge=0, le=100)
     filter: GroupFilter = Field(
         default_factory=GroupFilter, description="Which problems train (a group is c1 + c2 of one problem)."
     )
