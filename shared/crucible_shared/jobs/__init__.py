@@ -32,6 +32,7 @@ from crucible_shared.jobs.data import (
 )
 from crucible_shared.jobs.evaluation import (
     EvalJob,
+    EvalSampling,
     EvalSpec,
     TrainEvalSpec,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "DataSpec",
     "Dataset",
     "EvalJob",
+    "EvalSampling",
     "EvalSpec",
     "GRPOConfig",
     "Game",

@@ -10,14 +10,11 @@ from crucible_shared.jobs.base import _ATTEMPTS, MAX_STEPS, Seed, _Spec, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 
 
-class EvalSpec(_Spec):
-    """An evaluation: which problems, and how answers are sampled and scored.
+class EvalSampling(_Spec):
+    """How an evaluation samples and scores answers: the one set of defaults and bounds, used by
+    the job spec (`EvalSpec`) and by the trainer's runner config (`EvalConfig`) alike, so a spec the
+    gateway accepts is one the worker can run."""
 
-    `greedy` decodes one answer per problem (greedy pass@1); `n` samples that many more at
-    `temperature` / `top_p` for pass@k (k in `ks`, each at most n).
-    """
-
-    data: DataSpec = Field(default_factory=lambda: DataSpec(split="test"))
     greedy: bool = Field(True, description="One greedy answer per problem (greedy pass@1).")
     n: int = Field(0, ge=0, le=1000, description="Sampled answers per problem (0: greedy only).")
     temperature: float = Field(0.8, gt=0, le=5, description="Temperature of the n samples.")
@@ -26,6 +23,16 @@ class EvalSpec(_Spec):
     ks: list[Annotated[int, Field(ge=1, le=1000)]] = Field(
         default_factory=lambda: [1], max_length=32, description="pass@k to report (each k <= n)."
     )
+
+
+class EvalSpec(EvalSampling):
+    """An evaluation: which problems, and how answers are sampled and scored.
+
+    `greedy` decodes one answer per problem (greedy pass@1); `n` samples that many more at
+    `temperature` / `top_p` for pass@k (k in `ks`, each at most n).
+    """
+
+    data: DataSpec = Field(default_factory=lambda: DataSpec(split="test"))
 
     @model_validator(mode="before")
     @classmethod
