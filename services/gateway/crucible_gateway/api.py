@@ -17,6 +17,7 @@ from typing import Annotated
 
 import redis
 import redis.asyncio
+from crucible_shared.events import sse_openapi
 from crucible_shared.gateway_protocol import AdapterList, ArtifactList, JobCreated, JobList
 from crucible_shared.http import (
     ERROR_RESPONSES,
@@ -33,6 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
+from crucible_gateway.openapi import with_event_schemas
 from crucible_gateway.service import GatewayService
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
@@ -160,6 +162,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get(
         "/v1/jobs/{job_id}/events",
         summary="Server-Sent Events from the job's stream (resumable with Last-Event-ID)",
+        responses=sse_openapi(),
+        response_class=EventSourceResponse,
     )
     async def events(job_id: JobId, request: Request, last_event_id: Annotated[str | None, Header()] = None):
         if last_event_id is not None and not STREAM_ID.match(last_event_id):
@@ -247,4 +251,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return with_event_schemas(app)

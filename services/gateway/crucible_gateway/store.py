@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-from crucible_shared import keys
+from crucible_shared import events, keys
 from crucible_shared.lifecycle import (
     JOB_FUNCTION,
     QUEUES,
@@ -184,7 +184,7 @@ class JobStore:
 
     # -- events ---------------------------------------------------------------------------------
     async def emit(self, job_id: str, kind: str, **data: Any) -> None:
-        record = {"type": kind, "time": time.time(), **data}
+        record = events.record(kind, **data)  # validated: one of crucible_shared.events
         await self.redis.xadd(keys.events(job_id), {"data": json.dumps(record, default=str)}, maxlen=10_000)
 
     async def events_after(self, job_id: str, last_id: str) -> list[tuple[str, dict[str, Any]]]:

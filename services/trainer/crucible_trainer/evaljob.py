@@ -106,7 +106,7 @@ async def run_eval_job(spec: EvalJob, job_id: str, settings: Settings, channel: 
             adapter_name = f"eval-{job_id}"
             await pool.load_adapter(adapter_name, str(paths["adapter"]))
             model = adapter_name
-        events.emit("status", status="running")
+        events.emit("status", status="starting")
         _, headline = await evaluate_spec(
             spec,
             pool,

@@ -314,7 +314,13 @@ class TrainRun:
         check = await stale_check(pool, policy, model_name, probe)
         check["time/stale_check_s"] = time.perf_counter() - started
         if not check["stale/diff"] <= spec.stale_tolerance:
-            self.events.emit("stale_policy", version=version, name=model_name, **check)
+            self.events.emit(
+                "stale_policy",
+                version=version,
+                name=model_name,
+                diff=check["stale/diff"],
+                tolerance=spec.stale_tolerance,
+            )
             raise StalePolicyError(
                 f"the generator's log-probs for {model_name} (version {version}) differ from the trainer's "
                 f"by {check['stale/diff']:.4f} per token (tolerance {spec.stale_tolerance})"

@@ -407,7 +407,7 @@ class PipelineRun:
             if compare:
                 evaluation.compare_reports(before, report_, compared)
             else:
-                self.events.emit("status", status="no comparison: run the `baseline` stage for before/after")
+                self.events.emit("notice", message="no comparison: run the `baseline` stage for before/after")
             return {"model": model, **eval_summary(report_)}
 
         return plan, body
