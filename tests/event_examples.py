@@ -9,7 +9,11 @@ from typing import Any
 EXAMPLES: list[tuple[str, dict[str, Any], str | None]] = [
     ("status", {"status": "starting"}, "status     starting"),
     ("status", {"status": "failed", "error": "boom"}, "failed: boom"),
-    ("status", {"status": "finished", "summary": {"steps": 3}}, "finished"),
+    (
+        "status",
+        {"status": "finished", "summary": {"job_id": "j", "run_dir": "runs/j", "steps": 3}},
+        "finished",
+    ),
     ("notice", {"message": "no comparison: run the `baseline` stage"}, "no comparison"),
     (
         "settings",

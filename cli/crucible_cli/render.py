@@ -276,7 +276,7 @@ def print_outcome(console: Any, record: Any) -> None:
     """The final status, and where the job's results are."""
     error = f" ({record.error})" if record.error else ""
     console.print(f"{record.id}: {record.status.value}{error}", markup=False, highlight=False)
-    summary = record.summary or {}
+    summary = record.summary.model_dump() if record.summary else {}
     for key, label in (
         ("adapter", "adapter"),
         ("before_after", "before/after"),

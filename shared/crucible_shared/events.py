@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from crucible_shared.lifecycle import JobSummary
+
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -30,7 +32,7 @@ class StatusEvent(_Event):
     type: Literal["status"] = "status"
     status: Literal["starting", "training", "finished", "cancelled", "failed"]
     error: str | None = None
-    summary: dict[str, Any] | None = Field(None, description="finished: the job's summary.")
+    summary: JobSummary | None = Field(None, description="finished: the job's summary.")
     method: str | None = Field(None, description="The training method (SFT / DPO jobs, pipeline rounds).")
     rows: int | None = Field(None, description="Rows trained on (SFT / DPO).")
     stages: list[str] | None = Field(None, description="A pipeline's stages.")

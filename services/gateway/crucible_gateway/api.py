@@ -28,7 +28,7 @@ from crucible_shared.http import (
     install_error_handlers,
 )
 from crucible_shared.jobs import JobSpec
-from crucible_shared.lifecycle import FINAL, JOB_ID_PATTERN, JobRecord, JobStatus
+from crucible_shared.lifecycle import FINAL, JOB_ID_PATTERN, JobKind, JobRecord, JobStatus
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
@@ -58,11 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     store = JobStore(
         redis.asyncio.Redis(connection_pool=pool),
         redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
-        {
-            "train": settings.train_job_timeout_s,
-            "eval": settings.eval_job_timeout_s,
-            "pipeline": settings.train_job_timeout_s,
-        },
+        {kind: settings.job_timeout_s(kind) for kind in JobKind},
     )
     service = GatewayService(settings, store)
 
@@ -134,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/jobs", response_model=JobList, responses=ERROR_RESPONSES, summary="List jobs, newest first")
     async def list_jobs(
         status: JobStatus | None = None,
-        kind: Annotated[str | None, Query(pattern="^(train|eval|pipeline)$")] = None,
+        kind: JobKind | None = None,
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> JobList:

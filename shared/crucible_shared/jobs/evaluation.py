@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from crucible_shared.jobs.base import _ATTEMPTS, MAX_STEPS, Seed, _Spec, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
+from crucible_shared.lifecycle import JobKind
 
 
 class EvalSampling(_Spec):
@@ -71,7 +72,7 @@ class TrainEvalSpec(EvalSpec):
 class EvalJob(EvalSpec):
     """An evaluation job: an evaluation of a model (its base, optionally with an adapter)."""
 
-    kind: Literal["eval"] = "eval"
+    kind: Literal[JobKind.eval] = JobKind.eval
     name: str | None = Field(None, max_length=200)
     model: ModelSpec = Field(default_factory=ModelSpec)
     adapter: str | None = Field(

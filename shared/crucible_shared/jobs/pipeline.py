@@ -11,6 +11,7 @@ from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import EvalSpec
 from crucible_shared.jobs.offline import OfflineMethod, SFTConfig, check_offline_optim
 from crucible_shared.jobs.sections import CheckpointSpec, LoggingSpec, OptimSpec
+from crucible_shared.lifecycle import JobKind
 
 Stage = Literal["baseline", "generate", "annotate", "build", "train", "merge", "evaluate", "analyze"]
 STAGES: tuple[Stage, ...] = (
@@ -98,7 +99,7 @@ class PipelineJob(_Spec):
     build -> train repeat, each round sampling from the previous round's adapter.
     """
 
-    kind: Literal["pipeline"] = "pipeline"
+    kind: Literal[JobKind.pipeline] = JobKind.pipeline
     name: str | None = Field(None, max_length=200, description="Label shown in listings.")
     stages: list[Stage] = Field(
         default_factory=lambda: list(STAGES),

@@ -20,6 +20,7 @@ from crucible_shared.jobs.sections import (
     RewardSpec,
     RolloutSpec,
 )
+from crucible_shared.lifecycle import JobKind
 
 Method = Annotated[
     GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
@@ -30,7 +31,7 @@ Method = Annotated[
 class TrainJob(_Spec):
     """A training job."""
 
-    kind: Literal["train"] = "train"
+    kind: Literal[JobKind.train] = JobKind.train
     name: str | None = Field(None, max_length=200, description="Label shown in listings.")
     method: Method = Field(default_factory=GRPOConfig)
     model: ModelSpec = Field(default_factory=ModelSpec)
