@@ -72,7 +72,7 @@ class JobSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     job_id: str
-    run_dir: str
+    run_dir: str | None = None
     status: JobStatus | None = Field(None, description="finished or cancelled.")
     method: str | None = None
     steps: int | None = Field(None, description="Training steps run.")
@@ -83,7 +83,7 @@ class JobSummary(BaseModel):
     learning_curve: str | None = None
     games_report: str | None = None
     merged: str | None = Field(None, description="A pipeline's merged model.")
-    eval: dict[str, dict[str, Any]] | None = Field(None, description="Headline figures per evaluation.")
+    eval: dict[str, Any] | None = Field(None, description="Headline figures per evaluation (by label).")
     settings: dict[str, Any] | None = Field(None, description="What the job chose for the machine.")
     stages: dict[str, dict[str, Any]] | None = Field(None, description="A pipeline's stages: ran or skipped.")
 

@@ -75,3 +75,15 @@ def test_every_runner_starts_and_is_cancelled_the_same_way(kind, tmp_path, monke
     run_dir = tmp_path / "jobs" / "job-1"
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     assert (run_dir / "spec.json").exists()
+
+
+def test_records_written_before_the_typed_summary_still_read() -> None:
+    from crucible_shared.lifecycle import JobRecord
+
+    old = {"job_id": "j", "status": "cancelled", "eval": {"greedy_pass@1": 0.5}, "rounds": {"round-1": {}}}
+    raw = {"kind": "eval", "status": "cancelled", "created_at": "1.0", "summary": json.dumps(old)}
+    record = JobRecord.from_redis("j", raw)
+    assert record.kind is JobKind.eval and record.summary is not None
+    assert record.summary.eval == {"greedy_pass@1": 0.5} and record.summary.model_extra == {
+        "rounds": {"round-1": {}}
+    }
