@@ -32,6 +32,18 @@ from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
 from crucible_trainer.settings import Settings
 
 
+def _identity(spec: TrainJob, data: Path, init: Path | None) -> str:
+    """What makes two attempts the same training run (a checkpoint of another is never resumed)."""
+    exclude = {"eval", "logging", "checkpoint", "max_attempts", "name"}
+    return json_hash(
+        {
+            "spec": spec.model_dump(mode="json", exclude=exclude),
+            "data": content_hash(data),
+            "init_adapter": content_hash(init) if init else None,
+        }
+    )
+
+
 async def run_offline_train_job(
     spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel
 ) -> dict[str, Any]:
@@ -49,15 +61,7 @@ async def run_offline_train_job(
     summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(run_dir), "method": method.name}
     rows = load_rows(paths["method.path"], method.name)
     init = paths.get("model.init_adapter")
-    identity = json_hash(
-        {
-            "spec": spec.model_dump(
-                mode="json", exclude={"eval", "logging", "checkpoint", "max_attempts", "name"}
-            ),
-            "data": content_hash(paths["method.path"]),
-            "init_adapter": content_hash(init) if init else None,
-        }
-    )
+    identity = _identity(spec, paths["method.path"], init)
     cancel.start()
     events.emit("status", status="starting", method=method.name, rows=len(rows))
     events.wandb_run = start_wandb(
