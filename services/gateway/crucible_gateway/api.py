@@ -31,6 +31,9 @@ from crucible_shared.lifecycle import FINAL, JOB_ID_PATTERN, JobRecord, JobStatu
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sse_starlette.sse import EventSourceResponse
 
 from crucible_gateway.service import GatewayService
@@ -45,17 +48,26 @@ JobId = Annotated[str, Path(description="A job id.", pattern=JOB_ID_PATTERN, max
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    # A bounded pool: callers wait for a connection rather than fail when all are busy.
+    # A bounded pool: callers wait for a connection rather than fail when all are busy. A pooled
+    # connection that a Redis restart closed fails its next command: redis-py's retry reconnects
+    # and sends it once more (only on a connection error: a timeout may have run the command).
+    dead = (redis.exceptions.ConnectionError,)
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=settings.redis_connections,
         timeout=10,
         socket_timeout=5,
         socket_connect_timeout=3,
+        retry=AsyncRetry(NoBackoff(), 1, supported_errors=dead),
     )
     store = JobStore(
         redis.asyncio.Redis(connection_pool=pool),
-        redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
+        redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=5,
+            socket_connect_timeout=3,
+            retry=Retry(NoBackoff(), 1, supported_errors=dead),
+        ),
         {
             "train": settings.train_job_timeout_s,
             "eval": settings.eval_job_timeout_s,
@@ -71,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 for job_id, status in await service.reap():
                     log.warning("job %s moved on by the reaper: now %s", job_id, status.value)
             except Exception as exc:  # a Redis blip must not stop the reaper
+                service.redis_lost()
                 log.warning("reaping failed: %r", exc)
 
     @asynccontextmanager
