@@ -178,3 +178,30 @@ def test_gets_after_a_redis_restart_all_answer(tmp_path, stack_dirs, concurrency
         redis.start()
         codes = asyncio.run(burst())
         assert codes.count(200) == concurrency, f"{concurrency - codes.count(200)} GETs failed: {set(codes)}"
+
+
+def test_the_outbox_keeps_order_says_what_it_dropped_and_delivers_once(redis_url) -> None:
+    """Beyond its limit the oldest events go and one note says how many; a delivery repeated
+    after a lost reply adds nothing."""
+    from crucible_trainer.outbox import Outbox
+
+    from tests.servers import free_port
+
+    job_id = f"eval-outbox-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    redis.eval(*transition_command(job_id, JobStatus.running, lease="L1", delivered=0))
+    outbox = Outbox(Redis.from_url(f"redis://127.0.0.1:{free_port()}/0"), job_id, "L1", limit=5)
+    for step in range(1, 9):
+        outbox.event({"type": "metrics", "step": step})
+    assert not outbox.deliver() and outbox.down_since is not None  # nobody listens on that port
+    outbox.redis = redis  # Redis is back
+    assert outbox.deliver() and outbox.down_since is None
+    events = stream(redis_url, job_id)
+    assert "3 events were dropped" in events[0]["message"]
+    assert [e["step"] for e in events[1:]] == [4, 5, 6, 7, 8]
+    # The reply of that delivery lost: the same events again change nothing.
+    outbox._events.extend((seq, json.dumps({"type": "metrics", "step": seq})) for seq in (7, 8))
+    outbox.event({"type": "metrics", "step": 9})
+    assert outbox.deliver()
+    assert [e.get("step") for e in stream(redis_url, job_id)[1:]] == [4, 5, 6, 7, 8, 9]

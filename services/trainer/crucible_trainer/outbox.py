@@ -74,7 +74,7 @@ class Outbox:
         self._events: deque[tuple[int, str]] = deque()  # (sequence number, JSON data)
         self._progress: dict[str, str] = {}
         self._next_seq = 1
-        self._dropped = 0
+        self._gap: tuple[int, int] | None = None  # (number of the last dropped event, how many)
         self._state = threading.Lock()  # guards the queues (held briefly)
         self._sending = threading.Lock()  # one delivery at a time, in order
         self.fenced: str | None = None  # the job's status when this run found it taken
@@ -85,16 +85,12 @@ class Outbox:
         with self._state:
             if self.fenced is not None:
                 return
-            if self._dropped:
-                # The gap is reported where it happened, before the first event kept after it.
-                note = {"type": "log", "time": time.time(), "level": "warning",
-                        "message": f"{self._dropped} events were dropped while Redis was unreachable"}  # fmt: skip
-                self._push(note)
-                self._dropped = 0
-            self._push(record)
+            self._events.append((self._next_seq, json.dumps(record, default=str)))
+            self._next_seq += 1
             while len(self._events) > self.limit:
-                self._events.popleft()
-                self._dropped += 1
+                # The oldest go; one note in their place (their last number) says how many.
+                seq, _ = self._events.popleft()
+                self._gap = (seq, self._gap[1] + 1 if self._gap else 1)
 
     def progress(self, fields: dict[str, Any]) -> None:
         with self._state:
@@ -113,7 +109,9 @@ class Outbox:
                 with self._state:
                     if self.fenced is not None:
                         return False
-                    batch = [self._events[i] for i in range(min(_BATCH, len(self._events)))]
+                    gap = self._gap
+                    batch = [self._gap_note(*gap)] if gap else []
+                    batch += [self._events[i] for i in range(min(_BATCH, len(self._events)))]
                     progress = dict(self._progress)
                 if not batch and not progress and not beat:
                     return True
@@ -136,13 +134,18 @@ class Outbox:
                         self.fenced = text.split(":", 1)[1]
                         self._events.clear()
                         self._progress.clear()
+                        self._gap = None
                         log.warning(
                             "job %s: this run no longer holds the job (it is %s); stopping without "
                             "writing", self.job_id, self.fenced,
                         )  # fmt: skip
                         return False
-                    for _ in batch:
+                    # By number: events dropped meanwhile (over the limit) moved the front.
+                    sent = batch[-1][0] if batch else 0
+                    while self._events and self._events[0][0] <= sent:
                         self._events.popleft()
+                    if gap and self._gap == gap:
+                        self._gap = None
                     for key, value in progress.items():
                         if self._progress.get(key) == value:
                             del self._progress[key]
@@ -163,6 +166,8 @@ class Outbox:
             time.sleep(poll_s)
         return True
 
-    def _push(self, record: dict[str, Any]) -> None:
-        self._events.append((self._next_seq, json.dumps(record, default=str)))
-        self._next_seq += 1
+    @staticmethod
+    def _gap_note(seq: int, count: int) -> tuple[int, str]:
+        note = {"type": "log", "time": time.time(), "level": "warning",
+                "message": f"{count} events were dropped while Redis was unreachable"}  # fmt: skip
+        return seq, json.dumps(note)
