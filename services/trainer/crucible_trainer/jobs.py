@@ -87,7 +87,7 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
             return superseded
         channel.release(f"the worker stopped after step {stop.step}; the job resumes from its checkpoint")
         return {"job_id": job_id, "status": JobStatus.queued.value}
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:  # RQ's cold shutdown raises it in the job
         if not channel.superseded():
             channel.release("the worker was stopped mid-step; the job resumes from its last checkpoint")
         return {"job_id": job_id, "status": JobStatus.queued.value}
