@@ -2,10 +2,10 @@
 
 A channel is the only way a running job touches its record, its event stream and its cancel
 flag: `start` (queued -> running), `progress`, a heartbeat thread, `emit`, `cancel_requested`
-and `finish` (running -> finished | failed | cancelled). `RedisChannel` serves queued jobs;
-`RedisChannel` fences its writes by the
-run's lease and keeps them through a Redis outage (`outbox`). `LocalChannel` serves `crucible train --local`, where the same job code runs in-process with
-events going to a callback and Ctrl-C as the cancel flag.
+and `finish` (running -> finished | failed | cancelled). `RedisChannel` serves queued jobs: its
+writes are fenced by the run's lease and kept through a Redis outage (`outbox`). `LocalChannel`
+serves `crucible train --local`, where the same job code runs in-process with events going to a
+callback and Ctrl-C as the cancel flag.
 """
 
 from __future__ import annotations
