@@ -156,10 +156,12 @@ class TrainRun:
             served_is_policy = spec.publish.stale_check and version == step - 1
             metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
             version = step if step % spec.publish.every == 0 else version
+            if self.channel.superseded():
+                raise Superseded()  # another run holds the job (and its run dir): write nothing
             self.events.metrics(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
             if self.channel.superseded():
-                raise Superseded()  # another run holds the job (and its run dir): write nothing
+                raise Superseded()
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
                 extra = {"version": version, "sampler": sampler.state(), "method": self.method_state}
