@@ -209,9 +209,9 @@ class Stack:
         """Stop everything in dependency order (`STOP_ORDER`), each stage before the next: the
         workers while what they use is still up, Redis last. Services not named there stop with
         the middle stage."""
-        named = {name for stage in STOP_ORDER for name in stage}
+        others = {p.name for p in self.procs} - {name for stage in STOP_ORDER for name in stage}
         for stage in STOP_ORDER:
-            names = set(stage) | ({p.name for p in self.procs} - named if "gateway" in stage else set())
+            names = set(stage) | (others if "gateway" in stage else set())
             procs = [p for p in self.procs if p.name in names]
             if stage == ("worker",):
                 self._stop_group(procs, self.worker_stop_s, again_s=15)
@@ -221,8 +221,8 @@ class Stack:
 
     @staticmethod
     def _stop_group(procs: list[Proc], grace_s: float, again_s: float = 0) -> None:
-        """SIGTERM to each process group; after `grace_s` a second SIGTERM (when `again_s`), then
-        SIGKILL to what is left."""
+        """SIGTERM to each process group; after `grace_s` (or at a Ctrl-C meanwhile) a second
+        SIGTERM (when `again_s`), then SIGKILL to what is left."""
 
         def signal_all(sig: int) -> None:
             for proc in procs:
@@ -242,8 +242,11 @@ class Stack:
             return True
 
         signal_all(signal.SIGTERM)
-        if wait_all(grace_s):
-            return
+        try:
+            if wait_all(grace_s):
+                return
+        except KeyboardInterrupt:
+            pass  # impatient: on to the next signal, still stopping everything
         if again_s:
             signal_all(signal.SIGTERM)
             if wait_all(again_s):
