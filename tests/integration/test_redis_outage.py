@@ -62,7 +62,7 @@ def test_a_redis_outage_neither_requeues_a_live_job_nor_loses_its_events(tmp_pat
         job_id = client.submit(TINY_EVAL).id
         channel = channel_for(redis.url, job_id)
         assert channel.start()
-        with channel.heartbeat(every_s=1.5):
+        with channel.heartbeat(every_s=1.0):
             for step in range(1, 4):
                 channel.emit("metrics", step=step)
             time.sleep(4)  # Redis up a heartbeat timeout: the reaper trusts silence from now on
