@@ -89,7 +89,8 @@ class JobRun:
             finally:
                 if self.events.wandb_run is not None:
                     self.events.wandb_run.finish()
-                self.write_summary()
+                if not self.channel.superseded():  # the run holding the job writes its summary
+                    self.write_summary()
         if self.summary["status"] == JobStatus.finished.value:
             self.events.emit("status", status="finished", summary=self.summary)
         return self.summary
