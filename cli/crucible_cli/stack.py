@@ -156,8 +156,19 @@ class Stack:
             "generator",
             [sys.executable, "-m", "crucible_generator"],
             url,
-            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env},
+            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env, **self._adapter_roots()},
         )
+
+    def _adapter_roots(self) -> dict[str, str]:
+        """The generator loads adapters only from where the trainer may name them: the adapter
+        roots, the adapter store and the run dirs (unless CRUCIBLE_GENERATOR_ADAPTER_ROOTS is set)."""
+        from crucible_shared.paths import PathRoots
+
+        if os.environ.get("CRUCIBLE_GENERATOR_ADAPTER_ROOTS"):
+            return {}
+        dirs = (Path(self.env["CRUCIBLE_TRAINER_ADAPTER_DIR"]), Path(self.env["CRUCIBLE_TRAINER_RUNS_DIR"]))
+        roots = PathRoots().with_adapter_dirs(*dirs).adapter_roots
+        return {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": ",".join(str(r) for r in roots)}
 
     def _wait_worker(self, redis_url: str, deadline: float) -> None:
         from redis import Redis

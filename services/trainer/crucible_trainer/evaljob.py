@@ -16,6 +16,7 @@ from typing import Any
 from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import EvalJob, EvalSpec
 from crucible_shared.lifecycle import JobStatus
+from crucible_shared.paths import with_checked_paths
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import evaluation, tasks
@@ -91,7 +92,10 @@ async def evaluate_spec(
 async def run_eval_job(spec: EvalJob, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
     """An eval job: the base model the spec names (with `adapter` loaded for the occasion)."""
     run_dir = Path(settings.runs_dir) / job_id
-    paths = settings.path_roots().check(spec, real=True)
+    roots = settings.path_roots()
+    paths = roots.check(spec, real=True)
+    # Data is read from the checked path; model.base keeps the name the generator is matched by.
+    spec = with_checked_paths(spec, {f: p for f, p in roots.check(spec).items() if f != "model.base"})
     events = EventSink(channel, run_dir)
     cancel = CancelToken(channel, settings.cancel_poll_s)
     cancel.start()

@@ -32,7 +32,7 @@ from typing import Any
 from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import TrainJob
 from crucible_shared.lifecycle import JobStatus
-from crucible_shared.paths import with_checked_model
+from crucible_shared.paths import with_checked_paths
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import checkpoint, evaluation, hardware, tasks
@@ -73,7 +73,7 @@ class TrainRun:
     async def run(self) -> dict[str, Any]:
         settings, roots = self.settings, self.settings.path_roots()
         roots.check(self.spec, real=True)
-        self.spec = spec = with_checked_model(self.spec, roots.check(self.spec))
+        self.spec = spec = with_checked_paths(self.spec, roots.check(self.spec))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
         self.cancel.start()

@@ -18,7 +18,7 @@ from typing import Any
 
 from crucible_shared.jobs import DPOConfig, SFTConfig, TrainJob
 from crucible_shared.lifecycle import JobStatus
-from crucible_shared.paths import with_checked_model
+from crucible_shared.paths import with_checked_paths
 
 from crucible_trainer import evaluation
 from crucible_trainer.cancel import Cancelled, CancelToken
@@ -39,7 +39,7 @@ async def run_offline_train_job(
     assert isinstance(method, SFTConfig | DPOConfig)
     roots = settings.path_roots()
     paths = roots.check(spec, real=True)
-    spec = with_checked_model(spec, roots.check(spec))
+    spec = with_checked_paths(spec, roots.check(spec))
     run_dir = Path(settings.runs_dir) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))

@@ -33,7 +33,7 @@ from typing import Any
 
 from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 from crucible_shared.lifecycle import JobStatus
-from crucible_shared.paths import with_checked_model
+from crucible_shared.paths import with_checked_paths
 
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.cancel import Cancelled, CancelToken
@@ -87,7 +87,7 @@ class PipelineRun:
     async def run(self) -> dict[str, Any]:
         roots = self.settings.path_roots()
         self.paths = roots.check(self.spec, real=True)
-        self.spec = spec = with_checked_model(self.spec, roots.check(self.spec))
+        self.spec = spec = with_checked_paths(self.spec, roots.check(self.spec))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if spec.reuse and spec.reuse != self.job_id:
             self._reuse(Path(self.settings.runs_dir) / spec.reuse)
@@ -125,7 +125,12 @@ class PipelineRun:
         return self.summary
 
     def _reuse(self, source: Path) -> None:
-        """Start from another pipeline run's artifacts (once: a retried job keeps its own)."""
+        """Start from another pipeline run's artifacts (once: a retried job keeps its own).
+
+        `reuse` is one path component (its pattern); a run dir that is a link is refused, and
+        links inside it are not followed (`link_tree`)."""
+        if source.is_symlink() or (source / "pipeline.json").is_symlink():
+            raise ValueError(f"reuse: the run dir of {source.name} is a symbolic link ({source})")
         if not (source / "pipeline.json").exists():
             raise FileNotFoundError(
                 f"reuse: {source.name} has no pipeline run dir with stage records ({source})"
