@@ -148,7 +148,9 @@ def jobs(
     """List jobs, newest first."""
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
+    from crucible_shared.text import shown
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if status is not None and status not in JobStatus.__members__:
@@ -163,7 +165,8 @@ def jobs(
         table.add_column(col)
     for job in listing.jobs:
         step = f"{job.step}/{job.total_steps}" if job.step is not None else ""
-        table.add_row(job.id, job.kind, job.status.value, step, job.name or "")
+        # A name is another user's text: hidden characters escaped, rich markup shown as written.
+        table.add_row(job.id, job.kind, job.status.value, step, escape(shown(job.name or "")))
     Console().print(table)
 
 
