@@ -77,6 +77,12 @@ def test_reuse_names_an_existing_pipeline_run(gw, roots) -> None:
     accepted(gw, {"kind": "pipeline", "reuse": earlier})
 
 
+@pytest.mark.parametrize("reuse", ["../../etc", "..", "/etc", "x/../../y", "%2e%2e%2fetc", "x\x00y", "~root"])
+def test_reuse_that_is_not_a_job_id_is_refused(gw, reuse: str) -> None:
+    """One path component, a job id: separators, dots, NUL (already so: the field's pattern)."""
+    refused(gw, {"kind": "pipeline", "reuse": reuse}, "pipeline.reuse")
+
+
 def test_reuse_of_a_run_dir_whose_records_are_a_link_is_refused(gw, roots) -> None:
     earlier = accepted(gw, {"kind": "pipeline", "name": "linked"})
     (roots["runs"] / earlier).mkdir()
