@@ -9,6 +9,9 @@ stops the stack.
 Stopping goes in dependency order: the workers first, while the generator, sandbox and Redis
 they use are still up, so a running job hands itself back (checkpointed at its step boundary,
 re-queued, not left `running`); then the gateway, generator and sandbox; Redis last.
+
+Queue policy (`WORKERS`): the trainer worker takes eval jobs before train jobs, and a second
+worker serves the `eval` queue alone, so an evaluation never waits behind a long training job.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from pathlib import Path
 
 from crucible_cli.spawn import free_port, port_free, wait_healthy
 
+# Trainer workers: name -> queues, in the order each worker takes jobs from them.
+WORKERS = {"worker": "eval,train", "eval-worker": "eval"}
 # Who stops when: each stage is stopped and waited for before the next one starts.
-STOP_ORDER: tuple[tuple[str, ...], ...] = (("worker",), ("gateway", "generator", "sandbox"), ("redis",))
+STOP_ORDER: tuple[tuple[str, ...], ...] = (tuple(WORKERS), ("gateway", "generator", "sandbox"), ("redis",))
 
 
 def redis_server_binary() -> str:
@@ -124,10 +129,11 @@ class Stack:
             f"http://127.0.0.1:{self.gateway_port}",
             {"CRUCIBLE_GATEWAY_PORT": str(self.gateway_port)},
         )
-        self._start("worker", [py, "-m", "crucible_trainer.worker", "--queues", "train,eval"], redis_url, {})
+        for name, queues in WORKERS.items():
+            self._start(name, [py, "-m", "crucible_trainer.worker", "--queues", queues], redis_url, {})
         deadline = time.monotonic() + timeout
         for proc in self.procs:
-            if proc.name in ("redis", "worker"):
+            if proc.name == "redis" or proc.name in WORKERS:
                 continue
             progress(f"waiting for the {proc.name} ({proc.url}/health)")
             wait_healthy(proc.popen, proc.url, deadline - time.monotonic(), name=proc.name, log=proc.log)
@@ -168,22 +174,36 @@ class Stack:
             "generator",
             [sys.executable, "-m", "crucible_generator"],
             url,
-            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env},
+            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env, **self._adapter_roots()},
         )
+
+    def _adapter_roots(self) -> dict[str, str]:
+        """The generator loads adapters only from where the trainer may name them: the adapter
+        roots, the adapter store and the run dirs (unless CRUCIBLE_GENERATOR_ADAPTER_ROOTS is set)."""
+        from crucible_shared.paths import PathRoots
+
+        if os.environ.get("CRUCIBLE_GENERATOR_ADAPTER_ROOTS"):
+            return {}
+        dirs = (Path(self.env["CRUCIBLE_TRAINER_ADAPTER_DIR"]), Path(self.env["CRUCIBLE_TRAINER_RUNS_DIR"]))
+        roots = PathRoots().with_adapter_dirs(*dirs).adapter_roots
+        return {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": ",".join(str(r) for r in roots)}
 
     def _wait_worker(self, redis_url: str, deadline: float) -> None:
         from redis import Redis
         from rq import Worker
 
-        worker = next(p for p in self.procs if p.name == "worker")
+        workers = [p for p in self.procs if p.name in WORKERS]
         conn = Redis.from_url(redis_url)
-        while not Worker.all(connection=conn):
-            if worker.popen.poll() is not None:
-                raise RuntimeError(
-                    f"the trainer worker exited with status {worker.popen.returncode}; see {worker.log}"
-                )
+        while len(Worker.all(connection=conn)) < len(workers):
+            for worker in workers:
+                if worker.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"the trainer {worker.name} exited with status {worker.popen.returncode}; "
+                        f"see {worker.log}"
+                    )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the trainer worker did not register; see {worker.log}")
+                logs = ", ".join(str(w.log) for w in workers)
+                raise TimeoutError(f"the trainer workers did not register; see {logs}")
             time.sleep(0.25)
 
     def supervise(self, report: Callable[[str], None] = print, poll_s: float = 0.5) -> str:
@@ -193,11 +213,11 @@ class Stack:
             for proc in list(self.procs):
                 if proc.popen.poll() is None:
                     continue
-                if proc.name != "worker":
+                if proc.name not in WORKERS:
                     return proc.name
                 self.worker_restarts += 1
                 report(
-                    f"the trainer worker exited with status {proc.popen.returncode}; starting it again "
+                    f"the trainer {proc.name} exited with status {proc.popen.returncode}; starting it again "
                     f"(restart {self.worker_restarts}; its job resumes from its checkpoint; log {proc.log})"
                 )
                 self.procs.remove(proc)
@@ -213,7 +233,7 @@ class Stack:
         for stage in STOP_ORDER:
             names = set(stage) | (others if "gateway" in stage else set())
             procs = [p for p in self.procs if p.name in names]
-            if stage == ("worker",):
+            if stage == STOP_ORDER[0]:  # the workers
                 self._stop_group(procs, self.worker_stop_s, again_s=15)
             else:
                 self._stop_group(procs, 15)

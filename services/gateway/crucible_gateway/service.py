@@ -22,9 +22,9 @@ from pathlib import Path
 
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
-from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
+from crucible_shared.jobs import DPOConfig, EvalJob, PipelineJob, SFTConfig, TrainJob
 from crucible_shared.lifecycle import FINAL, JobKind, JobRecord, JobStatus, valid_job_id
-from crucible_shared.paths import PathOutsideRoots, UnsafePath, file_inside
+from crucible_shared.paths import JobPathError, UnsafePath, file_inside
 
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
@@ -38,6 +38,21 @@ def check_job_id(job_id: str) -> None:
         raise ApiError(
             422, f"{job_id[:80]!r} is not a job id (letters, digits, `_`, `.`, `-`)", field="job_id"
         )
+
+
+def training_steps(spec: TrainJob | EvalJob | PipelineJob) -> list[tuple[str, int]]:
+    """The fields that set how many steps a job trains for, with their values.
+
+    >>> training_steps(TrainJob.model_validate({"optim": {"steps": 7}}))
+    [('optim.steps', 7)]
+    """
+    if isinstance(spec, TrainJob):
+        if isinstance(spec.method, SFTConfig | DPOConfig):
+            return [("method.max_steps", spec.method.max_steps)] if spec.method.max_steps else []
+        return [("optim.steps", spec.optim.steps)]
+    if isinstance(spec, PipelineJob) and spec.train.max_steps:
+        return [("train.max_steps", spec.train.max_steps)]
+    return []
 
 
 class GatewayService:
@@ -56,15 +71,51 @@ class GatewayService:
         self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None
     ) -> tuple[str, bool]:
         try:
-            self.roots.check(spec)
-        except PathOutsideRoots as exc:
+            await asyncio.to_thread(self.roots.check_present, spec)
+        except JobPathError as exc:
             raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
+        self.check_length(spec)
+        if isinstance(spec, PipelineJob) and spec.reuse:
+            await self.check_reuse(spec.reuse)
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
         job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
         if created:
             await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
         return job_id, created
+
+    def check_length(self, spec: TrainJob | EvalJob | PipelineJob) -> None:
+        """Refuse a job longer than this gateway's cap (`max_steps`), naming the field."""
+        cap = self.settings.max_steps
+        for field, steps in training_steps(spec):
+            if steps > cap:
+                raise ApiError(
+                    422,
+                    f"{steps} steps is over this gateway's cap of {cap} (CRUCIBLE_GATEWAY_MAX_STEPS); "
+                    "ask for fewer, or continue from this job's adapter in a new job (model.init_adapter)",
+                    field=f"{spec.kind}.{field}",
+                )
+
+    async def check_reuse(self, reuse: str) -> None:
+        """`reuse` names an earlier pipeline job whose run dir has its stage records."""
+        field = "pipeline.reuse"
+        record = await self.store.get(reuse)
+        if record is None or record.kind != "pipeline":
+            what = f"a {record.kind} job" if record else "no job"
+            raise ApiError(
+                422,
+                f"{reuse!r} is {what}: reuse names an earlier pipeline job (GET /v1/jobs?kind=pipeline)",
+                field=field,
+            )
+        try:
+            await asyncio.to_thread(file_inside, Path(self.settings.runs_dir), f"{reuse}/pipeline.json")
+        except UnsafePath:
+            raise ApiError(
+                422,
+                f"pipeline job {reuse} ({record.status.value}) has no stage records to reuse yet "
+                "(its run dir has no pipeline.json)",
+                field=field,
+            ) from None
 
     async def view(self, job_id: str, with_spec: bool = True) -> JobRecord:
         check_job_id(job_id)
