@@ -18,6 +18,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from crucible_shared.overlap import OverlapSpec
+from crucible_shared.overlap import check_job as check_overlap
+
 MAX_SEED = 2**63 - 1
 MAX_STEPS = 1_000_000
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
@@ -788,6 +791,7 @@ class TrainJob(_Spec):
     reward: RewardSpec = Field(default_factory=RewardSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     publish: PublishSpec = Field(default_factory=PublishSpec)
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec, description="Rollouts overlapping the update.")
     eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
@@ -814,6 +818,11 @@ class TrainJob(_Spec):
         if "group_size" in method and method["group_size"] != size:
             raise ValueError("rollout.group_size: give method.group_size alone")
         return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> TrainJob:
+        check_overlap(self.overlap, self.method, self.publish)  # crucible_shared.overlap
+        return self
 
     @model_validator(mode="after")
     def _check_games(self) -> TrainJob:

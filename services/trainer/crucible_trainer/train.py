@@ -22,6 +22,7 @@ pre-filter's choice stay in the run dir for it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -42,17 +43,14 @@ from crucible_trainer.evaljob import evaluate_spec, served_base
 from crucible_trainer.events import EventSink, rollout_row, start_wandb
 from crucible_trainer.methods import method_module
 from crucible_trainer.policy import Policy
-from crucible_trainer.publish import Publisher, stale_check
+from crucible_trainer.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
-from crucible_trainer.rl.rollout import Roller, Sample
+from crucible_trainer.rl.overlap import Ahead, Versions, check_claims
+from crucible_trainer.rl.rollout import Roller, Sample, Timing
 from crucible_trainer.rl.update import update
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class StalePolicyError(RuntimeError):
-    """The generator does not serve the policy the trainer holds for the version it samples from."""
 
 
 class TrainRun:
@@ -68,6 +66,7 @@ class TrainRun:
         self.problems: list[Any] = []
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
         self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
+        self.ahead: Ahead | None = None  # rollouts collected ahead of the update (overlap.max_staleness > 0)
 
     # -- the job ------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -107,6 +106,8 @@ class TrainRun:
             try:
                 return await self._loop(policy, pool, sandbox, publisher)
             finally:
+                if self.ahead is not None:
+                    await self.ahead.close()
                 # A finished, cancelled or failed job frees its generator slots (--max-loras is
                 # small); its adapters stay in the store for evaluation or serving.
                 try:
@@ -146,20 +147,28 @@ class TrainRun:
             ctx = self._context(roller, prompts, sampler, publisher, 0)
             await self._prepare(ctx, sampler)
         before = await self._before(pool, sandbox, publisher.model_name, start)
+        if spec.overlap.max_staleness:
+            self.ahead = await self._start_ahead(
+                roller, prompts, sampler, publisher, pool, policy, start, version
+            )
         for step in range(start, spec.optim.steps + 1):
             self.cancel.check()
-            ctx = self._context(roller, prompts, sampler, publisher, step)
-            batch = sampler.draw(spec.optim.problems_per_step)
-            # The served version is the trainer's policy only when nothing trained since it was
-            # published (with publish.every > 1 the rollouts of the steps between are off-policy).
-            served_is_policy = spec.publish.stale_check and version == step - 1
-            metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
+            if self.ahead is not None:
+                metrics, drawn = await self._overlapped_step(policy, publisher, pool, prompts, step)
+            else:
+                ctx = self._context(roller, prompts, sampler, publisher, step, version)
+                batch = sampler.draw(spec.optim.problems_per_step)
+                # The served version is the trainer's policy only when nothing trained since it was
+                # published (with publish.every > 1 the rollouts of the steps between are off-policy).
+                served_is_policy = spec.publish.stale_check and version == step - 1
+                metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
+                drawn = sampler.state()
             version = step if step % spec.publish.every == 0 else version
             self.events.metrics(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
-                extra = {"version": version, "sampler": sampler.state(), "method": self.method_state}
+                extra = {"version": version, "sampler": drawn, "method": self.method_state}
                 await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra)
             if stopping and step < spec.optim.steps:
                 raise Interrupted(step)
@@ -212,17 +221,25 @@ class TrainRun:
         return state["step"] + 1, version
 
     def _context(
-        self, roller: Roller, prompts: PromptBook, sampler: ProblemSampler, publisher: Publisher, step: int
+        self,
+        roller: Roller,
+        prompts: PromptBook,
+        sampler: ProblemSampler,
+        publisher: Publisher,
+        step: int,
+        version: int = 0,
+        model_name: str | None = None,
     ) -> StepContext:
         return StepContext(
             self.spec,
             roller,
             prompts,
             sampler,
-            publisher.model_name,
+            model_name or publisher.model_name,
             step,
             base_name=publisher.base_name,
             state=self.method_state,
+            version=version,
         )
 
     async def _prepare(self, ctx: StepContext, sampler: ProblemSampler) -> None:
@@ -302,6 +319,96 @@ class TrainRun:
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["policy_version"] = float(step if publisher.current else 0)
         return metrics
+
+    async def _start_ahead(
+        self,
+        roller: Roller,
+        prompts: PromptBook,
+        sampler: ProblemSampler,
+        publisher: Publisher,
+        pool: GeneratorPool,
+        policy: Policy,
+        start: int,
+        version: int,
+    ) -> Ahead:
+        """Check the version the run starts from (the trainer holds exactly it now), then start
+        collecting rollouts ahead of the update (rl/overlap.py)."""
+        versions = Versions(version, publisher.model_name)
+        if self.spec.publish.stale_check:
+            probe = prompts.first(0)
+            checked = await self._stale_check(pool, policy, publisher.model_name, version, probe)
+            self.summary["stale_check_start"] = checked
+            versions.checked.add(version)
+
+        async def collect(
+            step: int, version: int, name: str
+        ) -> tuple[list[Sample], dict[str, float], Timing]:
+            ctx = self._context(roller, prompts, sampler, publisher, step, version, name)
+            batch = sampler.draw(self.spec.optim.problems_per_step)
+            samples, metrics = await self.method.collect(ctx, self.spec.method, batch)
+            return samples, metrics, ctx.timing
+
+        ahead = Ahead(
+            collect,
+            sampler,
+            publisher,
+            versions,
+            start,
+            self.spec.optim.steps,
+            self.spec.overlap.max_staleness,
+        )
+        ahead.start()
+        return ahead
+
+    async def _overlapped_step(
+        self, policy: Policy, publisher: Publisher, pool: GeneratorPool, prompts: PromptBook, step: int
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """One step on samples collected ahead: check their versions, update with the lag
+        corrected, publish, check the new version while the trainer holds it. Returns the metrics
+        and the sampler state its checkpoint saves."""
+        assert self.ahead is not None
+        spec, versions = self.spec, self.ahead.versions
+        t0 = time.perf_counter()
+        got = await self.cancel.guard(self.ahead.next())
+        t1 = time.perf_counter()
+        metrics = dict(got.metrics)
+        metrics.update(
+            check_claims(
+                got.samples,
+                step,
+                spec.overlap.max_staleness,
+                versions.checked if spec.publish.stale_check else None,
+            )
+        )
+        ucfg = dataclasses.replace(self.method.update_config(spec.method, spec), tis_cap=spec.overlap.cap)
+        metrics.update(await asyncio.to_thread(update, policy, got.samples, ucfg, spec.seed + step))
+        t2 = time.perf_counter()
+        self._log_rollouts(step, got.samples)
+        metrics.update(await publisher.publish(policy, step))
+        self.events.emit(
+            "adapter_published", step=step, name=publisher.model_name, load_s=metrics["publish/load_s"]
+        )
+        # Rollouts of the new version may start now; none trains before the check below passed.
+        await versions.advance(step, publisher.model_name)
+        if spec.publish.stale_check:
+            metrics.update(
+                await self._stale_check(pool, policy, publisher.model_name, step, prompts.first(0))
+            )
+            versions.checked.add(step)
+        metrics.update(
+            {
+                "lr": policy.lr,
+                "policy_version": float(step),
+                "time/rollout_s": got.rollout_s,
+                "time/generate_s": got.timing.generate_s,
+                "time/execute_tail_s": got.timing.execute_tail_s,
+                "time/execute_busy_s": got.timing.execute_busy_s,
+                "time/rollout_wait_s": t1 - t0,  # the part of the rollouts the update did not hide
+                "time/train_s": t2 - t1,
+                "time/step_s": time.perf_counter() - t0,
+            }
+        )
+        return metrics, got.sampler_state
 
     async def _stale_check(
         self, pool: GeneratorPool, policy: Policy, model_name: str, version: int, probe: str
