@@ -22,7 +22,6 @@ pre-filter's choice stay in the run dir for it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import random
@@ -42,18 +41,19 @@ from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
 from crucible_trainer.events import EventSink, rollout_row, start_wandb
 from crucible_trainer.methods import method_module
+from crucible_trainer.overlapped import OverlappedSteps
 from crucible_trainer.policy import Policy
 from crucible_trainer.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
-from crucible_trainer.rl.overlap import Ahead, Versions, check_claims
-from crucible_trainer.rl.rollout import Roller, Sample, Timing
+from crucible_trainer.rl.overlap import Ahead
+from crucible_trainer.rl.rollout import Roller, Sample
 from crucible_trainer.rl.update import update
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class TrainRun:
+class TrainRun(OverlappedSteps):
     """State of one training job; `run()` executes it to the end, a cancel or an error."""
 
     def __init__(self, spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel) -> None:
@@ -319,96 +319,6 @@ class TrainRun:
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["policy_version"] = float(step if publisher.current else 0)
         return metrics
-
-    async def _start_ahead(
-        self,
-        roller: Roller,
-        prompts: PromptBook,
-        sampler: ProblemSampler,
-        publisher: Publisher,
-        pool: GeneratorPool,
-        policy: Policy,
-        start: int,
-        version: int,
-    ) -> Ahead:
-        """Check the version the run starts from (the trainer holds exactly it now), then start
-        collecting rollouts ahead of the update (rl/overlap.py)."""
-        versions = Versions(version, publisher.model_name)
-        if self.spec.publish.stale_check:
-            probe = prompts.first(0)
-            checked = await self._stale_check(pool, policy, publisher.model_name, version, probe)
-            self.summary["stale_check_start"] = checked
-            versions.checked.add(version)
-
-        async def collect(
-            step: int, version: int, name: str
-        ) -> tuple[list[Sample], dict[str, float], Timing]:
-            ctx = self._context(roller, prompts, sampler, publisher, step, version, name)
-            batch = sampler.draw(self.spec.optim.problems_per_step)
-            samples, metrics = await self.method.collect(ctx, self.spec.method, batch)
-            return samples, metrics, ctx.timing
-
-        ahead = Ahead(
-            collect,
-            sampler,
-            publisher,
-            versions,
-            start,
-            self.spec.optim.steps,
-            self.spec.overlap.max_staleness,
-        )
-        ahead.start()
-        return ahead
-
-    async def _overlapped_step(
-        self, policy: Policy, publisher: Publisher, pool: GeneratorPool, prompts: PromptBook, step: int
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        """One step on samples collected ahead: check their versions, update with the lag
-        corrected, publish, check the new version while the trainer holds it. Returns the metrics
-        and the sampler state its checkpoint saves."""
-        assert self.ahead is not None
-        spec, versions = self.spec, self.ahead.versions
-        t0 = time.perf_counter()
-        got = await self.cancel.guard(self.ahead.next())
-        t1 = time.perf_counter()
-        metrics = dict(got.metrics)
-        metrics.update(
-            check_claims(
-                got.samples,
-                step,
-                spec.overlap.max_staleness,
-                versions.checked if spec.publish.stale_check else None,
-            )
-        )
-        ucfg = dataclasses.replace(self.method.update_config(spec.method, spec), tis_cap=spec.overlap.cap)
-        metrics.update(await asyncio.to_thread(update, policy, got.samples, ucfg, spec.seed + step))
-        t2 = time.perf_counter()
-        self._log_rollouts(step, got.samples)
-        metrics.update(await publisher.publish(policy, step))
-        self.events.emit(
-            "adapter_published", step=step, name=publisher.model_name, load_s=metrics["publish/load_s"]
-        )
-        # Rollouts of the new version may start now; none trains before the check below passed.
-        await versions.advance(step, publisher.model_name)
-        if spec.publish.stale_check:
-            metrics.update(
-                await self._stale_check(pool, policy, publisher.model_name, step, prompts.first(0))
-            )
-            versions.checked.add(step)
-        metrics.update(
-            {
-                "lr": policy.lr,
-                "policy_version": float(step),
-                "time/rollout_s": got.rollout_s,
-                "time/generate_s": got.timing.generate_s,
-                "time/execute_tail_s": got.timing.execute_tail_s,
-                "time/execute_busy_s": got.timing.execute_busy_s,
-                "time/rollout_wait_s": t1 - t0,  # the part of the rollouts the update did not hide
-                "time/train_s": t2 - t1,
-                "time/step_s": time.perf_counter() - t0,
-            }
-        )
-        return metrics, got.sampler_state
 
     async def _stale_check(
         self, pool: GeneratorPool, policy: Policy, model_name: str, version: int, probe: str
