@@ -62,8 +62,10 @@ class Publisher:
     async def _trim(self) -> None:
         """Unload the versions older than the window that no rollout in flight uses."""
         excess = len(self.live) - (self.window + 1)
-        for old in [n for n in self.live[: max(0, excess)] if not self.pins[n]]:
-            self.live.remove(old)
+        doomed = [n for n in self.live[: max(0, excess)] if not self.pins[n]]
+        # Taken off the list before the first await: a release and a publish may trim at once.
+        self.live = [n for n in self.live if n not in doomed]
+        for old in doomed:
             await self.pool.unload_adapter(old, missing_ok=True)
 
     def pin(self, name: str) -> None:
