@@ -4,7 +4,8 @@
 starts the background collection (rl/overlap.py), `_overlapped_step` trains one step on samples
 collected ahead: it checks the versions they claim, updates with the lag corrected
 (rl/correction.py), publishes the new version, lets rollouts of it start, and checks it while the
-trainer still holds exactly it. Everything else (metrics, checkpoints, evaluation) is the loop's.
+trainer still holds exactly it (on a GPU while the next step waits for its rollouts; that step's
+update starts only once the check passed). Everything else (metrics, checkpoints, evaluation) is the loop's.
 """
 
 from __future__ import annotations
@@ -78,18 +79,32 @@ class OverlappedSteps:
         ahead.start()
         return ahead
 
+    async def _check_published(
+        self, pool: GeneratorPool, policy: Policy, name: str, version: int, probe: str
+    ) -> dict[str, float]:
+        """The stale-policy check of a version just published (the trainer holds exactly it until
+        the next update, which waits for this)."""
+        assert self.ahead is not None
+        checked = await self._stale_check(pool, policy, name, version, probe)
+        self.ahead.versions.checked.add(version)
+        return checked
+
     async def _overlapped_step(
         self, policy: Policy, publisher: Publisher, pool: GeneratorPool, prompts: PromptBook, step: int
     ) -> tuple[dict[str, float], dict[str, Any]]:
         """One step on samples collected ahead: check their versions, update with the lag
-        corrected, publish, check the new version while the trainer holds it. Returns the metrics
-        and the sampler state its checkpoint saves."""
+        corrected, publish, check the new version while the trainer holds it (on a GPU beside the
+        next step's wait for its rollouts). Returns the metrics and the sampler state its
+        checkpoint saves."""
         assert self.ahead is not None
         spec, versions = self.spec, self.ahead.versions
         t0 = time.perf_counter()
         got = await self.cancel.guard(self.ahead.next())
-        t1 = time.perf_counter()
         metrics = dict(got.metrics)
+        if self.ahead.checking is not None:  # the version this update starts from, checked meanwhile
+            metrics.update(await self.cancel.guard(self.ahead.checking))
+            self.ahead.checking = None
+        t1 = time.perf_counter()
         metrics.update(
             check_claims(
                 got.samples,
@@ -106,13 +121,18 @@ class OverlappedSteps:
         self.events.emit(
             "adapter_published", step=step, name=publisher.model_name, load_s=metrics["publish/load_s"]
         )
-        # Rollouts of the new version may start now; none trains before the check below passed.
+        # Rollouts of the new version may start now; none trains before its check passed.
         await versions.advance(step, publisher.model_name)
         if spec.publish.stale_check:
-            metrics.update(
-                await self._stale_check(pool, policy, publisher.model_name, step, prompts.first(0))
+            self.ahead.checking = asyncio.create_task(
+                self._check_published(pool, policy, publisher.model_name, step, prompts.first(0))
             )
-            versions.checked.add(step)
+            if step == spec.optim.steps or not policy.device.startswith("cuda"):
+                # On a CPU the trainer's scoring and the generator share the cores (as in the
+                # synchronous loop, the check runs alone); on a GPU it runs while the next step
+                # waits for its rollouts, and that step's update waits for it.
+                metrics.update(await self.cancel.guard(self.ahead.checking))
+                self.ahead.checking = None
         metrics.update(
             {
                 "lr": policy.lr,

@@ -90,6 +90,9 @@ class Ahead:
         self.versions, self.first, self.last, self.max_staleness = versions, first, last, max_staleness
         self.ready: asyncio.Queue[Collected] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        # The stale-policy check of the newest version, run by the training loop while it waits
+        # for the next step's samples (crucible_trainer/overlapped.py); closed with the rest.
+        self.checking: asyncio.Task[dict[str, float]] | None = None
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name="rollouts-ahead")
@@ -123,16 +126,17 @@ class Ahead:
         raise RuntimeError("the rollouts ran out before the training loop did")
 
     async def close(self) -> None:
-        """Stop collecting (the job ended, failed or was cancelled); an error of the background
-        task is dropped here: the loop's own, if any, is the one reported."""
-        if self.task is None:
-            return
-        if not self.task.done():
-            self.task.cancel()
-        try:
-            await self.task
-        except BaseException:
-            pass
+        """Stop collecting and checking (the job ended, failed or was cancelled); an error of
+        those tasks is dropped here: the loop's own, if any, is the one reported."""
+        for task in (self.task, self.checking):
+            if task is None:
+                continue
+            if not task.done():
+                task.cancel()
+            try:
+                await task
+            except BaseException:
+                pass
 
 
 def check_claims(
