@@ -61,6 +61,7 @@ def test_overlapped_run_samples_are_claimed_scored_and_weighted(
     monkeypatch.setattr(overlapped, "update", spying_update)
     spec = tiny_job(
         data={"dataset": "mbpp", "ids": [601, 602, 603]},
+        rollout={"max_tokens": 48},  # this test runs four jobs' worth of model: keep them short
         optim={"steps": 3, "lr": 3e-3},
         publish={"staleness_window": 0},  # only versions in use stay loaded
         overlap={"max_staleness": 1, "cap": CAP},
