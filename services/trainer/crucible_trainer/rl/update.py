@@ -25,6 +25,7 @@ import torch
 
 from crucible_trainer.policy import Policy, make_batch, right_align
 from crucible_trainer.rl import losses
+from crucible_trainer.rl.correction import Correction
 from crucible_trainer.rl.rollout import Sample
 
 
@@ -41,6 +42,7 @@ class UpdateConfig:
     max_tokens: int = 256  # Dr. GRPO's constant normaliser
     always_score_old: bool = False  # PPO: log p_old from a separate no-grad pass
     ratio: Literal["token", "sequence"] = "token"  # PPO: one ratio per token or per completion
+    tis_cap: float | None = None  # overlapped rollouts: truncated importance sampling (rl/correction.py)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
         else None
     )
     ref = policy.score(prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    tis = Correction(cfg.tis_cap) if cfg.tis_cap is not None else None
+    if tis is not None and (cfg.objective != "clip" or cfg.ratio != "token"):
+        raise ValueError("the importance-sampling correction needs the clipped objective with token ratios")
     rng = random.Random(seed)
     order = list(range(len(samples)))
     micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
@@ -128,6 +133,9 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
                     denominator=norm.tokens
                     if cfg.aggregation == "token" and cfg.ratio == "token"
                     else norm.sequences,
+                    token_weights=None
+                    if tis is None
+                    else tis.weights(old_lp, [samples[i] for i in idx], b.tail_mask, b.tail, iteration == 0),
                 )
             out.loss.backward()
             sums["loss"] += float(out.loss.detach())
@@ -150,4 +158,6 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
     metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
+    if tis is not None:
+        metrics.update(tis.metrics())
     return metrics
