@@ -18,6 +18,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from crucible_shared.distributed import DistributedSpec
+
 MAX_SEED = 2**63 - 1
 MAX_STEPS = 1_000_000
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
@@ -791,6 +793,9 @@ class TrainJob(_Spec):
     eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec, description="Ranks that train the job (crucible_shared.distributed)."
+    )
     seed: Seed = Field(0, description="Seeds sampling, shuffling and initialisation.")
     max_attempts: int | None = _ATTEMPTS
 
@@ -850,6 +855,7 @@ class TrainJob(_Spec):
             ("rollout", f"{offline}: nothing is sampled"),
             ("reward", f"{offline}: nothing is executed"),
             ("publish", "the adapter is published once, when training ends"),
+            ("distributed", f"{offline} in one process (TRL)"),
         ):
             if self._changed(name):
                 raise unused(name, reason)

@@ -14,6 +14,7 @@ import stat
 import time
 from pathlib import Path
 
+from crucible_shared.distributed import too_many_ranks
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
@@ -47,12 +48,21 @@ class GatewayService:
             self.roots.check(spec)
         except PathOutsideRoots as exc:
             raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
+        if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
+            await self._check_ranks(spec.distributed.train_gpus)
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
         job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
         if created:
             await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
         return job_id, created
+
+    async def _check_ranks(self, asked: int) -> None:
+        """Refuse a job no live worker can launch; with no worker up yet, the job waits in the
+        queue and the worker that takes it checks again."""
+        reported = await asyncio.to_thread(self.store.worker_ranks)
+        if reported and asked > max(reported):
+            raise ApiError(422, too_many_ranks(asked, max(reported)), field="train.distributed.train_gpus")
 
     async def view(self, job_id: str, with_spec: bool = True) -> JobRecord:
         check_job_id(job_id)

@@ -38,12 +38,17 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def runner_for(kind: str, method: str | None = None) -> Runner:
+def runner_for(kind: str, method: str | None = None, ranks: int = 1) -> Runner:
     """The coroutine that runs a job of `kind` (imported late: torch loads with the trainer).
 
     Train jobs of an offline method (SFT, DPO: TRL on a file) run `offline.job`, not the online
-    loop of `train.py`, which samples, executes and updates every step.
+    loop of `train.py`, which samples, executes and updates every step. A train job of several
+    ranks (`distributed.train_gpus`) runs them under `torchrun` (`distributed/launch.py`).
     """
+    if kind == "train" and ranks > 1:
+        from crucible_trainer.distributed.launch import run_distributed_job
+
+        return run_distributed_job
     if kind == "train" and method in OFFLINE_METHODS:
         from crucible_trainer.offline.job import run_offline_train_job
 
@@ -71,7 +76,8 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
         return {"job_id": job_id, "status": "skipped"}
     try:
         with channel.heartbeat(settings.heartbeat_s):
-            runner = runner_for(spec.kind, getattr(getattr(spec, "method", None), "name", None))
+            ranks = getattr(getattr(spec, "distributed", None), "train_gpus", 1)
+            runner = runner_for(spec.kind, getattr(getattr(spec, "method", None), "name", None), ranks)
             summary = asyncio.run(runner(spec, job_id, settings, channel))
     except Cancelled:
         summary = {"job_id": job_id, "status": JobStatus.cancelled.value}

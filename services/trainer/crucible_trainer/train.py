@@ -45,7 +45,7 @@ from crucible_trainer.policy import Policy
 from crucible_trainer.publish import Publisher, stale_check
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
 from crucible_trainer.rl.rollout import Roller, Sample
-from crucible_trainer.rl.update import update
+from crucible_trainer.rl.update import UpdateConfig, update
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,15 @@ class TrainRun:
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
         self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
 
+    # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
+    def make_policy(self) -> Policy:
+        return Policy(self.spec.model, self.spec.optim, self.spec.seed)
+
+    def update_policy(
+        self, policy: Policy, samples: list[Sample], cfg: UpdateConfig, seed: int
+    ) -> dict[str, float]:
+        return update(policy, samples, cfg, seed)
+
     # -- the job ------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         settings, roots = self.settings, self.settings.path_roots()
@@ -85,7 +94,7 @@ class TrainRun:
         self.problems = tasks.load_tasks(spec.data)
         if not self.problems:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")
-        policy = await asyncio.to_thread(Policy, spec.model, spec.optim, spec.seed)
+        policy = await asyncio.to_thread(self.make_policy)
         wandb_run = start_wandb(
             self.job_id,
             spec.logging.wandb_mode,
@@ -283,7 +292,7 @@ class TrainRun:
         t2 = time.perf_counter()
         metrics.update(checked)
         ucfg = self.method.update_config(spec.method, spec)
-        metrics.update(await asyncio.to_thread(update, policy, samples, ucfg, spec.seed + step))
+        metrics.update(await asyncio.to_thread(self.update_policy, policy, samples, ucfg, spec.seed + step))
         t3 = time.perf_counter()
         metrics["lr"] = policy.lr
         metrics["time/rollout_s"] = t1 - t0 - waited

@@ -1,0 +1,158 @@
+"""The data-parallel update (2 processes on `gloo`) gives the one-process gradients and adapter.
+
+Rank 0 drives rank 1 through the command channel exactly as a job does (`init`, `update`,
+`stop`); every optimizer step's gradient (gathered from its shards under FSDP) and the adapter
+after the update are compared with one process running `rl/update.py` on the same batch. The
+batch has a zero-advantage group and five trained samples, so with a micro-batch of 2 the ranks'
+shares differ and one rank runs an empty micro-batch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.families import build_family
+
+pytestmark = pytest.mark.slow  # two processes that each load torch, transformers and PEFT
+
+
+def batch() -> list:
+    from crucible_trainer.rl.rollout import Sample
+
+    def sample(group: int, prompt: list[int], completion: list[int], advantage: float) -> Sample:
+        return Sample(group, group, prompt, completion, "", "", None, None, reward=1.0, advantage=advantage)
+
+    return [
+        sample(0, [5, 6, 7], [8, 9, 10, 11], 1.2),
+        sample(0, [5, 6, 7], [12], -0.4),
+        sample(0, [5, 6, 7], [13, 14], -0.8),
+        sample(1, [20, 21], [22, 23, 24], 0.0),
+        sample(1, [20, 21], [25], 0.0),
+        sample(2, [30], [31, 32, 33, 34, 35], 0.7),
+        sample(2, [30], [36, 37], -0.7),
+    ]
+
+
+def spec_json(model: Path) -> str:
+    from crucible_shared.jobs import TrainJob
+
+    spec = TrainJob.model_validate(
+        {
+            "model": {"base": str(model), "device": "cpu", "dtype": "float32", "lora_r": 4},
+            "optim": {"lr": 1e-2, "micro_batch": 2, "max_grad_norm": 1.0},
+            "seed": 3,
+        }
+    )
+    return spec.model_dump_json()
+
+
+def trained(policy) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in policy.model.named_parameters():
+        if p.requires_grad:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[name] = full.detach().clone()
+    return out
+
+
+def recording(policy, record: list) -> None:
+    """Keep each optimizer step's full gradient (a collective under FSDP: every rank records)."""
+    inner = policy.step
+
+    def step() -> float:
+        grads = {}
+        for name, p in policy.model.named_parameters():
+            if p.requires_grad and p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grads[name] = g.detach().clone()
+        record.append(grads)
+        return inner()
+
+    policy.step = step
+
+
+def one_process(model: Path, cfg) -> tuple[list, dict]:
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.update import update
+
+    spec = TrainJob.model_validate_json(spec_json(model))
+    policy = Policy(spec.model, spec.optim, spec.seed)
+    record: list = []
+    recording(policy, record)
+    update(policy, batch(), cfg, seed=11)
+    return record, trained(policy)
+
+
+def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg, out: Path) -> None:
+    import torch.distributed as dist
+    from crucible_trainer.distributed.leader import make_rank_policy
+    from crucible_trainer.distributed.parallel import DataParallel
+    from crucible_trainer.distributed.ranks import Control, follow
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    control = Control()
+    parallel = DataParallel(strategy, rank, world)
+    record: list = []
+
+    def make(spec: str, leader: Control | None = None):
+        policy = make_rank_policy(spec, "cpu", parallel, leader)
+        recording(policy, record)
+        return policy
+
+    if rank == 0:
+        control.send("init", spec_json(model))
+        policy = make(spec_json(model), control)
+        metrics = policy.run_update(batch(), cfg, 11)
+        control.send("stop")
+        torch.save({"grads": record, "adapter": trained(policy), "metrics": metrics}, out / "rank0.pt")
+    else:
+        follow(control, make)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_family("llama", tmp_path_factory.mktemp("models"))
+
+
+CASES = {
+    "ddp-one-step": ("ddp", {}),
+    "ddp-accumulation-iterations": ("ddp", {"grad_accum": 1, "iterations": 2}),
+    "fsdp-one-step": ("fsdp", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, tmp_path) -> None:
+    import torch.multiprocessing as mp
+    from crucible_trainer.rl.update import UpdateConfig
+
+    strategy, options = CASES[case]
+    cfg = UpdateConfig(micro_batch=2, **options)
+    want_grads, want_adapter = one_process(tiny_llama, cfg)
+    mp.spawn(rank_main, args=(2, free_port(), tiny_llama, strategy, cfg, tmp_path), nprocs=2, join=True)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+
+    assert len(got["grads"]) == len(want_grads) >= 1
+    for got_step, want_step in zip(got["grads"], want_grads, strict=True):
+        assert got_step.keys() == want_step.keys()
+        assert sum(float(g.abs().sum()) for g in want_step.values()) > 0
+        for name, want in want_step.items():
+            torch.testing.assert_close(got_step[name], want, rtol=1e-4, atol=1e-6, msg=name)
+    for name, want in want_adapter.items():
+        torch.testing.assert_close(got["adapter"][name], want, rtol=1e-4, atol=1e-6, msg=name)
+    assert got["metrics"]["update/sequences"] == 5
