@@ -8,6 +8,7 @@ and the stale-policy check stay on rank 0, as in one process.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ class RankChannel(JobChannel):
 
 
 def rank_channel(settings: Settings, job_id: str, stop_file: Path) -> RankChannel:
-    """The job's Redis channel where the worker has Redis; else events only in the run dir
+    """The job's Redis channel where the worker has Redis; else events on rank 0's output
     (benchmarks, `torchrun` by hand)."""
     if settings.redis_url:
         from redis import Redis
@@ -95,4 +96,9 @@ def rank_channel(settings: Settings, job_id: str, stop_file: Path) -> RankChanne
         from crucible_trainer.channel import RedisChannel
 
         return RankChannel(RedisChannel(Redis.from_url(settings.redis_url), job_id), stop_file)
-    return RankChannel(LocalChannel(job_id), stop_file)
+    return RankChannel(LocalChannel(job_id, _print_event), stop_file)
+
+
+def _print_event(kind: str, record: dict[str, Any]) -> None:
+    """Events as JSON lines on rank 0's output (the worker keeps it in `ranks/torchrun.log`)."""
+    print(json.dumps(record, default=str), flush=True)
