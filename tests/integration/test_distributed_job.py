@@ -42,7 +42,7 @@ def test_two_rank_job_finishes_and_publishes(stack_generator, sandbox, stack_dir
 
 def test_more_ranks_than_the_worker_has_fail_at_start(stack_generator, sandbox, stack_dirs) -> None:
     settings = two_ranks(stack_generator, sandbox, stack_dirs)
-    with pytest.raises(ValueError, match="distributed.train_gpus: the job asks for 4 ranks"):
+    with pytest.raises(ValueError, match=r"distributed\.train_gpus: the job asks for 4 ranks"):
         run(tiny_job(distributed={"train_gpus": 4}), "dist-four", settings)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.families import build_family
 
@@ -51,15 +52,6 @@ def spec_json(model: Path) -> str:
     return spec.model_dump_json()
 
 
-def trained(policy) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, p in policy.model.named_parameters():
-        if p.requires_grad:
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            out[name] = full.detach().clone()
-    return out
-
-
 def recording(policy, record: list) -> None:
     """Keep each optimizer step's full gradient (a collective under FSDP: every rank records)."""
     inner = policy.step
@@ -76,7 +68,7 @@ def recording(policy, record: list) -> None:
     policy.step = step
 
 
-def one_process(model: Path, cfg) -> tuple[list, dict]:
+def one_process(model: Path, cfg, out: Path) -> tuple[list, dict]:
     from crucible_shared.jobs import TrainJob
     from crucible_trainer.policy import Policy
     from crucible_trainer.rl.update import update
@@ -86,7 +78,8 @@ def one_process(model: Path, cfg) -> tuple[list, dict]:
     record: list = []
     recording(policy, record)
     update(policy, batch(), cfg, seed=11)
-    return record, trained(policy)
+    policy.write_adapter(out)
+    return record, load_file(str(out / "adapter_model.safetensors"))
 
 
 def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg, out: Path) -> None:
@@ -111,8 +104,9 @@ def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg,
         control.send("init", spec_json(model))
         policy = make(spec_json(model), control)
         metrics = policy.run_update(batch(), cfg, 11)
+        policy.write_adapter(out / "adapter")  # gathered from the shards under FSDP
         control.send("stop")
-        torch.save({"grads": record, "adapter": trained(policy), "metrics": metrics}, out / "rank0.pt")
+        torch.save({"grads": record, "metrics": metrics}, out / "rank0.pt")
     else:
         follow(control, make)
     dist.destroy_process_group()
@@ -143,7 +137,7 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
 
     strategy, options = CASES[case]
     cfg = UpdateConfig(micro_batch=2, **options)
-    want_grads, want_adapter = one_process(tiny_llama, cfg)
+    want_grads, want_adapter = one_process(tiny_llama, cfg, tmp_path / "one")
     mp.spawn(rank_main, args=(2, free_port(), tiny_llama, strategy, cfg, tmp_path), nprocs=2, join=True)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
 
@@ -153,6 +147,8 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
         assert sum(float(g.abs().sum()) for g in want_step.values()) > 0
         for name, want in want_step.items():
             torch.testing.assert_close(got_step[name], want, rtol=1e-4, atol=1e-6, msg=name)
+    got_adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert got_adapter.keys() == want_adapter.keys()
     for name, want in want_adapter.items():
-        torch.testing.assert_close(got["adapter"][name], want, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=1e-6, msg=name)
     assert got["metrics"]["update/sequences"] == 5
