@@ -38,7 +38,9 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model.base of the job")
     p.add_argument("--shape", help="build this shape with random weights (bench/model_shapes.py)")
-    p.add_argument("--tiny", action="store_true", help="a 2-layer Qwen2.5-Coder-1.5B shape on CPU (gloo)")
+    p.add_argument(
+        "--tiny", action="store_true", help="a tiny random Qwen2 on CPU (gloo): a check of the script"
+    )
     p.add_argument("--gpus", default="1,2,4", help="comma-separated rank counts")
     p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
     p.add_argument("--prompts", type=int, default=8)
@@ -61,15 +63,13 @@ def main() -> None:
         args.steps, args.micro_batch = min(args.steps, 2), 4
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
-        if args.shape or args.tiny:
+        if args.tiny:
+            model = tiny_model(Path(tmp) / "tiny")
+        elif args.shape:
             sys.path.insert(0, str(ROOT / "bench"))
             from model_shapes import build
 
-            device = "cpu" if args.tiny else "cuda"
-            name = args.shape or "qwen2.5-coder-1.5b"
-            model = build(name, Path(tmp), device, "float32" if args.tiny else "bfloat16", 0, args.tiny)[
-                "path"
-            ]
+            model = build(args.shape, Path(tmp), "cuda", "bfloat16", 0, False)["path"]
         results = []
         for n in [int(x) for x in args.gpus.split(",")]:
             out = Path(tmp) / f"ranks-{n}.json"
@@ -89,6 +89,31 @@ def main() -> None:
     report["runs"] = results
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+
+
+def tiny_model(out: Path) -> str:
+    """A 2-layer Qwen2 of hidden size 64 with the built-in tokenizer (random weights, CPU)."""
+    import crucible_models
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = crucible_models.load_tokenizer()
+    config = AutoConfig.for_model(
+        "qwen2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
 
 
 def rank(args: argparse.Namespace) -> None:

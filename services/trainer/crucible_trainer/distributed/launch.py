@@ -54,6 +54,8 @@ def rank_env(settings: Settings) -> dict[str, str]:
             env.pop(key, None)
         else:
             env[key] = ",".join(value) if isinstance(value, list) else str(value)
+    if settings.redis_url is None:  # the worker's choice, not an alias the ranks would find
+        env.pop("REDIS_URL", None)
     env.setdefault("OMP_NUM_THREADS", "1")
     for guard in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         env.setdefault(guard, "0" if guard == "NCCL_NVLS_ENABLE" else "1")

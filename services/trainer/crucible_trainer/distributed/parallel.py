@@ -16,6 +16,7 @@ synchronises (DDP's `no_sync`, FSDP's `set_requires_gradient_sync`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Literal
 
@@ -54,20 +55,23 @@ class DataParallel(Parallel):
 
     # -- wrapping -----------------------------------------------------------------------------
     def wrap(self, policy: Any) -> None:
-        checkpointing = getattr(policy.model, "is_activation_checkpointing", None)
-        if checkpointing is None:  # transformers before 5.x
-            checkpointing = policy.model.is_gradient_checkpointing
-        if checkpointing:
+        if any(getattr(m, "gradient_checkpointing", False) is True for m in policy.model.modules()):
             # Reentrant checkpointing runs backward hooks twice, which DDP's reducer refuses.
             policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             device = torch.device(policy.device)
+            # No buffer sync in forward: a forward on rank 0 alone (the stale check) stays local.
+            # (torch 2.13 renames the switch; 2.11, on the GPU hosts, knows only the old name.)
+            params = inspect.signature(DistributedDataParallel.__init__).parameters
+            local = (
+                {"forward_sync_buffers": False}
+                if "forward_sync_buffers" in params
+                else {"broadcast_buffers": False}
+            )
             policy.runner = DistributedDataParallel(
-                policy.model,
-                device_ids=[device.index] if device.type == "cuda" else None,
-                broadcast_buffers=False,  # no buffer changes; a forward on rank 0 alone stays local
+                policy.model, device_ids=[device.index] if device.type == "cuda" else None, **local
             )
         else:
             shard(policy.model)
