@@ -123,20 +123,37 @@ async def run_distributed_job(
 
 
 def describe_failure(folder: Path, ranks: int, code: int | None) -> str:
-    """Which rank failed first and why: torchrun's root cause (a rank killed by a signal writes
-    nothing itself), with that rank's own error where it wrote one."""
+    """Which rank failed and why. A rank killed by a signal writes nothing, the ranks that were
+    talking to it fail too ("connection closed") and torchrun stops the rest with SIGTERM: a rank
+    killed by another signal is the cause, else torchrun's root cause, else the first rank that
+    wrote an error."""
     log = folder / "torchrun.log"
     text = log.read_text(errors="replace") if log.exists() else ""
-    cause = text[text.find("Root Cause") :] if "Root Cause" in text else ""
-    found = re.search(r"rank\s*:\s*(\d+)", cause)
-    rank = int(found.group(1)) if found else None
-    errors = [r for r in range(ranks) if (folder / f"rank-{r}.error").exists()]
-    if rank is None and errors:
-        rank = errors[0]
-    if rank is not None and (folder / f"rank-{rank}.error").exists():
+    failures = torchrun_failures(text)
+    root = torchrun_failures(text[text.find("Root Cause") :]) if "Root Cause" in text else {}
+    written = [r for r in range(ranks) if (folder / f"rank-{r}.error").exists()]
+    killed = [r for r, (exit_code, _) in failures.items() if exit_code < 0 and exit_code != -15]
+    candidates = [*killed, *root, *written, *failures]
+    rank = candidates[0] if candidates else None
+    if rank is not None and rank in written and rank not in killed:
         detail = (folder / f"rank-{rank}.error").read_text().splitlines()[0]
+    elif rank is not None and rank in failures:
+        exit_code, lines = failures[rank]
+        detail = "; ".join([f"exit code {exit_code}", *lines])
     else:
-        told = [ln.strip() for ln in cause.splitlines() if re.search(r"exitcode|traceback|Signal", ln)]
-        detail = "; ".join(told) or f"torchrun exited with {code}"
+        detail = f"torchrun exited with {code}"
     who = f"rank {rank} of {ranks}" if rank is not None else f"a rank of {ranks}"
     return f"{who} failed: {detail} (log: {log})"
+
+
+def torchrun_failures(text: str) -> dict[int, tuple[int, list[str]]]:
+    """The failed ranks torchrun's summary lists: rank -> (exit code, its traceback line)."""
+    out: dict[int, tuple[int, list[str]]] = {}
+    for rank, exit_code, rest in re.findall(
+        r"^[ \t]*rank[ \t]*:[ \t]*(\d+).*?exitcode[ \t]*:[ \t]*(-?\d+)(.*?)(?=\n\[\d+\]:|\n-{5,}|\n={5,}|\Z)",
+        text,
+        re.S | re.M,
+    ):
+        lines = [ln.strip() for ln in rest.splitlines() if ln.strip().startswith("traceback")]
+        out.setdefault(int(rank), (int(exit_code), lines))
+    return out
