@@ -56,11 +56,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    if args.rank_of is not None:
-        return rank(args)
     if args.tiny:
         args.prompts, args.group, args.max_tokens, args.prompt_tokens = 2, 4, 8, 8
         args.steps, args.micro_batch = min(args.steps, 2), 4
+    if args.rank_of is not None:
+        return rank(args)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.tiny:

@@ -38,6 +38,11 @@ def redis_server_binary() -> str:
     return found
 
 
+def gpu_env(gpus: str | None) -> dict[str, str]:
+    """The environment that shows a process only `gpus` ("0", "1,2,3"); {} for every device."""
+    return {} if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus}
+
+
 @dataclass
 class Proc:
     name: str
@@ -57,6 +62,10 @@ class Stack:
     redis_url: str | None = None
     model: str | None = None
     generator_backend: str | None = None  # auto | vllm | crucible (generator_backend.pick)
+    # CUDA devices ("0", "1,2,3") of the generator and of the trainer worker, whose jobs run up to
+    # that many ranks (`distributed.train_gpus`); None: every device the host shows.
+    generator_gpus: str | None = None
+    trainer_gpus: str | None = None
     procs: list[Proc] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     worker_restarts: int = 0
@@ -127,7 +136,12 @@ class Stack:
             f"http://127.0.0.1:{self.gateway_port}",
             {"CRUCIBLE_GATEWAY_PORT": str(self.gateway_port)},
         )
-        self._start("worker", [py, "-m", "crucible_trainer.worker", "--queues", "train,eval"], redis_url, {})
+        self._start(
+            "worker",
+            [py, "-m", "crucible_trainer.worker", "--queues", "train,eval"],
+            redis_url,
+            gpu_env(self.trainer_gpus),
+        )
         deadline = time.monotonic() + timeout
         for proc in self.procs:
             if proc.name in ("redis", "worker"):
@@ -149,14 +163,20 @@ class Stack:
             model = self.model or DEFAULT_MODEL
             progress(f"generator: vLLM serving {model}")
             command = generator_backend.vllm_command(model, model, self.generator_port)
-            self._start("generator", command, url, generator_backend.VLLM_ENV)
+            self._start(
+                "generator", command, url, {**generator_backend.VLLM_ENV, **gpu_env(self.generator_gpus)}
+            )
             return
         model_env = {"CRUCIBLE_GENERATOR_MODEL": self.model} if self.model else {}
         self._start(
             "generator",
             [sys.executable, "-m", "crucible_generator"],
             url,
-            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env},
+            {
+                "CRUCIBLE_GENERATOR_PORT": str(self.generator_port),
+                **model_env,
+                **gpu_env(self.generator_gpus),
+            },
         )
 
     def _wait_worker(self, redis_url: str, deadline: float) -> None:

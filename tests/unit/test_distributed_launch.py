@@ -84,3 +84,11 @@ def test_ranks_get_the_settings_in_their_environment(tmp_path: Path, monkeypatch
     command = torchrun_command(2, "job-1", tmp_path / "spec.json")
     assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in command
     assert command[command.index("--job-id") + 1] == "job-1"
+
+
+def test_crucible_up_shows_each_service_only_its_gpus() -> None:
+    from crucible_cli.stack import Stack, gpu_env
+
+    assert gpu_env("1,2,3") == {"CUDA_VISIBLE_DEVICES": "1,2,3"} and gpu_env(None) == {}
+    stack = Stack(generator_gpus="0", trainer_gpus="1,2,3")
+    assert (stack.generator_gpus, stack.trainer_gpus) == ("0", "1,2,3")

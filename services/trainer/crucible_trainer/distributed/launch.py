@@ -97,10 +97,14 @@ async def run_distributed_job(
         proc = await asyncio.create_subprocess_exec(
             *torchrun_command(asked, job_id, spec_path),
             env=rank_env(settings),
-            stdout=log,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: stopped as one
+            limit=2**24,  # one event line may hold a whole summary
         )
+        assert proc.stdout is not None
+        # Without Redis (`crucible train --local`) rank 0 prints its events: shown as the job's.
+        relay = asyncio.create_task(_relay(proc.stdout, log, channel if not settings.redis_url else None))
         try:
             while True:
                 try:
@@ -109,10 +113,14 @@ async def run_distributed_job(
                 except TimeoutError:
                     if channel.stop_requested():
                         (folder / "stop").touch()
+                    if channel.cancel_requested():
+                        (folder / "cancel").touch()
+            await relay
         finally:
             if proc.returncode is None:  # the worker itself is going away: take the ranks along
                 os.killpg(proc.pid, signal.SIGTERM)
                 await proc.wait()
+            relay.cancel()
     result = folder / "result.json"
     if proc.returncode != 0 or not result.exists():
         raise RankFailed(describe_failure(folder, asked, proc.returncode))
@@ -120,6 +128,21 @@ async def run_distributed_job(
     if outcome["status"] == "interrupted":
         raise Interrupted(outcome["step"])
     return outcome["summary"]
+
+
+async def _relay(stream: asyncio.StreamReader, log: Any, channel: JobChannel | None) -> None:
+    """Copy torchrun's output to its log; pass rank 0's event lines on to `channel`."""
+    async for line in stream:
+        log.write(line)
+        log.flush()
+        if channel is not None and line.startswith(b'{"type"'):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            kind = record.pop("type")
+            record.pop("time", None)
+            channel.emit(kind, **record)
 
 
 def describe_failure(folder: Path, ranks: int, code: int | None) -> str:

@@ -67,8 +67,9 @@ def _without_result(sample: Sample) -> Sample:
 
 
 class RankChannel(JobChannel):
-    """Rank 0's view of the job's channel: the worker's channel for everything it says, and a stop
-    file the worker writes when it is asked to stop (its SIGTERM does not reach the ranks)."""
+    """Rank 0's view of the job's channel: the worker's channel for everything it says, and the
+    files the worker writes when it is asked to stop (its SIGTERM does not reach the ranks) or the
+    job to cancel (a cancel without Redis: Ctrl-C in `crucible train --local`)."""
 
     def __init__(self, inner: JobChannel, stop_file: Path) -> None:
         self.inner, self.stop_file = inner, stop_file
@@ -81,7 +82,7 @@ class RankChannel(JobChannel):
         self.inner.emit(kind, **data)
 
     def cancel_requested(self) -> bool:
-        return self.inner.cancel_requested()
+        return self.inner.cancel_requested() or self.stop_file.with_name("cancel").exists()
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
