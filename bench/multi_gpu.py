@@ -47,7 +47,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--steps", type=int, default=4, help="timed steps (+1 warm-up)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps (+1 warm-up)")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)  # internal: run as a rank

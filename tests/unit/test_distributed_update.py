@@ -152,3 +152,55 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
     for name, want in want_adapter.items():
         torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=1e-6, msg=name)
     assert got["metrics"]["update/sequences"] == 5
+
+
+def hung_rank_main(rank: int, port: int, model: str, out: str) -> None:
+    """Rank 1 stops (SIGSTOP: alive, silent); rank 0 must fail at the collective timeout."""
+    import signal
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from crucible_trainer.distributed.leader import make_rank_policy
+    from crucible_trainer.distributed.parallel import DataParallel
+    from crucible_trainer.distributed.ranks import Control
+    from crucible_trainer.rl.update import UpdateConfig
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=10)
+    )
+    control = Control()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    started = time.monotonic()
+    try:
+        control.send("init", spec_json(Path(model)))
+        policy = make_rank_policy(spec_json(Path(model)), "cpu", DataParallel("ddp", 0, 2), control)
+        policy.run_update(batch(), UpdateConfig(micro_batch=2), 0)
+        Path(out).write_text("no error")
+    except Exception as exc:
+        Path(out).write_text(f"{type(exc).__name__} after {time.monotonic() - started:.0f}s: {exc}")
+
+
+def test_a_hung_rank_fails_the_update_at_the_collective_timeout(tiny_llama, tmp_path) -> None:
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("spawn")
+    port, out = free_port(), tmp_path / "rank0.txt"
+    procs = [ctx.Process(target=hung_rank_main, args=(r, port, str(tiny_llama), str(out))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        procs[0].join(timeout=300)
+        assert not procs[0].is_alive(), "rank 0 hung with its peer"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+            p.join(10)
+    text = out.read_text()
+    assert text != "no error" and ("timed out" in text.lower() or "timeout" in text.lower()), text
+    assert int(text.split(" after ")[1].split("s")[0]) < 120, text
