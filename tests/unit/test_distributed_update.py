@@ -1,4 +1,5 @@
-"""The data-parallel update (2 processes on `gloo`) gives the one-process gradients and adapter.
+"""The data-parallel update (2 processes on `gloo`) gives the one-process gradients and adapter, and
+resumes exactly from a checkpoint.
 
 Rank 0 drives rank 1 through the command channel exactly as a job does (`init`, `update`,
 `stop`); every optimizer step's gradient (gathered from its shards under FSDP) and the adapter
@@ -84,6 +85,7 @@ def one_process(model: Path, cfg, out: Path) -> tuple[list, dict]:
 
 def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg, out: Path) -> None:
     import torch.distributed as dist
+    from crucible_trainer import checkpoint
     from crucible_trainer.distributed.leader import make_rank_policy
     from crucible_trainer.distributed.parallel import DataParallel
     from crucible_trainer.distributed.ranks import Control, follow
@@ -104,9 +106,17 @@ def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg,
         control.send("init", spec_json(model))
         policy = make(spec_json(model), control)
         metrics = policy.run_update(batch(), cfg, 11)
+        grads = list(record)
         policy.write_adapter(out / "adapter")  # gathered from the shards under FSDP
+        # Exact resume: a checkpoint, a second update, back to the checkpoint, the same update again.
+        saved = checkpoint.save(policy, out / "run", 1, {})
+        policy.run_update(batch(), cfg, 12)
+        policy.write_adapter(out / "second")
+        checkpoint.restore(policy, saved)
+        policy.run_update(batch(), cfg, 12)
+        policy.write_adapter(out / "again")
         control.send("stop")
-        torch.save({"grads": record, "metrics": metrics}, out / "rank0.pt")
+        torch.save({"grads": grads, "metrics": metrics}, out / "rank0.pt")
     else:
         follow(control, make)
     dist.destroy_process_group()
@@ -152,6 +162,11 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
     for name, want in want_adapter.items():
         torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=1e-6, msg=name)
     assert got["metrics"]["update/sequences"] == 5
+    second = load_file(str(tmp_path / "second" / "adapter_model.safetensors"))
+    again = load_file(str(tmp_path / "again" / "adapter_model.safetensors"))
+    assert any(not torch.equal(second[n], got_adapter[n]) for n in second)  # the second update moved it
+    for name, want in second.items():  # and the one after the restore moved it the same way
+        torch.testing.assert_close(again[name], want, rtol=0, atol=1e-7, msg=name)
 
 
 def hung_rank_main(rank: int, port: int, model: str, out: str) -> None:
@@ -170,7 +185,7 @@ def hung_rank_main(rank: int, port: int, model: str, out: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=10)
     )
-    control = Control()
+    control = Control(timedelta(seconds=10))
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
         return
@@ -182,6 +197,8 @@ def hung_rank_main(rank: int, port: int, model: str, out: str) -> None:
         Path(out).write_text("no error")
     except Exception as exc:
         Path(out).write_text(f"{type(exc).__name__} after {time.monotonic() - started:.0f}s: {exc}")
+    # As rank.py does after a failure: gloo's threads still wait on the stopped peer.
+    os._exit(0)
 
 
 def test_a_hung_rank_fails_the_update_at_the_collective_timeout(tiny_llama, tmp_path) -> None:

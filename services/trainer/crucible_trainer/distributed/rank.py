@@ -3,7 +3,7 @@
 The worker (`launch.py`) starts `train_gpus` of these with `torchrun`; multi-node, Kubernetes
 starts one `torchrun` per node with a rendezvous (docs/deploy.md). Rank 0 runs the job and writes
 `<run dir>/ranks/result.json`; any rank that fails writes `rank-<r>.error` (its traceback) first,
-so the worker can say which rank failed and why.
+so the worker can say which rank failed and why, and exits at once.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -43,7 +44,12 @@ def main() -> None:
             (folder / "result.json").write_text(json.dumps(outcome, default=str))
     except BaseException as exc:
         (folder / f"rank-{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
-        raise
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not a normal exit: the process group's threads may still wait on a peer that hangs, and
+        # joining them would hold this rank (and the job) as long. torchrun stops the others.
+        os._exit(1)
 
 
 def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, Any] | None:
@@ -64,24 +70,24 @@ def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, A
     device = f"cuda:{local}" if cuda else "cpu"
     timeout = timedelta(seconds=spec.distributed.timeout_s)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
-    try:
-        control = Control()
-        parallel = DataParallel(spec.distributed.strategy, rank, world)
-        if rank != 0:
-            follow(control, lambda spec_json: make_rank_policy(spec_json, device, parallel, None))
-            return None
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"device": device})})
-        channel = rank_channel(settings, job_id, folder / "stop")
-        run = LeaderRun(spec, job_id, settings, channel, control, parallel)
-        try:
-            summary = asyncio.run(run.run())
-            outcome = {"status": summary.get("status", "finished"), "summary": summary}
-        except Interrupted as stop:
-            outcome = {"status": "interrupted", "step": stop.step}
-        control.send("stop")  # followers wait for commands between collectives: let them go
-        return outcome
-    finally:
+    control = Control(timeout)
+    parallel = DataParallel(spec.distributed.strategy, rank, world)
+    if rank != 0:
+        follow(control, lambda spec_json: make_rank_policy(spec_json, device, parallel, None))
         dist.destroy_process_group()
+        return None
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"device": device})})
+    channel = rank_channel(settings, job_id, folder / "stop")
+    run = LeaderRun(spec, job_id, settings, channel, control, parallel)
+    try:
+        summary = asyncio.run(run.run())
+        outcome = {"status": summary.get("status", "finished"), "summary": summary}
+    except Interrupted as stop:
+        outcome = {"status": "interrupted", "step": stop.step}
+    control.send("stop")  # followers wait for commands between collectives: let them go
+    # Only after a clean run: after a failure a peer may hang, and this would wait on it.
+    dist.destroy_process_group()
+    return outcome
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ Rank 0 runs the job (`leader.LeaderRun`: rollouts, rewards, the channel, checkpo
 the stale-policy check); the others wait in `follow` for its next command. Commands travel on a
 `gloo` group of their own with a long timeout, because followers wait there through whole
 rollouts and evaluations; the tensors of the update travel on the default group, whose timeout is
-the spec's `distributed.timeout_s`. A rank that dies makes `torchrun` stop the others; a rank
-that hangs fails the job at the collective timeout.
+the spec's `distributed.timeout_s`, which also bounds how long rank 0 waits to hand a command
+over. A rank that dies makes `torchrun` stop the others; a rank that hangs fails the job at that
+timeout.
 
 Which operations are commands depends on the strategy. Both: `init` (build the policy), `update`,
 `restore` (every replica loads the checkpoint). FSDP also: `score` (a forward gathers weights on
@@ -16,6 +17,7 @@ Under DDP rank 0's replica is the whole policy: scoring and saving stay on rank 
 
 from __future__ import annotations
 
+import pickle
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -34,18 +36,31 @@ COMMAND_TIMEOUT = timedelta(days=7)
 
 
 class Control:
-    """The command channel: rank 0 sends `(op, args)`, every other rank receives them."""
+    """The command channel: rank 0 sends `(op, args)`, every other rank receives them.
 
-    def __init__(self) -> None:
+    A follower waits as long as rank 0 needs (`COMMAND_TIMEOUT`); rank 0 waits at most `timeout`
+    for a send, so a follower that hangs (alive, not receiving) fails the job instead of holding
+    it forever."""
+
+    def __init__(self, timeout: timedelta = timedelta(seconds=600)) -> None:
         self.group = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+        self.timeout = timeout
 
     def send(self, op: str, *args: Any) -> None:
-        dist.broadcast_object_list([(op, args)], src=0, group=self.group)
+        data = pickle.dumps((op, args))
+        size = torch.tensor([len(data)], dtype=torch.long)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        for tensor in (size, payload):
+            work = dist.broadcast(tensor, src=0, group=self.group, async_op=True)
+            if work is None or work.wait(timeout=self.timeout) is False:
+                raise TimeoutError(f"a rank did not take command {op!r} within {self.timeout}")
 
     def receive(self) -> tuple[str, tuple[Any, ...]]:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        op, args = box[0]
+        size = torch.zeros(1, dtype=torch.long)
+        dist.broadcast(size, src=0, group=self.group)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(payload, src=0, group=self.group)
+        op, args = pickle.loads(payload.numpy().tobytes())
         return op, args
 
 
