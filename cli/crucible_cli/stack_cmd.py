@@ -185,7 +185,7 @@ def _story(console, final) -> None:
 
     from rich.table import Table
 
-    summary = final.summary or {}
+    summary = final.summary.model_dump() if final.summary else {}
     run_dir = Path(summary.get("run_dir", ""))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():

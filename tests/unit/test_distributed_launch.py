@@ -92,3 +92,11 @@ def test_crucible_up_shows_each_service_only_its_gpus() -> None:
     assert gpu_env("1,2,3") == {"CUDA_VISIBLE_DEVICES": "1,2,3"} and gpu_env(None) == {}
     stack = Stack(generator_gpus="0", trainer_gpus="1,2,3")
     assert (stack.generator_gpus, stack.trainer_gpus) == ("0", "1,2,3")
+
+
+def test_a_train_job_of_several_ranks_is_launched_by_the_worker() -> None:
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.runners import runner_for
+
+    assert runner_for(TrainJob(distributed={"train_gpus": 2})).__name__ == "DistributedLaunch"
+    assert runner_for(TrainJob()).__name__ == "TrainRun"

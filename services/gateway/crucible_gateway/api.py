@@ -17,6 +17,7 @@ from typing import Annotated
 
 import redis
 import redis.asyncio
+from crucible_shared.events import sse_openapi
 from crucible_shared.gateway_protocol import AdapterList, ArtifactList, JobCreated, JobList
 from crucible_shared.http import (
     ERROR_RESPONSES,
@@ -27,12 +28,13 @@ from crucible_shared.http import (
     install_error_handlers,
 )
 from crucible_shared.jobs import JobSpec
-from crucible_shared.lifecycle import FINAL, JOB_ID_PATTERN, JobRecord, JobStatus
+from crucible_shared.lifecycle import FINAL, JOB_ID_PATTERN, JobKind, JobRecord, JobStatus
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
+from crucible_gateway.openapi import with_event_schemas
 from crucible_gateway.service import GatewayService
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
@@ -56,11 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     store = JobStore(
         redis.asyncio.Redis(connection_pool=pool),
         redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
-        {
-            "train": settings.train_job_timeout_s,
-            "eval": settings.eval_job_timeout_s,
-            "pipeline": settings.train_job_timeout_s,
-        },
+        {kind: settings.job_timeout_s(kind) for kind in JobKind},
     )
     service = GatewayService(settings, store)
 
@@ -132,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/jobs", response_model=JobList, responses=ERROR_RESPONSES, summary="List jobs, newest first")
     async def list_jobs(
         status: JobStatus | None = None,
-        kind: Annotated[str | None, Query(pattern="^(train|eval|pipeline)$")] = None,
+        kind: JobKind | None = None,
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> JobList:
@@ -160,6 +158,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get(
         "/v1/jobs/{job_id}/events",
         summary="Server-Sent Events from the job's stream (resumable with Last-Event-ID)",
+        responses=sse_openapi(),
+        response_class=EventSourceResponse,
     )
     async def events(job_id: JobId, request: Request, last_event_id: Annotated[str | None, Header()] = None):
         if last_event_id is not None and not STREAM_ID.match(last_event_id):
@@ -247,4 +247,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return with_event_schemas(app)

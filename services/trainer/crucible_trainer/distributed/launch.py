@@ -26,6 +26,7 @@ from crucible_shared.jobs import TrainJob
 from crucible_trainer.cancel import Interrupted
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.distributed.rank import ranks_dir
+from crucible_trainer.jobrun import JobRun
 from crucible_trainer.settings import Settings
 
 POLL_S = 0.5
@@ -33,6 +34,14 @@ POLL_S = 0.5
 
 class RankFailed(RuntimeError):
     """A rank of the job died or raised: the job failed (`crucible retry` resumes it)."""
+
+
+class DistributedLaunch(JobRun):
+    """The worker's runner of a train job over several ranks (`runners.runner_for`): the job run
+    itself (`TrainRun`, as `leader.LeaderRun`) is rank 0's."""
+
+    async def run(self) -> dict[str, Any]:
+        return await run_distributed_job(self.spec, self.job_id, self.settings, self.channel)
 
 
 def available_ranks(settings: Settings) -> int:
