@@ -71,6 +71,9 @@ class RankPolicy(Policy):
     def __init__(
         self, spec: ModelSpec, optim: OptimSpec, seed: int, parallel: DataParallel, control: Control | None
     ) -> None:
+        if parallel.strategy == "fsdp" and spec.init_adapter:
+            # Its starting weights are swapped in to score the reference: full tensors, not shards.
+            raise ValueError("distributed.strategy fsdp does not start from model.init_adapter yet: use ddp")
         super().__init__(spec, optim, seed)
         self.parallel, self.control = parallel, control
         self.fsdp = parallel.strategy == "fsdp"
