@@ -38,6 +38,7 @@ BASES: dict[str, dict[str, Any]] = {
         "eval": {**SAMPLED_EVAL, "every": 1},
     },
     "grpo-pre": {"kind": "train", "method": {"name": "grpo", "filter": {"mode": "pre"}}},
+    "grpo-overlap": {"kind": "train", "method": {"name": "grpo"}, "overlap": {"max_staleness": 1}},
     "srrl": {"kind": "train", "method": {"name": "srrl", **ITERATED, "c1": 1}},
     "srrl-wide": {"kind": "train", "method": {"name": "srrl", "budget": 4096}},
     "reinforce": {"kind": "train", "method": {"name": "reinforce"}},
