@@ -246,7 +246,9 @@ def test_stopping_removes_the_cgroup_directories() -> None:
         during = {p: _subdirs(p) for p in _cgroup_parents()}
         owner = f"s{svc.proc.pid}-"  # this server's slots; other sandboxes may start and stop meanwhile
     after = {p: _subdirs(p) for p in _cgroup_parents()}
-    ours = {p: {n for n in names - before.get(p, set()) if n.startswith(owner)} for p, names in during.items()}
+    ours = {
+        p: {n for n in names - before.get(p, set()) if n.startswith(owner)} for p, names in during.items()
+    }
     assert any(ours.values()), f"no cgroup of this sandbox ({owner}*) found: {during}"
     for parent, names in ours.items():
         assert not (names & after.get(parent, set())), f"left behind in {parent}: {names & after[parent]}"
