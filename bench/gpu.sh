@@ -9,6 +9,7 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
+#   bash bench/gpu.sh overlap [--steps 100 --seeds 0 1 2 --staleness 0 1 2]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
@@ -109,6 +110,9 @@ PY
   race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-7b --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
+  multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape on 1,2,4 GPUs
+    python3 bench/multi_gpu.py --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-smollm2.json" "${@:3}"
+    python3 bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-1p5b.json" "${@:3}" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
@@ -133,7 +137,10 @@ PY
     ;;
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race flags]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
-    python3 bench/seeds.py run --out "${OUT:-/tmp}/results" "$@" ;;
+    python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
+  overlap)  # [bench/overlap_race.py flags]: overlap.max_staleness 1, 2 against 0 at equal samples, over seeds:
+    shift    # samples/s and final greedy MBPP-test pass@1, one JSON (long: run it with `bg`, then `wait-bg`)
+    python3 bench/overlap_race.py --json "${OUT:-/tmp}/overlap.json" "$@" ;;
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do
@@ -168,6 +175,7 @@ PY
     CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info CRUCIBLE_GENERATOR_MODEL="$MODEL_DIR" \
       CRUCIBLE_GENERATOR_SERVED_NAME="$MODEL_NAME" setsid python3 -m crucible_generator \
       > /root/logs/crucible-generator.log 2>&1 < /dev/null &
+    echo $! > /tmp/crucible-generator.pid  # stopped by this pid only: learning runs' generators share the host
     for _ in $(seq 1 300); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
       sleep 1
@@ -198,11 +206,11 @@ PY
         bash bench/gpu-vllm.sh stop; sleep 8
       done
       cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$shape.log" 2>/dev/null || true
-      for pid in $(pgrep -f "[c]rucible_generator"); do kill "$pid" 2>/dev/null || true; done; sleep 8
+      kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
     done ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
-    for pid in $(pgrep -f "[c]rucible_generator"); do kill "$pid" 2>/dev/null || true; done
+    [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
     sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
     bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true

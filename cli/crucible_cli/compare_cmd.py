@@ -82,7 +82,7 @@ def compare(
                         "label": label,
                         "job_id": job_id,
                         "spec": spec,
-                        "summary": final.summary,
+                        "summary": final.summary.model_dump(mode="json") if final.summary else None,
                         "metrics": metrics,
                     }
                 )

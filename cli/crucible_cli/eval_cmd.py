@@ -62,10 +62,11 @@ def eval_command(
     adapter: Path = typer.Option(
         None, help="Evaluate this saved adapter directory (loaded into the generator for the run)."
     ),
-    n: int = typer.Option(10, help="Samples per problem at --temperature (0: greedy only)."),
-    temperature: float = typer.Option(0.8, help="Temperature of the n samples."),
-    top_p: float = typer.Option(0.95, help="Nucleus mass of the n samples."),
-    max_tokens: int = typer.Option(512, help="Most tokens per answer."),
+    # Defaults (None here) are an eval spec's (`crucible_shared.jobs.EvalSampling`), as in an eval job.
+    n: int | None = typer.Option(None, help="Samples per problem at --temperature (default 0: greedy only)."),
+    temperature: float | None = typer.Option(None, help="Temperature of the n samples (default 0.8)."),
+    top_p: float | None = typer.Option(None, help="Nucleus mass of the n samples (default 0.95)."),
+    max_tokens: int | None = typer.Option(None, help="Most tokens per answer (default 256)."),
     greedy: bool = typer.Option(
         True, "--greedy/--no-greedy", help="Also decode one greedy answer per problem."
     ),
@@ -120,9 +121,8 @@ def eval_command(
     data_fields.update(ids=parse_ids(ids), id_range=parse_range(id_range), limit=limit, shuffle=shuffle)
     if shuffle:
         data_fields["seed"] = data_seed
-    eval_fields: dict[str, Any] = {"greedy": greedy, "n": n, "max_tokens": max_tokens}
-    if n > 0:
-        eval_fields.update(temperature=temperature, top_p=top_p, ks=k or [x for x in (1, 10) if x <= n])
+    given = {"n": n, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+    eval_fields = _eval_fields(greedy, given, k)
     run_fields = {"model": model, "chat": chat, "seed": seed, "stop": stop or None, "sanitize": sanitize}
     data, config, problems = _prepare(data_fields, eval_fields, run_fields | {"concurrency": concurrency})
     if compare is not None and not compare.exists():
@@ -157,6 +157,14 @@ def _check_model_choice(model: str | None, adapter: Path | None) -> None:
         raise typer.BadParameter(
             f"{adapter} is not a saved adapter (no adapter_config.json)", param_hint="--adapter"
         )
+
+
+def _eval_fields(greedy: bool, given: dict[str, Any], k: list[int] | None) -> dict[str, Any]:
+    """The eval spec's fields the options set; the rest keep the spec's defaults (`EvalSampling`)."""
+    fields: dict[str, Any] = {"greedy": greedy, **{f: v for f, v in given.items() if v is not None}}
+    if k or given["n"]:
+        fields["ks"] = k or [x for x in (1, 10) if x <= (given["n"] or 0)]
+    return fields
 
 
 def _prepare(data_fields: dict[str, Any], eval_fields: dict[str, Any], run_fields: dict[str, Any]) -> Any:

@@ -50,8 +50,17 @@ def up(
         help="auto (vLLM on a CUDA host that has it, else Crucible's server), vllm or crucible "
         "(default: $CRUCIBLE_GENERATOR_BACKEND, else auto).",
     ),
+    generator_gpus: str = typer.Option(
+        None, help="CUDA devices of the generator, e.g. 0 (default: every device)."
+    ),
+    trainer_gpus: str = typer.Option(
+        None,
+        help="CUDA devices of the trainer worker, e.g. 1,2,3: a job's distributed.train_gpus ranks run "
+        "on them (default: every device).",
+    ),
 ) -> None:
-    """Start Redis, sandbox, generator, a trainer worker and the gateway; Ctrl-C stops them all.
+    """Start Redis, sandbox, generator, two trainer workers (one for eval jobs only) and the gateway;
+    Ctrl-C stops them all.
     A trainer worker that dies is started again; any other service dying stops the stack."""
     import signal
 
@@ -71,6 +80,8 @@ def up(
         sandbox_port,
         model=model,
         generator_backend=generator_backend,
+        generator_gpus=generator_gpus,
+        trainer_gpus=trainer_gpus,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -89,7 +100,7 @@ def up(
         )
         raise typer.Exit(1)
     except KeyboardInterrupt:
-        console.print("stopping")
+        console.print("stopping: workers first, handing their jobs back (Ctrl-C again: at once)")
     except (RuntimeError, TimeoutError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
@@ -175,7 +186,7 @@ def _story(console, final) -> None:
 
     from rich.table import Table
 
-    summary = final.summary or {}
+    summary = final.summary.model_dump() if final.summary else {}
     run_dir = Path(summary.get("run_dir", ""))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():

@@ -12,6 +12,13 @@ Statuses move like this (anything else is refused):
     queued  -> running (a worker took it) | cancelled (before it started) | failed (it never started)
     running -> finished | failed | cancelled | queued (worker lost or stopping: it resumes elsewhere)
     failed, cancelled -> queued (retry)
+
+Each start of a job gives the run a lease (a random token in the record's `lease` field). The
+run's writes (heartbeat, progress, events, finish, release) are fenced by it: once the reaper
+re-queued the job, or another run started it, the old run's writes are refused and it stops
+(`crucible_trainer.outbox`). The reaper counts a job as silent only from when Redis time says
+its heartbeat is older than the timeout *and* Redis was reachable all that while
+(`crucible_gateway.service`), so an outage of Redis itself never re-queues a live job.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from crucible_shared import keys
 
@@ -36,13 +43,22 @@ class JobStatus(StrEnum):
 
 FINAL = frozenset({JobStatus.finished, JobStatus.failed, JobStatus.cancelled})
 
+
+class JobKind(StrEnum):
+    """What a job is; its spec's `kind` (`crucible_shared.jobs`), its RQ queue and its timeout."""
+
+    train = "train"
+    eval = "eval"
+    pipeline = "pipeline"
+
+
 # Job ids name Redis keys and run directories: letters, digits, `_ . -`, no separators.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 
 # The RQ queue of each job kind, and the job function (enqueued by dotted path, so the gateway
 # never imports the trainer).
-QUEUES: dict[str, str] = {"train": "train", "eval": "eval", "pipeline": "train"}
+QUEUES: dict[JobKind, str] = {JobKind.train: "train", JobKind.eval: "eval", JobKind.pipeline: "train"}
 JOB_FUNCTION = "crucible_trainer.jobs.run_job"
 
 
@@ -55,11 +71,35 @@ def valid_job_id(job_id: str) -> bool:
     return bool(_JOB_ID.match(job_id))
 
 
+class JobSummary(BaseModel):
+    """What a finished (or cancelled) job hands back: where its results are and its headline
+    figures. The fields below are those every runner and the CLI share; a runner adds its own
+    (a method's report, a pipeline's stages) as extra fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    job_id: str
+    run_dir: str | None = None
+    status: JobStatus | None = Field(None, description="finished or cancelled.")
+    method: str | None = None
+    steps: int | None = Field(None, description="Training steps run.")
+    adapter: str | None = Field(None, description="The trained adapter's folder.")
+    model_name: str | None = Field(None, description="The name the generator serves it under.")
+    report: str | None = Field(None, description="An eval job's report folder.")
+    before_after: str | None = Field(None, description="The before/after comparison's folder.")
+    learning_curve: str | None = None
+    games_report: str | None = None
+    merged: str | None = Field(None, description="A pipeline's merged model.")
+    eval: dict[str, Any] | None = Field(None, description="Headline figures per evaluation (by label).")
+    settings: dict[str, Any] | None = Field(None, description="What the job chose for the machine.")
+    stages: dict[str, dict[str, Any]] | None = Field(None, description="A pipeline's stages: ran or skipped.")
+
+
 class JobRecord(BaseModel):
     """A job as stored in Redis and shown by the API."""
 
     id: str
-    kind: str
+    kind: JobKind
     name: str | None = None
     status: JobStatus
     created_at: float
@@ -72,7 +112,7 @@ class JobRecord(BaseModel):
     policy_version: str | None = Field(None, description="Adapter version the generator serves for this job.")
     metrics: dict[str, Any] | None = Field(None, description="Latest step's metrics.")
     error: str | None = None
-    summary: dict[str, Any] | None = None
+    summary: JobSummary | None = None
     spec: dict[str, Any] | None = None
     attempts: int = Field(1, description="Runs of this job so far (retries included).")
     max_attempts: int = Field(1, description="Runs allowed when a worker is lost (automatic retries).")
@@ -85,7 +125,7 @@ class JobRecord(BaseModel):
         return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields} | {"id": job_id})
 
 
-_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker"})
+_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker", "lease"})
 
 
 def _text(value: Any) -> str:
@@ -119,8 +159,9 @@ def encode_fields(fields: dict[str, Any]) -> dict[str, str]:
 
 # Check-and-set of the status, the given fields and the status indexes, atomically.
 # KEYS[1] the record. ARGV: job id, new status, allowed current statuses ("a,b"; "*" any),
-# stale_before ("" or a time: only when the last heartbeat is older), index key prefix, then
-# field/value pairs. Returns "ok", or the current status when refused (nil: no such job).
+# stale_before ("" or a time: only when the last heartbeat is older), index key prefix, fence
+# ("" or the lease token the run holding the job was given at its start: only while it still holds it),
+# then field/value pairs. Returns "ok", or the current status when refused (nil: no such job).
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return false end
@@ -134,8 +175,9 @@ if ARGV[4] ~= '' then
   if beat == nil then beat = tonumber(redis.call('HGET', KEYS[1], 'started_at') or '') end
   if beat ~= nil and beat >= tonumber(ARGV[4]) then return cur end
 end
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[1], 'lease') ~= ARGV[6] then return cur end
 redis.call('HSET', KEYS[1], 'status', ARGV[2])
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local created = tonumber(redis.call('HGET', KEYS[1], 'created_at') or '0') or 0
 redis.call('ZREM', ARGV[5] .. cur, ARGV[1])
 redis.call('ZADD', ARGV[5] .. ARGV[2], created, ARGV[1])
@@ -149,14 +191,30 @@ def transition_command(
     *,
     allowed_from: frozenset[JobStatus] | set[JobStatus] | None = None,
     stale_before: float | None = None,
+    fence: str | None = None,
     **fields: Any,
 ) -> tuple[Any, ...]:
-    """Arguments of `redis.eval(...)` for a transition (works with sync and asyncio clients)."""
+    """Arguments of `redis.eval(...)` for a transition (works with sync and asyncio clients).
+
+    `fence` (a run's lease) fences a run's own transitions (finish, release): refused once the
+    job was taken from it (re-queued by the reaper, started by another run), whatever its status.
+    """
     allowed = ",".join(sorted(allowed_from)) if allowed_from else "*"
     pairs = [x for k, v in encode_fields(fields).items() for x in (k, v)]
     prefix = keys.status_index("")
     stale = "" if stale_before is None else repr(float(stale_before))
-    return (_TRANSITION, 1, keys.job(job_id), job_id, status.value, allowed, stale, prefix, *pairs)
+    return (
+        _TRANSITION,
+        1,
+        keys.job(job_id),
+        job_id,
+        status.value,
+        allowed,
+        stale,
+        prefix,
+        fence or "",
+        *pairs,
+    )
 
 
 def transition_result(reply: Any) -> tuple[bool, JobStatus | None]:

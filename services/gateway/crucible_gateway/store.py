@@ -14,10 +14,11 @@ import time
 import uuid
 from typing import Any
 
-from crucible_shared import keys
+from crucible_shared import events, keys
 from crucible_shared.lifecycle import (
     JOB_FUNCTION,
     QUEUES,
+    JobKind,
     JobRecord,
     JobStatus,
     encode_fields,
@@ -44,7 +45,7 @@ def new_job_id(kind: str) -> str:
 
 
 class JobStore:
-    def __init__(self, redis: AsyncRedis, rq_redis: Redis, timeouts: dict[str, int]) -> None:
+    def __init__(self, redis: AsyncRedis, rq_redis: Redis, timeouts: dict[JobKind, int]) -> None:
         self.redis, self.rq_redis, self.timeouts = redis, rq_redis, timeouts
         self.queues = {
             name: Queue(name, connection=rq_redis, serializer=JSONSerializer) for name in set(QUEUES.values())
@@ -52,6 +53,15 @@ class JobStore:
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
+
+    async def clock(self) -> tuple[float, float]:
+        """(Redis's time, seconds since the Redis server started): the clock the trainer stamps
+        heartbeats with, and how long Redis has been up."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.info("server")
+        (seconds, micros), info = await pipe.execute()
+        return seconds + micros / 1e6, float(info.get("uptime_in_seconds", 0))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -100,7 +110,7 @@ class JobStore:
     # -- submission ----------------------------------------------------------------------------
     async def create(
         self,
-        kind: str,
+        kind: JobKind,
         spec: dict[str, Any],
         name: str | None,
         idempotency_key: str | None,
@@ -136,7 +146,16 @@ class JobStore:
         await pipe.execute()
         return job_id, True
 
-    def enqueue(self, kind: str, job_id: str, spec: dict[str, Any]) -> None:
+    def worker_ranks(self) -> list[int]:
+        """How many ranks each live trainer worker can launch for one job (RQ's registry says
+        which workers are alive: a worker that died keeps its field until one starts again)."""
+        from rq import Worker
+
+        live = {w.name for w in Worker.all(connection=self.rq_redis)}
+        reported = self.rq_redis.hgetall(keys.worker_ranks())
+        return [int(v) for k, v in reported.items() if _text(k) in live]
+
+    def enqueue(self, kind: JobKind, job_id: str, spec: dict[str, Any]) -> None:
         """Put the job on its RQ queue (again: an earlier RQ job of the same id is replaced)."""
         try:
             Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer).delete()
@@ -184,7 +203,7 @@ class JobStore:
 
     # -- events ---------------------------------------------------------------------------------
     async def emit(self, job_id: str, kind: str, **data: Any) -> None:
-        record = {"type": kind, "time": time.time(), **data}
+        record = events.record(kind, **data)  # validated: one of crucible_shared.events
         await self.redis.xadd(keys.events(job_id), {"data": json.dumps(record, default=str)}, maxlen=10_000)
 
     async def events_after(self, job_id: str, last_id: str) -> list[tuple[str, dict[str, Any]]]:

@@ -1,4 +1,5 @@
-"""RQ job functions (the payloads are JSON: a job id and a spec dict), one runner per job kind.
+"""RQ job functions (the payloads are JSON: a job id and a spec dict), each run by the `JobRun`
+the runner registry (`runners.RUNNERS`) has for its spec type.
 
 The worker is an RQ `SimpleWorker`: the model and CUDA context survive between jobs in one
 process (a forking worker would break CUDA). A `SimpleWorker` does not heartbeat mid-job, so
@@ -10,20 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from crucible_shared.jobs import OFFLINE_METHODS, JobSpec
+from crucible_shared.jobs import JobSpec
 from crucible_shared.lifecycle import JobStatus
 from pydantic import TypeAdapter
 
 from crucible_trainer.channel import JobChannel, RedisChannel
+from crucible_trainer.runners import runner_for
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
 _SPEC = TypeAdapter(JobSpec)
-
-Runner = Callable[[Any, str, Settings, JobChannel], Awaitable[dict[str, Any]]]
 
 
 def quiet_libraries() -> None:
@@ -38,59 +37,68 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def runner_for(kind: str, method: str | None = None) -> Runner:
-    """The coroutine that runs a job of `kind` (imported late: torch loads with the trainer).
-
-    Train jobs of an offline method (SFT, DPO: TRL on a file) run `offline.job`, not the online
-    loop of `train.py`, which samples, executes and updates every step.
-    """
-    if kind == "train" and method in OFFLINE_METHODS:
-        from crucible_trainer.offline.job import run_offline_train_job
-
-        return run_offline_train_job
-    if kind == "train":
-        from crucible_trainer.train import run_train_job
-
-        return run_train_job
-    if kind == "eval":
-        from crucible_trainer.evaljob import run_eval_job
-
-        return run_eval_job
-    if kind == "pipeline":
-        from crucible_trainer.offline.pipeline import run_pipeline_job
-
-        return run_pipeline_job
-    raise ValueError(f"no runner for jobs of kind {kind!r}")
-
-
 def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
-    """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed)."""
+    """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed).
+
+    A run that lost its job (`channel.superseded()`: re-queued while it was cut off from Redis,
+    or started by another run) ends without a word: the run holding the job writes its story.
+    A worker stopped outright (RQ's cold shutdown, a second SIGTERM) hands its job back as a warm
+    stop does, rather than failing it.
+    """
     from crucible_trainer.cancel import Cancelled, Interrupted
 
     if not channel.start():
         return {"job_id": job_id, "status": "skipped"}
+    superseded = {"job_id": job_id, "status": "superseded"}
     try:
         with channel.heartbeat(settings.heartbeat_s):
-            runner = runner_for(spec.kind, getattr(getattr(spec, "method", None), "name", None))
-            summary = asyncio.run(runner(spec, job_id, settings, channel))
+            summary = asyncio.run(runner_for(spec)(spec, job_id, settings, channel).run())
     except Cancelled:
         summary = {"job_id": job_id, "status": JobStatus.cancelled.value}
     except Interrupted as stop:
+        if channel.superseded():
+            return superseded
         channel.release(f"the worker stopped after step {stop.step}; the job resumes from its checkpoint")
         return {"job_id": job_id, "status": JobStatus.queued.value}
+    except SystemExit:  # RQ's cold shutdown raises it in the job
+        if not channel.superseded():
+            channel.release("the worker was stopped mid-step; the job resumes from its last checkpoint")
+        return {"job_id": job_id, "status": JobStatus.queued.value}
     except BaseException as exc:
+        if channel.superseded():
+            log.warning("job %s: this run was superseded (%r)", job_id, exc)
+            return superseded
         channel.finish(JobStatus.failed, error=f"{type(exc).__name__}: {exc}")
         raise
+    if channel.superseded():
+        return superseded
     channel.finish(JobStatus(summary.get("status", JobStatus.finished.value)), summary=summary)
     return summary
 
 
+def channel_redis(url: str) -> Any:
+    """The Redis client of a job's channel: bounded waits (a partition must not hang the job), and
+    one retry on a pooled connection that a Redis restart closed (safe: the outbox's script skips
+    events already delivered, and a refused transition is reported, not repeated blindly)."""
+    from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError
+    from redis.retry import Retry
+
+    return Redis.from_url(
+        url,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+    )
+
+
 def run_job(job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Entry point of every queued job (`crucible_shared.lifecycle.JOB_FUNCTION`)."""
-    from redis import Redis
-
     settings = Settings()
     if not settings.redis_url:
         raise RuntimeError("the worker has no REDIS_URL")
-    channel = RedisChannel(Redis.from_url(settings.redis_url), job_id)
+    channel = RedisChannel(
+        channel_redis(settings.redis_url), job_id, outage_wait_s=settings.redis_outage_wait_s
+    )
     return execute(_SPEC.validate_python(spec), job_id, settings, channel)

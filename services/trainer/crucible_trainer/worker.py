@@ -1,8 +1,10 @@
-"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `train` and `eval` queues.
+"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `eval` and `train` queues
+(in that order: a waiting evaluation is taken before the next training job).
 
 On SIGTERM (a container restart, a rolling update) a running training job stops at its next
 step boundary, checkpoints and goes back to the queue, where the next worker resumes it; the
-worker then exits. A second SIGTERM stops at once (RQ's cold shutdown).
+worker then exits. At its start the worker records how many ranks it can launch for one job
+(`crucible_shared.keys.worker_ranks`), which the gateway checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description="Run a Crucible trainer worker (settings: CRUCIBLE_TRAINER_*, REDIS_URL)."
     )
-    parser.add_argument("--queues", default="train,eval", help="comma-separated queues, in priority order")
+    parser.add_argument(
+        "--queues",
+        default="eval,train",
+        help="comma-separated queues, in priority order (eval first: evaluations are short and must not wait)",
+    )
     parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     parser.add_argument("--name", help="worker name")
     args = parser.parse_args()
@@ -30,6 +36,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.retry import Retry
     from rq import Queue, SimpleWorker
     from rq.serializers import JSONSerializer
 
@@ -40,14 +49,27 @@ def main() -> None:
             WORKER_STOPPING.set()
             super().request_stop(signum, frame)
 
-    redis = Redis.from_url(settings.redis_url)
+    # After a Redis restart every pooled connection is dead: the first command on one reconnects
+    # and is sent again (no socket timeout: RQ's dequeue blocks on the socket for minutes).
+    redis = Redis.from_url(
+        settings.redis_url, retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    )
     queues = [
         Queue(q.strip(), connection=redis, serializer=JSONSerializer)
         for q in args.queues.split(",")
         if q.strip()
     ]
     worker = Worker(queues, connection=redis, serializer=JSONSerializer, name=args.name)
-    worker.work(burst=args.burst, with_scheduler=False)
+    # What this worker can run, for the gateway's check of `distributed.train_gpus` at submission.
+    from crucible_shared import keys
+
+    from crucible_trainer.distributed.launch import available_ranks
+
+    redis.hset(keys.worker_ranks(), worker.name, available_ranks(settings))
+    try:
+        worker.work(burst=args.burst, with_scheduler=False)
+    finally:
+        redis.hdel(keys.worker_ranks(), worker.name)
 
 
 if __name__ == "__main__":

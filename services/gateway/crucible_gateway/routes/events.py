@@ -14,6 +14,7 @@ import re
 from typing import Annotated
 
 import redis
+from crucible_shared.events import sse_openapi
 from crucible_shared.http import ApiError
 from crucible_shared.lifecycle import FINAL
 from fastapi import APIRouter, Header, Request
@@ -30,6 +31,8 @@ router = APIRouter()
 @router.get(
     "/v1/jobs/{job_id}/events",
     summary="Server-Sent Events from the job's stream (resumable with Last-Event-ID)",
+    responses=sse_openapi(),
+    response_class=EventSourceResponse,
 )
 async def events(
     job_id: JobId,

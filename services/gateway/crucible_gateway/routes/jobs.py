@@ -7,7 +7,7 @@ from typing import Annotated
 from crucible_shared.gateway_protocol import JobCreated, JobList
 from crucible_shared.http import ERROR_RESPONSES
 from crucible_shared.jobs import JobSpec
-from crucible_shared.lifecycle import JobRecord, JobStatus
+from crucible_shared.lifecycle import JobKind, JobRecord, JobStatus
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
@@ -46,7 +46,7 @@ async def submit(
 async def list_jobs(
     service: Service,
     status: JobStatus | None = None,
-    kind: Annotated[str | None, Query(pattern="^(train|eval|pipeline)$")] = None,
+    kind: JobKind | None = None,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobList:
