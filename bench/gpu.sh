@@ -23,6 +23,7 @@
 #   bash bench/gpu.sh shapes          # random checkpoints shaped as Qwen2.5-Coder-1.5B and -7B in /root/shapes
 #   bash bench/gpu.sh families-gpu    # every model family (and those shapes) on the CUDA fast path vs transformers
 #   bash bench/gpu.sh race-1p5b STEPS # examples/grpo_qwen1p5b.yaml on the 1.5B shape: s/step, peak memory
+#   bash bench/gpu.sh serve-sizes SHAPE... # serving race at real shapes, rank-16 adapter, vLLM profile and fitted
 #   MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b bash bench/gpu.sh crucible-up   # (vllm-up, serve-race too)
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
@@ -105,6 +106,9 @@ PY
     # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-1.5b --steps "${2:-6}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-1p5b.json" ;;
+  race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
+      --model /root/shapes/qwen2.5-coder-7b --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
@@ -129,7 +133,7 @@ PY
     ;;
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race flags]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
-    python3 bench/seeds.py run --out "${OUT:-/tmp}/results" "$@" ;;
+    python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do
@@ -154,8 +158,8 @@ PY
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     tar -czf "${OUT:-/tmp}/results.tar.gz" -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
-  seq)  # SUBCOMMAND...: several no-argument subcommands one after the other (for `bg`)
-    shift; for sub in "$@"; do bash bench/gpu.sh "$sub" || echo "$sub failed"; done ;;
+  seq)  # SUBCOMMAND...: several subcommands one after the other (for `bg`); `race-7b:3` passes 3 to race-7b
+    shift; for sub in "$@"; do bash bench/gpu.sh ${sub//:/ } || echo "$sub failed"; done ;;
   vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on MODEL_DIR (default: the dense built-in model), :8101
     # The cached checkpoint is fp32: serve bf16 like Crucible's generator does on CUDA.
     PORT=8101 GENERATOR_DTYPE=bfloat16 GENERATOR_SERVED_NAME="$MODEL_NAME" bash bench/gpu-vllm.sh profile "$MODEL_DIR" ;;
@@ -164,6 +168,7 @@ PY
     CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info CRUCIBLE_GENERATOR_MODEL="$MODEL_DIR" \
       CRUCIBLE_GENERATOR_SERVED_NAME="$MODEL_NAME" setsid python3 -m crucible_generator \
       > /root/logs/crucible-generator.log 2>&1 < /dev/null &
+    echo $! > /tmp/crucible-generator.pid  # stopped by this pid only: learning runs' generators share the host
     for _ in $(seq 1 300); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
       sleep 1
@@ -175,9 +180,30 @@ PY
       --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" \
       --json "${OUT:-/tmp}/serve-race.json" "$@"
     cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
+  serve-sizes)  # SHAPE...: the serving race at real shapes (after `shapes`) with a rank-16 adapter loaded and
+    # requested: Crucible's generator against vLLM with the project's launch profile (max-lora-rank 64,
+    # 4 LoRAs) and fitted to the adapter (max-lora-rank 16, 2 LoRAs); 7B: fitted only. JSON per pair in $OUT
+    shift; for shape in "${@:-qwen2.5-coder-1.5b}"; do
+      export MODEL_DIR=/root/shapes/$shape MODEL_NAME=$shape
+      profiles="profile fitted"; util=0.3; swap=cuda
+      case $shape in *7b*) profiles=fitted util=0.35 swap=cpu ;; esac
+      bash bench/gpu.sh crucible-up || { echo "crucible generator failed at $shape"; continue; }
+      for p in $profiles; do
+        if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
+        else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi
+        GPU_UTIL=$util bash bench/gpu.sh vllm-up || { echo "vllm ($p) failed at $shape"; tail -30 /root/logs/vllm.log; continue; }
+        python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
+          --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" --adapter-rank 16 \
+          --swap-device $swap --json "${OUT:-/tmp}/serve-$shape-$p.json" || echo "race failed ($p, $shape)"
+        cp /root/logs/vllm.log "${OUT:-/tmp}/vllm-$shape-$p.log" 2>/dev/null || true
+        bash bench/gpu-vllm.sh stop; sleep 8
+      done
+      cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$shape.log" 2>/dev/null || true
+      kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
+    done ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
-    for pid in $(pgrep -f "[c]rucible_generator"); do kill "$pid" 2>/dev/null || true; done
+    [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
     sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
     bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true

@@ -6,7 +6,9 @@ request at a time (the same `--prompt-tokens`-token prompt as token ids, `--max-
 tokens with `ignore_eos`) for `--seconds`; tokens/s is the completion tokens of the requests that
 ended in the window over the time to the last of them. Rounds alternate between the servers (a
 warm-up round each first, so CUDA-graph capture and the like are not timed), and the figure per
-server is the median of its rounds. Then, per server, `--swaps` times: perturb a rank-16 LoRA
+server is the median of its rounds. With `--adapter-rank R` every request names a random rank-R
+all-linear LoRA adapter loaded into every server first (what RL rollouts ask of a generator); without
+it, the base model. Then, per server, `--swaps` times: perturb a rank-16 LoRA
 adapter, save it, `POST /v1/load_lora_adapter` under a new name and ask it for one token (as
 `bench/generator.py` does); the previous version is unloaded.
 
@@ -117,6 +119,36 @@ def captures(url: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
+    """Save a random rank-`rank` all-linear adapter of `model_dir` (lora_B non-zero, so it changes
+    every layer's output) and load it into every server; returns the servers with the adapter as
+    their request model."""
+    import tempfile
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    peft_model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 1e-3)
+    path = Path(tempfile.mkdtemp()) / f"race-r{rank}"
+    peft_model.save_pretrained(path)
+    del peft_model, base
+    loaded = {}
+    for name, (url, _) in servers.items():
+        lora = f"race-r{rank}-{path.parent.name}"  # a server that stays up between races keeps the last one
+        httpx.post(
+            f"{url}/v1/load_lora_adapter", json={"lora_name": lora, "lora_path": str(path)}, timeout=600
+        ).raise_for_status()
+        loaded[name] = (url, lora)
+    print(json.dumps({"adapter": str(path), "rank": rank}), flush=True)
+    return loaded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", action="append", required=True, help="NAME=URL@MODEL (repeat)")
@@ -129,6 +161,15 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=86)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument(
+        "--swap-device", default=None, help="where the swapping trainer's model lives (default: cuda if any)"
+    )
+    parser.add_argument(
+        "--adapter-rank",
+        type=int,
+        default=0,
+        help="requests name a loaded rank-R adapter (0: the base model)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -144,6 +185,8 @@ def main() -> None:
 
     prompt = prompt_ids(AutoTokenizer.from_pretrained(args.model_dir), args.prompt_tokens)
     results: dict = {"clients": {}, "hot_swap": {}, "captures": {}, "setup": vars(args) | {"server": servers}}
+    if args.adapter_rank:
+        servers = load_race_adapter(servers, args.model_dir, args.adapter_rank)
     for clients in args.clients:
         for url, model in servers.values():  # warm-up
             closed_loop(url, model, prompt, clients, min(args.seconds, 3.0), args.max_tokens)
@@ -167,8 +210,9 @@ def main() -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).to(device)
+        device = args.swap_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if args.adapter_rank else torch.float32  # a 7B model in fp32 crowds the card
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(device)
         for name, (url, _) in servers.items():
             swap = hot_swap(url, model, args.swaps, 16, job=f"race-{name}")
             results["hot_swap"][name] = {

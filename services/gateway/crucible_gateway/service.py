@@ -17,7 +17,7 @@ from pathlib import Path
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import DPOConfig, EvalJob, PipelineJob, SFTConfig, TrainJob
-from crucible_shared.lifecycle import FINAL, JobRecord, JobStatus, valid_job_id
+from crucible_shared.lifecycle import FINAL, JobKind, JobRecord, JobStatus, valid_job_id
 from crucible_shared.paths import JobPathError, UnsafePath, file_inside
 
 from crucible_gateway.settings import Settings
@@ -88,11 +88,11 @@ class GatewayService:
         """`reuse` names an earlier pipeline job whose run dir has its stage records."""
         field = "pipeline.reuse"
         record = await self.store.get(reuse)
-        if record is None or record.kind != "pipeline":
-            what = f"a {record.kind} job" if record else "no job"
+        if record is None or record.kind != JobKind.pipeline:
+            what = f"is a job of kind {record.kind.value}" if record else "names no job"
             raise ApiError(
                 422,
-                f"{reuse!r} is {what}: reuse names an earlier pipeline job (GET /v1/jobs?kind=pipeline)",
+                f"{reuse!r} {what}: reuse names an earlier pipeline job (GET /v1/jobs?kind=pipeline)",
                 field=field,
             )
         try:
@@ -113,7 +113,7 @@ class GatewayService:
         return record if with_spec else record.model_copy(update={"spec": None})
 
     async def list_jobs(
-        self, status: JobStatus | None, kind: str | None, offset: int, limit: int
+        self, status: JobStatus | None, kind: JobKind | None, offset: int, limit: int
     ) -> tuple[list[JobRecord], int]:
         if kind is None:
             ids, total = await self.store.page(status, offset, limit)
