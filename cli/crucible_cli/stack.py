@@ -6,6 +6,10 @@ persistence in the state dir, so queued jobs survive a restart of the stack. A t
 that dies is started again (its job resumes from its checkpoint); any other service dying
 stops the stack.
 
+Stopping goes in dependency order: the workers first, while the generator, sandbox and Redis
+they use are still up, so a running job hands itself back (checkpointed at its step boundary,
+re-queued, not left `running`); then the gateway, generator and sandbox; Redis last.
+
 Queue policy (`WORKERS`): the trainer worker takes eval jobs before train jobs, and a second
 worker serves the `eval` queue alone, so an evaluation never waits behind a long training job.
 """
@@ -26,6 +30,8 @@ from crucible_cli.spawn import free_port, port_free, wait_healthy
 
 # Trainer workers: name -> queues, in the order each worker takes jobs from them.
 WORKERS = {"worker": "eval,train", "eval-worker": "eval"}
+# Who stops when: each stage is stopped and waited for before the next one starts.
+STOP_ORDER: tuple[tuple[str, ...], ...] = (tuple(WORKERS), ("gateway", "generator", "sandbox"), ("redis",))
 
 
 def redis_server_binary() -> str:
@@ -66,6 +72,9 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     worker_restarts: int = 0
+    # A stopping worker finishes its step, checkpoints and hands its job back; past this it is
+    # told again (RQ's cold stop: the job is handed back at once, resuming from its last checkpoint).
+    worker_stop_s: float = 120.0
 
     def _start(self, name: str, args: list[str], url: str, extra_env: dict[str, str]) -> Proc:
         logs = self.state_dir / "logs"
@@ -105,20 +114,7 @@ class Stack:
             ]  # fmt: skip
             redis_url = f"redis://127.0.0.1:{port}/0"
             self._start("redis", args, redis_url, {})
-        adapters = (self.state_dir / "adapters").resolve()
-        runs = (self.state_dir / "jobs").resolve()
-        self.env.update(
-            {
-                "REDIS_URL": redis_url,
-                "CRUCIBLE_TRAINER_GENERATOR_URLS": f"http://127.0.0.1:{self.generator_port}",
-                "CRUCIBLE_TRAINER_SANDBOX_URL": f"http://127.0.0.1:{self.sandbox_port}",
-                "CRUCIBLE_TRAINER_ADAPTER_DIR": str(adapters),
-                "CRUCIBLE_TRAINER_RUNS_DIR": str(runs),
-                "CRUCIBLE_GATEWAY_RUNS_DIR": str(runs),
-                "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(adapters),
-                "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
-            }
-        )
+        self.env.update(self.service_env(redis_url))
         py = sys.executable
         self._start(
             "sandbox",
@@ -144,6 +140,21 @@ class Stack:
         progress("waiting for the trainer worker")
         self._wait_worker(redis_url, deadline)
         return {p.name: p.url for p in self.procs}
+
+    def service_env(self, redis_url: str) -> dict[str, str]:
+        """What every service of the stack is told. Not `WANDB_MODE`: a spec's
+        `logging.wandb_mode` is the job's own choice (unset, the worker's WANDB_MODE or offline)."""
+        adapters = (self.state_dir / "adapters").resolve()
+        runs = (self.state_dir / "jobs").resolve()
+        return {
+            "REDIS_URL": redis_url,
+            "CRUCIBLE_TRAINER_GENERATOR_URLS": f"http://127.0.0.1:{self.generator_port}",
+            "CRUCIBLE_TRAINER_SANDBOX_URL": f"http://127.0.0.1:{self.sandbox_port}",
+            "CRUCIBLE_TRAINER_ADAPTER_DIR": str(adapters),
+            "CRUCIBLE_TRAINER_RUNS_DIR": str(runs),
+            "CRUCIBLE_GATEWAY_RUNS_DIR": str(runs),
+            "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(adapters),
+        }
 
     def _start_generator(self, progress: Callable[[str], None]) -> None:
         from crucible_cli import generator_backend
@@ -215,20 +226,54 @@ class Stack:
             time.sleep(poll_s)
 
     def stop(self) -> None:
-        """Stop everything, newest first (gateway and worker before the services they use)."""
-        for proc in reversed(self.procs):
-            if proc.popen.poll() is None:
-                try:
-                    os.killpg(proc.popen.pid, signal.SIGTERM)
-                except OSError:
-                    pass
-        for proc in reversed(self.procs):
-            try:
-                proc.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-                proc.popen.wait()
+        """Stop everything in dependency order (`STOP_ORDER`), each stage before the next: the
+        workers while what they use is still up, Redis last. Services not named there stop with
+        the middle stage."""
+        others = {p.name for p in self.procs} - {name for stage in STOP_ORDER for name in stage}
+        for stage in STOP_ORDER:
+            names = set(stage) | (others if "gateway" in stage else set())
+            procs = [p for p in self.procs if p.name in names]
+            if stage == STOP_ORDER[0]:  # the workers
+                self._stop_group(procs, self.worker_stop_s, again_s=15)
+            else:
+                self._stop_group(procs, 15)
         self.procs.clear()
+
+    @staticmethod
+    def _stop_group(procs: list[Proc], grace_s: float, again_s: float = 0) -> None:
+        """SIGTERM to each process group; after `grace_s` (or at a Ctrl-C meanwhile) a second
+        SIGTERM (when `again_s`), then SIGKILL to what is left."""
+
+        def signal_all(sig: int) -> None:
+            for proc in procs:
+                if proc.popen.poll() is None:
+                    try:
+                        os.killpg(proc.popen.pid, sig)
+                    except OSError:
+                        pass
+
+        def wait_all(seconds: float) -> bool:
+            deadline = time.monotonic() + seconds
+            for proc in procs:
+                try:
+                    proc.popen.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    return False
+            return True
+
+        signal_all(signal.SIGTERM)
+        try:
+            if wait_all(grace_s):
+                return
+        except KeyboardInterrupt:
+            pass  # impatient: on to the next signal, still stopping everything
+        if again_s:
+            signal_all(signal.SIGTERM)
+            if wait_all(again_s):
+                return
+        signal_all(signal.SIGKILL)
+        for proc in procs:
+            proc.popen.wait()
 
     def __enter__(self) -> Stack:
         return self

@@ -3,6 +3,12 @@
 Reads never write. A job whose worker went silent is moved on by `reap`, an explicit transition
 the app runs on a timer: back to the queue (resuming from its checkpoint) while it has attempts
 left, else `failed` with a retry hint.
+
+Silence is measured on Redis's clock (the one heartbeats are stamped with) and only while Redis
+was reachable: after Redis restarts, or after the reaper itself could not reach it, no running job
+is reaped until a whole heartbeat timeout has passed with Redis up, so the heartbeats that failed
+during an outage are not mistaken for a dead worker. A run that is re-queued anyway (its worker
+was cut off from Redis alone) is fenced by its lease and stops (`crucible_shared.lifecycle`).
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ class GatewayService:
     def __init__(self, settings: Settings, store: JobStore) -> None:
         self.settings, self.store = settings, store
         self.roots = settings.path_roots()
+        # Redis time since which every reap reached Redis (None: the last one did not).
+        self.reachable_since: float | None = float("-inf")
+
+    def redis_lost(self) -> None:
+        """The reaper could not reach Redis: heartbeats may be failing too."""
+        self.reachable_since = None
 
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(
@@ -166,10 +178,18 @@ class GatewayService:
 
     async def reap(self, now: float | None = None) -> list[tuple[str, JobStatus]]:
         """Move on jobs whose worker is gone; returns (job id, new status) of each change."""
-        now = time.time() if now is None else now
+        if now is None:
+            now, uptime = await self.store.clock()
+        else:
+            uptime = float("inf")
+        if self.reachable_since is None:
+            self.reachable_since = now
         cutoff = now - self.settings.heartbeat_timeout_s
         changes: list[tuple[str, JobStatus]] = []
-        for record in await self.store.get_many(await self.store.ids(JobStatus.running)):
+        # Within a heartbeat timeout of Redis coming back, silence proves nothing.
+        trusted = max(self.reachable_since, now - uptime) <= cutoff
+        running = await self.store.ids(JobStatus.running) if trusted else []
+        for record in await self.store.get_many(running):
             beat = record.heartbeat_at or record.started_at or record.created_at
             if beat >= cutoff:
                 continue

@@ -36,8 +36,7 @@ class JobRun:
     """One job run: `await Runner(spec, job_id, settings, channel).run()` -> its summary."""
 
     # Whether the job loads `model.base` itself (train jobs) rather than asking the generator
-    # for it by name (eval jobs): then the spec carries the checked absolute path. Every other
-    # path a spec names always does.
+    # for it by name (eval jobs): then the spec carries the checked absolute path.
     loads_model: ClassVar[bool] = True
 
     def __init__(self, spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> None:
@@ -69,12 +68,8 @@ class JobRun:
     async def run(self) -> dict[str, Any]:
         roots = self.settings.path_roots()
         self.paths = roots.check(self.spec, real=True)
-        # What is read is the normalised path checked, never the spec's text (`link/../x`, a
-        # relative path under another working directory); model.base keeps the name the
-        # generator is matched by when the job does not load it.
-        checked = roots.check(self.spec)
-        if not self.loads_model:
-            checked.pop("model.base", None)
+        # The job reads what was checked; an eval keeps model.base, the name its generator serves.
+        checked = {f: p for f, p in roots.check(self.spec).items() if self.loads_model or f != "model.base"}
         self.spec = with_checked_paths(self.spec, checked)
         await self.prepare()
         (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=2))
@@ -95,7 +90,8 @@ class JobRun:
             finally:
                 if self.events.wandb_run is not None:
                     self.events.wandb_run.finish()
-                self.write_summary()
+                if not self.channel.superseded():  # the run holding the job writes its summary
+                    self.write_summary()
         if self.summary["status"] == JobStatus.finished.value:
             self.events.emit("status", status="finished", summary=self.summary)
         return self.summary

@@ -35,6 +35,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.retry import Retry
     from rq import Queue, SimpleWorker
     from rq.serializers import JSONSerializer
 
@@ -45,7 +48,11 @@ def main() -> None:
             WORKER_STOPPING.set()
             super().request_stop(signum, frame)
 
-    redis = Redis.from_url(settings.redis_url)
+    # After a Redis restart every pooled connection is dead: the first command on one reconnects
+    # and is sent again (no socket timeout: RQ's dequeue blocks on the socket for minutes).
+    redis = Redis.from_url(
+        settings.redis_url, retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    )
     queues = [
         Queue(q.strip(), connection=redis, serializer=JSONSerializer)
         for q in args.queues.split(",")
