@@ -67,9 +67,9 @@ def accepted(gw: Service, spec: dict) -> str:
 
 def test_reuse_names_an_existing_pipeline_run(gw, roots) -> None:
     message = refused(gw, {"kind": "pipeline", "reuse": "pipeline-nope"}, "pipeline.reuse")
-    assert "'pipeline-nope' is no job" in message
+    assert "'pipeline-nope' names no job" in message
     other = accepted(gw, {"kind": "eval", "data": {"dataset": "mbpp", "ids": [11]}})
-    assert "is a eval job" in refused(gw, {"kind": "pipeline", "reuse": other}, "pipeline.reuse")
+    assert "is a job of kind eval" in refused(gw, {"kind": "pipeline", "reuse": other}, "pipeline.reuse")
     earlier = accepted(gw, {"kind": "pipeline", "name": "earlier"})
     assert "no stage records" in refused(gw, {"kind": "pipeline", "reuse": earlier}, "pipeline.reuse")
     (roots["runs"] / earlier).mkdir()
@@ -173,3 +173,35 @@ def test_a_data_file_that_does_not_exist_is_refused(gw, roots) -> None:
     )
     assert "nope.jsonl does not exist" in message
     accepted(gw, {"kind": "eval", "data": {"dataset": "jsonl", "path": "tasks.jsonl"}})
+
+
+# -- names: printable only -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a\x00b",
+        "red \x1b[31mALERT\x1b[0m",
+        "evil\u202etxt.exe",
+        "two\nlines",
+        "tab\there",
+        "bidi\u2066x\u2069",
+    ],
+    ids=["NUL", "ESC", "RTL-override", "newline", "tab", "isolate"],
+)
+def test_names_with_control_or_format_characters_are_refused(gw, name: str) -> None:
+    for spec, field in (
+        ({"kind": "train", "name": name}, "train.name"),
+        ({"kind": "eval", "name": name}, "eval.name"),
+        ({"kind": "pipeline", "name": name}, "pipeline.name"),
+        ({"kind": "train", "logging": {"run_name": name}}, "train.logging.run_name"),
+    ):
+        message = refused(gw, spec, field)
+        assert "printable" in message, message
+
+
+def test_printable_names_in_any_script_are_accepted(gw) -> None:
+    job_id = accepted(gw, {"kind": "eval", "name": "évaluation — 評価 ✓ (run 2)"})
+    r = httpx.get(f"{gw.url}/v1/jobs/{job_id}")
+    assert r.json()["name"] == "évaluation — 評価 ✓ (run 2)"

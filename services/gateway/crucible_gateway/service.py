@@ -103,11 +103,11 @@ class GatewayService:
         """`reuse` names an earlier pipeline job whose run dir has its stage records."""
         field = "pipeline.reuse"
         record = await self.store.get(reuse)
-        if record is None or record.kind != "pipeline":
-            what = f"a {record.kind} job" if record else "no job"
+        if record is None or record.kind != JobKind.pipeline:
+            what = f"is a job of kind {record.kind.value}" if record else "names no job"
             raise ApiError(
                 422,
-                f"{reuse!r} is {what}: reuse names an earlier pipeline job (GET /v1/jobs?kind=pipeline)",
+                f"{reuse!r} {what}: reuse names an earlier pipeline job (GET /v1/jobs?kind=pipeline)",
                 field=field,
             )
         try:

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from crucible_shared.jobs.base import _ATTEMPTS, MAX_STEPS, Seed, _Spec, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.lifecycle import JobKind
+from crucible_shared.text import Label
 
 
 class EvalSampling(_Spec):
@@ -73,7 +74,7 @@ class EvalJob(EvalSpec):
     """An evaluation job: an evaluation of a model (its base, optionally with an adapter)."""
 
     kind: Literal[JobKind.eval] = JobKind.eval
-    name: str | None = Field(None, max_length=200)
+    name: Label | None = Field(None, max_length=200, description="Label shown in listings (printable text).")
     model: ModelSpec = Field(default_factory=ModelSpec)
     adapter: str | None = Field(
         None, max_length=4096, description="Evaluate this adapter (PEFT directory inside the adapter roots)."

@@ -12,6 +12,7 @@ from crucible_shared.jobs.evaluation import EvalSpec
 from crucible_shared.jobs.offline import OfflineMethod, SFTConfig, check_offline_optim
 from crucible_shared.jobs.sections import CheckpointSpec, LoggingSpec, OptimSpec
 from crucible_shared.lifecycle import JobKind
+from crucible_shared.text import Label
 
 Stage = Literal["baseline", "generate", "annotate", "build", "train", "merge", "evaluate", "analyze"]
 STAGES: tuple[Stage, ...] = (
@@ -100,7 +101,7 @@ class PipelineJob(_Spec):
     """
 
     kind: Literal[JobKind.pipeline] = JobKind.pipeline
-    name: str | None = Field(None, max_length=200, description="Label shown in listings.")
+    name: Label | None = Field(None, max_length=200, description="Label shown in listings (printable text).")
     stages: list[Stage] = Field(
         default_factory=lambda: list(STAGES),
         min_length=1,

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crucible_shared.jobs.base import MAX_STEPS, _Spec, unused
+from crucible_shared.text import Label
 
 # --- rollout, reward, optimisation ---------------------------------------------------------------
 
@@ -99,7 +100,7 @@ class LoggingSpec(_Spec):
         None, description="Weights & Biases mode; unset: the worker's WANDB_MODE, else offline."
     )
     wandb_project: str = Field("crucible", min_length=1, max_length=128)
-    run_name: str | None = Field(None, max_length=128)
+    run_name: Label | None = Field(None, max_length=128, description="W&B run name (printable text).")
     samples_every: int = Field(
         1, ge=0, le=MAX_STEPS, description="Emit one sampled completion as an event every N steps (0: never)."
     )

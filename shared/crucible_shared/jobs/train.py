@@ -24,6 +24,7 @@ from crucible_shared.jobs.sections import (
 from crucible_shared.lifecycle import JobKind
 from crucible_shared.overlap import OverlapSpec
 from crucible_shared.overlap import check_job as check_overlap
+from crucible_shared.text import Label
 
 Method = Annotated[
     GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
@@ -35,7 +36,7 @@ class TrainJob(_Spec):
     """A training job."""
 
     kind: Literal[JobKind.train] = JobKind.train
-    name: str | None = Field(None, max_length=200, description="Label shown in listings.")
+    name: Label | None = Field(None, max_length=200, description="Label shown in listings (printable text).")
     method: Method = Field(default_factory=GRPOConfig)
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=lambda: DataSpec(split="train"))
