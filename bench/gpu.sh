@@ -134,7 +134,7 @@ PY
     ;;
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race flags]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
-    python3 bench/seeds.py run --out "${OUT:-/tmp}/results" "$@" ;;
+    python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
   overlap)  # [bench/overlap_race.py flags]: overlap.max_staleness 1, 2 against 0 at equal samples, over seeds:
     shift    # samples/s and final greedy MBPP-test pass@1, one JSON (long: run it with `bg`, then `wait-bg`)
     python3 bench/overlap_race.py --json "${OUT:-/tmp}/overlap.json" "$@" ;;
@@ -172,6 +172,7 @@ PY
     CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info CRUCIBLE_GENERATOR_MODEL="$MODEL_DIR" \
       CRUCIBLE_GENERATOR_SERVED_NAME="$MODEL_NAME" setsid python3 -m crucible_generator \
       > /root/logs/crucible-generator.log 2>&1 < /dev/null &
+    echo $! > /tmp/crucible-generator.pid  # stopped by this pid only: learning runs' generators share the host
     for _ in $(seq 1 300); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
       sleep 1
@@ -202,11 +203,11 @@ PY
         bash bench/gpu-vllm.sh stop; sleep 8
       done
       cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$shape.log" 2>/dev/null || true
-      for pid in $(pgrep -f "[c]rucible_generator"); do kill "$pid" 2>/dev/null || true; done; sleep 8
+      kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
     done ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
-    for pid in $(pgrep -f "[c]rucible_generator"); do kill "$pid" 2>/dev/null || true; done
+    [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
     sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
     bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true

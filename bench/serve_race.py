@@ -140,7 +140,7 @@ def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
     del peft_model, base
     loaded = {}
     for name, (url, _) in servers.items():
-        lora = f"race-r{rank}"
+        lora = f"race-r{rank}-{path.parent.name}"  # a server that stays up between races keeps the last one
         httpx.post(
             f"{url}/v1/load_lora_adapter", json={"lora_name": lora, "lora_path": str(path)}, timeout=600
         ).raise_for_status()

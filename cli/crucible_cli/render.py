@@ -7,9 +7,14 @@ bar from a gateway's event stream. `--json` callers print the raw events instead
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crucible_shared import events as ev
 
 LABEL_WIDTH = 10
 
@@ -34,69 +39,111 @@ def _dataset(data: dict[str, Any]) -> str:
 def describe(event: str, data: dict[str, Any], *, samples: bool = False) -> str | None:
     """One human line for an event (None: shown by the progress bar, or not at all).
 
+    The event is read as its type in `crucible_shared.events` and rendered by that type; one that
+    does not parse (a newer server's) is shown as it came.
+
     >>> describe("adapter_published", {"step": 1, "name": "job-v1", "load_s": 0.6683764339995832})
     'v1         hot-swapped into the generator in 0.67 s (job-v1)'
-    >>> describe("eval_finished", {"label": "before", "greedy_pass@1": 0.0, "problems": 4,
+    >>> describe("eval_finished", {"label": "before", "report": "r", "greedy_pass@1": 0.0, "problems": 4,
     ...          "dataset": "mbpp", "mean_generated_tokens": 118.4})
     'before     pass@1 0.0% on 4 MBPP tasks, 118 tokens avg'
-    >>> describe("eval_finished", {"label": "after", "greedy_pass@1": None, "pass@1": 0.625, "problems": 2})
+    >>> describe("eval_finished", {"label": "after", "report": "r", "dataset": "", "greedy_pass@1": None,
+    ...          "pass@1": 0.625, "problems": 2})
     'after      pass@1 62.5% (sampled) on 2 tasks'
+    >>> describe("requeued", {"reason": "the worker stopped after step 3"})
+    'requeued   the worker stopped after step 3 (no attempt used)'
     """
-    if event == "status":
-        status = data.get("status", "?")
-        error = f": {data['error']}" if data.get("error") else ""
-        return _line("status", f"{status}{error}")
-    if event == "settings":
-        parts = [f"{data.get('device')}", f"{data.get('dtype')}", f"micro-batch {data.get('micro_batch')}"]
-        parts.append("gradient checkpointing " + ("on" if data.get("gradient_checkpointing") else "off"))
-        parts.append(f"attention {data.get('attn_implementation')}")
-        if data.get("gpu_free_gb") is not None:
-            parts.append(f"{data['gpu_free_gb']} of {data.get('gpu_total_gb')} GiB free")
-        return _line("settings", ", ".join(parts))
-    if event == "eval_started":
-        where = f" ({data['data']})" if data.get("data") else ""
-        return _line(
-            data.get("label", "eval"), f"evaluating {data.get('model')} on {data.get('tasks')} tasks{where}"
-        )
-    if event == "eval_finished":
-        greedy = data.get("greedy_pass@1")
-        parts = [] if greedy is None else [f"pass@1 {_pct(greedy)}"]  # an evaluation of samples only
-        parts += [
-            f"{k} {_pct(v)} (sampled)" for k, v in data.items() if k.startswith("pass@") and v is not None
-        ]
-        text = " · ".join(parts) + f" on {data.get('problems', '?')} {_dataset(data)}"
-        tokens = data.get("mean_generated_tokens")
-        if tokens is not None:
-            text += f", {tokens:.0f} tokens avg"
-        return _line(data.get("label", "eval"), text)
-    if event == "adapter_published":
-        step = data.get("step")
-        return _line(
-            f"v{step}", f"hot-swapped into the generator in {_num(data.get('load_s'))} s ({data.get('name')})"
-        )
-    if event == "difficulty_filter":
-        return _line("filter", f"kept {data.get('kept')} of {data.get('of')} problems (0 < pass rate < 1)")
-    if event == "resumed":
-        return _line("resumed", f"from the checkpoint of step {data.get('step')}")
-    if event == "stage":
-        return _stage_line(data)
-    if event == "requeued":
-        return _line("requeued", f"{data.get('reason')}; attempt {data.get('attempt')}")
-    if event == "stale_policy":
-        return _line(
-            "stale",
-            f"the generator's log-probs differ by {_num(data.get('stale/diff'), 3)} per token at step {data.get('step')}",
-        )
-    if event == "sample" and samples:
-        head = (
-            f"step {data.get('step')} {data.get('problem_id')} ({data.get('phase')}): reward "
-            f"{_num(data.get('reward'))}, {data.get('status')}"
-        )
-        if data.get("message"):
-            head += f" - {data['message']}"
-        completion = "\n".join(str(data.get("completion") or "").splitlines()[:12])
-        return _line("sample", head) + "\n" + textwrap.indent(completion, " " * (LABEL_WIDTH + 1) + "| ")
-    return None
+    from crucible_shared import events as ev
+    from pydantic import ValidationError
+
+    try:
+        parsed = ev.parse(event, data)
+    except ValidationError:
+        if event not in ev.EVENT_TYPES:
+            return None  # an event this CLI does not know
+        return _line(event, json.dumps(data, default=str)[:300])
+    render = _renderers().get(type(parsed))
+    if isinstance(parsed, ev.SampleEvent) and not samples:
+        return None
+    return None if render is None else render(parsed)
+
+
+def _status(e: ev.StatusEvent) -> str:
+    return _line("status", f"{e.status}: {e.error}" if e.error else e.status)
+
+
+def _settings(e: ev.SettingsEvent) -> str:
+    parts = [e.device, e.dtype, f"micro-batch {e.micro_batch}"]
+    parts.append("gradient checkpointing " + ("on" if e.gradient_checkpointing else "off"))
+    parts.append(f"attention {e.attn_implementation}")
+    if e.gpu_free_gb is not None:
+        parts.append(f"{e.gpu_free_gb} of {e.gpu_total_gb} GiB free")
+    return _line("settings", ", ".join(parts))
+
+
+def _eval_started(e: ev.EvalStartedEvent) -> str:
+    where = f" ({e.data})" if e.data else ""
+    return _line(e.label, f"evaluating {e.model} on {e.tasks} tasks{where}")
+
+
+def _eval_finished(e: ev.EvalFinishedEvent) -> str:
+    parts = [] if e.greedy_pass_at_1 is None else [f"pass@1 {_pct(e.greedy_pass_at_1)}"]  # samples only
+    parts += [f"{k} {_pct(v)} (sampled)" for k, v in e.pass_at_k.items()]
+    text = " · ".join(parts) + f" on {e.problems} {_dataset({'dataset': e.dataset})}"
+    if e.mean_generated_tokens is not None:
+        text += f", {e.mean_generated_tokens:.0f} tokens avg"
+    return _line(e.label, text)
+
+
+def _requeued(e: ev.RequeuedEvent) -> str:
+    return _line(
+        "requeued", f"{e.reason}; attempt {e.attempt}" if e.attempt else f"{e.reason} (no attempt used)"
+    )
+
+
+def _stale(e: ev.StalePolicyEvent) -> str:
+    return _line(
+        "stale",
+        f"the generator's log-probs differ by {_num(e.diff, 3)} per token for version {e.version} "
+        f"(tolerance {e.tolerance})",
+    )
+
+
+def _sample(e: ev.SampleEvent) -> str:
+    head = f"step {e.step} {e.problem_id} ({e.phase}): reward {_num(e.reward)}, {e.status}"
+    if e.message:
+        head += f" - {e.message}"
+    completion = "\n".join(e.completion.splitlines()[:12])
+    return _line("sample", head) + "\n" + textwrap.indent(completion, " " * (LABEL_WIDTH + 1) + "| ")
+
+
+@functools.cache
+def _renderers() -> dict[type, Callable[[Any], str | None]]:
+    """Each event type's line (imported on first use: `crucible --help` loads no pydantic)."""
+    from crucible_shared import events as ev
+
+    return {
+        ev.StatusEvent: _status,
+        ev.NoticeEvent: lambda e: _line("note", e.message),
+        ev.SettingsEvent: _settings,
+        ev.EvalStartedEvent: _eval_started,
+        ev.EvalFinishedEvent: _eval_finished,
+        ev.AdapterPublishedEvent: lambda e: _line(
+            f"v{e.step}", f"hot-swapped into the generator in {_num(e.load_s)} s ({e.name})"
+        ),
+        ev.DifficultyFilterEvent: lambda e: _line(
+            "filter", f"kept {e.kept} of {e.of} problems (0 < pass rate < 1)"
+        ),
+        ev.ResumedEvent: lambda e: _line("resumed", f"from the checkpoint of step {e.step}"),
+        ev.CheckpointEvent: lambda e: _line("checkpoint", f"step {e.step} saved ({e.path})"),
+        ev.StageEvent: lambda e: _stage_line(e.model_dump(by_alias=True)),
+        ev.RequeuedEvent: _requeued,
+        ev.StalePolicyEvent: _stale,
+        ev.SampleEvent: _sample,
+        ev.RawEvent: lambda e: _line("raw", e.data[:300]),
+        ev.MetricsEvent: lambda e: None,  # the progress bar's
+        ev.StageProgressEvent: lambda e: None,  # a pipeline's stage bar (not drawn yet)
+    }
 
 
 def _stage_line(data: dict[str, Any]) -> str:
@@ -219,9 +266,9 @@ def follow(client: Any, job_id: str, console: Any, *, samples: bool = False, raw
                     for line in game_lines(data.get("step"), data.get("metrics", {})):
                         bar.console.print(line, markup=False, highlight=False)
                 continue
-            line = describe(event, data, samples=samples)
-            if line is not None:
-                bar.console.print(line, markup=False, highlight=False)
+            text = describe(event, data, samples=samples)
+            if text is not None:
+                bar.console.print(text, markup=False, highlight=False)
     return client.job(job_id)
 
 
@@ -229,7 +276,7 @@ def print_outcome(console: Any, record: Any) -> None:
     """The final status, and where the job's results are."""
     error = f" ({record.error})" if record.error else ""
     console.print(f"{record.id}: {record.status.value}{error}", markup=False, highlight=False)
-    summary = record.summary or {}
+    summary = record.summary.model_dump() if record.summary else {}
     for key, label in (
         ("adapter", "adapter"),
         ("before_after", "before/after"),

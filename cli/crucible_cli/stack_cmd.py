@@ -58,12 +58,12 @@ def up(
     from crucible_cli.heavy import require
 
     require(*SERVICES, command="up")
-    from rich.console import Console
     from rich.table import Table
 
+    from crucible_cli.console import new_console
     from crucible_cli.stack import Stack
 
-    console = Console()
+    console = new_console()
     stack = Stack(
         state_dir,
         gateway_port,
@@ -120,13 +120,13 @@ def demo(
     from crucible_shared.gateway_client import GatewayClient
     from crucible_shared.jobs import TrainJob
     from crucible_shared.lifecycle import JobStatus
-    from rich.console import Console
 
+    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
     from crucible_cli.spawn import free_port
     from crucible_cli.stack import Stack
 
-    console = Console()
+    console = new_console()
     if config is not None:
         from crucible_cli.specs import load_spec
 
@@ -175,7 +175,7 @@ def _story(console, final) -> None:
 
     from rich.table import Table
 
-    summary = final.summary or {}
+    summary = final.summary.model_dump() if final.summary else {}
     run_dir = Path(summary.get("run_dir", ""))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():

@@ -21,7 +21,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from crucible_shared import keys
 
@@ -36,13 +36,22 @@ class JobStatus(StrEnum):
 
 FINAL = frozenset({JobStatus.finished, JobStatus.failed, JobStatus.cancelled})
 
+
+class JobKind(StrEnum):
+    """What a job is; its spec's `kind` (`crucible_shared.jobs`), its RQ queue and its timeout."""
+
+    train = "train"
+    eval = "eval"
+    pipeline = "pipeline"
+
+
 # Job ids name Redis keys and run directories: letters, digits, `_ . -`, no separators.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 
 # The RQ queue of each job kind, and the job function (enqueued by dotted path, so the gateway
 # never imports the trainer).
-QUEUES: dict[str, str] = {"train": "train", "eval": "eval", "pipeline": "train"}
+QUEUES: dict[JobKind, str] = {JobKind.train: "train", JobKind.eval: "eval", JobKind.pipeline: "train"}
 JOB_FUNCTION = "crucible_trainer.jobs.run_job"
 
 
@@ -55,11 +64,35 @@ def valid_job_id(job_id: str) -> bool:
     return bool(_JOB_ID.match(job_id))
 
 
+class JobSummary(BaseModel):
+    """What a finished (or cancelled) job hands back: where its results are and its headline
+    figures. The fields below are those every runner and the CLI share; a runner adds its own
+    (a method's report, a pipeline's stages) as extra fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    job_id: str
+    run_dir: str | None = None
+    status: JobStatus | None = Field(None, description="finished or cancelled.")
+    method: str | None = None
+    steps: int | None = Field(None, description="Training steps run.")
+    adapter: str | None = Field(None, description="The trained adapter's folder.")
+    model_name: str | None = Field(None, description="The name the generator serves it under.")
+    report: str | None = Field(None, description="An eval job's report folder.")
+    before_after: str | None = Field(None, description="The before/after comparison's folder.")
+    learning_curve: str | None = None
+    games_report: str | None = None
+    merged: str | None = Field(None, description="A pipeline's merged model.")
+    eval: dict[str, Any] | None = Field(None, description="Headline figures per evaluation (by label).")
+    settings: dict[str, Any] | None = Field(None, description="What the job chose for the machine.")
+    stages: dict[str, dict[str, Any]] | None = Field(None, description="A pipeline's stages: ran or skipped.")
+
+
 class JobRecord(BaseModel):
     """A job as stored in Redis and shown by the API."""
 
     id: str
-    kind: str
+    kind: JobKind
     name: str | None = None
     status: JobStatus
     created_at: float
@@ -72,7 +105,7 @@ class JobRecord(BaseModel):
     policy_version: str | None = Field(None, description="Adapter version the generator serves for this job.")
     metrics: dict[str, Any] | None = Field(None, description="Latest step's metrics.")
     error: str | None = None
-    summary: dict[str, Any] | None = None
+    summary: JobSummary | None = None
     spec: dict[str, Any] | None = None
     attempts: int = Field(1, description="Runs of this job so far (retries included).")
     max_attempts: int = Field(1, description="Runs allowed when a worker is lost (automatic retries).")

@@ -52,6 +52,34 @@ def test_ppo_ratio_option_reaches_the_update() -> None:
         PPOConfig(ratio="episode")
 
 
+@pytest.mark.parametrize("name", ["grpo", "srrl", "spiral"])
+def test_clipped_methods_share_their_fields_and_update(name: str) -> None:
+    """GRPO, SRRL and SPIRAL declare loss / clip_eps / kl_beta / num_iterations once (ClippedMethod),
+    with one description and bounds each, and every one of them reaches the update."""
+    from crucible_shared.jobs import ClippedMethod
+
+    method = {"name": name, "loss": "dr_grpo", "clip_eps": 0.3, "kl_beta": 0.5, "num_iterations": 2}
+    if name == "grpo":
+        method["clip_eps_high"] = 0.4
+    job = TrainJob.model_validate({"method": method, "optim": {"micro_batch": 4, "grad_accum": 2}})
+    assert isinstance(job.method, ClippedMethod)
+    for field in ("loss", "clip_eps", "kl_beta", "num_iterations"):
+        assert field not in vars(type(job.method)).get("__annotations__", {})  # declared once
+        assert repr(type(job.method).model_fields[field]) == repr(ClippedMethod.model_fields[field])
+    cfg = method_module(job.method).update_config(job.method, job)
+    assert (cfg.objective, cfg.aggregation, cfg.clip_eps, cfg.kl_beta, cfg.iterations) == (
+        "clip",
+        "dr_grpo",
+        0.3,
+        0.5,
+        2,
+    )
+    assert cfg.clip_eps_high == (0.4 if name == "grpo" else None)
+    assert (cfg.micro_batch, cfg.grad_accum, cfg.max_tokens) == (4, 2, job.rollout.max_tokens)
+    with pytest.raises(ValidationError, match="clip_eps"):  # the shared check: nothing to clip
+        TrainJob.model_validate({"method": {"name": name, "clip_eps": 0.3}})
+
+
 def test_every_online_method_of_the_spec_union_is_registered() -> None:
     from typing import get_args
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
-from crucible_shared.lifecycle import FINAL, JobRecord, JobStatus, valid_job_id
+from crucible_shared.lifecycle import FINAL, JobKind, JobRecord, JobStatus, valid_job_id
 from crucible_shared.paths import PathOutsideRoots, UnsafePath, file_inside
 
 from crucible_gateway.settings import Settings
@@ -62,7 +62,7 @@ class GatewayService:
         return record if with_spec else record.model_copy(update={"spec": None})
 
     async def list_jobs(
-        self, status: JobStatus | None, kind: str | None, offset: int, limit: int
+        self, status: JobStatus | None, kind: JobKind | None, offset: int, limit: int
     ) -> tuple[list[JobRecord], int]:
         if kind is None:
             ids, total = await self.store.page(status, offset, limit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from crucible_shared.lifecycle import JobKind
 from crucible_shared.paths import PathRoots
 from crucible_shared.settings import check_api_keys, split_csv
 from pydantic import AliasChoices, Field, field_validator, model_validator
@@ -28,6 +29,11 @@ class Settings(BaseSettings):
     adapter_dir: Path = Field(Path("runs/adapters"), description="The adapter store.")
     train_job_timeout_s: int = Field(7 * 24 * 3600, ge=60, description="RQ job_timeout of train jobs.")
     eval_job_timeout_s: int = Field(24 * 3600, ge=60, description="RQ job_timeout of eval jobs.")
+
+    def job_timeout_s(self, kind: JobKind) -> int:
+        """The RQ job_timeout of a job of `kind` (pipelines train: they get the train jobs')."""
+        return self.eval_job_timeout_s if kind is JobKind.eval else self.train_job_timeout_s
+
     heartbeat_timeout_s: float = Field(
         60.0, gt=0, description="A running job silent this long has lost its worker (see max_attempts)."
     )

@@ -14,10 +14,11 @@ import time
 import uuid
 from typing import Any
 
-from crucible_shared import keys
+from crucible_shared import events, keys
 from crucible_shared.lifecycle import (
     JOB_FUNCTION,
     QUEUES,
+    JobKind,
     JobRecord,
     JobStatus,
     encode_fields,
@@ -44,7 +45,7 @@ def new_job_id(kind: str) -> str:
 
 
 class JobStore:
-    def __init__(self, redis: AsyncRedis, rq_redis: Redis, timeouts: dict[str, int]) -> None:
+    def __init__(self, redis: AsyncRedis, rq_redis: Redis, timeouts: dict[JobKind, int]) -> None:
         self.redis, self.rq_redis, self.timeouts = redis, rq_redis, timeouts
         self.queues = {
             name: Queue(name, connection=rq_redis, serializer=JSONSerializer) for name in set(QUEUES.values())
@@ -100,7 +101,7 @@ class JobStore:
     # -- submission ----------------------------------------------------------------------------
     async def create(
         self,
-        kind: str,
+        kind: JobKind,
         spec: dict[str, Any],
         name: str | None,
         idempotency_key: str | None,
@@ -136,7 +137,7 @@ class JobStore:
         await pipe.execute()
         return job_id, True
 
-    def enqueue(self, kind: str, job_id: str, spec: dict[str, Any]) -> None:
+    def enqueue(self, kind: JobKind, job_id: str, spec: dict[str, Any]) -> None:
         """Put the job on its RQ queue (again: an earlier RQ job of the same id is replaced)."""
         try:
             Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer).delete()
@@ -184,7 +185,7 @@ class JobStore:
 
     # -- events ---------------------------------------------------------------------------------
     async def emit(self, job_id: str, kind: str, **data: Any) -> None:
-        record = {"type": kind, "time": time.time(), **data}
+        record = events.record(kind, **data)  # validated: one of crucible_shared.events
         await self.redis.xadd(keys.events(job_id), {"data": json.dumps(record, default=str)}, maxlen=10_000)
 
     async def events_after(self, job_id: str, last_id: str) -> list[tuple[str, dict[str, Any]]]:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from crucible_shared import keys
+from crucible_shared import events, keys
 from crucible_shared.lifecycle import JobStatus, encode_fields, transition_command, transition_result
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class RedisChannel(JobChannel):
             log.warning("could not record progress: %r", exc)
 
     def emit(self, kind: str, **data: Any) -> None:
-        record = {"type": kind, "time": time.time(), **data}
+        record = events.record(kind, **data)  # validated: one of crucible_shared.events
         try:
             self.redis.xadd(
                 keys.events(self.job_id), {"data": json.dumps(record, default=str)}, maxlen=STREAM_MAXLEN
@@ -158,7 +158,7 @@ class LocalChannel(JobChannel):
 
     def emit(self, kind: str, **data: Any) -> None:
         if self.on_event is not None:
-            self.on_event(kind, {"type": kind, "time": time.time(), **data})
+            self.on_event(kind, events.record(kind, **data))
 
     def cancel(self) -> None:
         self._cancel.set()

@@ -1,7 +1,7 @@
 """Evaluation as a job and inside training: one code path from an `EvalSpec` to a written report.
 
 `evaluate_spec` runs an `EvalSpec` against what the generator serves under a model name and
-writes `report.json` / `.md` / `.png` into a folder; the eval job (`run_eval_job`) and every
+writes `report.json` / `.md` / `.png` into a folder; the eval job (`EvalRun`) and every
 evaluation of a training job (before, every N steps, after) call it. `served_base` checks that
 the generator serves the base model a job names, so a job never silently evaluates or trains
 against another model.
@@ -15,13 +15,13 @@ from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import EvalJob, EvalSpec
-from crucible_shared.lifecycle import JobStatus
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.cancel import CancelToken
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.events import EventSink
+from crucible_trainer.jobrun import JobRun
 from crucible_trainer.settings import Settings
 
 
@@ -88,43 +88,51 @@ async def evaluate_spec(
     return report, summary
 
 
-async def run_eval_job(spec: EvalJob, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
+class EvalRun(JobRun):
     """An eval job: the base model the spec names (with `adapter` loaded for the occasion)."""
-    run_dir = Path(settings.runs_dir) / job_id
-    paths = settings.path_roots().check(spec, real=True)
-    events = EventSink(channel, run_dir)
-    cancel = CancelToken(channel, settings.cancel_poll_s)
-    cancel.start()
-    pool = GeneratorPool.from_urls(settings.generator_urls)
-    sandbox = SandboxClient(settings.sandbox_url, api_key=settings.sandbox_api_key)
-    adapter_name = None
-    summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(run_dir)}
-    try:
-        await cancel.guard(pool.wait_ready(timeout=600))
-        model = await served_base(pool, spec.model.base)
+
+    loads_model = False  # the generator serves it, found by the name the spec gives
+    spec: EvalJob
+
+    async def setup(self) -> None:
+        self.pool = GeneratorPool.from_urls(self.settings.generator_urls)
+        self.sandbox = SandboxClient(self.settings.sandbox_url, api_key=self.settings.sandbox_api_key)
+        self.adapter_name: str | None = None
+
+    async def body(self) -> None:
+        spec = self.spec
+        await self.cancel.guard(self.pool.wait_ready(timeout=600))
+        model = await served_base(self.pool, spec.model.base)
         if spec.adapter:
-            adapter_name = f"eval-{job_id}"
-            await pool.load_adapter(adapter_name, str(paths["adapter"]))
-            model = adapter_name
-        events.emit("status", status="running")
+            self.adapter_name = f"eval-{self.job_id}"
+            await self.pool.load_adapter(self.adapter_name, str(self.paths["adapter"]))
+            model = self.adapter_name
+        out = self.run_dir / "eval"
         _, headline = await evaluate_spec(
             spec,
-            pool,
-            sandbox,
+            self.pool,
+            self.sandbox,
             model=model,
             chat=spec.model.chat,
             seed=spec.seed,
-            out=run_dir / "eval",
-            cancel=cancel,
-            events=events,
+            out=out,
+            cancel=self.cancel,
+            events=self.events,
             label="eval",
         )
-        summary.update(status=JobStatus.finished.value, report=str(run_dir / "eval"), eval=headline)
-        events.emit("status", status="finished", summary=summary)
-        return summary
-    finally:
-        cancel.stop()
-        if adapter_name:
-            await pool.unload_adapter(adapter_name, missing_ok=True)
-        await pool.aclose()
-        await sandbox.close()
+        self.summary.update(report=str(out), eval={"eval": headline})
+
+    async def close(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        try:
+            if self.adapter_name:
+                await self.pool.unload_adapter(self.adapter_name, missing_ok=True)
+        finally:
+            await self.pool.aclose()
+            await self.sandbox.close()
+
+
+async def run_eval_job(spec: EvalJob, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
+    """`EvalRun(...).run()`, for scripts and tests that run one job in-process."""
+    return await EvalRun(spec, job_id, settings, channel).run()

@@ -53,7 +53,8 @@ class EventSink:
         self.rollouts_dir = run_dir / "rollouts"
 
     def emit(self, kind: str, **data: Any) -> None:
-        """Append an event to the job's stream (and log it)."""
+        """Append an event to the job's stream (and log it): `kind` and `data` are one of
+        `crucible_shared.events.JobEvent`, which the channel validates as it writes."""
         self.channel.emit(kind, **data)
         log.info("%s %s", kind, json.dumps(data, default=str)[:500])
 

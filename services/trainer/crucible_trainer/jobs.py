@@ -1,4 +1,5 @@
-"""RQ job functions (the payloads are JSON: a job id and a spec dict), one runner per job kind.
+"""RQ job functions (the payloads are JSON: a job id and a spec dict), each run by the `JobRun`
+the runner registry (`runners.RUNNERS`) has for its spec type.
 
 The worker is an RQ `SimpleWorker`: the model and CUDA context survive between jobs in one
 process (a forking worker would break CUDA). A `SimpleWorker` does not heartbeat mid-job, so
@@ -10,20 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from crucible_shared.jobs import OFFLINE_METHODS, JobSpec
+from crucible_shared.jobs import JobSpec
 from crucible_shared.lifecycle import JobStatus
 from pydantic import TypeAdapter
 
 from crucible_trainer.channel import JobChannel, RedisChannel
+from crucible_trainer.runners import runner_for
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
 _SPEC = TypeAdapter(JobSpec)
-
-Runner = Callable[[Any, str, Settings, JobChannel], Awaitable[dict[str, Any]]]
 
 
 def quiet_libraries() -> None:
@@ -38,31 +37,6 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def runner_for(kind: str, method: str | None = None) -> Runner:
-    """The coroutine that runs a job of `kind` (imported late: torch loads with the trainer).
-
-    Train jobs of an offline method (SFT, DPO: TRL on a file) run `offline.job`, not the online
-    loop of `train.py`, which samples, executes and updates every step.
-    """
-    if kind == "train" and method in OFFLINE_METHODS:
-        from crucible_trainer.offline.job import run_offline_train_job
-
-        return run_offline_train_job
-    if kind == "train":
-        from crucible_trainer.train import run_train_job
-
-        return run_train_job
-    if kind == "eval":
-        from crucible_trainer.evaljob import run_eval_job
-
-        return run_eval_job
-    if kind == "pipeline":
-        from crucible_trainer.offline.pipeline import run_pipeline_job
-
-        return run_pipeline_job
-    raise ValueError(f"no runner for jobs of kind {kind!r}")
-
-
 def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
     """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed)."""
     from crucible_trainer.cancel import Cancelled, Interrupted
@@ -71,8 +45,7 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
         return {"job_id": job_id, "status": "skipped"}
     try:
         with channel.heartbeat(settings.heartbeat_s):
-            runner = runner_for(spec.kind, getattr(getattr(spec, "method", None), "name", None))
-            summary = asyncio.run(runner(spec, job_id, settings, channel))
+            summary = asyncio.run(runner_for(spec)(spec, job_id, settings, channel).run())
     except Cancelled:
         summary = {"job_id": job_id, "status": JobStatus.cancelled.value}
     except Interrupted as stop:

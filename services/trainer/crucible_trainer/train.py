@@ -31,15 +31,14 @@ from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import TrainJob
-from crucible_shared.lifecycle import JobStatus
-from crucible_shared.paths import with_checked_model
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import checkpoint, evaluation, hardware, tasks
-from crucible_trainer.cancel import Cancelled, CancelToken, Interrupted
+from crucible_trainer.cancel import Interrupted
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.events import EventSink, rollout_row, start_wandb
+from crucible_trainer.events import rollout_row
+from crucible_trainer.jobrun import JobRun
 from crucible_trainer.methods import method_module
 from crucible_trainer.overlapped import OverlappedSteps
 from crucible_trainer.policy import Policy
@@ -53,82 +52,60 @@ from crucible_trainer.settings import Settings
 log = logging.getLogger(__name__)
 
 
-class TrainRun(OverlappedSteps):
-    """State of one training job; `run()` executes it to the end, a cancel or an error."""
+class TrainRun(JobRun, OverlappedSteps):
+    """State of one training job; `run()` (the base's) executes it to the end, a cancel or an error."""
+
+    spec: TrainJob
 
     def __init__(self, spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel) -> None:
-        self.spec, self.job_id, self.settings = spec, job_id, settings
-        self.run_dir = Path(settings.runs_dir) / job_id
-        self.cancel = CancelToken(channel, settings.cancel_poll_s)
-        self.events = EventSink(channel, self.run_dir)
-        self.channel = channel
+        super().__init__(spec, job_id, settings, channel)
         self.method = method_module(spec.method)
         self.problems: list[Any] = []
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
-        self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
         self.ahead: Ahead | None = None  # rollouts collected ahead of the update (overlap.max_staleness > 0)
 
     # -- the job ------------------------------------------------------------------------------
-    async def run(self) -> dict[str, Any]:
-        settings, roots = self.settings, self.settings.path_roots()
-        roots.check(self.spec, real=True)
-        self.spec = spec = with_checked_model(self.spec, roots.check(self.spec))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
-        self.cancel.start()
-        self.events.emit("status", status="starting")
-        self.spec, chosen = await asyncio.to_thread(hardware.resolve, spec)
+    async def setup(self) -> None:
+        """The machine's settings, the tasks and the policy (W&B logs the resolved spec)."""
+        self.spec, chosen = await asyncio.to_thread(hardware.resolve, self.spec)
         spec = self.spec
         self.summary["settings"] = chosen
         self.events.emit("settings", **chosen)
         self.problems = tasks.load_tasks(spec.data)
         if not self.problems:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")
-        policy = await asyncio.to_thread(Policy, spec.model, spec.optim, spec.seed)
-        wandb_run = start_wandb(
-            self.job_id,
-            spec.logging.wandb_mode,
-            spec.logging.wandb_project,
-            spec.logging.run_name,
-            self.run_dir,
-            spec.model_dump(mode="json"),
+        self.policy = await asyncio.to_thread(Policy, spec.model, spec.optim, spec.seed)
+
+    async def body(self) -> None:
+        settings, spec = self.settings, self.spec
+        self.pool = pool = GeneratorPool.from_urls(settings.generator_urls)
+        self.sandbox = sandbox = SandboxClient(settings.sandbox_url, api_key=settings.sandbox_api_key)
+        await self.cancel.guard(pool.wait_ready(timeout=600))
+        await self.cancel.guard(sandbox.wait_ready(timeout=120))
+        base_name = await served_base(pool, spec.model.base)
+        publisher = Publisher(
+            pool, Path(settings.adapter_dir), self.job_id, spec.publish.staleness_window, base_name
         )
-        self.events.wandb_run = wandb_run
-        pool = GeneratorPool.from_urls(settings.generator_urls)
-        sandbox = SandboxClient(settings.sandbox_url, api_key=settings.sandbox_api_key)
         try:
-            await self.cancel.guard(pool.wait_ready(timeout=600))
-            await self.cancel.guard(sandbox.wait_ready(timeout=120))
-            base_name = await served_base(pool, spec.model.base)
-            publisher = Publisher(
-                pool, Path(settings.adapter_dir), self.job_id, spec.publish.staleness_window, base_name
-            )
-            try:
-                return await self._loop(policy, pool, sandbox, publisher)
-            finally:
-                if self.ahead is not None:
-                    await self.ahead.close()
-                # A finished, cancelled or failed job frees its generator slots (--max-loras is
-                # small); its adapters stay in the store for evaluation or serving.
-                try:
-                    await publisher.retire_all()
-                except Exception as exc:
-                    log.warning("could not unload %s's adapters: %r", self.job_id, exc)
-        except Cancelled:
-            self.events.emit("status", status="cancelled")
-            self.summary["status"] = JobStatus.cancelled.value
-            self._write_summary()
-            return self.summary
+            await self._loop(self.policy, pool, sandbox, publisher)
         finally:
-            self.cancel.stop()
-            await pool.aclose()
-            await sandbox.close()
-            if wandb_run is not None:
-                wandb_run.finish()
+            if self.ahead is not None:
+                await self.ahead.close()
+            # A finished, cancelled or failed job frees its generator slots (--max-loras is
+            # small); its adapters stay in the store for evaluation or serving.
+            try:
+                await publisher.retire_all()
+            except Exception as exc:
+                log.warning("could not unload %s's adapters: %r", self.job_id, exc)
+
+    async def close(self) -> None:
+        if hasattr(self, "pool"):
+            await self.pool.aclose()
+            await self.sandbox.close()
 
     async def _loop(
         self, policy: Policy, pool: GeneratorPool, sandbox: SandboxClient, publisher: Publisher
-    ) -> dict[str, Any]:
+    ) -> None:
         spec = self.spec
         chat = spec.model.chat
         roller = Roller(
@@ -186,7 +163,6 @@ class TrainRun(OverlappedSteps):
             )
         final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter")
         self.summary.update(
-            status=JobStatus.finished.value,
             steps=spec.optim.steps,
             adapter=str(final_adapter),
             model_name=publisher.model_name,
@@ -199,9 +175,6 @@ class TrainRun(OverlappedSteps):
                 self.summary["before_after"] = str(out)
         self.summary.update(self.method.report(spec.method, self.run_dir))
         self._learning_curve()
-        self._write_summary()
-        self.events.emit("status", status="finished", summary=self.summary)
-        return self.summary
 
     async def _resume(self, policy: Policy, publisher: Publisher, sampler: ProblemSampler) -> tuple[int, int]:
         """The first step to run (1, or the one after the newest checkpoint, restored) and the
@@ -331,7 +304,13 @@ class TrainRun(OverlappedSteps):
         check = await stale_check(pool, policy, model_name, probe)
         check["time/stale_check_s"] = time.perf_counter() - started
         if not check["stale/diff"] <= spec.stale_tolerance:
-            self.events.emit("stale_policy", version=version, name=model_name, **check)
+            self.events.emit(
+                "stale_policy",
+                version=version,
+                name=model_name,
+                diff=check["stale/diff"],
+                tolerance=spec.stale_tolerance,
+            )
             raise StalePolicyError(
                 f"the generator's log-probs for {model_name} (version {version}) differ from the trainer's "
                 f"by {check['stale/diff']:.4f} per token (tolerance {spec.stale_tolerance})"
@@ -392,11 +371,9 @@ class TrainRun(OverlappedSteps):
         if path:
             self.summary["learning_curve"] = str(path)
 
-    def _write_summary(self) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))
-
 
 async def run_train_job(
     spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel
 ) -> dict[str, Any]:
+    """`TrainRun(...).run()`, for scripts and tests that run one job in-process."""
     return await TrainRun(spec, job_id, settings, channel).run()

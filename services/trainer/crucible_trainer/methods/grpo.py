@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crucible_shared.jobs import GRPOConfig, TrainJob
+from crucible_shared.jobs import GRPOConfig
 
+from crucible_trainer.methods.clipped import update_config as update_config  # GRPO, SRRL, SPIRAL share it
 from crucible_trainer.methods.groups import (
     assign_group_advantages,
     prefilter,
@@ -15,7 +16,6 @@ from crucible_trainer.methods.groups import (
 )
 from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
 from crucible_trainer.rl.rollout import Sample
-from crucible_trainer.rl.update import UpdateConfig
 
 
 async def prepare(ctx: StepContext, cfg: GRPOConfig, indices: list[int]) -> list[int]:
@@ -31,20 +31,6 @@ async def collect(
     batch, sampled, _, filter_metrics = await select_groups(ctx, cfg.filter, indices, groups)
     assign_group_advantages(batch, cfg.scale)
     return batch, {**reward_metrics(sampled), **zero_signal_metrics(sampled), **filter_metrics}
-
-
-def update_config(cfg: GRPOConfig, job: TrainJob) -> UpdateConfig:
-    return UpdateConfig(
-        objective="clip",
-        iterations=cfg.num_iterations,
-        clip_eps=cfg.clip_eps,
-        clip_eps_high=cfg.clip_eps_high,
-        kl_beta=cfg.kl_beta,
-        aggregation=cfg.loss,
-        micro_batch=job.optim.micro_batch,
-        grad_accum=job.optim.grad_accum,
-        max_tokens=job.rollout.max_tokens,
-    )
 
 
 def report(cfg: object, run_dir: Path) -> dict[str, Any]:

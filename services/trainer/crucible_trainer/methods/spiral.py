@@ -28,15 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from crucible_shared.jobs import Opponent, SpiralConfig, TrainJob
+from crucible_shared.jobs import Opponent, SpiralConfig
 from crucible_shared.sandbox import Limits
 
 from crucible_trainer.games import new_game
 from crucible_trainer.games.engine import Episode, ModelPlayer, Player, RandomPlayer, Sampling, play
+from crucible_trainer.methods.clipped import update_config as update_config  # GRPO, SRRL, SPIRAL share it
 from crucible_trainer.rl.advantages import baseline_advantages, ema_baselines, scale_within
 from crucible_trainer.rl.context import StepContext
 from crucible_trainer.rl.rollout import Sample
-from crucible_trainer.rl.update import UpdateConfig
 
 
 async def prepare(ctx: StepContext, cfg: SpiralConfig, indices: list[int]) -> list[int]:
@@ -67,19 +67,6 @@ async def collect(
         label = f"arena/{fixed.label}"
         metrics.update(arena_metrics([e for e in arena if e.tag == label], label))
     return batch, metrics
-
-
-def update_config(cfg: SpiralConfig, job: TrainJob) -> UpdateConfig:
-    return UpdateConfig(
-        objective="clip",
-        iterations=cfg.num_iterations,
-        clip_eps=cfg.clip_eps,
-        kl_beta=cfg.kl_beta,
-        aggregation=cfg.loss,
-        micro_batch=job.optim.micro_batch,
-        grad_accum=job.optim.grad_accum,
-        max_tokens=job.rollout.max_tokens,
-    )
 
 
 # -- playing ------------------------------------------------------------------------------------

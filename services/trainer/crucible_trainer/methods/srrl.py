@@ -10,9 +10,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from crucible_shared.jobs import SRRLConfig, TrainJob
+from crucible_shared.jobs import SRRLConfig
 
 from crucible_trainer import tasks
+from crucible_trainer.methods.clipped import update_config as update_config  # GRPO, SRRL, SPIRAL share it
 from crucible_trainer.methods.groups import (
     assign_group_advantages,
     prefilter,
@@ -21,7 +22,6 @@ from crucible_trainer.methods.groups import (
 )
 from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
 from crucible_trainer.rl.rollout import Prompt, Sample
-from crucible_trainer.rl.update import UpdateConfig
 
 
 def refinements_per_failure(cfg: SRRLConfig, failures: int) -> int:
@@ -104,19 +104,6 @@ async def collect(
     metrics["c2_rescue_rate"] = c["c1_rescued"] / c["c1_failed"] if c["c1_failed"] else 0.0
     metrics["refinements_per_problem"] = c["c2_samples"] / c["problems"]
     return batch, metrics
-
-
-def update_config(cfg: SRRLConfig, job: TrainJob) -> UpdateConfig:
-    return UpdateConfig(
-        objective="clip",
-        iterations=cfg.num_iterations,
-        clip_eps=cfg.clip_eps,
-        kl_beta=cfg.kl_beta,
-        aggregation=cfg.loss,
-        micro_batch=job.optim.micro_batch,
-        grad_accum=job.optim.grad_accum,
-        max_tokens=job.rollout.max_tokens,
-    )
 
 
 def refinement_stats(rollouts_dir: Path) -> list[dict[str, Any]]:

@@ -24,7 +24,6 @@ Run dir:
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,14 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from crucible_shared.jobs import ROUND_STAGES, PipelineJob
-from crucible_shared.lifecycle import JobStatus
-from crucible_shared.paths import with_checked_model
 
 from crucible_trainer import evaluation, tasks
-from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import eval_summary
-from crucible_trainer.events import EventSink, start_wandb
+from crucible_trainer.jobrun import JobRun
 from crucible_trainer.offline import analysis, report
 from crucible_trainer.offline.annotate import annotate
 from crucible_trainer.offline.artifacts import (
@@ -59,14 +55,14 @@ from crucible_trainer.settings import Settings
 Body = Callable[[], Awaitable[dict[str, Any]]]
 
 
-class PipelineRun:
+class PipelineRun(JobRun):
     """State of one pipeline job; `run()` executes its stages to the end, a cancel or an error."""
 
+    spec: PipelineJob
+
     def __init__(self, spec: PipelineJob, job_id: str, settings: Settings, channel: JobChannel) -> None:
-        self.spec, self.job_id, self.settings, self.channel = spec, job_id, settings, channel
-        self.run_dir = Path(settings.runs_dir) / job_id
-        self.cancel = CancelToken(channel, settings.cancel_poll_s)
-        self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir), "stages": {}}
+        super().__init__(spec, job_id, settings, channel)
+        self.summary["stages"] = {}
 
     # -- paths ----------------------------------------------------------------------------------
     def round_dir(self, r: int) -> Path:
@@ -84,45 +80,23 @@ class PipelineRun:
         return None
 
     # -- the job --------------------------------------------------------------------------------
-    async def run(self) -> dict[str, Any]:
-        roots = self.settings.path_roots()
-        self.paths = roots.check(self.spec, real=True)
-        self.spec = spec = with_checked_model(self.spec, roots.check(self.spec))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    async def prepare(self) -> None:
+        spec = self.spec
         if spec.reuse and spec.reuse != self.job_id:
             self._reuse(Path(self.settings.runs_dir) / spec.reuse)
-        (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
         self.book = StageBook(self.run_dir)
-        self.events = EventSink(self.channel, self.run_dir)
         self.services = JobServices(self.settings, self.job_id, spec.model.base, self.cancel, self.events)
-        self.cancel.start()
-        self.events.emit("status", status="starting", stages=spec.stages, rounds=spec.rounds)
-        self.events.wandb_run = start_wandb(
-            self.job_id,
-            spec.logging.wandb_mode,
-            spec.logging.wandb_project,
-            spec.logging.run_name,
-            self.run_dir,
-            spec.model_dump(mode="json"),
-        )
-        try:
-            try:
-                for plan, body in self._plans():
-                    await self._stage(plan, body)
-            finally:
-                await self.services.close()
-            self.summary["status"] = JobStatus.finished.value
-        except Cancelled:
-            self.summary["status"] = JobStatus.cancelled.value
-            self.events.emit("status", status="cancelled")
-        finally:
-            self.cancel.stop()
-            if self.events.wandb_run is not None:
-                self.events.wandb_run.finish()
-            self._finish_summary()
-        if self.summary["status"] == JobStatus.finished.value:
-            self.events.emit("status", status="finished", summary=self.summary)
-        return self.summary
+
+    def starting(self) -> dict[str, Any]:
+        return {"stages": self.spec.stages, "rounds": self.spec.rounds}
+
+    async def body(self) -> None:
+        for plan, body in self._plans():
+            await self._stage(plan, body)
+
+    async def close(self) -> None:
+        if hasattr(self, "services"):
+            await self.services.close()
 
     def _reuse(self, source: Path) -> None:
         """Start from another pipeline run's artifacts (once: a retried job keeps its own)."""
@@ -407,7 +381,7 @@ class PipelineRun:
             if compare:
                 evaluation.compare_reports(before, report_, compared)
             else:
-                self.events.emit("status", status="no comparison: run the `baseline` stage for before/after")
+                self.events.emit("notice", message="no comparison: run the `baseline` stage for before/after")
             return {"model": model, **eval_summary(report_)}
 
         return plan, body
@@ -470,7 +444,8 @@ class PipelineRun:
         return report_
 
     # -- results ------------------------------------------------------------------------------------
-    def _finish_summary(self) -> None:
+    def write_summary(self) -> None:
+        """The summary with the rounds' counts, evaluations and artifacts, and report.md from it."""
         rounds = {
             f"round-{r}": counts
             for r in range(1, self.spec.rounds + 1)
@@ -495,10 +470,11 @@ class PipelineRun:
                 self.summary[key] = str(path)
         self.summary["report"] = str(self.run_dir / "report.md")
         (self.run_dir / "report.md").write_text(report.render(self.summary, self.run_dir))
-        (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))
+        super().write_summary()
 
 
 async def run_pipeline_job(
     spec: PipelineJob, job_id: str, settings: Settings, channel: JobChannel
 ) -> dict[str, Any]:
+    """`PipelineRun(...).run()`, for scripts and tests that run one job in-process."""
     return await PipelineRun(spec, job_id, settings, channel).run()

@@ -1,0 +1,113 @@
+"""`JobRun`: what every job run shares, written once under the four runners (`train.TrainRun`,
+`offline.job.OfflineTrainRun`, `offline.pipeline.PipelineRun`, `evaljob.EvalRun`).
+
+The base owns the run directory (`runs/<job id>`, the checked spec in `spec.json`, the summary in
+`summary.json`), the cancel token, the event sink, W&B and the summary. `run()` is the same for
+every job:
+
+    paths checked -> prepare() -> spec.json -> status starting -> setup() -> W&B -> body()
+    -> finished (status event with the summary) | cancelled (status event) | the error raised
+    and in every case: the cancel poller stopped, close() (the runner's services), W&B finished,
+    summary.json written.
+
+A runner fills in `body` (its work) and, where it needs them, `prepare` (before anything is
+written: load a data file, copy a reused run dir), `starting` (the starting event's fields),
+`setup` (after the starting event, before W&B: resolve the hardware, load the policy) and `close`
+(release generator adapters, connections). The summary is a dict while the job runs and is
+returned as `crucible_shared.lifecycle.JobSummary` validates it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+from crucible_shared.lifecycle import JobStatus, JobSummary
+from crucible_shared.paths import with_checked_model
+
+from crucible_trainer.cancel import Cancelled, CancelToken
+from crucible_trainer.channel import JobChannel
+from crucible_trainer.events import EventSink, start_wandb
+from crucible_trainer.settings import Settings
+
+
+class JobRun:
+    """One job run: `await Runner(spec, job_id, settings, channel).run()` -> its summary."""
+
+    # Whether the job loads `model.base` itself (train jobs) rather than asking the generator
+    # for it by name (eval jobs): then the spec carries the checked absolute path.
+    loads_model: ClassVar[bool] = True
+
+    def __init__(self, spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> None:
+        self.spec, self.job_id, self.settings, self.channel = spec, job_id, settings, channel
+        self.run_dir = Path(settings.runs_dir) / job_id
+        self.cancel = CancelToken(channel, settings.cancel_poll_s)
+        self.events = EventSink(channel, self.run_dir)
+        self.paths: dict[str, Path] = {}
+        self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
+
+    # -- what a runner fills in -------------------------------------------------------------------
+    async def prepare(self) -> None:
+        """Before spec.json and the starting event (checks that need no services)."""
+
+    def starting(self) -> dict[str, Any]:
+        """Fields of the `starting` status event."""
+        return {}
+
+    async def setup(self) -> None:
+        """After the starting event, before W&B starts."""
+
+    async def body(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release the runner's services (called whatever happened)."""
+
+    # -- the run ----------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        roots = self.settings.path_roots()
+        self.paths = roots.check(self.spec, real=True)
+        if self.loads_model:
+            self.spec = with_checked_model(self.spec, roots.check(self.spec))
+        await self.prepare()
+        (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=2))
+        self.cancel.start()
+        try:
+            self.events.emit("status", status="starting", **self.starting())
+            await self.setup()
+            self._start_wandb()
+            await self.body()
+            self.summary["status"] = JobStatus.finished.value
+        except Cancelled:
+            self.summary["status"] = JobStatus.cancelled.value
+            self.events.emit("status", status="cancelled")
+        finally:
+            self.cancel.stop()
+            try:
+                await self.close()
+            finally:
+                if self.events.wandb_run is not None:
+                    self.events.wandb_run.finish()
+                self.write_summary()
+        if self.summary["status"] == JobStatus.finished.value:
+            self.events.emit("status", status="finished", summary=self.summary)
+        return self.summary
+
+    def _start_wandb(self) -> None:
+        logging_ = getattr(self.spec, "logging", None)
+        if logging_ is None:  # eval jobs log to their report only
+            return
+        self.events.wandb_run = start_wandb(
+            self.job_id,
+            logging_.wandb_mode,
+            logging_.wandb_project,
+            logging_.run_name,
+            self.run_dir,
+            self.spec.model_dump(mode="json"),
+        )
+
+    def write_summary(self) -> None:
+        """summary.json, and the summary itself made JSON-ready through `JobSummary`."""
+        self.summary = JobSummary.model_validate(self.summary).model_dump(mode="json", exclude_none=True)
+        (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))

@@ -1,0 +1,105 @@
+"""The sections of a train job besides its method: rollout, reward, optimisation, publishing,
+checkpoints and logging."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from crucible_shared.jobs.base import MAX_STEPS, _Spec, unused
+
+# --- rollout, reward, optimisation ---------------------------------------------------------------
+
+
+class RolloutSpec(_Spec):
+    """How completions are sampled from the generator (how many per prompt is the method's)."""
+
+    temperature: float = Field(1.0, ge=0, le=5, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    max_tokens: int = Field(256, ge=1, le=8192, description="Max new tokens per completion.")
+    stop: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=16, description="Stop sequences."
+    )
+
+
+class RewardSpec(_Spec):
+    """Reward = a pure function of the sandbox result, minus the length penalty."""
+
+    kind: Literal["all_pass", "fraction", "graded"] = Field(
+        "fraction", description="all_pass 1/0; fraction of tests passed; graded execution reward."
+    )
+    length_penalty: float = Field(
+        0.0, ge=0, le=100, description="alpha in r - alpha * generated_tokens / 100."
+    )
+    time_limit_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="Wall-clock limit of one program's run (a step waits for its slowest program).",
+    )
+
+
+class OptimSpec(_Spec):
+    """Optimisation of the LoRA parameters (AdamW)."""
+
+    @model_validator(mode="after")
+    def _check_micro_batch(self) -> OptimSpec:
+        if self.micro_batch != "auto" and not 1 <= self.micro_batch <= 4096:
+            raise ValueError("micro_batch: between 1 and 4096, or auto")
+        return self
+
+    lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
+    steps: int = Field(100, ge=1, le=MAX_STEPS, description="Policy updates (training steps).")
+    problems_per_step: int = Field(8, ge=1, le=4096, description="Prompts sampled per step.")
+    micro_batch: int | Literal["auto"] = Field(
+        "auto",
+        description="Sequences per forward/backward pass (at most 4096); auto: 16 on CPU, from free "
+        "memory on a GPU.",
+    )
+    grad_accum: int | None = Field(
+        None, ge=1, le=4096, description="Micro-batches per optimizer step; default: the whole batch."
+    )
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, le=1e6, description="Gradient clipping (None disables it)."
+    )
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear learning-rate warm-up.")
+
+
+class PublishSpec(_Spec):
+    """How new adapter versions reach the generator."""
+
+    every: int = Field(1, ge=1, le=MAX_STEPS, description="Publish after every N updates.")
+    staleness_window: int = Field(
+        1, ge=0, le=64, description="Older versions kept loaded (vLLM --max-loras >= this + 1)."
+    )
+    stale_check: bool = Field(
+        True, description="Score a probe with trainer and generator for each version rollouts sample from."
+    )
+    stale_tolerance: float = Field(
+        0.05, gt=0, le=100, description="Max mean |logprob difference| on the probe."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> PublishSpec:
+        if self._changed("stale_tolerance") and not self.stale_check:
+            raise unused("stale_tolerance", "stale_check is off")
+        return self
+
+
+class CheckpointSpec(_Spec):
+    every: int = Field(
+        10, ge=1, le=MAX_STEPS, description="Save adapter + optimizer + step + RNG every N steps."
+    )
+
+
+class LoggingSpec(_Spec):
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="Weights & Biases mode."
+    )
+    wandb_project: str = Field("crucible", min_length=1, max_length=128)
+    run_name: str | None = Field(None, max_length=128)
+    samples_every: int = Field(
+        1, ge=0, le=MAX_STEPS, description="Emit one sampled completion as an event every N steps (0: never)."
+    )

@@ -1,0 +1,121 @@
+"""The train job: a method config plus the sections it reads."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
+from crucible_shared.jobs.data import DataSpec, ModelSpec
+from crucible_shared.jobs.evaluation import TrainEvalSpec
+from crucible_shared.jobs.games import SpiralConfig
+from crucible_shared.jobs.methods import GRPOConfig, PPOConfig, ReinforceConfig, SRRLConfig
+from crucible_shared.jobs.offline import DPOConfig, SFTConfig, check_offline_optim
+from crucible_shared.jobs.overlap import OverlapSpec
+from crucible_shared.jobs.overlap import check_job as check_overlap
+from crucible_shared.jobs.sections import (
+    CheckpointSpec,
+    LoggingSpec,
+    OptimSpec,
+    PublishSpec,
+    RewardSpec,
+    RolloutSpec,
+)
+from crucible_shared.lifecycle import JobKind
+
+Method = Annotated[
+    GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
+    Field(discriminator="name"),
+]
+
+
+class TrainJob(_Spec):
+    """A training job."""
+
+    kind: Literal[JobKind.train] = JobKind.train
+    name: str | None = Field(None, max_length=200, description="Label shown in listings.")
+    method: Method = Field(default_factory=GRPOConfig)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=lambda: DataSpec(split="train"))
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec)
+    publish: PublishSpec = Field(default_factory=PublishSpec)
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec, description="Rollouts overlapping the update.")
+    eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    seed: Seed = Field(0, description="Seeds sampling, shuffling and initialisation.")
+    max_attempts: int | None = _ATTEMPTS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_size_moved(cls, data: Any) -> Any:
+        """`rollout.group_size` is GRPO's `method.group_size` (older specs put it in rollout)."""
+        if not isinstance(data, dict) or not isinstance(data.get("rollout"), dict):
+            return data
+        if "group_size" not in data["rollout"]:
+            return data
+        rollout = dict(data["rollout"])
+        size = rollout.pop("group_size")
+        method = data.get("method") or {"name": "grpo"}
+        if not isinstance(method, dict) or method.get("name", "grpo") != "grpo":
+            name = method.get("name") if isinstance(method, dict) else "?"
+            raise unused(
+                "rollout.group_size",
+                f"only GRPO samples groups (method {name} has its own sample counts: see its config)",
+            )
+        if "group_size" in method and method["group_size"] != size:
+            raise ValueError("rollout.group_size: give method.group_size alone")
+        return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> TrainJob:
+        check_overlap(self.overlap, self.method, self.publish)  # jobs/overlap.py
+        return self
+
+    @model_validator(mode="after")
+    def _check_games(self) -> TrainJob:
+        """A game job makes its own prompts and rewards: the fields that feed problems and their
+        rewards would be ignored."""
+        if not isinstance(self.method, SpiralConfig):
+            return self
+        game = self.method.game.name
+        if self._changed("data"):
+            raise unused("data", f"the {game} game makes its own prompts (data is for evaluation: eval.data)")
+        if self.optim._changed("problems_per_step"):
+            raise unused("optim.problems_per_step", "a game job plays method.games_per_step games per step")
+        for name in ("kind", "length_penalty"):
+            if self.reward._changed(name):
+                raise unused(f"reward.{name}", f"the {game} game's outcome is the reward")
+        if self.reward._changed("time_limit_s") and game != "code_output":
+            raise unused("reward.time_limit_s", f"the {game} game runs no programs")
+        return self
+
+    @model_validator(mode="after")
+    def _check_offline(self) -> TrainJob:
+        """SFT and DPO train on a file: the sampling, reward and publishing sections are not read."""
+        method = self.method
+        if not isinstance(method, SFTConfig | DPOConfig):
+            return self
+        if not method.path:
+            rows = "prompt / completion" if method.name == "sft" else "prompt / chosen / rejected"
+            raise ValueError(
+                f"method.path: {method.name} trains on a JSONL file of {rows} rows; give its path"
+            )
+        offline = f"{method.name} trains offline on method.path"
+        for name, reason in (
+            ("data", f"{offline}, not on tasks (eval.data picks the evaluation tasks)"),
+            ("rollout", f"{offline}: nothing is sampled"),
+            ("reward", f"{offline}: nothing is executed"),
+            ("publish", "the adapter is published once, when training ends"),
+        ):
+            if self._changed(name):
+                raise unused(name, reason)
+        check_offline_optim(self.optim, method.name)
+        if self.eval is not None and self.eval._changed("every"):
+            raise unused("eval.every", f"{method.name} is evaluated before and after training only")
+        if self.logging._changed("samples_every"):
+            raise unused("logging.samples_every", f"{offline}: no samples to show")
+        return self
