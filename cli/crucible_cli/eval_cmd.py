@@ -122,9 +122,7 @@ def eval_command(
     if shuffle:
         data_fields["seed"] = data_seed
     given = {"n": n, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
-    eval_fields: dict[str, Any] = {"greedy": greedy, **{f: v for f, v in given.items() if v is not None}}
-    if k or n:
-        eval_fields["ks"] = k or [x for x in (1, 10) if x <= (n or 0)]
+    eval_fields = _eval_fields(greedy, given, k)
     run_fields = {"model": model, "chat": chat, "seed": seed, "stop": stop or None, "sanitize": sanitize}
     data, config, problems = _prepare(data_fields, eval_fields, run_fields | {"concurrency": concurrency})
     if compare is not None and not compare.exists():
@@ -159,6 +157,14 @@ def _check_model_choice(model: str | None, adapter: Path | None) -> None:
         raise typer.BadParameter(
             f"{adapter} is not a saved adapter (no adapter_config.json)", param_hint="--adapter"
         )
+
+
+def _eval_fields(greedy: bool, given: dict[str, Any], k: list[int] | None) -> dict[str, Any]:
+    """The eval spec's fields the options set; the rest keep the spec's defaults (`EvalSampling`)."""
+    fields: dict[str, Any] = {"greedy": greedy, **{f: v for f, v in given.items() if v is not None}}
+    if k or given["n"]:
+        fields["ks"] = k or [x for x in (1, 10) if x <= (given["n"] or 0)]
+    return fields
 
 
 def _prepare(data_fields: dict[str, Any], eval_fields: dict[str, Any], run_fields: dict[str, Any]) -> Any:

@@ -148,6 +148,8 @@ def jobs(
     """List jobs, newest first."""
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
+    from crucible_shared.text import shown
+    from rich.markup import escape
     from rich.table import Table
 
     from crucible_cli.console import new_console
@@ -164,7 +166,8 @@ def jobs(
         table.add_column(col)
     for job in listing.jobs:
         step = f"{job.step}/{job.total_steps}" if job.step is not None else ""
-        table.add_row(job.id, job.kind, job.status.value, step, job.name or "")
+        # A name is another user's text: hidden characters escaped, rich markup shown as written.
+        table.add_row(job.id, job.kind, job.status.value, step, escape(shown(job.name or "")))
     new_console().print(table)
 
 

@@ -51,7 +51,8 @@ def up(
         "(default: $CRUCIBLE_GENERATOR_BACKEND, else auto).",
     ),
 ) -> None:
-    """Start Redis, sandbox, generator, a trainer worker and the gateway; Ctrl-C stops them all.
+    """Start Redis, sandbox, generator, two trainer workers (one for eval jobs only) and the gateway;
+    Ctrl-C stops them all.
     A trainer worker that dies is started again; any other service dying stops the stack."""
     import signal
 
@@ -89,7 +90,7 @@ def up(
         )
         raise typer.Exit(1)
     except KeyboardInterrupt:
-        console.print("stopping")
+        console.print("stopping: workers first, handing their jobs back (Ctrl-C again: at once)")
     except (RuntimeError, TimeoutError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None

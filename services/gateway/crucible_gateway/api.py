@@ -18,6 +18,9 @@ from crucible_shared.http import BearerAuth, BodyLimit, error_body, install_erro
 from crucible_shared.lifecycle import JobKind
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from crucible_gateway.openapi import with_event_schemas
 from crucible_gateway.routes import ROUTERS
@@ -40,17 +43,26 @@ async def redis_down(request: Request, exc: Exception) -> JSONResponse:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    # A bounded pool: callers wait for a connection rather than fail when all are busy.
+    # A bounded pool: callers wait for a connection rather than fail when all are busy. A pooled
+    # connection that a Redis restart closed fails its next command: redis-py's retry reconnects
+    # and sends it once more (only on a connection error: a timeout may have run the command).
+    dead = (redis.exceptions.ConnectionError,)
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=settings.redis_connections,
         timeout=10,
         socket_timeout=5,
         socket_connect_timeout=3,
+        retry=AsyncRetry(NoBackoff(), 1, supported_errors=dead),
     )
     store = JobStore(
         redis.asyncio.Redis(connection_pool=pool),
-        redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3),
+        redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=5,
+            socket_connect_timeout=3,
+            retry=Retry(NoBackoff(), 1, supported_errors=dead),
+        ),
         {kind: settings.job_timeout_s(kind) for kind in JobKind},
     )
     service = GatewayService(settings, store)
@@ -62,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 for job_id, status in await service.reap():
                     log.warning("job %s moved on by the reaper: now %s", job_id, status.value)
             except Exception as exc:  # a Redis blip must not stop the reaper
+                service.redis_lost()
                 log.warning("reaping failed: %r", exc)
 
     @asynccontextmanager

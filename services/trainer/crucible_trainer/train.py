@@ -34,7 +34,7 @@ from crucible_shared.jobs import TrainJob
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import checkpoint, evaluation, hardware, tasks
-from crucible_trainer.cancel import Interrupted
+from crucible_trainer.cancel import Interrupted, Superseded
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
 from crucible_trainer.events import rollout_row
@@ -94,7 +94,8 @@ class TrainRun(JobRun, OverlappedSteps):
             # A finished, cancelled or failed job frees its generator slots (--max-loras is
             # small); its adapters stay in the store for evaluation or serving.
             try:
-                await publisher.retire_all()
+                if not self.channel.superseded():  # the run holding the job serves them now
+                    await publisher.retire_all()
             except Exception as exc:
                 log.warning("could not unload %s's adapters: %r", self.job_id, exc)
 
@@ -141,8 +142,12 @@ class TrainRun(JobRun, OverlappedSteps):
                 metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
                 drawn = sampler.state()
             version = step if step % spec.publish.every == 0 else version
+            if self.channel.superseded():
+                raise Superseded()  # another run holds the job (and its run dir): write nothing
             self.events.metrics(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
+            if self.channel.superseded():
+                raise Superseded()
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
                 extra = {"version": version, "sampler": drawn, "method": self.method_state}
