@@ -110,6 +110,9 @@ PY
   race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-7b --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
+  multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape on 1,2,4 GPUs
+    python3 bench/multi_gpu.py --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-smollm2.json" "${@:3}"
+    python3 bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-1p5b.json" "${@:3}" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi

@@ -23,7 +23,6 @@ from crucible_trainer.publish import Publisher
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
 from crucible_trainer.rl.overlap import Ahead, Versions, check_claims
 from crucible_trainer.rl.rollout import Roller, Sample, Timing
-from crucible_trainer.rl.update import update
 
 
 class OverlappedSteps:
@@ -38,6 +37,7 @@ class OverlappedSteps:
     _context: Callable[..., StepContext]
     _stale_check: Callable[..., Awaitable[dict[str, float]]]
     _log_rollouts: Callable[[int, list[Sample]], None]
+    update_policy: Callable[..., dict[str, float]]  # TrainRun's: one process, or the ranks
 
     async def _start_ahead(
         self,
@@ -114,7 +114,9 @@ class OverlappedSteps:
             )
         )
         ucfg = dataclasses.replace(self.method.update_config(spec.method, spec), tis_cap=spec.overlap.cap)
-        metrics.update(await asyncio.to_thread(update, policy, got.samples, ucfg, spec.seed + step))
+        metrics.update(
+            await asyncio.to_thread(self.update_policy, policy, got.samples, ucfg, spec.seed + step)
+        )
         t2 = time.perf_counter()
         self._log_rollouts(step, got.samples)
         metrics.update(await publisher.publish(policy, step))

@@ -46,13 +46,13 @@ from crucible_trainer.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
 from crucible_trainer.rl.overlap import Ahead
 from crucible_trainer.rl.rollout import Roller, Sample
-from crucible_trainer.rl.update import update
+from crucible_trainer.rl.update import UpdateConfig, update
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class TrainRun(JobRun, OverlappedSteps):
+class TrainRun(OverlappedSteps, JobRun):
     """State of one training job; `run()` (the base's) executes it to the end, a cancel or an error."""
 
     spec: TrainJob
@@ -64,6 +64,15 @@ class TrainRun(JobRun, OverlappedSteps):
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
         self.ahead: Ahead | None = None  # rollouts collected ahead of the update (overlap.max_staleness > 0)
 
+    # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
+    def make_policy(self) -> Policy:
+        return Policy(self.spec.model, self.spec.optim, self.spec.seed)
+
+    def update_policy(
+        self, policy: Policy, samples: list[Sample], cfg: UpdateConfig, seed: int
+    ) -> dict[str, float]:
+        return update(policy, samples, cfg, seed)
+
     # -- the job ------------------------------------------------------------------------------
     async def setup(self) -> None:
         """The machine's settings, the tasks and the policy (W&B logs the resolved spec)."""
@@ -74,7 +83,7 @@ class TrainRun(JobRun, OverlappedSteps):
         self.problems = tasks.load_tasks(spec.data)
         if not self.problems:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")
-        self.policy = await asyncio.to_thread(Policy, spec.model, spec.optim, spec.seed)
+        self.policy = await asyncio.to_thread(self.make_policy)
 
     async def body(self) -> None:
         settings, spec = self.settings, self.spec
@@ -278,7 +287,7 @@ class TrainRun(JobRun, OverlappedSteps):
         t2 = time.perf_counter()
         metrics.update(checked)
         ucfg = self.method.update_config(spec.method, spec)
-        metrics.update(await asyncio.to_thread(update, policy, samples, ucfg, spec.seed + step))
+        metrics.update(await asyncio.to_thread(self.update_policy, policy, samples, ucfg, spec.seed + step))
         t3 = time.perf_counter()
         metrics["lr"] = policy.lr
         metrics["time/rollout_s"] = t1 - t0 - waited

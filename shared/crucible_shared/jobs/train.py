@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from crucible_shared.distributed import DistributedSpec
 from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import TrainEvalSpec
@@ -46,6 +47,9 @@ class TrainJob(_Spec):
     eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec, description="Ranks that train the job (crucible_shared.distributed)."
+    )
     seed: Seed = Field(0, description="Seeds sampling, shuffling and initialisation.")
     max_attempts: int | None = _ATTEMPTS
 
@@ -110,6 +114,7 @@ class TrainJob(_Spec):
             ("rollout", f"{offline}: nothing is sampled"),
             ("reward", f"{offline}: nothing is executed"),
             ("publish", "the adapter is published once, when training ends"),
+            ("distributed", f"{offline} in one process (TRL)"),
         ):
             if self._changed(name):
                 raise unused(name, reason)
