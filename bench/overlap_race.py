@@ -184,6 +184,7 @@ def main() -> None:
             "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
             "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, max(args.staleness) + 2)),
             "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+            "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the jobs publish
         },
         "CRUCIBLE_GENERATOR_PORT",
         log=work / "generator.log",

@@ -47,10 +47,10 @@ def _versions_scorer(spec, adapters: Path):
 def test_overlapped_run_samples_are_claimed_scored_and_weighted(
     stack_generator, sandbox, stack_dirs, monkeypatch
 ) -> None:
-    from crucible_trainer import overlapped
+    from crucible_trainer import train as train_module
 
     trained: dict[int, list] = {}  # step -> its samples, as the update left them
-    real_update = overlapped.update
+    real_update = train_module.update  # what TrainRun.update_policy runs (one process)
 
     def spying_update(policy, samples, cfg, seed=0):
         out = real_update(policy, samples, cfg, seed)
@@ -58,7 +58,7 @@ def test_overlapped_run_samples_are_claimed_scored_and_weighted(
         trained[seed - spec.seed] = copy.deepcopy(samples)
         return out
 
-    monkeypatch.setattr(overlapped, "update", spying_update)
+    monkeypatch.setattr(train_module, "update", spying_update)
     spec = tiny_job(
         data={"dataset": "mbpp", "ids": [601, 602, 603]},
         rollout={"max_tokens": 48},  # this test runs four jobs' worth of model: keep them short

@@ -37,6 +37,7 @@ class OverlappedSteps:
     _context: Callable[..., StepContext]
     _stale_check: Callable[..., Awaitable[dict[str, float]]]
     _log_rollouts: Callable[[int, list[Sample]], None]
+    update_policy: Callable[..., dict[str, float]]  # TrainRun's: one process, or the ranks
 
     async def _start_ahead(
         self,

@@ -12,7 +12,7 @@ gateway validates specs without torch.
 
 The package by concern: `base` (what every section shares), `data` (data and model), `sections`
 (rollout, reward, optimisation, publishing, checkpoints, logging), `methods` (online RL configs),
-`games` (SPIRAL), `offline` (SFT, DPO), `evaluation`, `train` (the train job), `pipeline`, and
+`games` (SPIRAL), `offline` (SFT, DPO), `overlap` (rollouts overlapping the update), `evaluation`, `train` (the train job), `pipeline`, and
 `spec` (the union of jobs and the paths they name). Everything is importable from here.
 """
 
@@ -61,6 +61,7 @@ from crucible_shared.jobs.offline import (
     SFTConfig,
     check_offline_optim,
 )
+from crucible_shared.jobs.overlap import GROUP_METHODS, OverlapSpec
 from crucible_shared.jobs.pipeline import (
     ROUND_STAGES,
     STAGES,
@@ -91,6 +92,7 @@ from crucible_shared.jobs.train import (
 )
 
 __all__ = [
+    "GROUP_METHODS",
     "MAX_SEED",
     "MAX_STEPS",
     "OFFLINE_METHODS",
@@ -123,6 +125,7 @@ __all__ = [
     "OfflineMethod",
     "Opponent",
     "OptimSpec",
+    "OverlapSpec",
     "PPOConfig",
     "PipelineJob",
     "PublishSpec",

@@ -13,6 +13,8 @@ from crucible_shared.jobs.evaluation import TrainEvalSpec
 from crucible_shared.jobs.games import SpiralConfig
 from crucible_shared.jobs.methods import GRPOConfig, PPOConfig, ReinforceConfig, SRRLConfig
 from crucible_shared.jobs.offline import DPOConfig, SFTConfig, check_offline_optim
+from crucible_shared.jobs.overlap import OverlapSpec
+from crucible_shared.jobs.overlap import check_job as check_overlap
 from crucible_shared.jobs.sections import (
     CheckpointSpec,
     LoggingSpec,
@@ -22,8 +24,6 @@ from crucible_shared.jobs.sections import (
     RolloutSpec,
 )
 from crucible_shared.lifecycle import JobKind
-from crucible_shared.overlap import OverlapSpec
-from crucible_shared.overlap import check_job as check_overlap
 from crucible_shared.text import Label
 
 Method = Annotated[
@@ -77,7 +77,7 @@ class TrainJob(_Spec):
 
     @model_validator(mode="after")
     def _check_overlap(self) -> TrainJob:
-        check_overlap(self.overlap, self.method, self.publish)  # crucible_shared.overlap
+        check_overlap(self.overlap, self.method, self.publish)  # jobs/overlap.py
         return self
 
     @model_validator(mode="after")

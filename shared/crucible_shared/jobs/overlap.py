@@ -13,30 +13,23 @@ Only methods that sample groups of completions per prompt overlap (GRPO, SRRL): 
 pure function of the problems and the served version. REINFORCE and PPO have no groups, SPIRAL
 folds each step's returns into baselines the next step reads, and SFT / DPO sample nothing.
 
-Kept out of `jobs.py` on purpose (a module of its own, pure pydantic like the rest of the specs).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, model_validator
+
+from crucible_shared.jobs.base import _Spec, invalid, unused
+from crucible_shared.jobs.sections import PublishSpec
 
 # Methods whose step samples groups (and nothing else between steps): the ones that may overlap.
 GROUP_METHODS = ("grpo", "srrl")
 
 
-def _error(kind: str, field: str, reason: str) -> PydanticCustomError:
-    # The form of `crucible_shared.jobs.unused` / `invalid`: the gateway reports `field` as the
-    # error's field (crucible_shared.http.error_field).
-    return PydanticCustomError(kind, "{field}: {reason}", {"field": field, "reason": reason})
-
-
-class OverlapSpec(BaseModel):
+class OverlapSpec(_Spec):
     """Rollouts that overlap the update (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_staleness: int = Field(
         0,
@@ -55,32 +48,25 @@ class OverlapSpec(BaseModel):
     def _check(self) -> OverlapSpec:
         if self.max_staleness == 0:
             for name in ("correction", "cap"):
-                default = type(self).model_fields[name].get_default()
-                if getattr(self, name) != default:
-                    raise _error(
-                        "unused_field",
-                        name,
-                        "max_staleness is 0: rollouts are on-policy and nothing is corrected",
-                    )
+                if self._changed(name):
+                    raise unused(name, "max_staleness is 0: rollouts are on-policy and nothing is corrected")
         return self
 
 
-def check_job(overlap: OverlapSpec, method: Any, publish: Any) -> None:
+def check_job(overlap: OverlapSpec, method: Any, publish: PublishSpec) -> None:
     """Cross-section rules of a train job (called by `TrainJob`'s validator): overlap applies to
     group-sampling methods, and needs a version published after every update."""
     if overlap.max_staleness == 0:
         return
     name = getattr(method, "name", "?")
     if name not in GROUP_METHODS:
-        raise _error(
-            "value_error",
+        raise invalid(
             "overlap.max_staleness",
             f"method {name} does not sample groups, so its rollouts cannot overlap the update "
             f"(overlap works for {', '.join(GROUP_METHODS)}); set max_staleness to 0",
         )
     if publish.every != 1:
-        raise _error(
-            "value_error",
+        raise invalid(
             "overlap.max_staleness",
             f"overlapped rollouts need a version after every update (publish.every is {publish.every}); "
             "set publish.every to 1",
