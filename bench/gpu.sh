@@ -67,6 +67,9 @@ mkdir -p /tmp/crucible-pkgs
 for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli services/*/crucible_*; do ln -sfn "$ROOT/$pkg" /tmp/crucible-pkgs/; done
 export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
+# Generators load adapters only from inside their roots: the benchmarks write theirs under /tmp
+# (temporary work dirs) or /root (results, shapes).
+export CRUCIBLE_GENERATOR_ADAPTER_ROOTS=${CRUCIBLE_GENERATOR_ADAPTER_ROOTS:-/tmp,/root}
 # Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # For vLLM where it runs in our processes (TRL's colocate mode): no flashinfer carried, no hub, and

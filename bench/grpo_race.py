@@ -272,6 +272,7 @@ def main() -> None:
                 "CRUCIBLE_GENERATOR_MODEL": args.model,
                 "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+                "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the job publishes
             },
             "CRUCIBLE_GENERATOR_PORT",
             log=work / "generator.log",
