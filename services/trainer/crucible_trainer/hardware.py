@@ -87,7 +87,14 @@ def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
 
 
 def offline_settings(
-    micro: int | str, checkpointing: bool | str, *, device: str, config: Any, tokens: int, rows_per_pair: int
+    micro: int | str,
+    checkpointing: bool | str,
+    *,
+    device: str,
+    config: Any,
+    tokens: int,
+    rows_per_pair: int,
+    dtype_bytes: int = 2,
 ) -> tuple[int, bool]:
     """An SFT / DPO run's micro-batch and gradient checkpointing with `auto` resolved (TRL takes
     numbers), chosen as `resolve` chooses them: a row is `rows_per_pair` sequences (DPO: chosen and
@@ -102,7 +109,7 @@ def offline_settings(
         import torch
 
         free, _ = torch.cuda.mem_get_info(torch.device(device))
-        per_row = rows_per_pair * bytes_per_sequence(config, tokens, tokens, 2)
+        per_row = rows_per_pair * bytes_per_sequence(config, tokens, tokens, dtype_bytes)
         fits = max(1, int(MEMORY_SHARE * free // per_row))
         if micro == "auto":
             micro = min(256, 1 << (fits.bit_length() - 1))

@@ -146,6 +146,7 @@ def trainer_config(run: OfflineRun, *, device: str, dtype: str, config: Any = No
         config=config,
         tokens=method.max_length,
         rows_per_pair=2 if isinstance(method, DPOConfig) else 1,
+        dtype_bytes=4 if dtype == "float32" else 2,
     )
     common: dict[str, Any] = {
         "output_dir": str(run.work_dir),
