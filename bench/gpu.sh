@@ -9,6 +9,7 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
 #   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
+#   bash bench/gpu.sh overlap [--steps 100 --seeds 0 1 2 --staleness 0 1 2]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
@@ -109,6 +110,9 @@ PY
   race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-7b --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
+  multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape on 1,2,4 GPUs
+    python3 bench/multi_gpu.py --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-smollm2.json" "${@:3}"
+    python3 bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-1p5b.json" "${@:3}" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
@@ -134,6 +138,9 @@ PY
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race flags]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
     python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
+  overlap)  # [bench/overlap_race.py flags]: overlap.max_staleness 1, 2 against 0 at equal samples, over seeds:
+    shift    # samples/s and final greedy MBPP-test pass@1, one JSON (long: run it with `bg`, then `wait-bg`)
+    python3 bench/overlap_race.py --json "${OUT:-/tmp}/overlap.json" "$@" ;;
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do

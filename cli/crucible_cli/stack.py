@@ -50,6 +50,11 @@ def redis_server_binary() -> str:
     return found
 
 
+def gpu_env(gpus: str | None) -> dict[str, str]:
+    """The environment that shows a process only `gpus` ("0", "1,2,3"); {} for every device."""
+    return {} if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus}
+
+
 @dataclass
 class Proc:
     name: str
@@ -69,6 +74,10 @@ class Stack:
     redis_url: str | None = None
     model: str | None = None
     generator_backend: str | None = None  # auto | vllm | crucible (generator_backend.pick)
+    # CUDA devices ("0", "1,2,3") of the generator and of the trainer worker, whose jobs run up to
+    # that many ranks (`distributed.train_gpus`); None: every device the host shows.
+    generator_gpus: str | None = None
+    trainer_gpus: str | None = None
     procs: list[Proc] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     worker_restarts: int = 0
@@ -130,7 +139,8 @@ class Stack:
             {"CRUCIBLE_GATEWAY_PORT": str(self.gateway_port)},
         )
         for name, queues in WORKERS.items():
-            self._start(name, [py, "-m", "crucible_trainer.worker", "--queues", queues], redis_url, {})
+            env = gpu_env(self.trainer_gpus) if name == "worker" else {}
+            self._start(name, [py, "-m", "crucible_trainer.worker", "--queues", queues], redis_url, env)
         deadline = time.monotonic() + timeout
         for proc in self.procs:
             if proc.name == "redis" or proc.name in WORKERS:
@@ -167,14 +177,21 @@ class Stack:
             model = self.model or DEFAULT_MODEL
             progress(f"generator: vLLM serving {model}")
             command = generator_backend.vllm_command(model, model, self.generator_port)
-            self._start("generator", command, url, generator_backend.VLLM_ENV)
+            self._start(
+                "generator", command, url, {**generator_backend.VLLM_ENV, **gpu_env(self.generator_gpus)}
+            )
             return
         model_env = {"CRUCIBLE_GENERATOR_MODEL": self.model} if self.model else {}
         self._start(
             "generator",
             [sys.executable, "-m", "crucible_generator"],
             url,
-            {"CRUCIBLE_GENERATOR_PORT": str(self.generator_port), **model_env, **self._adapter_roots()},
+            {
+                "CRUCIBLE_GENERATOR_PORT": str(self.generator_port),
+                **model_env,
+                **self._adapter_roots(),
+                **gpu_env(self.generator_gpus),
+            },
         )
 
     def _adapter_roots(self) -> dict[str, str]:

@@ -50,6 +50,14 @@ def up(
         help="auto (vLLM on a CUDA host that has it, else Crucible's server), vllm or crucible "
         "(default: $CRUCIBLE_GENERATOR_BACKEND, else auto).",
     ),
+    generator_gpus: str = typer.Option(
+        None, help="CUDA devices of the generator, e.g. 0 (default: every device)."
+    ),
+    trainer_gpus: str = typer.Option(
+        None,
+        help="CUDA devices of the trainer worker, e.g. 1,2,3: a job's distributed.train_gpus ranks run "
+        "on them (default: every device).",
+    ),
 ) -> None:
     """Start Redis, sandbox, generator, two trainer workers (one for eval jobs only) and the gateway;
     Ctrl-C stops them all.
@@ -72,6 +80,8 @@ def up(
         sandbox_port,
         model=model,
         generator_backend=generator_backend,
+        generator_gpus=generator_gpus,
+        trainer_gpus=trainer_gpus,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

@@ -37,3 +37,8 @@ def status_index(status: str) -> str:
 
 def idempotency(key: str) -> str:
     return f"{PREFIX}:idempotency:{key}"
+
+
+def worker_ranks() -> str:
+    """Hash: worker name -> how many ranks it may launch for one job (crucible_shared.distributed)."""
+    return f"{PREFIX}:workers:ranks"

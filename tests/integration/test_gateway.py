@@ -58,6 +58,10 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
         ({"kind": "nope"}, "body"),
         ({"kind": "eval", "n": 2, "ks": [3]}, "eval"),
         ({"kind": "train", "method": {"name": "ppo", "epochs": 0}}, "train.method.ppo.epochs"),
+        (
+            {"kind": "train", "method": {"name": "reinforce"}, "overlap": {"max_staleness": 1}},
+            "train.overlap.max_staleness",
+        ),
     ],
 )
 def test_invalid_specs_are_422_naming_the_field(gateway, body, field) -> None:
@@ -254,3 +258,34 @@ def test_a_stopping_worker_hands_its_job_back_at_a_step_boundary(gateway, worker
     assert final.status == JobStatus.finished and final.step == 4
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [1, 2, 3, 4], steps
+
+
+def test_jobs_asking_for_more_ranks_than_any_worker_has_are_422(gateway, redis_url) -> None:
+    """A live worker reports the ranks it can launch (here 2, on a queue no job uses); the gateway
+    refuses 4 naming the field, accepts 2, and once the worker is gone accepts anything again
+    (the worker that takes it checks)."""
+    import subprocess
+    import sys
+
+    from crucible_shared import keys
+
+    redis = Redis.from_url(redis_url)
+    env = {**os.environ, "REDIS_URL": redis_url, "CRUCIBLE_TRAINER_MAX_RANKS": "2"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "crucible_trainer.worker", "--queues", "nothing"], env=env
+    )
+    try:
+        wait_for(lambda: redis.hlen(keys.worker_ranks()), 120, "the worker's ranks")
+        body = {**TINY_TRAIN, "distributed": {"train_gpus": 4}}
+        r = httpx.post(f"{gateway.url}/v1/jobs", json=body)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["field"] == "train.distributed.train_gpus"
+        assert "asks for 4 ranks and the largest trainer worker can launch 2" in error["message"]
+        r = httpx.post(f"{gateway.url}/v1/jobs", json={**TINY_TRAIN, "distributed": {"train_gpus": 2}})
+        assert r.status_code == 202, r.text
+        httpx.post(f"{gateway.url}/v1/jobs/{r.json()['id']}/cancel")  # no work left for other tests
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    assert not redis.hlen(keys.worker_ranks())

@@ -320,3 +320,41 @@ def _image_env(name: str) -> dict[str, str]:
 
     dockerfile, _ = IMAGES[f"crucible/{name}"]
     return docker.env(docker.final_stage(docker.parse((ROOT / dockerfile).read_text())))
+
+
+def test_multi_gpu_overlay_gives_the_trainer_pod_four_gpus() -> None:
+    objects = kubectl.kustomize(ROOT / "k8s/overlays/gpu-multi")
+    trainer = _named(objects, "Deployment", "trainer")
+    (container,) = trainer["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    generator = _named(objects, "StatefulSet", "generator")
+    assert (
+        generator["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    )
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_multinode_job_runs_torchrun_with_a_rendezvous_at_pod_zero() -> None:
+    objects = kubectl.kustomize(ROOT / "k8s/multinode")
+    job = _named(objects, "Job", "trainer-ranks")
+    service = _named(objects, "Service", "trainer-ranks")
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    pod = job["spec"]["template"]["spec"]
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in command and "--nnodes=2" in command
+    assert "--rdzv-endpoint=trainer-ranks-0.trainer-ranks:29400" in command
+    assert command[command.index("-m", 3) + 1] == "crucible_trainer.distributed.rank"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert pod["securityContext"]["runAsNonRoot"] and job["metadata"]["namespace"] == "crucible"
+
+
+def _named(objects: list[dict], kind: str, name: str) -> dict:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)

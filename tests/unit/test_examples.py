@@ -34,6 +34,16 @@ def test_example_parses(path: Path) -> None:
         ({"kind": "train", "data": {"dataset": "stdio"}}, "path"),
         ({"kind": "eval", "n": 2, "ks": [5]}, "ks"),
         ({"kind": "train", "surprise": True}, "surprise"),
+        ({"kind": "train", "distributed": {"train_gpus": 1, "strategy": "fsdp"}}, "strategy"),
+        ({"kind": "train", "distributed": {"train_gpus": 65}}, "distributed.train_gpus"),
+        (
+            {
+                "kind": "train",
+                "method": {"name": "sft", "path": "/x.jsonl"},
+                "distributed": {"train_gpus": 2},
+            },
+            "distributed",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(spec: dict, where: str) -> None:

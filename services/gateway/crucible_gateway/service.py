@@ -20,6 +20,7 @@ import stat
 import time
 from pathlib import Path
 
+from crucible_shared.distributed import too_many_ranks
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import DPOConfig, EvalJob, PipelineJob, SFTConfig, TrainJob
@@ -77,6 +78,8 @@ class GatewayService:
         self.check_length(spec)
         if isinstance(spec, PipelineJob) and spec.reuse:
             await self.check_reuse(spec.reuse)
+        if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
+            await self._check_ranks(spec.distributed.train_gpus)
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
         job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
@@ -116,6 +119,13 @@ class GatewayService:
                 "(its run dir has no pipeline.json)",
                 field=field,
             ) from None
+
+    async def _check_ranks(self, asked: int) -> None:
+        """Refuse a job no live worker can launch; with no worker up yet, the job waits in the
+        queue and the worker that takes it checks again."""
+        reported = await asyncio.to_thread(self.store.worker_ranks)
+        if reported and asked > max(reported):
+            raise ApiError(422, too_many_ranks(asked, max(reported)), field="train.distributed.train_gpus")
 
     async def view(self, job_id: str, with_spec: bool = True) -> JobRecord:
         check_job_id(job_id)

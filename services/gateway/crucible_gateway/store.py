@@ -146,6 +146,15 @@ class JobStore:
         await pipe.execute()
         return job_id, True
 
+    def worker_ranks(self) -> list[int]:
+        """How many ranks each live trainer worker can launch for one job (RQ's registry says
+        which workers are alive: a worker that died keeps its field until one starts again)."""
+        from rq import Worker
+
+        live = {w.name for w in Worker.all(connection=self.rq_redis)}
+        reported = self.rq_redis.hgetall(keys.worker_ranks())
+        return [int(v) for k, v in reported.items() if _text(k) in live]
+
     def enqueue(self, kind: JobKind, job_id: str, spec: dict[str, Any]) -> None:
         """Put the job on its RQ queue (again: an earlier RQ job of the same id is replaced)."""
         try:

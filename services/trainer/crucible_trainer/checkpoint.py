@@ -20,10 +20,10 @@ def save(policy: Policy, run_dir: Path, step: int, extra: dict[str, Any]) -> Pat
     final = root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=root))
     try:
-        policy.model.save_pretrained(tmp / "adapter")
+        policy.write_adapter(tmp / "adapter")
         state = {
             "step": step,
-            "optimizer": policy.optimizer.state_dict(),
+            "optimizer": policy.optimizer_state(),
             "scheduler": policy.scheduler.state_dict(),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "extra": extra,
@@ -49,17 +49,15 @@ def latest(run_dir: Path) -> Path | None:
 
 def restore(policy: Policy, path: Path) -> dict[str, Any]:
     """Load a checkpoint into `policy`; returns its state (step, extra)."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    adapter = path / "adapter"
-    weights = adapter / "adapter_model.safetensors"
-    set_peft_model_state_dict(policy.model, load_file(str(weights), device=policy.device))
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    policy.optimizer.load_state_dict(state["optimizer"])
-    policy.scheduler.load_state_dict(state["scheduler"])
+    state = load_state(path)
+    policy.restore(path, state)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     return state
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's optimizer, schedule, RNG and job state (`state.pt`)."""
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=False)

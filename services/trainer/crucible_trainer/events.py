@@ -40,6 +40,7 @@ def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
         "message": result.message if result is not None else "",
         "tokens": len(sample.completion_ids),
         "finish_reason": sample.finish_reason,
+        "version": getattr(sample, "version", 0),
         **sample.info,
     }
 

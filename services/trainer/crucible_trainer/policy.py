@@ -87,12 +87,9 @@ class Policy:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.model.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: min(1.0, (step + 1) / optim.warmup_steps) if optim.warmup_steps else 1.0,
-        )
+        # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
+        self.runner: torch.nn.Module = self.model
+        self.make_optimizer(optim)
         self.max_grad_norm = optim.max_grad_norm
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -102,6 +99,16 @@ class Policy:
             {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
             if spec.init_adapter
             else None
+        )
+
+    def make_optimizer(self, optim: OptimSpec) -> None:
+        """AdamW over the trainable parameters, with its warm-up schedule (made again when the
+        parameters are replaced, as FSDP's sharding does)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: min(1.0, (step + 1) / optim.warmup_steps) if optim.warmup_steps else 1.0,
         )
 
     # -- scoring ------------------------------------------------------------------------------
@@ -134,7 +141,7 @@ class Policy:
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         k = batch.tail
-        out = self.model(
+        out = self.runner(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
@@ -197,7 +204,7 @@ class Policy:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
         try:
-            self.model.save_pretrained(tmp)
+            self.write_adapter(tmp)
             if path.exists():
                 shutil.rmtree(path)
             os.replace(tmp, path)
@@ -205,3 +212,20 @@ class Policy:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return path
+
+    def write_adapter(self, folder: Path) -> None:
+        """The adapter's files (PEFT format) into `folder`."""
+        self.model.save_pretrained(folder)
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def restore(self, folder: Path, state: dict) -> None:
+        """The adapter weights of checkpoint `folder` and its optimizer and schedule (`state`)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = folder / "adapter" / "adapter_model.safetensors"
+        set_peft_model_state_dict(self.model, load_file(str(weights), device=self.device))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

@@ -27,6 +27,10 @@ RUNNERS: dict[type, str] = {
 }
 
 
+# A train job of several ranks (`distributed.train_gpus`): the worker launches them with torchrun.
+DISTRIBUTED = "crucible_trainer.distributed.launch:DistributedLaunch"
+
+
 def runner_key(spec: Any) -> type:
     """What a spec's runner is registered under: a train job's method config type, else its own."""
     return type(spec.method) if isinstance(spec, TrainJob) else type(spec)
@@ -38,6 +42,8 @@ def runner_for(spec: Any) -> type[JobRun]:
         path = RUNNERS[runner_key(spec)]
     except KeyError:
         raise ValueError(f"no runner is registered for {runner_key(spec).__name__}") from None
+    if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
+        path = DISTRIBUTED
     module, name = path.split(":")
     runner: type[JobRun] = getattr(importlib.import_module(module), name)
     return runner

@@ -31,6 +31,13 @@ class Settings(BaseSettings):
         description="How long a job that ends while Redis is unreachable waits for it, to record its end "
         "(its events are kept meanwhile).",
     )
+    max_ranks: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Ranks this worker may launch for one job (distributed.train_gpus); default: its "
+        "GPU count, 1 without GPUs.",
+    )
     cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks its cancel flag.")
 
     def path_roots(self) -> PathRoots:

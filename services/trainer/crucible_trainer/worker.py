@@ -3,7 +3,8 @@
 
 On SIGTERM (a container restart, a rolling update) a running training job stops at its next
 step boundary, checkpoints and goes back to the queue, where the next worker resumes it; the
-worker then exits. A second SIGTERM stops at once (RQ's cold shutdown).
+worker then exits. At its start the worker records how many ranks it can launch for one job
+(`crucible_shared.keys.worker_ranks`), which the gateway checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
@@ -59,7 +60,16 @@ def main() -> None:
         if q.strip()
     ]
     worker = Worker(queues, connection=redis, serializer=JSONSerializer, name=args.name)
-    worker.work(burst=args.burst, with_scheduler=False)
+    # What this worker can run, for the gateway's check of `distributed.train_gpus` at submission.
+    from crucible_shared import keys
+
+    from crucible_trainer.distributed.launch import available_ranks
+
+    redis.hset(keys.worker_ranks(), worker.name, available_ranks(settings))
+    try:
+        worker.work(burst=args.burst, with_scheduler=False)
+    finally:
+        redis.hdel(keys.worker_ranks(), worker.name)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from crucible_shared.distributed import DistributedSpec
 from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import TrainEvalSpec
@@ -21,6 +22,8 @@ from crucible_shared.jobs.sections import (
     RolloutSpec,
 )
 from crucible_shared.lifecycle import JobKind
+from crucible_shared.overlap import OverlapSpec
+from crucible_shared.overlap import check_job as check_overlap
 
 Method = Annotated[
     GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
@@ -40,9 +43,13 @@ class TrainJob(_Spec):
     reward: RewardSpec = Field(default_factory=RewardSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     publish: PublishSpec = Field(default_factory=PublishSpec)
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec, description="Rollouts overlapping the update.")
     eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec, description="Ranks that train the job (crucible_shared.distributed)."
+    )
     seed: Seed = Field(0, description="Seeds sampling, shuffling and initialisation.")
     max_attempts: int | None = _ATTEMPTS
 
@@ -66,6 +73,11 @@ class TrainJob(_Spec):
         if "group_size" in method and method["group_size"] != size:
             raise ValueError("rollout.group_size: give method.group_size alone")
         return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> TrainJob:
+        check_overlap(self.overlap, self.method, self.publish)  # crucible_shared.overlap
+        return self
 
     @model_validator(mode="after")
     def _check_games(self) -> TrainJob:
@@ -102,6 +114,7 @@ class TrainJob(_Spec):
             ("rollout", f"{offline}: nothing is sampled"),
             ("reward", f"{offline}: nothing is executed"),
             ("publish", "the adapter is published once, when training ends"),
+            ("distributed", f"{offline} in one process (TRL)"),
         ):
             if self._changed(name):
                 raise unused(name, reason)

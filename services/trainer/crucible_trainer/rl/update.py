@@ -12,6 +12,10 @@ each), and each step is normalised as TRL normalises one accumulation step of a 
 split over `S` optimizer steps: the token loss by the whole batch's tokens (TRL's
 `num_items_in_batch`), the sequence losses by the sequences of one step's share, `N / S`, with
 `S = ceil(N / (micro_batch * grad_accum))` counted over the whole batch.
+
+Over several data-parallel ranks (`crucible_trainer.distributed`) every rank holds the whole
+batch, so the normaliser is the whole batch's; `parallel` gives each rank its share of every
+optimizer step's micro-batches, and the gradients are summed across ranks before the step.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 
 from crucible_trainer.policy import Policy, make_batch, right_align
 from crucible_trainer.rl import losses
+from crucible_trainer.rl.correction import Correction
+from crucible_trainer.rl.parallel import LOCAL, Parallel
 from crucible_trainer.rl.rollout import Sample
 
 
@@ -41,6 +47,7 @@ class UpdateConfig:
     max_tokens: int = 256  # Dr. GRPO's constant normaliser
     always_score_old: bool = False  # PPO: log p_old from a separate no-grad pass
     ratio: Literal["token", "sequence"] = "token"  # PPO: one ratio per token or per completion
+    tis_cap: float | None = None  # overlapped rollouts: truncated importance sampling (rl/correction.py)
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,11 @@ def trainable(batch: list[Sample], kl_beta: float) -> list[Sample]:
     return keep
 
 
-def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
-    """Run `cfg.iterations` passes over `batch`; returns averaged metrics (and per-iteration ratios)."""
+def update(
+    policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0, parallel: Parallel = LOCAL
+) -> dict[str, float]:
+    """Run `cfg.iterations` passes over `batch`; returns averaged metrics (and per-iteration ratios).
+    `parallel`: this process's share of the work when several ranks update one policy."""
     samples = trainable(batch, cfg.kl_beta)
     norm = Normaliser.of(batch, cfg.micro_batch, cfg.grad_accum)
     metrics: dict[str, float] = {
@@ -82,72 +92,100 @@ def update(policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0
     prompts = [s.prompt_ids for s in samples]
     comps = [s.completion_ids for s in samples]
     old = (
-        policy.score(prompts, comps, cfg.micro_batch)
+        parallel.score(policy, prompts, comps, cfg.micro_batch)
         if (cfg.iterations > 1 or cfg.always_score_old)
         else None
     )
-    ref = policy.score(prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    ref = parallel.score(policy, prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    tis = Correction(cfg.tis_cap) if cfg.tis_cap is not None else None
+    if tis is not None and (cfg.objective != "clip" or cfg.ratio != "token"):
+        raise ValueError("the importance-sampling correction needs the clipped objective with token ratios")
     rng = random.Random(seed)
     order = list(range(len(samples)))
-    micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
-    accum = cfg.grad_accum or len(micro)
     sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio": 0.0}
     counts = {"micro": 0, "steps": 0, "skipped": 0}
     for iteration in range(cfg.iterations):
         if iteration > 0:
             rng.shuffle(order)
-            micro = [order[i : i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
         ratio_sum, ratio_n = 0.0, 0
-        for m, idx in enumerate(micro):
-            b = make_batch([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id, policy.device)
-            adv = torch.tensor([samples[i].advantage for i in idx], dtype=torch.float32, device=policy.device)
-            logp = policy.token_logprobs(b)
-            if cfg.objective == "reinforce":
-                out = losses.reinforce(logp, adv, b.tail_mask, norm.sequences)
+        for micro in parallel.plan(order, cfg.micro_batch, cfg.grad_accum):
+            for m, idx in enumerate(micro):
+                parallel.begin(last=m == len(micro) - 1)
+                if not idx:  # no share of this micro-batch on this rank: its collectives still run
+                    parallel.backward(parallel.idle_loss(policy))
+                    continue
+                out = _micro_loss(policy, samples, idx, cfg, norm, old, ref, tis, first=iteration == 0)
+                parallel.backward(out.loss)
+                sums["loss"] += float(out.loss.detach())
+                sums["clip_fraction"] += out.clip_fraction
+                sums["kl"] += out.kl
+                ratio_sum += out.ratio_mean
+                ratio_n += 1
+                counts["micro"] += 1
+            grad_norm = policy.step()  # skipped when not finite (Policy.step)
+            if math.isfinite(grad_norm):
+                sums["grad_norm"] += grad_norm
+                counts["steps"] += 1
             else:
-                old_lp = (
-                    right_align([old[i] for i in idx], b.tail, policy.device)
-                    if old is not None
-                    else logp.detach()
-                )
-                ref_lp = (
-                    right_align([ref[i] for i in idx], b.tail, policy.device) if ref is not None else None
-                )
-                out = losses.clipped_surrogate(
-                    logp,
-                    old_lp,
-                    adv,
-                    b.tail_mask,
-                    clip_eps=cfg.clip_eps,
-                    clip_eps_high=cfg.clip_eps_high,
-                    ref_logp=ref_lp,
-                    kl_beta=cfg.kl_beta,
-                    aggregation=cfg.aggregation,
-                    max_tokens=cfg.max_tokens,
-                    ratio_mode=cfg.ratio,
-                    denominator=norm.tokens
-                    if cfg.aggregation == "token" and cfg.ratio == "token"
-                    else norm.sequences,
-                )
-            out.loss.backward()
-            sums["loss"] += float(out.loss.detach())
-            sums["clip_fraction"] += out.clip_fraction
-            sums["kl"] += out.kl
-            ratio_sum += out.ratio_mean
-            ratio_n += 1
-            counts["micro"] += 1
-            if (m + 1) % accum == 0 or m == len(micro) - 1:
-                grad_norm = policy.step()  # skipped when not finite (Policy.step)
-                if math.isfinite(grad_norm):
-                    sums["grad_norm"] += grad_norm
-                    counts["steps"] += 1
-                else:
-                    counts["skipped"] += 1
+                counts["skipped"] += 1
+        ratio_sum, ratio_n = parallel.sum([ratio_sum, ratio_n])
         metrics[f"update/ratio_mean_iter{iteration}"] = ratio_sum / max(ratio_n, 1)
+    # Sums over every rank's micro-batches (the gradient norm is the same on every rank).
+    sums["loss"], sums["clip_fraction"], sums["kl"], counts["micro"] = parallel.sum(
+        [sums["loss"], sums["clip_fraction"], sums["kl"], counts["micro"]]
+    )
     metrics["loss"] = sums["loss"] / cfg.iterations
     metrics["clip_fraction"] = sums["clip_fraction"] / max(counts["micro"], 1)
     metrics["kl"] = sums["kl"] / max(counts["micro"], 1)
     metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
+    if tis is not None:
+        metrics.update(tis.metrics())  # this rank's samples
     return metrics
+
+
+def _micro_loss(
+    policy: Policy,
+    samples: list[Sample],
+    idx: list[int],
+    cfg: UpdateConfig,
+    norm: Normaliser,
+    old: list[list[float]] | None,
+    ref: list[list[float]] | None,
+    tis: Correction | None = None,
+    first: bool = True,
+) -> losses.LossOut:
+    """The loss of the micro-batch of samples `idx`, normalised by the whole batch (`norm`)."""
+    prompts = [samples[i].prompt_ids for i in idx]
+    comps = [samples[i].completion_ids for i in idx]
+    b = make_batch(prompts, comps, policy.pad_id, policy.device)
+    adv = torch.tensor([samples[i].advantage for i in idx], dtype=torch.float32, device=policy.device)
+    logp = policy.token_logprobs(b)
+    if cfg.objective == "reinforce":
+        out = losses.reinforce(logp, adv, b.tail_mask, norm.sequences)
+    else:
+        old_lp = (
+            right_align([old[i] for i in idx], b.tail, policy.device) if old is not None else logp.detach()
+        )
+        ref_lp = right_align([ref[i] for i in idx], b.tail, policy.device) if ref is not None else None
+        out = losses.clipped_surrogate(
+            logp,
+            old_lp,
+            adv,
+            b.tail_mask,
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            ref_logp=ref_lp,
+            kl_beta=cfg.kl_beta,
+            aggregation=cfg.aggregation,
+            max_tokens=cfg.max_tokens,
+            ratio_mode=cfg.ratio,
+            denominator=norm.tokens
+            if cfg.aggregation == "token" and cfg.ratio == "token"
+            else norm.sequences,
+            token_weights=None
+            if tis is None
+            else tis.weights(old_lp, [samples[i] for i in idx], b.tail_mask, b.tail, first),
+        )
+    return out

@@ -1,0 +1,191 @@
+"""The worker's side of a job over several ranks: start them with `torchrun`, wait, report.
+
+The RQ worker that took the job keeps its place in the lifecycle (started, heartbeating, then
+finished / failed / released, in `jobs.execute`); the ranks run in a `torchrun` child process
+group on this host, rank 0 writing to the job's channel itself. When the worker is asked to stop
+it writes the ranks' stop file: rank 0 then checkpoints at its next step boundary and the job goes
+back to the queue. A rank that dies makes `torchrun` stop the others (`--max-restarts 0`) and exit
+non-zero: the job fails, naming the rank and its error; a retry resumes from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from crucible_shared.distributed import too_many_ranks
+from crucible_shared.jobs import TrainJob
+
+from crucible_trainer.cancel import Interrupted
+from crucible_trainer.channel import JobChannel
+from crucible_trainer.distributed.rank import ranks_dir
+from crucible_trainer.jobrun import JobRun
+from crucible_trainer.settings import Settings
+
+POLL_S = 0.5
+
+
+class RankFailed(RuntimeError):
+    """A rank of the job died or raised: the job failed (`crucible retry` resumes it)."""
+
+
+class DistributedLaunch(JobRun):
+    """The worker's runner of a train job over several ranks (`runners.runner_for`): the job run
+    itself (`TrainRun`, as `leader.LeaderRun`) is rank 0's."""
+
+    async def run(self) -> dict[str, Any]:
+        return await run_distributed_job(self.spec, self.job_id, self.settings, self.channel)
+
+
+def available_ranks(settings: Settings) -> int:
+    """Ranks this worker may launch for one job: the setting, else its GPU count (1 without)."""
+    if settings.max_ranks is not None:
+        return settings.max_ranks
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def rank_env(settings: Settings) -> dict[str, str]:
+    """The worker's settings as the ranks read them (the environment, never a file in the run dir,
+    which the gateway serves: it holds the sandbox key)."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        key = f"CRUCIBLE_TRAINER_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = ",".join(value) if isinstance(value, list) else str(value)
+    if settings.redis_url is None:  # the worker's choice, not an alias the ranks would find
+        env.pop("REDIS_URL", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for guard in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        env.setdefault(guard, "0" if guard == "NCCL_NVLS_ENABLE" else "1")
+    return env
+
+
+def torchrun_command(ranks: int, job_id: str, spec_path: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        "--max-restarts=0",
+        "-m",
+        "crucible_trainer.distributed.rank",
+        "--job-id",
+        job_id,
+        "--spec",
+        str(spec_path),
+    ]
+
+
+async def run_distributed_job(
+    spec: TrainJob, job_id: str, settings: Settings, channel: JobChannel
+) -> dict[str, Any]:
+    """Run `spec` over `spec.distributed.train_gpus` ranks; the summary rank 0 returned."""
+    asked, available = spec.distributed.train_gpus, available_ranks(settings)
+    if asked > available:
+        raise ValueError(too_many_ranks(asked, available))
+    folder = ranks_dir(Path(settings.runs_dir) / job_id)
+    if folder.exists():  # an earlier attempt's outcome must not pass for this one's
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    spec_path = folder / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    log_path = folder / "torchrun.log"
+    with open(log_path, "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *torchrun_command(asked, job_id, spec_path),
+            env=rank_env(settings),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped as one
+            limit=2**24,  # one event line may hold a whole summary
+        )
+        assert proc.stdout is not None
+        # Without Redis (`crucible train --local`) rank 0 prints its events: shown as the job's.
+        relay = asyncio.create_task(_relay(proc.stdout, log, channel if not settings.redis_url else None))
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(proc.wait(), POLL_S)
+                    break
+                except TimeoutError:
+                    if channel.stop_requested():
+                        (folder / "stop").touch()
+                    if channel.cancel_requested():
+                        (folder / "cancel").touch()
+            await relay
+        finally:
+            if proc.returncode is None:  # the worker itself is going away: take the ranks along
+                os.killpg(proc.pid, signal.SIGTERM)
+                await proc.wait()
+            relay.cancel()
+    result = folder / "result.json"
+    if proc.returncode != 0 or not result.exists():
+        raise RankFailed(describe_failure(folder, asked, proc.returncode))
+    outcome = json.loads(result.read_text())
+    if outcome["status"] == "interrupted":
+        raise Interrupted(outcome["step"])
+    return outcome["summary"]
+
+
+async def _relay(stream: asyncio.StreamReader, log: Any, channel: JobChannel | None) -> None:
+    """Copy torchrun's output to its log; pass rank 0's event lines on to `channel`."""
+    async for line in stream:
+        log.write(line)
+        log.flush()
+        if channel is not None and line.startswith(b'{"type"'):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            kind = record.pop("type")
+            record.pop("time", None)
+            channel.emit(kind, **record)
+
+
+def describe_failure(folder: Path, ranks: int, code: int | None) -> str:
+    """Which rank failed and why. A rank killed by a signal writes nothing, the ranks that were
+    talking to it fail too ("connection closed") and torchrun stops the rest with SIGTERM: a rank
+    killed by another signal is the cause, else torchrun's root cause, else the first rank that
+    wrote an error."""
+    log = folder / "torchrun.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    failures = torchrun_failures(text)
+    root = torchrun_failures(text[text.find("Root Cause") :]) if "Root Cause" in text else {}
+    written = [r for r in range(ranks) if (folder / f"rank-{r}.error").exists()]
+    killed = [r for r, (exit_code, _) in failures.items() if exit_code < 0 and exit_code != -15]
+    candidates = [*killed, *root, *written, *failures]
+    rank = candidates[0] if candidates else None
+    if rank is not None and rank in written and rank not in killed:
+        detail = (folder / f"rank-{rank}.error").read_text().splitlines()[0]
+    elif rank is not None and rank in failures:
+        exit_code, lines = failures[rank]
+        detail = "; ".join([f"exit code {exit_code}", *lines])
+    else:
+        detail = f"torchrun exited with {code}"
+    who = f"rank {rank} of {ranks}" if rank is not None else f"a rank of {ranks}"
+    return f"{who} failed: {detail} (log: {log})"
+
+
+def torchrun_failures(text: str) -> dict[int, tuple[int, list[str]]]:
+    """The failed ranks torchrun's summary lists: rank -> (exit code, its traceback line)."""
+    out: dict[int, tuple[int, list[str]]] = {}
+    for rank, exit_code, rest in re.findall(
+        r"^[ \t]*rank[ \t]*:[ \t]*(\d+).*?exitcode[ \t]*:[ \t]*(-?\d+)(.*?)(?=\n\[\d+\]:|\n-{5,}|\n={5,}|\Z)",
+        text,
+        re.S | re.M,
+    ):
+        lines = [ln.strip() for ln in rest.splitlines() if ln.strip().startswith("traceback")]
+        out.setdefault(int(rank), (int(exit_code), lines))
+    return out

@@ -1,0 +1,79 @@
+"""A GRPO job over two ranks (`gloo`, CPU) through the worker's launcher, against the spawned
+generator and sandbox: it finishes and publishes; a rank killed mid-job fails it with the rank
+named (no hang), and running it again resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_trainer import settings_for, tiny_job
+
+pytestmark = pytest.mark.slow
+
+
+def run(spec, job_id: str, settings) -> dict:
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.jobs import execute
+
+    return execute(spec, job_id, settings, LocalChannel(job_id))
+
+
+def two_ranks(stack_generator, sandbox, stack_dirs):
+    return settings_for(stack_generator, sandbox, stack_dirs).model_copy(update={"max_ranks": 2})
+
+
+def test_two_rank_job_finishes_and_publishes(stack_generator, sandbox, stack_dirs) -> None:
+    settings = two_ranks(stack_generator, sandbox, stack_dirs)
+    summary = run(tiny_job(distributed={"train_gpus": 2}), "dist-ok", settings)
+    assert summary["status"] == "finished"
+    assert (Path(summary["adapter"]) / "adapter_model.safetensors").exists()
+    rows = [
+        json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["update/ranks"] for r in rows if "update/ranks" in r] == [2.0, 2.0]
+
+
+def test_more_ranks_than_the_worker_has_fail_at_start(stack_generator, sandbox, stack_dirs) -> None:
+    settings = two_ranks(stack_generator, sandbox, stack_dirs)
+    with pytest.raises(ValueError, match=r"distributed\.train_gpus: the job asks for 4 ranks"):
+        run(tiny_job(distributed={"train_gpus": 4}), "dist-four", settings)
+
+
+def test_a_killed_rank_fails_the_job_and_a_retry_resumes(stack_generator, sandbox, stack_dirs) -> None:
+    from crucible_trainer.distributed.launch import RankFailed
+
+    settings = two_ranks(stack_generator, sandbox, stack_dirs)
+    spec = tiny_job(optim={"steps": 3}, distributed={"train_gpus": 2, "timeout_s": 60})
+    run_dir = Path(settings.runs_dir) / "dist-kill"
+
+    def kill_rank_one_after_a_checkpoint() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if list((run_dir / "checkpoints").glob("step-*")):
+                os.kill(int((run_dir / "ranks" / "rank-1.pid").read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_rank_one_after_a_checkpoint, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 of 2 failed: .*(Signal 9|SIGKILL|-9)"):
+        run(spec, "dist-kill", settings)
+    assert time.monotonic() - started < 600
+    killer.join(timeout=1)
+
+    summary = run(spec, "dist-kill", settings)
+    assert summary["status"] == "finished" and summary["steps"] == 3
+    events = [
+        json.loads(line)
+        for line in (run_dir / "ranks" / "torchrun.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    assert any(e["type"] == "resumed" for e in events)
