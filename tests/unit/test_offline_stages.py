@@ -245,3 +245,23 @@ def test_build_without_passing_candidates_fails_with_the_counts(tmp_path: Path) 
     assert not (tmp_path / "jobs" / "p-empty" / "round-1" / "nbest.jsonl").exists()
     summary = json.loads((tmp_path / "jobs" / "p-empty" / "summary.json").read_text())
     assert summary["stages"] == {}
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo"])
+def test_auto_micro_batch_and_checkpointing_reach_trl_as_numbers(method: str, tmp_path: Path) -> None:
+    """A spec left at `optim.micro_batch: auto` (the default) is one the gateway accepts: TRL must
+    get a batch size, not the word (its data loader refuses it)."""
+    from crucible_trainer.offline.trl_train import OfflineRun, trainer_config
+
+    spec = TrainJob.model_validate({"method": {"name": method, "path": "rows.jsonl"}})
+    assert spec.optim.micro_batch == "auto" and spec.model.gradient_checkpointing == "auto"
+    run = OfflineRun(spec.method, spec.model, spec.optim, [], tmp_path / "w", tmp_path / "a")  # type: ignore[arg-type]
+    args = trainer_config(run, device="cpu", dtype="float32")
+    assert args.per_device_train_batch_size == 16 and args.gradient_checkpointing is False
+    explicit = spec.optim.model_copy(update={"micro_batch": 3})
+    args = trainer_config(
+        OfflineRun(spec.method, spec.model, explicit, [], tmp_path / "w", tmp_path / "a"),  # type: ignore[arg-type]
+        device="cpu",
+        dtype="float32",
+    )
+    assert args.per_device_train_batch_size == 3

@@ -36,6 +36,7 @@ BASES: dict[str, dict[str, Any]] = {
         "method": {"name": "grpo", **ITERATED, "filter": {"mode": "dynamic"}},
         "data": {"split": "train", "shuffle": True},
         "eval": {**SAMPLED_EVAL, "every": 1},
+        "overlap": {"max_staleness": 1},
     },
     "grpo-pre": {"kind": "train", "method": {"name": "grpo", "filter": {"mode": "pre"}}},
     "grpo-overlap": {"kind": "train", "method": {"name": "grpo"}, "overlap": {"max_staleness": 1}},

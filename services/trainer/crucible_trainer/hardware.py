@@ -84,3 +84,38 @@ def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
         }
     )
     return resolved, chosen
+
+
+def offline_settings(
+    micro: int | str,
+    checkpointing: bool | str,
+    *,
+    device: str,
+    config: Any,
+    tokens: int,
+    rows_per_pair: int,
+    dtype_bytes: int = 2,
+) -> tuple[int, bool]:
+    """An SFT / DPO run's micro-batch and gradient checkpointing with `auto` resolved (TRL takes
+    numbers), chosen as `resolve` chooses them: a row is `rows_per_pair` sequences (DPO: chosen and
+    rejected) of `tokens` (the method's max_length), all of them trained on.
+
+    >>> offline_settings("auto", "auto", device="cpu", config=None, tokens=1024, rows_per_pair=1)
+    (16, False)
+    >>> offline_settings(4, True, device="cpu", config=None, tokens=1024, rows_per_pair=2)
+    (4, True)
+    """
+    if device.startswith("cuda") and config is not None and "auto" in (micro, checkpointing):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        per_row = rows_per_pair * bytes_per_sequence(config, tokens, tokens, dtype_bytes)
+        fits = max(1, int(MEMORY_SHARE * free // per_row))
+        if micro == "auto":
+            micro = min(256, 1 << (fits.bit_length() - 1))
+        if checkpointing == "auto":
+            checkpointing = fits < (micro if isinstance(micro, int) else 8)
+    return (
+        micro if isinstance(micro, int) else CPU_MICRO_BATCH,
+        checkpointing if isinstance(checkpointing, bool) else False,
+    )

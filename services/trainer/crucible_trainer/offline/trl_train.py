@@ -95,7 +95,9 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
         )
     name = run.method.name
     dataset = datasets.Dataset.from_list([{c: row[c] for c in COLUMNS[name]} for row in run.rows])
-    args = trainer_config(run, device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))
+    args = trainer_config(
+        run, device=str(model.device), dtype=str(model.dtype).removeprefix("torch."), config=model.config
+    )
     trainer_class = trl.SFTTrainer if name == "sft" else trl.DPOTrainer
     callback = JobCallback(hooks, run.step_offset)
     trainer = trainer_class(
@@ -129,14 +131,26 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
     return run.result
 
 
-def trainer_config(run: OfflineRun, *, device: str, dtype: str) -> Any:
-    """TRL's config for `run` (`trl.SFTConfig` or `trl.DPOConfig`)."""
+def trainer_config(run: OfflineRun, *, device: str, dtype: str, config: Any = None) -> Any:
+    """TRL's config for `run` (`trl.SFTConfig` or `trl.DPOConfig`); `auto` micro-batch and gradient
+    checkpointing resolved for the device (`config`: the model's, for the memory estimate)."""
     import trl
 
+    from crucible_trainer.hardware import offline_settings
+
     method, optim = run.method, run.optim
+    micro, checkpointing = offline_settings(
+        optim.micro_batch,
+        run.model.gradient_checkpointing,
+        device=device,
+        config=config,
+        tokens=method.max_length,
+        rows_per_pair=2 if isinstance(method, DPOConfig) else 1,
+        dtype_bytes=4 if dtype == "float32" else 2,
+    )
     common: dict[str, Any] = {
         "output_dir": str(run.work_dir),
-        "per_device_train_batch_size": optim.micro_batch,
+        "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": optim.grad_accum or 1,
         "learning_rate": optim.lr,
         "weight_decay": optim.weight_decay,
@@ -157,7 +171,7 @@ def trainer_config(run: OfflineRun, *, device: str, dtype: str) -> Any:
         "use_cpu": device == "cpu",
         "bf16": dtype == "bfloat16",
         "fp16": dtype == "float16",
-        "gradient_checkpointing": run.model.gradient_checkpointing,
+        "gradient_checkpointing": checkpointing,
         "dataloader_num_workers": 0,
     }
     if isinstance(method, SFTConfig):
