@@ -12,18 +12,24 @@ PACKAGES := shared/pyproject.toml models/pyproject.toml cli/pyproject.toml servi
 # The runtime: every service, the CLI, and the CPU build of torch (a laptop never pulls CUDA wheels).
 setup: $(STAMP)
 
+# Our packages are built with the venv's own setuptools (--no-build-isolation: no throwaway build
+# environment per package, a minute less on a 2-core machine; every other requirement is a wheel),
+# and without setuptools' "Editable installation" notice, printed once per package otherwise.
+PIP := $(BIN)/python -m pip
+$(STAMP) $(DEV_STAMP): export PYTHONWARNINGS = ignore:Editable installation
+
 $(STAMP): requirements.txt requirements-nodeps.txt $(PACKAGES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-deps -r requirements-nodeps.txt
-	$(BIN)/python -m pip install -q -r requirements.txt
+	$(PIP) install -q --upgrade pip "setuptools>=68"
+	$(PIP) install -q --no-deps -r requirements-nodeps.txt
+	$(PIP) install -q --no-build-isolation -r requirements.txt
 	touch $(STAMP)
 
 # Plus the test, lint and deployment-check tools.
 dev: $(DEV_STAMP)
 
 $(DEV_STAMP): $(STAMP) requirements-dev.txt
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(PIP) install -q -r requirements-dev.txt
 	touch $(DEV_STAMP)
 
 demo: setup

@@ -306,6 +306,21 @@ def probe_all(url: str, key: str) -> dict[str, Any]:
     return {name: found(r) for name, r in zip(PROBES, results, strict=True)}
 
 
+def hostile_verdicts(results: list[dict]) -> tuple[dict[str, str], list[str]]:
+    """Each hostile program's status, and what is wrong: a hostile program not contained the way
+    its entry allows (any containment of a fork bomb), or a benign run beside one that did not pass.
+    `results` alternate hostile and benign runs, in `HOSTILE`'s order."""
+    statuses, problems = {}, []
+    for i, (name, (_, _, allowed)) in enumerate(HOSTILE.items()):
+        hostile, benign = results[2 * i], results[2 * i + 1]
+        statuses[name] = hostile["status"]
+        if hostile["status"] not in REDUCED_MODE_ALLOWED.get(name, allowed):
+            problems.append(f"hostile {name}: {hostile['status']} {hostile.get('message')}")
+        if benign["status"] != "passed":
+            problems.append(f"benign run beside {name}: {benign}")
+    return statuses, problems
+
+
 def sandbox(compose: Compose, summary: dict, env: dict[str, str]) -> None:
     url, key = f"http://127.0.0.1:{env['SANDBOX_HOST_PORT']}", env["CRUCIBLE_TRAINER_SANDBOX_API_KEY"]
     health = httpx.get(f"{url}/health", timeout=10).json()
@@ -314,16 +329,8 @@ def sandbox(compose: Compose, summary: dict, env: dict[str, str]) -> None:
     check(isolation["mode"] == "reduced", f"an unprivileged container runs the reduced mode: {isolation}")
     hostile = [{"code": c, "tests": t, "limits": LIMITS, "use_cache": False} for c, t, _ in HOSTILE.values()]
     runs = [run for i, h in enumerate(hostile) for run in (h, BENIGN[i % len(BENIGN)])]
-    results = run_batch(url, key, runs)
-    statuses = {}
-    for i, (name, (_, _, allowed)) in enumerate(HOSTILE.items()):
-        allowed = REDUCED_MODE_ALLOWED.get(name, allowed)
-        statuses[name] = results[2 * i]["status"]
-        check(
-            statuses[name] in allowed,
-            f"hostile {name}: {results[2 * i]['status']} {results[2 * i]['message']}",
-        )
-        check(results[2 * i + 1]["status"] == "passed", f"benign run beside {name}: {results[2 * i + 1]}")
+    statuses, problems = hostile_verdicts(run_batch(url, key, runs))
+    check(not problems, "; ".join(problems))
     summary["sandbox_hostile"] = statuses
     summary["sandbox_reward_hacks"] = reward_hacks(url, key)
     compose.wait_healthy("sandbox", int(env["SANDBOX_REPLICAS"]), timeout=120)

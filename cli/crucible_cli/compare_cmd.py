@@ -49,8 +49,8 @@ def compare(
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
     from crucible_trainer.report import compare_runs, samples_per_step
-    from rich.console import Console
 
+    from crucible_cli.console import new_console
     from crucible_cli.render import follow
 
     if len(config) < 2:
@@ -61,7 +61,7 @@ def compare(
     budgets = [samples_per_step(s) for s in specs]
     if not unmatched_budget:
         check_comparable(specs, labels, budgets)
-    console = Console()
+    console = new_console()
     runs = []
     try:
         with client(gateway, api_key) as gw:

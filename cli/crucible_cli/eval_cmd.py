@@ -12,6 +12,7 @@ jobs run), so they need the trainer package; `--config` needs only this CLI.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -115,59 +116,23 @@ def eval_command(
     from crucible_cli.heavy import require
 
     require("crucible_trainer", command="eval")
-    from crucible_shared.jobs import DataSpec, EvalSpec
-    from crucible_trainer.evaluation.config import EvalConfig
-    from crucible_trainer.settings import Settings
-    from crucible_trainer.tasks.loading import load_tasks
-    from crucible_trainer.tasks.task import DatasetError
-    from pydantic import ValidationError
-
-    from crucible_cli.specs import validation_lines
-
-    if model and adapter:
-        raise typer.BadParameter("give --model or --adapter, not both", param_hint="--adapter")
-    if adapter is not None and not (adapter / "adapter_config.json").is_file():
-        raise typer.BadParameter(
-            f"{adapter} is not a saved adapter (no adapter_config.json)", param_hint="--adapter"
-        )
+    _check_model_choice(model, adapter)
     data_fields: dict[str, Any] = {"dataset": dataset, "split": split, "path": str(path) if path else None}
     data_fields.update(ids=parse_ids(ids), id_range=parse_range(id_range), limit=limit, shuffle=shuffle)
     if shuffle:
         data_fields["seed"] = data_seed
     given = {"n": n, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
-    eval_fields: dict[str, Any] = {"greedy": greedy, **{f: v for f, v in given.items() if v is not None}}
-    if k or n:
-        eval_fields["ks"] = k or [x for x in (1, 10) if x <= (n or 0)]
-    try:
-        data = DataSpec(**data_fields)
-        spec = EvalSpec(data=data, **eval_fields)
-        config = EvalConfig.from_spec(
-            spec,
-            model=model,
-            chat=chat,
-            seed=seed,
-            stop=stop or None,
-            sanitize=sanitize,
-            concurrency=concurrency,
-        )
-    except ValidationError as exc:
-        fail("; ".join(validation_lines(exc)), 2)
-    try:
-        problems = load_tasks(data)
-    except DatasetError as exc:
-        fail(str(exc), 2)
+    eval_fields = _eval_fields(greedy, given, k)
+    run_fields = {"model": model, "chat": chat, "seed": seed, "stop": stop or None, "sanitize": sanitize}
+    data, config, problems = _prepare(data_fields, eval_fields, run_fields | {"concurrency": concurrency})
     if compare is not None and not compare.exists():
         fail(f"--compare: {compare} does not exist", 2)
+    from crucible_trainer.settings import Settings
+
     settings = Settings()
     urls = generator or settings.generator_urls
     sandbox_url = sandbox or settings.sandbox_url
-    if out is None:
-        who = model or (adapter.name if adapter else "base")
-        label = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{who}-{data.dataset}-{data.effective_split}")
-        out = Path("runs") / "eval" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-    import asyncio
-
+    out = out or _default_out(model, adapter, data)
     report = asyncio.run(_run(problems, data, config, urls, sandbox_url, sandbox_api_key, adapter, quiet))
     from crucible_trainer.evaluation.writers import compare_reports, write_report
 
@@ -176,6 +141,53 @@ def eval_command(
     if compare is not None:
         cmp = compare_reports(compare, report, out)
         typer.echo(f"comparison: {cmp['markdown']}")
+
+
+def _default_out(model: str | None, adapter: Path | None, data: Any) -> Path:
+    """runs/eval/<model>-<data>-<time>."""
+    who = model or (adapter.name if adapter else "base")
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{who}-{data.dataset}-{data.effective_split}")
+    return Path("runs") / "eval" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_model_choice(model: str | None, adapter: Path | None) -> None:
+    if model and adapter:
+        raise typer.BadParameter("give --model or --adapter, not both", param_hint="--adapter")
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        raise typer.BadParameter(
+            f"{adapter} is not a saved adapter (no adapter_config.json)", param_hint="--adapter"
+        )
+
+
+def _eval_fields(greedy: bool, given: dict[str, Any], k: list[int] | None) -> dict[str, Any]:
+    """The eval spec's fields the options set; the rest keep the spec's defaults (`EvalSampling`)."""
+    fields: dict[str, Any] = {"greedy": greedy, **{f: v for f, v in given.items() if v is not None}}
+    if k or given["n"]:
+        fields["ks"] = k or [x for x in (1, 10) if x <= (given["n"] or 0)]
+    return fields
+
+
+def _prepare(data_fields: dict[str, Any], eval_fields: dict[str, Any], run_fields: dict[str, Any]) -> Any:
+    """The validated data spec, the evaluator's config and the problems, or a message saying what to fix."""
+    from crucible_shared.jobs import DataSpec, EvalSpec
+    from crucible_trainer.evaluation.config import EvalConfig
+    from crucible_trainer.tasks.loading import load_tasks
+    from crucible_trainer.tasks.task import DatasetError
+    from pydantic import ValidationError
+
+    from crucible_cli.specs import validation_lines
+
+    try:
+        data = DataSpec(**data_fields)
+        spec = EvalSpec(data=data, **eval_fields)
+        config = EvalConfig.from_spec(spec, **run_fields)
+    except ValidationError as exc:
+        fail("; ".join(validation_lines(exc)), 2)
+    try:
+        problems = load_tasks(data)
+    except DatasetError as exc:
+        fail(str(exc), 2)
+    return data, config, problems
 
 
 @app.command("eval-compare")
@@ -259,8 +271,9 @@ async def _run(problems, data, config, urls, sandbox_url, sandbox_api_key, adapt
 
 
 def _print_summary(report, paths: dict[str, Path]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from crucible_cli.console import new_console
 
     table = Table(title=f"{report.model}: {report.num_problems} problems")
     table.add_column("metric")
@@ -274,6 +287,6 @@ def _print_summary(report, paths: dict[str, Path]) -> None:
     table.add_row("wall time", f"{t.wall_s:.1f} s")
     table.add_row("generation / execution busy", f"{t.generation_s:.1f} s / {t.execution_s:.1f} s")
     table.add_row("execution hidden", f"{t.execution_hidden * 100:.0f}%")
-    console = Console()
+    console = new_console()
     console.print(table)
     console.print(f"report: {paths['markdown']} ({paths['json'].name}, {paths['plot'].name})")

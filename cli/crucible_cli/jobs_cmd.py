@@ -18,11 +18,11 @@ def submit_and_follow(
     """Submit a job spec; unless detached, follow it to the end (exit 1 unless it finished)."""
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
-    from rich.console import Console
 
+    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
 
-    console = Console()
+    console = new_console()
     try:
         with client(gateway, api_key) as gw:
             created = gw.submit(spec.model_dump(mode="json"))
@@ -82,8 +82,8 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     from crucible_trainer.channel import LocalChannel
     from crucible_trainer.jobs import execute, quiet_libraries
     from crucible_trainer.settings import Settings
-    from rich.console import Console
 
+    from crucible_cli.console import new_console
     from crucible_cli.render import describe
 
     overrides: dict = {}
@@ -98,7 +98,7 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     job_id = job_id or f"{prefix}-{uuid.uuid4().hex[:8]}"
     if not valid_job_id(job_id):
         raise typer.BadParameter("letters, digits, `_`, `.` and `-` only", param_hint="--job-id")
-    console = Console()
+    console = new_console()
 
     def show(kind: str, data: dict) -> None:
         if raw:
@@ -148,8 +148,11 @@ def jobs(
     """List jobs, newest first."""
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
-    from rich.console import Console
+    from crucible_shared.text import shown
+    from rich.markup import escape
     from rich.table import Table
+
+    from crucible_cli.console import new_console
 
     if status is not None and status not in JobStatus.__members__:
         raise typer.BadParameter(f"one of {', '.join(JobStatus.__members__)}", param_hint="--status")
@@ -163,8 +166,9 @@ def jobs(
         table.add_column(col)
     for job in listing.jobs:
         step = f"{job.step}/{job.total_steps}" if job.step is not None else ""
-        table.add_row(job.id, job.kind, job.status.value, step, job.name or "")
-    Console().print(table)
+        # A name is another user's text: hidden characters escaped, rich markup shown as written.
+        table.add_row(job.id, job.kind, job.status.value, step, escape(shown(job.name or "")))
+    new_console().print(table)
 
 
 @app.command("watch")
@@ -180,11 +184,11 @@ def watch(
     """Follow a job's progress until it ends."""
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
-    from rich.console import Console
 
+    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
 
-    console = Console()
+    console = new_console()
     try:
         with client(gateway, api_key) as gw:
             final = follow(gw, job_id, console, samples=samples, raw=raw)

@@ -29,8 +29,9 @@ def sandbox_run(
     import json
 
     import httpx
-    from rich.console import Console
     from rich.table import Table
+
+    from crucible_cli.console import new_console
 
     for path, what in ((file, "FILE"), (tests, "--tests")):
         if not path.exists():
@@ -67,7 +68,7 @@ def sandbox_run(
         table.add_column(col, overflow="fold")
     for t in result["tests"]:
         table.add_row(str(t["index"]), t["status"], t["message"] or t["test"])
-    console = Console()
+    console = new_console()
     console.print(table)
     if result.get("traceback"):
         console.print(result["traceback"])

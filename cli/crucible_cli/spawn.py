@@ -23,7 +23,10 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server can listen on `port`. Checked as servers bind (uvicorn and Redis set
+    SO_REUSEADDR), so connections of a stopped server still in TIME_WAIT do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

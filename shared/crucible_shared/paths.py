@@ -10,12 +10,21 @@ Roots come from the environment (comma-separated): `CRUCIBLE_DATA_ROOTS`,
 directory (models: also Crucible's cache); services add their own stores (the adapter store
 and the run directories are always adapter roots). A relative path in a spec is taken
 relative to the first root of its kind.
+
+Two checks, one containment rule (`resolve_inside`):
+- lexical, everywhere: the normalised path lies under a root;
+- real, wherever the root is on this host's disk: the path with every symbolic link resolved
+  still lies under a root (a link that leads out is refused by name), and, at submission, the
+  file or directory exists (`PathRoots.check_present`). The worker loads the normalised path it
+  checked (`with_checked_paths`), never the spec's raw text, so what is read is what was checked.
+`file_inside` serves a request's relative path from one directory (the artifacts route).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,12 +39,20 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("CRUCIBLE_CACHE_DIR") or Path.home() / ".cache" / "crucible").expanduser()
 
 
-class PathOutsideRoots(ValueError):
-    """A path a job names lies outside the roots of its kind."""
+class JobPathError(ValueError):
+    """A path a job names that it cannot use; `field` is the dotted spec field."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
+
+
+class PathOutsideRoots(JobPathError):
+    """A path a job names lies outside the roots of its kind (lexically or through a link)."""
+
+
+class PathMissing(JobPathError):
+    """A path inside the roots, on a root this host sees, names nothing usable."""
 
 
 class UnsafePath(ValueError):
@@ -115,46 +132,114 @@ class PathRoots(BaseSettings):
         return {"data": self.data_roots, "model": self.model_roots, "adapter": self.adapter_roots}[kind]
 
     def resolve(self, field: str, value: str, kind: RootKind, *, real: bool = False) -> Path:
-        """The absolute path `value` names, if inside a root of `kind`; `PathOutsideRoots` if not.
-
-        Lexical by default (the gateway may not see the trainer's disk); `real=True` also
-        resolves symbolic links, so a link inside a root cannot point outside it.
-        """
-        roots = self.of(kind)
-        if "\x00" in value:
-            raise PathOutsideRoots(field, "a path cannot contain a NUL byte")
-        path = Path(value).expanduser()
-        if not path.is_absolute():
-            path = roots[0] / path
-        path = Path(os.path.normpath(path))
-        checked = [Path(os.path.realpath(r)) for r in roots] if real else roots
-        if real:
-            path = Path(os.path.realpath(path))
-        if not any(path == r or r in path.parents for r in checked):
-            shown = ", ".join(str(r) for r in roots)
-            raise PathOutsideRoots(
-                field,
-                f"{value} is outside the {kind} roots ({shown}); put it there or add a root "
-                f"with CRUCIBLE_{kind.upper()}_ROOTS",
-            )
-        return path
+        """`resolve_inside` over the roots of `kind`."""
+        return resolve_inside(field, value, self.of(kind), kind, real=real)
 
     def check(self, spec: Any, *, real: bool = False) -> dict[str, Path]:
         """Every path of a job spec, resolved; raises `PathOutsideRoots` for the first bad one."""
         return {field: self.resolve(field, value, kind, real=real) for field, value, kind in job_paths(spec)}
 
+    def check_present(self, spec: Any) -> dict[str, Path]:
+        """`check` at submission: lexical everywhere, and for a path under a root this host sees
+        (its directory exists here), links resolved and the file or directory present.
 
-def with_checked_model(spec: Any, paths: dict[str, Path]) -> Any:
-    """`spec` with `model.base` and `model.init_adapter` replaced by the absolute paths
-    `PathRoots.check` found for them (`paths`), so the trainer loads what was checked: a relative
-    `./m` lies under the first model root, not under whatever directory the worker runs in.
-    Lexical paths (not `real=True`) keep the names the job gave, which the generator's served
-    model is matched against."""
-    update = {
-        field.removeprefix("model."): str(paths[field])
-        for field in ("model.base", "model.init_adapter")
-        if field in paths
-    }
-    if not update:
-        return spec
-    return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+        A root this host does not see (the gateway has no mount of the trainer's datasets) is
+        left to the worker, which checks again with `real=True` before it reads anything.
+        Raises `PathOutsideRoots` (a link that leads out is named) or `PathMissing`.
+        """
+        out = {}
+        for field, value, kind in job_paths(spec):
+            path = self.resolve(field, value, kind)
+            root = next(r for r in self.of(kind) if _within(path, [r]))
+            if root.is_dir():
+                path = self.resolve(field, value, kind, real=True)
+                # An eval job's model.base names what the generator serves; the worker never reads it.
+                if not (kind == "model" and spec.kind == "eval"):
+                    _check_present(field, value, path, kind)
+            out[field] = path
+        return out
+
+
+def _within(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _link_out(path: Path, root: Path, real_roots: Sequence[Path]) -> Path | None:
+    """The first symbolic link below `root` on the way to `path` that resolves outside the roots."""
+    for i in range(len(root.parts) + 1, len(path.parts) + 1):
+        prefix = Path(*path.parts[:i])
+        if prefix.is_symlink() and not _within(Path(os.path.realpath(prefix)), real_roots):
+            return prefix
+    return None
+
+
+def resolve_inside(
+    field: str, value: str, roots: Sequence[Path], kind: str, *, real: bool = False, setting: str = ""
+) -> Path:
+    """The normalised absolute path `value` names, if it lies inside one of `roots`.
+
+    Relative paths are taken under the first root. Lexical by default (the gateway may not see
+    the trainer's disk); `real=True` also resolves symbolic links, so a link inside a root cannot
+    lead outside it, and the error names that link. The one containment rule of every path a
+    request names (job specs, the generator's `lora_path`); raises `PathOutsideRoots`.
+    `setting` names the variable that adds a root (default `CRUCIBLE_<KIND>_ROOTS`).
+    """
+    setting = setting or f"CRUCIBLE_{kind.upper()}_ROOTS"
+    if "\x00" in value:
+        raise PathOutsideRoots(field, "a path cannot contain a NUL byte")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # `~someone` with no such user
+        raise PathOutsideRoots(field, f"{value}: no such home directory") from None
+    if not path.is_absolute():
+        path = roots[0] / path
+    path = Path(os.path.normpath(path))
+    shown = ", ".join(str(r) for r in roots)
+    if not _within(path, roots):
+        raise PathOutsideRoots(
+            field,
+            f"{value} is outside the {kind} roots ({shown}); put it there or add a root with {setting}",
+        )
+    if real:
+        real_roots = [Path(os.path.realpath(r)) for r in roots]
+        if not _within(Path(os.path.realpath(path)), real_roots):
+            root = next(r for r in roots if _within(path, [r]))
+            link = _link_out(path, root, real_roots)
+            what = f"{link} is a symbolic link" if link else "a symbolic link on the way"
+            raise PathOutsideRoots(
+                field,
+                f"{value}: {what} that leads outside the {kind} roots ({shown}); name the file "
+                "itself, inside a root",
+            )
+    return path
+
+
+def _check_present(field: str, value: str, path: Path, kind: str) -> None:
+    """`PathMissing` unless `path` holds what a path of `kind` must: a data file, a PEFT adapter
+    directory, a model checkpoint directory."""
+    if kind == "data":
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise PathMissing(field, f"{value} {what}: name a JSONL file inside the data roots")
+        return
+    marker = "adapter_config.json" if kind == "adapter" else "config.json"
+    if not (path / marker).is_file():
+        thing = "PEFT adapter" if kind == "adapter" else "model checkpoint"
+        raise PathMissing(field, f"no {thing} at {value} ({path / marker} is missing)")
+
+
+def with_checked_paths(spec: Any, paths: dict[str, Path]) -> Any:
+    """`spec` with each path field in `paths` (dotted field -> the path `PathRoots.check` found)
+    replaced by that normalised absolute path, so the job reads what was checked: a relative
+    `./m` lies under the first root of its kind, not under whatever directory the worker runs in,
+    and `root/link/../x` is not read through the link. Lexical paths (not `real=True`) keep the
+    names the job gave, which the generator's served model is matched against."""
+    for field, path in paths.items():
+        spec = _replaced(spec, field.split("."), str(path))
+    return spec
+
+
+def _replaced(obj: Any, parts: list[str], value: str) -> Any:
+    head, rest = parts[0], parts[1:]
+    new = _replaced(getattr(obj, head), rest, value) if rest else value
+    return obj.model_copy(update={head: new})

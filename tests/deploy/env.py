@@ -138,7 +138,11 @@ READERS = {
         settings=("crucible_generator.settings:Settings",),
         packages=("services/generator/crucible_generator", SHARED),
         third_party=MODEL_RUNTIME,
-        deploy_required=(frozenset({"CRUCIBLE_GENERATOR_HOST"}), frozenset({"CRUCIBLE_CACHE_DIR"})),
+        deploy_required=(
+            frozenset({"CRUCIBLE_GENERATOR_HOST"}),
+            frozenset({"CRUCIBLE_CACHE_DIR"}),
+            frozenset({"CRUCIBLE_GENERATOR_ADAPTER_ROOTS"}),
+        ),
     ),
     "generator-vllm": Reader(
         "generator-vllm",

@@ -96,8 +96,10 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
-def generator(lora_dirs) -> Iterator[Service]:
+def generator(lora_dirs, tmp_path_factory) -> Iterator[Service]:
     env = {
+        # Every adapter of the tests lies under pytest's base temp dir (lora_dirs, tmp_path).
+        "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(tmp_path_factory.getbasetemp()),
         "CRUCIBLE_GENERATOR_MODEL": BASE,
         "CRUCIBLE_GENERATOR_DEVICE": "cpu",
         "CRUCIBLE_GENERATOR_MAX_LORAS": str(MAX_LORAS),

@@ -74,8 +74,10 @@ def stack_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def stack_generator() -> Iterator[Service]:
+def stack_generator(tmp_path_factory) -> Iterator[Service]:
     env = {
+        # The jobs' adapter store and run dirs (stack_dirs) lie under pytest's base temp dir.
+        "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(tmp_path_factory.getbasetemp()),
         "CRUCIBLE_GENERATOR_DEVICE": "cpu",
         "CRUCIBLE_GENERATOR_MAX_LORAS": "4",
         "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "32",
@@ -120,7 +122,7 @@ class WorkerFactory:
     def __init__(self, env: dict[str, str]) -> None:
         self.env, self.procs = env, []
 
-    def start(self, queues: str = "train,eval") -> subprocess.Popen:
+    def start(self, queues: str = "eval,train") -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-m", "crucible_trainer.worker", "--queues", queues],
             env={**os.environ, **self.env},

@@ -54,3 +54,22 @@ def test_sandbox_run(sandbox, tmp_path) -> None:
     out = crucible("sandbox", "run", str(program), "--tests", str(tests), "--sandbox", sandbox.url)
     assert out.returncode == 1
     assert "1/2 tests passed" in out.stdout and "got 0" in out.stdout
+
+
+def test_a_stored_name_with_escape_sequences_is_listed_escaped(gateway, redis_url, monkeypatch) -> None:
+    """Specs refuse such names now; a record written before keeps its name, and `crucible jobs`
+    shows it escaped instead of sending its escape sequences (or rich markup) to the terminal."""
+    from crucible_shared import keys
+    from redis import Redis
+
+    monkeypatch.setenv("COLUMNS", "250")  # one table row per job
+    job_id = GatewayClient(gateway.url).submit({"kind": "eval", "name": "plain"}).id
+    hostile = "\x1b[2J\x1b[31mowned\u202etxt.exe [bold]x[/bold]"
+    Redis.from_url(redis_url).hset(keys.job(job_id), "name", hostile)
+    try:
+        listing = crucible("jobs", "--gateway", gateway.url)
+        assert listing.returncode == 0, listing.stderr
+        assert "\x1b" not in listing.stdout and "\u202e" not in listing.stdout, listing.stdout
+        assert "\\x1b[2J" in listing.stdout and "[bold]" in listing.stdout, listing.stdout
+    finally:
+        GatewayClient(gateway.url).cancel(job_id)

@@ -34,9 +34,10 @@ TOKENS = 12
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def served(request, family_checkpoints):
+def served(request, family_checkpoints, tmp_path_factory):
     path = family_checkpoints.get(request.param)
     settings = {"model": str(path), "device": "cpu", "fast_decode": "on", "max_batch_size": 8, "max_loras": 4}
+    settings["adapter_roots"] = [tmp_path_factory.getbasetemp()]  # family_checkpoints' adapters
     with generator_in_thread(**settings, batch_wait_ms=20) as url:
         yield request.param, path, url
 

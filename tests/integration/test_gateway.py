@@ -58,6 +58,10 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
         ({"kind": "nope"}, "body"),
         ({"kind": "eval", "n": 2, "ks": [3]}, "eval"),
         ({"kind": "train", "method": {"name": "ppo", "epochs": 0}}, "train.method.ppo.epochs"),
+        (
+            {"kind": "train", "method": {"name": "reinforce"}, "overlap": {"max_staleness": 1}},
+            "train.overlap.max_staleness",
+        ),
     ],
 )
 def test_invalid_specs_are_422_naming_the_field(gateway, body, field) -> None:

@@ -3,6 +3,7 @@ names, Dockerfile parsing and .dockerignore matching."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,30 @@ def test_dockerignore_matching() -> None:
     assert ignore.excluded("shared/pkg/__pycache__/mod.pyc")
     assert not ignore.excluded("data/a.txt") and ignore.excluded("data/b.txt")
     assert not ignore.excluded("keep.md")
+
+
+def test_any_containment_of_a_fork_bomb_passes_the_compose_check() -> None:
+    path = Path(__file__).resolve().parents[2] / "deploy" / "compose_test.py"
+    spec = importlib.util.spec_from_file_location("compose_test", path)
+    assert spec and spec.loader
+    compose_test = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compose_test)
+
+    def results(fork_bomb: str, benign: str = "passed") -> list[dict]:
+        out = []
+        for name, (_, _, allowed) in compose_test.HOSTILE.items():
+            status = (
+                fork_bomb
+                if name == "fork_bomb"
+                else sorted(compose_test.REDUCED_MODE_ALLOWED.get(name, allowed))[0]
+            )
+            out += [{"status": status, "message": "m"}, {"status": benign}]
+        return out
+
+    for contained in ("timeout", "error", "memory_exceeded", "output_exceeded"):
+        statuses, problems = compose_test.hostile_verdicts(results(contained))
+        assert problems == [] and statuses["fork_bomb"] == contained
+    for escaped in ("passed", "failed", "sandbox_error"):
+        assert compose_test.hostile_verdicts(results(escaped))[1] == [f"hostile fork_bomb: {escaped} m"]
+    problems = compose_test.hostile_verdicts(results("memory_exceeded", benign="timeout"))[1]
+    assert len(problems) == len(compose_test.HOSTILE) and problems[0].startswith("benign run beside")

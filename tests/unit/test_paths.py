@@ -77,19 +77,19 @@ def test_the_trainer_loads_the_model_paths_the_roots_checked(tmp_path: Path, mon
     # A relative `./m` is checked under the first model root; the job must load that directory,
     # not `m` under whatever directory the worker happens to run in.
     from crucible_shared.jobs import TrainJob
-    from crucible_shared.paths import PathOutsideRoots, PathRoots, with_checked_model
+    from crucible_shared.paths import PathOutsideRoots, PathRoots, with_checked_paths
 
     monkeypatch.setenv("CRUCIBLE_MODEL_ROOTS", str(tmp_path / "models"))
     monkeypatch.setenv("CRUCIBLE_ADAPTER_ROOTS", str(tmp_path / "adapters"))
     monkeypatch.chdir(tmp_path)
     roots = PathRoots()
     spec = TrainJob.model_validate({"model": {"base": "./qwen", "init_adapter": "./sft/v3"}})
-    checked = with_checked_model(spec, roots.check(spec))
+    checked = with_checked_paths(spec, roots.check(spec))
     assert checked.model.base == str(tmp_path / "models" / "qwen")
     assert checked.model.init_adapter == str(tmp_path / "adapters" / "sft" / "v3")
     assert checked.model_dump(exclude={"model"}) == spec.model_dump(exclude={"model"})
     hub = TrainJob.model_validate({"model": {"base": "Qwen/Qwen2.5-Coder-1.5B-Instruct"}})
-    assert with_checked_model(hub, roots.check(hub)) == hub  # a hub id is not a path
+    assert with_checked_paths(hub, roots.check(hub)) == hub  # a hub id is not a path
     outside = TrainJob.model_validate({"model": {"base": "/etc"}})
     with pytest.raises(PathOutsideRoots, match=r"model\.base"):
         roots.check(outside)

@@ -3,6 +3,12 @@
 Reads never write. A job whose worker went silent is moved on by `reap`, an explicit transition
 the app runs on a timer: back to the queue (resuming from its checkpoint) while it has attempts
 left, else `failed` with a retry hint.
+
+Silence is measured on Redis's clock (the one heartbeats are stamped with) and only while Redis
+was reachable: after Redis restarts, or after the reaper itself could not reach it, no running job
+is reaped until a whole heartbeat timeout has passed with Redis up, so the heartbeats that failed
+during an outage are not mistaken for a dead worker. A run that is re-queued anyway (its worker
+was cut off from Redis alone) is fenced by its lease and stops (`crucible_shared.lifecycle`).
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ from pathlib import Path
 from crucible_shared.distributed import too_many_ranks
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
-from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
+from crucible_shared.jobs import DPOConfig, EvalJob, PipelineJob, SFTConfig, TrainJob
 from crucible_shared.lifecycle import FINAL, JobKind, JobRecord, JobStatus, valid_job_id
-from crucible_shared.paths import PathOutsideRoots, UnsafePath, file_inside
+from crucible_shared.paths import JobPathError, UnsafePath, file_inside
 
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
@@ -35,19 +41,43 @@ def check_job_id(job_id: str) -> None:
         )
 
 
+def training_steps(spec: TrainJob | EvalJob | PipelineJob) -> list[tuple[str, int]]:
+    """The fields that set how many steps a job trains for, with their values.
+
+    >>> training_steps(TrainJob.model_validate({"optim": {"steps": 7}}))
+    [('optim.steps', 7)]
+    """
+    if isinstance(spec, TrainJob):
+        if isinstance(spec.method, SFTConfig | DPOConfig):
+            return [("method.max_steps", spec.method.max_steps)] if spec.method.max_steps else []
+        return [("optim.steps", spec.optim.steps)]
+    if isinstance(spec, PipelineJob) and spec.train.max_steps:
+        return [("train.max_steps", spec.train.max_steps)]
+    return []
+
+
 class GatewayService:
     def __init__(self, settings: Settings, store: JobStore) -> None:
         self.settings, self.store = settings, store
         self.roots = settings.path_roots()
+        # Redis time since which every reap reached Redis (None: the last one did not).
+        self.reachable_since: float | None = float("-inf")
+
+    def redis_lost(self) -> None:
+        """The reaper could not reach Redis: heartbeats may be failing too."""
+        self.reachable_since = None
 
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(
         self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None
     ) -> tuple[str, bool]:
         try:
-            self.roots.check(spec)
-        except PathOutsideRoots as exc:
+            await asyncio.to_thread(self.roots.check_present, spec)
+        except JobPathError as exc:
             raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
+        self.check_length(spec)
+        if isinstance(spec, PipelineJob) and spec.reuse:
+            await self.check_reuse(spec.reuse)
         if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
             await self._check_ranks(spec.distributed.train_gpus)
         attempts = spec.max_attempts or self.settings.max_attempts
@@ -56,6 +86,39 @@ class GatewayService:
         if created:
             await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
         return job_id, created
+
+    def check_length(self, spec: TrainJob | EvalJob | PipelineJob) -> None:
+        """Refuse a job longer than this gateway's cap (`max_steps`), naming the field."""
+        cap = self.settings.max_steps
+        for field, steps in training_steps(spec):
+            if steps > cap:
+                raise ApiError(
+                    422,
+                    f"{steps} steps is over this gateway's cap of {cap} (CRUCIBLE_GATEWAY_MAX_STEPS); "
+                    "ask for fewer, or continue from this job's adapter in a new job (model.init_adapter)",
+                    field=f"{spec.kind}.{field}",
+                )
+
+    async def check_reuse(self, reuse: str) -> None:
+        """`reuse` names an earlier pipeline job whose run dir has its stage records."""
+        field = "pipeline.reuse"
+        record = await self.store.get(reuse)
+        if record is None or record.kind != "pipeline":
+            what = f"a {record.kind} job" if record else "no job"
+            raise ApiError(
+                422,
+                f"{reuse!r} is {what}: reuse names an earlier pipeline job (GET /v1/jobs?kind=pipeline)",
+                field=field,
+            )
+        try:
+            await asyncio.to_thread(file_inside, Path(self.settings.runs_dir), f"{reuse}/pipeline.json")
+        except UnsafePath:
+            raise ApiError(
+                422,
+                f"pipeline job {reuse} ({record.status.value}) has no stage records to reuse yet "
+                "(its run dir has no pipeline.json)",
+                field=field,
+            ) from None
 
     async def _check_ranks(self, asked: int) -> None:
         """Refuse a job no live worker can launch; with no worker up yet, the job waits in the
@@ -125,10 +188,18 @@ class GatewayService:
 
     async def reap(self, now: float | None = None) -> list[tuple[str, JobStatus]]:
         """Move on jobs whose worker is gone; returns (job id, new status) of each change."""
-        now = time.time() if now is None else now
+        if now is None:
+            now, uptime = await self.store.clock()
+        else:
+            uptime = float("inf")
+        if self.reachable_since is None:
+            self.reachable_since = now
         cutoff = now - self.settings.heartbeat_timeout_s
         changes: list[tuple[str, JobStatus]] = []
-        for record in await self.store.get_many(await self.store.ids(JobStatus.running)):
+        # Within a heartbeat timeout of Redis coming back, silence proves nothing.
+        trusted = max(self.reachable_since, now - uptime) <= cutoff
+        running = await self.store.ids(JobStatus.running) if trusted else []
+        for record in await self.store.get_many(running):
             beat = record.heartbeat_at or record.started_at or record.created_at
             if beat >= cutoff:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from crucible_shared.jobs import MAX_STEPS
 from crucible_shared.lifecycle import JobKind
 from crucible_shared.paths import PathRoots
 from crucible_shared.settings import check_api_keys, split_csv
@@ -51,6 +52,14 @@ class Settings(BaseSettings):
     redis_connections: int = Field(64, ge=4, description="Size of the Redis connection pool.")
     max_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest request body accepted (job specs are small)."
+    )
+    max_steps: int = Field(
+        10_000,
+        ge=1,
+        le=MAX_STEPS,
+        description="Most training steps a job may ask for (`optim.steps`; `method.max_steps` of SFT / "
+        "DPO; `train.max_steps` of a pipeline): a job asking for more is refused at submission, so "
+        "a typo cannot hold a worker for weeks.",
     )
     production: bool = Field(False, description="Refuse to start without API keys.")
 

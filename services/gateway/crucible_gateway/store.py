@@ -54,6 +54,15 @@ class JobStore:
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
 
+    async def clock(self) -> tuple[float, float]:
+        """(Redis's time, seconds since the Redis server started): the clock the trainer stamps
+        heartbeats with, and how long Redis has been up."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.info("server")
+        (seconds, micros), info = await pipe.execute()
+        return seconds + micros / 1e6, float(info.get("uptime_in_seconds", 0))
+
     async def close(self) -> None:
         await self.redis.aclose()
         self.rq_redis.close()

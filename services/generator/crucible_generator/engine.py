@@ -285,7 +285,11 @@ class Engine(ContinuousBatching):
             self._control.clear()
         for fn, loop, future in ops:
             try:
-                result = fn()
+                # Out of the decode loop's inference mode: an adapter loaded between two steps of a
+                # batch (overlapped rollouts publish while the generator decodes) would otherwise
+                # hold inference tensors, and every later load outside a batch would fail on them.
+                with torch.inference_mode(False), torch.no_grad():
+                    result = fn()
             except Exception as exc:
                 log.exception("adapter operation failed")
                 loop.call_soon_threadsafe(resolve, future, None, exc)

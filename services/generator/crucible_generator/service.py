@@ -8,7 +8,10 @@ builds the responses with vLLM's field names. Raises `GeneratorError`s; `api.py`
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from crucible_shared.openai_protocol import (
@@ -31,6 +34,7 @@ from crucible_shared.openai_protocol import (
     UnloadLoRAAdapterRequest,
     UsageInfo,
 )
+from crucible_shared.paths import PathOutsideRoots, resolve_inside
 
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, NotFound
@@ -47,8 +51,17 @@ UNSUPPORTED = ("prompt_logprobs", "use_beam_search", "logit_bias", "guided_json"
 class GeneratorService:
     """Serves completions, chat completions, the model list and LoRA adapter loads/unloads."""
 
-    def __init__(self, engine: Engine, *, model_name: str, model_root: str, max_logprobs: int = 20) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_name: str,
+        model_root: str,
+        max_logprobs: int = 20,
+        adapter_roots: Sequence[Path] | None = None,
+    ) -> None:
         self.engine = engine
+        self.adapter_roots = list(adapter_roots or [Path.cwd()])
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
         self.model_root = model_root
@@ -84,8 +97,28 @@ class GeneratorService:
                 "load_inplace is not supported: load new weights under a new, versioned name.",
                 param="load_inplace",
             )
-        await self.engine.load_adapter(request.lora_name, request.lora_path)
+        path = self._adapter_path(request.lora_name, request.lora_path)
+        await self.engine.load_adapter(request.lora_name, path)
         return f"Success: LoRA adapter '{request.lora_name}' added successfully."
+
+    def _adapter_path(self, name: str, lora_path: str) -> str:
+        """`lora_path` with its links resolved, if it lies inside the adapter roots; a 400 naming
+        `lora_path` if not (absolute paths elsewhere, `..`, links out, `/proc`, NUL). The resolved
+        path is what gets read, so a link swapped after the check is not followed."""
+        if not name or not lora_path:
+            return lora_path  # the registry answers vLLM's "both must be provided"
+        try:
+            path = resolve_inside(
+                "lora_path",
+                lora_path,
+                self.adapter_roots,
+                "adapter",
+                real=True,
+                setting="CRUCIBLE_GENERATOR_ADAPTER_ROOTS",
+            )
+        except PathOutsideRoots as exc:
+            raise BadRequest(f"Loading lora {name} failed: {exc.message}", param="lora_path") from None
+        return os.path.realpath(path)
 
     async def unload_adapter(self, request: UnloadLoRAAdapterRequest) -> str:
         await self.engine.unload_adapter(request.lora_name)
@@ -394,4 +427,5 @@ def build_service(settings: Settings) -> GeneratorService:
         model_name=settings.base_model_name,
         model_root=resolve_model_path(settings.model),
         max_logprobs=settings.max_logprobs,
+        adapter_roots=settings.adapter_roots,
     )

@@ -5,10 +5,13 @@ Defaults serve the built-in SmolLM2-135M-Instruct on whatever device the host ha
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from crucible_shared.settings import split_csv
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -33,6 +36,12 @@ class Settings(BaseSettings):
     )
     max_loras: int = Field(default=4, ge=1, le=256, description="Most LoRA adapters loaded at once.")
     max_lora_rank: int = Field(default=64, ge=1, le=1024, description="Largest LoRA rank accepted.")
+    adapter_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=lambda: [Path.cwd()],
+        description="Directories (comma-separated) a `lora_path` must lie inside, links resolved: the "
+        "adapter store and run dirs the trainer writes to. Any other path is refused (400, "
+        "param `lora_path`), so a client cannot make the server read files elsewhere.",
+    )
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
         default="auto",
         description="Most sequences decoded together; `auto`: from the GPU memory left after loading "
@@ -71,6 +80,18 @@ class Settings(BaseSettings):
     )
     seed: int | None = Field(default=None, description="Seed of the sampler for requests without a `seed`.")
     log_level: str = Field(default="info", description="uvicorn / logging level.")
+
+    @field_validator("adapter_roots", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return split_csv(value)
+
+    @field_validator("adapter_roots")
+    @classmethod
+    def _absolute(cls, value: list[Path]) -> list[Path]:
+        if not value:
+            raise ValueError("at least one adapter root is needed")
+        return [Path(os.path.abspath(p.expanduser())) for p in value]
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

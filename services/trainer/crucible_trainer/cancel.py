@@ -1,5 +1,6 @@
 """Cooperative cancellation: the job channel's cancel flag (Redis, or Ctrl-C in-process), polled
-from a task the job loop races its awaits against."""
+from a task the job loop races its awaits against. A run that no longer holds its job
+(`JobChannel.superseded`) stops the same way, with `Superseded` instead of `Cancelled`."""
 
 from __future__ import annotations
 
@@ -24,11 +25,16 @@ class Interrupted(Exception):
         self.step = step
 
 
+class Superseded(Exception):
+    """The job was taken from this run (re-queued or started elsewhere): stop, writing nothing."""
+
+
 class CancelToken:
     def __init__(self, channel: JobChannel | None = None, poll_s: float = 1.0) -> None:
         self.channel, self.poll_s = channel, poll_s
         self.event = asyncio.Event()
         self._watcher: asyncio.Task | None = None
+        self.superseded = False
 
     def start(self) -> None:
         if self.channel is not None:
@@ -37,6 +43,10 @@ class CancelToken:
     async def _watch(self) -> None:
         assert self.channel is not None
         while not self.event.is_set():
+            if self.channel.superseded():
+                self.superseded = True
+                self.event.set()
+                return
             try:
                 if await asyncio.to_thread(self.channel.cancel_requested):
                     self.event.set()
@@ -56,9 +66,12 @@ class CancelToken:
     def requested(self) -> bool:
         return self.event.is_set()
 
+    def _stop(self) -> Exception:
+        return Superseded() if self.superseded else Cancelled()
+
     def check(self) -> None:
         if self.event.is_set():
-            raise Cancelled()
+            raise self._stop()
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await `work`, abandoning it as soon as a cancel is requested."""
@@ -74,4 +87,4 @@ class CancelToken:
             await task
         except BaseException:
             pass
-        raise Cancelled()
+        raise self._stop()

@@ -2,25 +2,29 @@
 
 A channel is the only way a running job touches its record, its event stream and its cancel
 flag: `start` (queued -> running), `progress`, a heartbeat thread, `emit`, `cancel_requested`
-and `finish` (running -> finished | failed | cancelled). `RedisChannel` serves queued jobs;
-`LocalChannel` serves `crucible train --local`, where the same job code runs in-process with
-events going to a callback and Ctrl-C as the cancel flag.
+and `finish` (running -> finished | failed | cancelled). `RedisChannel` serves queued jobs: its
+writes are fenced by the run's lease and kept through a Redis outage (`outbox`). `LocalChannel`
+serves `crucible train --local`, where the same job code runs in-process with events going to a
+callback and Ctrl-C as the cancel flag.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from crucible_shared import events, keys
-from crucible_shared.lifecycle import JobStatus, encode_fields, transition_command, transition_result
+from crucible_shared.lifecycle import JobStatus, transition_command, transition_result
+from redis.exceptions import RedisError
+
+from crucible_trainer.outbox import Outbox
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
@@ -51,6 +55,11 @@ class JobChannel:
         """The process running the job is shutting down (not a cancel: the job is to go on)."""
         return False
 
+    def superseded(self) -> bool:
+        """This run no longer holds the job (re-queued by the reaper, or started by another run):
+        it is to stop without writing anything more (not a cancel, not a failure)."""
+        return False
+
     def release(self, reason: str) -> None:
         """Give the job back to the queue, to resume from its checkpoint on another worker."""
 
@@ -63,51 +72,71 @@ class JobChannel:
 
 
 class RedisChannel(JobChannel):
-    def __init__(self, redis: Any, job_id: str) -> None:
-        self.redis, self.job_id = redis, job_id
+    """A queued job's channel. Its writes go through an `Outbox`: fenced by the lease this run
+    got at `start`, and kept in memory while Redis is unreachable (see `crucible_trainer.outbox`)."""
+
+    def __init__(self, redis: Any, job_id: str, *, outage_wait_s: float = 600.0) -> None:
+        self.redis, self.job_id, self.outage_wait_s = redis, job_id, outage_wait_s
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.lease = uuid.uuid4().hex
+        self.outbox = Outbox(redis, job_id, self.lease, limit=STREAM_MAXLEN, maxlen=STREAM_MAXLEN)
 
     def _transition(self, status: JobStatus, allowed: set[JobStatus], **fields: Any) -> bool:
-        changed, current = transition_result(
-            self.redis.eval(*transition_command(self.job_id, status, allowed_from=allowed, **fields))
-        )
+        """This run's own transition: only while it holds the job; waits out a Redis outage."""
+        deadline = time.monotonic() + self.outage_wait_s
+        while True:
+            try:
+                reply = self.redis.eval(
+                    *transition_command(self.job_id, status, allowed_from=allowed, fence=self.lease, **fields)
+                )
+                break
+            except RedisError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("job %s: %s waits for Redis (%r)", self.job_id, status.value, exc)
+                time.sleep(1.0)
+        changed, current = transition_result(reply)
         if not changed:
             log.warning("job %s: %s refused, the job is %s", self.job_id, status.value, current)
         return changed
 
     def start(self) -> bool:
         now = time.time()
-        return self._transition(
-            JobStatus.running,
-            {JobStatus.queued},
-            started_at=now,
-            heartbeat_at=now,
-            worker=self.worker,
-            error=None,
-            finished_at=None,
+        changed, current = transition_result(
+            self.redis.eval(
+                *transition_command(
+                    self.job_id,
+                    JobStatus.running,
+                    allowed_from={JobStatus.queued},
+                    started_at=now,
+                    heartbeat_at=now,
+                    worker=self.worker,
+                    lease=self.lease,
+                    delivered=0,
+                    error=None,
+                    finished_at=None,
+                )
+            )
         )
+        if not changed:
+            log.warning("job %s: not started, the job is %s", self.job_id, current)
+        return changed
 
     def progress(self, step: int, total_steps: int, metrics: dict[str, float], policy_version: str) -> None:
         latest = {k: v for k, v in metrics.items() if not k.startswith("update/ratio")}
-        fields = {
-            "step": step,
-            "total_steps": total_steps,
-            "policy_version": policy_version,
-            "metrics": latest,
-        }
-        try:
-            self.redis.hset(keys.job(self.job_id), mapping=encode_fields(fields))
-        except Exception as exc:  # progress reporting must never kill a training run
-            log.warning("could not record progress: %r", exc)
+        self.outbox.progress(
+            {"step": step, "total_steps": total_steps, "policy_version": policy_version, "metrics": latest}
+        )
+        self._send()
 
     def emit(self, kind: str, **data: Any) -> None:
-        record = events.record(kind, **data)  # validated: one of crucible_shared.events
-        try:
-            self.redis.xadd(
-                keys.events(self.job_id), {"data": json.dumps(record, default=str)}, maxlen=STREAM_MAXLEN
-            )
-        except Exception as exc:
-            log.warning("could not publish event: %r", exc)
+        self.outbox.event(events.record(kind, **data))  # validated: one of crucible_shared.events
+        self._send()
+
+    def _send(self) -> None:
+        # While Redis is away the heartbeat thread retries; the job loop does not wait on it.
+        if self.outbox.down_since is None:
+            self.outbox.deliver()
 
     def cancel_requested(self) -> bool:
         return bool(self.redis.exists(keys.cancel(self.job_id)))
@@ -115,10 +144,14 @@ class RedisChannel(JobChannel):
     def stop_requested(self) -> bool:
         return WORKER_STOPPING.is_set()
 
+    def superseded(self) -> bool:
+        return self.outbox.fenced is not None
+
     def release(self, reason: str) -> None:
         # The gateway's reaper puts a released job back on its RQ queue within seconds.
-        if self._transition(JobStatus.queued, {JobStatus.running}, queued_at=time.time(), error=reason):
-            self.emit("requeued", reason=reason)
+        self.outbox.event(events.record("requeued", reason=reason))
+        if self.outbox.drain(self.outage_wait_s):
+            self._transition(JobStatus.queued, {JobStatus.running}, queued_at=time.time(), error=reason)
 
     def finish(self, status: JobStatus, *, summary: dict | None = None, error: str | None = None) -> None:
         fields: dict[str, Any] = {"finished_at": time.time()}
@@ -126,18 +159,23 @@ class RedisChannel(JobChannel):
             fields["summary"] = summary
         if error is not None:
             fields["error"] = error[:2000]
-        self._transition(status, {JobStatus.running}, **fields)
+        # Every event first (a watcher's stream ends at a final status), then the status.
+        if self.outbox.drain(self.outage_wait_s):
+            self._transition(status, {JobStatus.running}, **fields)
+        elif not self.superseded():
+            log.error("job %s: Redis stayed unreachable; %s not recorded", self.job_id, status.value)
 
     @contextmanager
     def heartbeat(self, every_s: float = 5.0) -> Iterator[None]:
-        """Writes `heartbeat_at` from a thread, so a killed worker shows up as a silent job
-        (the gateway then retries or fails it) even in the middle of a long step."""
+        """Stamps `heartbeat_at` (and delivers waiting events) from a thread, so a killed worker
+        shows up as a silent job (the gateway then retries or fails it) even in the middle of a
+        long step, and a superseded run finds out within `every_s`."""
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(every_s):
+            while not stop.wait(every_s) and not self.superseded():
                 try:
-                    self.redis.hset(keys.job(self.job_id), "heartbeat_at", json.dumps(time.time()))
+                    self.outbox.deliver(beat=True)
                 except Exception as exc:  # a Redis blip must not kill the job
                     log.warning("heartbeat failed: %r", exc)
 

@@ -40,6 +40,7 @@ def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
         "message": result.message if result is not None else "",
         "tokens": len(sample.completion_ids),
         "finish_reason": sample.finish_reason,
+        "version": getattr(sample, "version", 0),
         **sample.info,
     }
 
@@ -105,10 +106,11 @@ class EventSink:
 
 
 def start_wandb(
-    job_id: str, mode: str, project: str, run_name: str | None, run_dir: Path, config: dict
+    job_id: str, mode: str | None, project: str, run_name: str | None, run_dir: Path, config: dict
 ) -> Any:
-    """A W&B run, or None when disabled (tests set WANDB_MODE=disabled)."""
-    mode = os.environ.get("WANDB_MODE", mode)
+    """A W&B run, or None when disabled. The spec's `logging.wandb_mode` wins when it is set;
+    unset, the worker's WANDB_MODE (tests set it to disabled), else offline."""
+    mode = mode or os.environ.get("WANDB_MODE") or "offline"
     if mode == "disabled":
         return None
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from crucible_shared.lifecycle import JobStatus, JobSummary
-from crucible_shared.paths import with_checked_model
+from crucible_shared.paths import with_checked_paths
 
 from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
@@ -68,8 +68,9 @@ class JobRun:
     async def run(self) -> dict[str, Any]:
         roots = self.settings.path_roots()
         self.paths = roots.check(self.spec, real=True)
-        if self.loads_model:
-            self.spec = with_checked_model(self.spec, roots.check(self.spec))
+        # The job reads what was checked; an eval keeps model.base, the name its generator serves.
+        checked = {f: p for f, p in roots.check(self.spec).items() if self.loads_model or f != "model.base"}
+        self.spec = with_checked_paths(self.spec, checked)
         await self.prepare()
         (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=2))
         self.cancel.start()
@@ -89,7 +90,8 @@ class JobRun:
             finally:
                 if self.events.wandb_run is not None:
                     self.events.wandb_run.finish()
-                self.write_summary()
+                if not self.channel.superseded():  # the run holding the job writes its summary
+                    self.write_summary()
         if self.summary["status"] == JobStatus.finished.value:
             self.events.emit("status", status="finished", summary=self.summary)
         return self.summary

@@ -38,32 +38,67 @@ def quiet_libraries() -> None:
 
 
 def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
-    """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed)."""
+    """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed).
+
+    A run that lost its job (`channel.superseded()`: re-queued while it was cut off from Redis,
+    or started by another run) ends without a word: the run holding the job writes its story.
+    A worker stopped outright (RQ's cold shutdown, a second SIGTERM) hands its job back as a warm
+    stop does, rather than failing it.
+    """
     from crucible_trainer.cancel import Cancelled, Interrupted
 
     if not channel.start():
         return {"job_id": job_id, "status": "skipped"}
+    superseded = {"job_id": job_id, "status": "superseded"}
     try:
         with channel.heartbeat(settings.heartbeat_s):
             summary = asyncio.run(runner_for(spec)(spec, job_id, settings, channel).run())
     except Cancelled:
         summary = {"job_id": job_id, "status": JobStatus.cancelled.value}
     except Interrupted as stop:
+        if channel.superseded():
+            return superseded
         channel.release(f"the worker stopped after step {stop.step}; the job resumes from its checkpoint")
         return {"job_id": job_id, "status": JobStatus.queued.value}
+    except SystemExit:  # RQ's cold shutdown raises it in the job
+        if not channel.superseded():
+            channel.release("the worker was stopped mid-step; the job resumes from its last checkpoint")
+        return {"job_id": job_id, "status": JobStatus.queued.value}
     except BaseException as exc:
+        if channel.superseded():
+            log.warning("job %s: this run was superseded (%r)", job_id, exc)
+            return superseded
         channel.finish(JobStatus.failed, error=f"{type(exc).__name__}: {exc}")
         raise
+    if channel.superseded():
+        return superseded
     channel.finish(JobStatus(summary.get("status", JobStatus.finished.value)), summary=summary)
     return summary
 
 
+def channel_redis(url: str) -> Any:
+    """The Redis client of a job's channel: bounded waits (a partition must not hang the job), and
+    one retry on a pooled connection that a Redis restart closed (safe: the outbox's script skips
+    events already delivered, and a refused transition is reported, not repeated blindly)."""
+    from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError
+    from redis.retry import Retry
+
+    return Redis.from_url(
+        url,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+    )
+
+
 def run_job(job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Entry point of every queued job (`crucible_shared.lifecycle.JOB_FUNCTION`)."""
-    from redis import Redis
-
     settings = Settings()
     if not settings.redis_url:
         raise RuntimeError("the worker has no REDIS_URL")
-    channel = RedisChannel(Redis.from_url(settings.redis_url), job_id)
+    channel = RedisChannel(
+        channel_redis(settings.redis_url), job_id, outage_wait_s=settings.redis_outage_wait_s
+    )
     return execute(_SPEC.validate_python(spec), job_id, settings, channel)

@@ -2,7 +2,9 @@
 
 Each version gets a new name `<job>-v<step>` (vLLM caches by name: reusing one would serve
 stale weights). After the broadcast load returns on every replica, rollouts switch to the new
-name and versions older than the staleness window are unloaded.
+name and versions older than the staleness window are unloaded, except those a rollout still in
+flight samples from (overlapped rollouts, rl/overlap.py, `pin` / `release`): such a version is
+unloaded when its last rollout ends.
 """
 
 from __future__ import annotations
@@ -10,12 +12,18 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible_shared.generator_client import AdapterBroadcastError, GeneratorAPIError, GeneratorPool, samples
 
 from crucible_trainer.policy import Policy
+
+
+class StalePolicyError(RuntimeError):
+    """The generator does not serve the policy the trainer holds for the version it samples from
+    (or a sample claims a version that was not checked, rl/overlap.py)."""
 
 
 @dataclass
@@ -27,6 +35,7 @@ class Publisher:
     base_name: str
     live: list[str] = field(default_factory=list)
     current: str | None = None
+    pins: Counter[str] = field(default_factory=Counter)  # rollouts in flight per version name
 
     @property
     def model_name(self) -> str:
@@ -43,14 +52,32 @@ class Publisher:
         loaded = time.perf_counter()
         self.live.append(name)
         self.current = name
-        while len(self.live) > self.window + 1:
-            old = self.live.pop(0)
-            await self.pool.unload_adapter(old, missing_ok=True)
+        await self._trim()
         return {
             "publish/save_s": saved - started,
             "publish/load_s": loaded - saved,
             "publish/total_s": time.perf_counter() - started,
         }
+
+    async def _trim(self) -> None:
+        """Unload the versions older than the window that no rollout in flight uses."""
+        excess = len(self.live) - (self.window + 1)
+        doomed = [n for n in self.live[: max(0, excess)] if not self.pins[n]]
+        # Taken off the list before the first await: a release and a publish may trim at once.
+        self.live = [n for n in self.live if n not in doomed]
+        for old in doomed:
+            await self.pool.unload_adapter(old, missing_ok=True)
+
+    def pin(self, name: str) -> None:
+        """A rollout samples from `name` from now on: keep it loaded until `release`."""
+        self.pins[name] += 1
+
+    async def release(self, name: str) -> None:
+        """A rollout of `name` ended; unload it if it is outside the window and unused."""
+        self.pins[name] -= 1
+        if self.pins[name] <= 0:
+            del self.pins[name]
+            await self._trim()
 
     async def adopt(self, version: int) -> None:
         """After a resume from the checkpoint of `version`: make the generators serve exactly it.

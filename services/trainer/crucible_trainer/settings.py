@@ -25,6 +25,12 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("CRUCIBLE_TRAINER_REDIS_URL", "REDIS_URL")
     )
     heartbeat_s: float = Field(5.0, gt=0, description="How often a running job reports that it is alive.")
+    redis_outage_wait_s: float = Field(
+        600.0,
+        ge=0,
+        description="How long a job that ends while Redis is unreachable waits for it, to record its end "
+        "(its events are kept meanwhile).",
+    )
     max_ranks: int | None = Field(
         None,
         ge=1,

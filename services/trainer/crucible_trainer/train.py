@@ -34,15 +34,17 @@ from crucible_shared.jobs import TrainJob
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import checkpoint, evaluation, hardware, tasks
-from crucible_trainer.cancel import Interrupted
+from crucible_trainer.cancel import Interrupted, Superseded
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
 from crucible_trainer.events import rollout_row
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.methods import method_module
+from crucible_trainer.overlapped import OverlappedSteps
 from crucible_trainer.policy import Policy
-from crucible_trainer.publish import Publisher, stale_check
+from crucible_trainer.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
+from crucible_trainer.rl.overlap import Ahead
 from crucible_trainer.rl.rollout import Roller, Sample
 from crucible_trainer.rl.update import UpdateConfig, update
 from crucible_trainer.settings import Settings
@@ -50,11 +52,7 @@ from crucible_trainer.settings import Settings
 log = logging.getLogger(__name__)
 
 
-class StalePolicyError(RuntimeError):
-    """The generator does not serve the policy the trainer holds for the version it samples from."""
-
-
-class TrainRun(JobRun):
+class TrainRun(OverlappedSteps, JobRun):
     """State of one training job; `run()` (the base's) executes it to the end, a cancel or an error."""
 
     spec: TrainJob
@@ -64,6 +62,7 @@ class TrainRun(JobRun):
         self.method = method_module(spec.method)
         self.problems: list[Any] = []
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
+        self.ahead: Ahead | None = None  # rollouts collected ahead of the update (overlap.max_staleness > 0)
 
     # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
     def make_policy(self) -> Policy:
@@ -99,10 +98,13 @@ class TrainRun(JobRun):
         try:
             await self._loop(self.policy, pool, sandbox, publisher)
         finally:
+            if self.ahead is not None:
+                await self.ahead.close()
             # A finished, cancelled or failed job frees its generator slots (--max-loras is
             # small); its adapters stay in the store for evaluation or serving.
             try:
-                await publisher.retire_all()
+                if not self.channel.superseded():  # the run holding the job serves them now
+                    await publisher.retire_all()
             except Exception as exc:
                 log.warning("could not unload %s's adapters: %r", self.job_id, exc)
 
@@ -132,20 +134,32 @@ class TrainRun(JobRun):
             ctx = self._context(roller, prompts, sampler, publisher, 0)
             await self._prepare(ctx, sampler)
         before = await self._before(pool, sandbox, publisher.model_name, start)
+        if spec.overlap.max_staleness:
+            self.ahead = await self._start_ahead(
+                roller, prompts, sampler, publisher, pool, policy, start, version
+            )
         for step in range(start, spec.optim.steps + 1):
             self.cancel.check()
-            ctx = self._context(roller, prompts, sampler, publisher, step)
-            batch = sampler.draw(spec.optim.problems_per_step)
-            # The served version is the trainer's policy only when nothing trained since it was
-            # published (with publish.every > 1 the rollouts of the steps between are off-policy).
-            served_is_policy = spec.publish.stale_check and version == step - 1
-            metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
+            if self.ahead is not None:
+                metrics, drawn = await self._overlapped_step(policy, publisher, pool, prompts, step)
+            else:
+                ctx = self._context(roller, prompts, sampler, publisher, step, version)
+                batch = sampler.draw(spec.optim.problems_per_step)
+                # The served version is the trainer's policy only when nothing trained since it was
+                # published (with publish.every > 1 the rollouts of the steps between are off-policy).
+                served_is_policy = spec.publish.stale_check and version == step - 1
+                metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
+                drawn = sampler.state()
             version = step if step % spec.publish.every == 0 else version
+            if self.channel.superseded():
+                raise Superseded()  # another run holds the job (and its run dir): write nothing
             self.events.metrics(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
+            if self.channel.superseded():
+                raise Superseded()
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
-                extra = {"version": version, "sampler": sampler.state(), "method": self.method_state}
+                extra = {"version": version, "sampler": drawn, "method": self.method_state}
                 await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra)
             if stopping and step < spec.optim.steps:
                 raise Interrupted(step)
@@ -194,17 +208,25 @@ class TrainRun(JobRun):
         return state["step"] + 1, version
 
     def _context(
-        self, roller: Roller, prompts: PromptBook, sampler: ProblemSampler, publisher: Publisher, step: int
+        self,
+        roller: Roller,
+        prompts: PromptBook,
+        sampler: ProblemSampler,
+        publisher: Publisher,
+        step: int,
+        version: int = 0,
+        model_name: str | None = None,
     ) -> StepContext:
         return StepContext(
             self.spec,
             roller,
             prompts,
             sampler,
-            publisher.model_name,
+            model_name or publisher.model_name,
             step,
             base_name=publisher.base_name,
             state=self.method_state,
+            version=version,
         )
 
     async def _prepare(self, ctx: StepContext, sampler: ProblemSampler) -> None:

@@ -1,4 +1,5 @@
-"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `train` and `eval` queues.
+"""`python -m crucible_trainer.worker`: an RQ SimpleWorker serving the `eval` and `train` queues
+(in that order: a waiting evaluation is taken before the next training job).
 
 On SIGTERM (a container restart, a rolling update) a running training job stops at its next
 step boundary, checkpoints and goes back to the queue, where the next worker resumes it; the
@@ -16,7 +17,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description="Run a Crucible trainer worker (settings: CRUCIBLE_TRAINER_*, REDIS_URL)."
     )
-    parser.add_argument("--queues", default="train,eval", help="comma-separated queues, in priority order")
+    parser.add_argument(
+        "--queues",
+        default="eval,train",
+        help="comma-separated queues, in priority order (eval first: evaluations are short and must not wait)",
+    )
     parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     parser.add_argument("--name", help="worker name")
     args = parser.parse_args()
@@ -31,6 +36,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.retry import Retry
     from rq import Queue, SimpleWorker
     from rq.serializers import JSONSerializer
 
@@ -41,7 +49,11 @@ def main() -> None:
             WORKER_STOPPING.set()
             super().request_stop(signum, frame)
 
-    redis = Redis.from_url(settings.redis_url)
+    # After a Redis restart every pooled connection is dead: the first command on one reconnects
+    # and is sent again (no socket timeout: RQ's dequeue blocks on the socket for minutes).
+    redis = Redis.from_url(
+        settings.redis_url, retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    )
     queues = [
         Queue(q.strip(), connection=redis, serializer=JSONSerializer)
         for q in args.queues.split(",")

@@ -95,8 +95,8 @@ class CheckpointSpec(_Spec):
 
 
 class LoggingSpec(_Spec):
-    wandb_mode: Literal["offline", "online", "disabled"] = Field(
-        "offline", description="Weights & Biases mode."
+    wandb_mode: Literal["offline", "online", "disabled"] | None = Field(
+        None, description="Weights & Biases mode; unset: the worker's WANDB_MODE, else offline."
     )
     wandb_project: str = Field("crucible", min_length=1, max_length=128)
     run_name: str | None = Field(None, max_length=128)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -46,9 +47,16 @@ def job_paths(spec: TrainJob | EvalJob | PipelineJob) -> list[tuple[str, str, Ro
 
 
 def looks_like_path(name: str) -> bool:
-    """A model name meant as a local path: absolute, `./`, `../` or `~` (hub ids are `org/name`).
+    """A model name meant as a local path: anything but a built-in name or a hub id (`name` or
+    `org/name` of letters, digits, `._-`, without `..`). So `org/../../etc` or `a/b/c` is a path,
+    checked against the model roots, never handed to a loader that would take it as a directory.
 
     >>> looks_like_path("/models/x"), looks_like_path("./m"), looks_like_path("org/model")
     (True, True, False)
+    >>> looks_like_path("org/../../etc"), looks_like_path("a/b/c"), looks_like_path("smollm2-135m")
+    (True, True, False)
     """
-    return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
+    return not _HUB_ID.match(name) or ".." in name
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")

@@ -22,6 +22,8 @@ from crucible_shared.jobs.sections import (
     RolloutSpec,
 )
 from crucible_shared.lifecycle import JobKind
+from crucible_shared.overlap import OverlapSpec
+from crucible_shared.overlap import check_job as check_overlap
 
 Method = Annotated[
     GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
@@ -41,6 +43,7 @@ class TrainJob(_Spec):
     reward: RewardSpec = Field(default_factory=RewardSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     publish: PublishSpec = Field(default_factory=PublishSpec)
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec, description="Rollouts overlapping the update.")
     eval: TrainEvalSpec | None = Field(default_factory=TrainEvalSpec, description="None disables evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
@@ -70,6 +73,11 @@ class TrainJob(_Spec):
         if "group_size" in method and method["group_size"] != size:
             raise ValueError("rollout.group_size: give method.group_size alone")
         return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> TrainJob:
+        check_overlap(self.overlap, self.method, self.publish)  # crucible_shared.overlap
+        return self
 
     @model_validator(mode="after")
     def _check_games(self) -> TrainJob:

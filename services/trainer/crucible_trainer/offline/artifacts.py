@@ -94,14 +94,19 @@ def json_hash(value: Any) -> str:
 
 def link_tree(source: Path, target: Path, names: Iterable[str]) -> list[str]:
     """Copy the entries `names` of `source` into `target`, hard-linking files (copying where links
-    are impossible); returns the names copied."""
+    are impossible); returns the names copied.
+
+    Symbolic links are skipped at every level, never followed: a link in the source run dir
+    pointing at `/etc` must not turn into a regular file of the new run dir (which the
+    artifacts route would then serve).
+    """
     copied = []
     for name in names:
         src = source / name
-        if not src.exists() or (target / name).exists():
+        if src.is_symlink() or not src.exists() or (target / name).exists():
             continue
         if src.is_dir():
-            shutil.copytree(src, target / name, copy_function=_link_or_copy)
+            shutil.copytree(src, target / name, copy_function=_link_or_copy, ignore=_links)
         else:
             target.mkdir(parents=True, exist_ok=True)
             _link_or_copy(str(src), str(target / name))
@@ -109,8 +114,12 @@ def link_tree(source: Path, target: Path, names: Iterable[str]) -> list[str]:
     return copied
 
 
+def _links(folder: str, names: list[str]) -> set[str]:
+    return {n for n in names if os.path.islink(os.path.join(folder, n))}
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
-        os.link(src, dst)
+        os.link(src, dst, follow_symlinks=False)
     except OSError:
-        shutil.copy2(src, dst)
+        shutil.copy2(src, dst, follow_symlinks=False)

@@ -99,7 +99,12 @@ class PipelineRun(JobRun):
             await self.services.close()
 
     def _reuse(self, source: Path) -> None:
-        """Start from another pipeline run's artifacts (once: a retried job keeps its own)."""
+        """Start from another pipeline run's artifacts (once: a retried job keeps its own).
+
+        `reuse` is one path component (its pattern); a run dir that is a link is refused, and
+        links inside it are not followed (`link_tree`)."""
+        if source.is_symlink() or (source / "pipeline.json").is_symlink():
+            raise ValueError(f"reuse: the run dir of {source.name} is a symbolic link ({source})")
         if not (source / "pipeline.json").exists():
             raise FileNotFoundError(
                 f"reuse: {source.name} has no pipeline run dir with stage records ({source})"

@@ -87,6 +87,7 @@ class StepContext:
     # The method's own state across steps (e.g. SPIRAL's baselines): one dict for the whole job,
     # saved in every checkpoint and restored on resume. Plain data only (it is pickled).
     state: dict[str, Any] = field(default_factory=dict)
+    version: int = 0  # the policy version `model_name` serves: every sample claims it
 
     async def sample(
         self,
@@ -102,7 +103,7 @@ class StepContext:
         (dynamic sampling), so they get seeds of their own."""
         r = self.job.rollout
         seed = self.job.seed * 1_000_003 + self.step * 7919 + (0 if temperature is None else 1)
-        return await self.roller.roll(
+        out = await self.roller.roll(
             prompts,
             model=self.model_name,
             n=n,
@@ -114,6 +115,9 @@ class StepContext:
             extract=extract,
             timing=self.timing,
         )
+        for s in out:
+            s.version = self.version
+        return out
 
 
 def first_prompts(ctx: StepContext, task_indices: list[int], group_offset: int = 0) -> list[Prompt]:

@@ -67,6 +67,7 @@ def clipped_surrogate(
     max_tokens: int = 1,
     ratio_mode: Literal["token", "sequence"] = "token",
     denominator: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> LossOut:
     """PPO/GRPO clipped objective (negated, to minimise), plus beta * KL(policy || reference).
 
@@ -75,8 +76,12 @@ def clipped_surrogate(
     sequences (the REINFORCE/PPO codebase's form; `aggregation` does not apply to it).
     KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1, which is unbiased and >= 0.
     `denominator`: see `aggregate` (sequences for `ratio_mode="sequence"`).
+    `token_weights` (detached, [batch, tokens]) multiply each token's loss, KL included: the
+    off-policy correction of rl/correction.py. None leaves the loss exactly as without it.
     """
     if ratio_mode == "sequence":
+        if token_weights is not None:
+            raise ValueError("token weights apply to token-level ratios only")
         return _sequence_clipped(logp, old_logp, advantages, mask, clip_eps, clip_eps_high, denominator)
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(-1)
@@ -90,6 +95,8 @@ def clipped_surrogate(
         kl = torch.exp(diff) - diff - 1
         per_token = per_token + kl_beta * kl
         kl_value = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+    if token_weights is not None:
+        per_token = per_token * token_weights
     with torch.no_grad():
         was_clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
         clip_fraction = float((was_clipped.float() * mask).sum() / mask.sum().clamp(min=1))

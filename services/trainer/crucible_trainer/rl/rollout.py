@@ -38,6 +38,8 @@ class Sample:
     advantage: float = 0.0
     problem_id: str | None = None  # its label in rollout logs when not its task's id (a game's turn)
     info: dict[str, Any] = field(default_factory=dict)  # extra columns of its rollout-log row
+    version: int = 0  # the policy version (published adapter) that sampled it; gen_logprobs are its
+    is_weights: list[float] | None = None  # per-token importance weights of its update (rl/correction.py)
 
 
 @dataclass

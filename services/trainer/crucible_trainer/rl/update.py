@@ -29,6 +29,7 @@ import torch
 
 from crucible_trainer.policy import Policy, make_batch, right_align
 from crucible_trainer.rl import losses
+from crucible_trainer.rl.correction import Correction
 from crucible_trainer.rl.parallel import LOCAL, Parallel
 from crucible_trainer.rl.rollout import Sample
 
@@ -46,6 +47,7 @@ class UpdateConfig:
     max_tokens: int = 256  # Dr. GRPO's constant normaliser
     always_score_old: bool = False  # PPO: log p_old from a separate no-grad pass
     ratio: Literal["token", "sequence"] = "token"  # PPO: one ratio per token or per completion
+    tis_cap: float | None = None  # overlapped rollouts: truncated importance sampling (rl/correction.py)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ def update(
         else None
     )
     ref = parallel.score(policy, prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    tis = Correction(cfg.tis_cap) if cfg.tis_cap is not None else None
+    if tis is not None and (cfg.objective != "clip" or cfg.ratio != "token"):
+        raise ValueError("the importance-sampling correction needs the clipped objective with token ratios")
     rng = random.Random(seed)
     order = list(range(len(samples)))
     sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio": 0.0}
@@ -109,7 +114,7 @@ def update(
                 if not idx:  # no share of this micro-batch on this rank: its collectives still run
                     parallel.backward(parallel.idle_loss(policy))
                     continue
-                out = _micro_loss(policy, samples, idx, cfg, norm, old, ref)
+                out = _micro_loss(policy, samples, idx, cfg, norm, old, ref, tis, first=iteration == 0)
                 parallel.backward(out.loss)
                 sums["loss"] += float(out.loss.detach())
                 sums["clip_fraction"] += out.clip_fraction
@@ -135,6 +140,8 @@ def update(
     metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
+    if tis is not None:
+        metrics.update(tis.metrics())  # this rank's samples
     return metrics
 
 
@@ -146,6 +153,8 @@ def _micro_loss(
     norm: Normaliser,
     old: list[list[float]] | None,
     ref: list[list[float]] | None,
+    tis: Correction | None = None,
+    first: bool = True,
 ) -> losses.LossOut:
     """The loss of the micro-batch of samples `idx`, normalised by the whole batch (`norm`)."""
     prompts = [samples[i].prompt_ids for i in idx]
@@ -175,5 +184,8 @@ def _micro_loss(
             denominator=norm.tokens
             if cfg.aggregation == "token" and cfg.ratio == "token"
             else norm.sequences,
+            token_weights=None
+            if tis is None
+            else tis.weights(old_lp, [samples[i] for i in idx], b.tail_mask, b.tail, first),
         )
     return out

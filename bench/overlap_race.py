@@ -1,0 +1,252 @@
+"""Overlapped rollouts against the synchronous loop: GRPO with `overlap.max_staleness` s = 1, 2
+against s = 0 at an equal number of samples (the same steps x problems x group size), over seeds.
+
+For each seed and each s, one training job in the race's setup (bench/grpo_race.py: SmolLM2-135M,
+LoRA r16 on all linear layers, MBPP train, 8 problems x 8 samples, 256 tokens, fraction-of-tests
+reward) runs in this process against one sandbox and one generator spawned for the whole
+benchmark, then its final adapter is evaluated greedily on the first N MBPP test tasks. Reported
+per s: samples per second of training (samples / the summed `time/step_s`: the loop's wall time,
+evaluation excluded), the final greedy pass@1, each as mean and standard error over seeds, with
+the ratios to s = 0 (seed by seed and of the means) and whether the issue's targets are met:
+>= 1.4x the synchronous samples/s, final pass@1 within one standard error of the synchronous one.
+The overlapped runs also report their importance weights (mean, max, fraction truncated).
+
+Usage: python bench/overlap_race.py [--staleness 0 1 2] [--seeds 0 1 2] [--steps 100]
+           [--eval-tasks 500] [--json out.json] [grpo_race recipe: --lr --temperature --group-size]
+       python bench/overlap_race.py --tiny --json /tmp/overlap.json   # CPU smoke test (minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.grpo_race import job_spec  # noqa: E402
+
+TINY = {"steps": 3, "prompts": 1, "group_size": 2, "max_tokens": 16, "eval_tasks": 2, "train_limit": 4}
+SPEEDUP_TARGET = 1.4
+
+
+def mean_se(values: list[float]) -> dict:
+    """Mean and standard error (sample std / sqrt n; 0 for one value).
+
+    >>> mean_se([1.0, 2.0, 3.0])
+    {'mean': 2.0, 'se': 0.57735, 'n': 3}
+    """
+    if not values:
+        return {"mean": None, "se": None, "n": 0}
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return {"mean": round(statistics.fmean(values), 6), "se": round(se, 6), "n": len(values)}
+
+
+def run_figures(rows: list[dict], summary: dict) -> dict:
+    """One run's figures from its metrics rows and summary.
+
+    >>> rows = [{"samples": 4.0, "time/step_s": 2.0, "tis/weight_mean": 1.0, "tis/weight_max": 1.5,
+    ...          "tis/truncated_fraction": 0.0, "overlap/staleness_max": 1.0},
+    ...         {"samples": 4.0, "time/step_s": 2.0}]
+    >>> f = run_figures(rows, {"eval": {"after": {"greedy_pass@1": 0.25}}})
+    >>> f["samples"], f["train_s"], f["samples_per_s"], f["pass1"], f["tis_weight_max"]
+    (8.0, 4.0, 2.0, 0.25, 1.5)
+    """
+    samples = sum(r.get("samples", 0.0) for r in rows)
+    train_s = sum(r["time/step_s"] for r in rows)
+    tis = [r for r in rows if "tis/weight_mean" in r]
+    after = ((summary.get("eval") or {}).get("after") or {}).get("greedy_pass@1")
+    return {
+        "steps": len(rows),
+        "samples": samples,
+        "train_s": round(train_s, 4),
+        "samples_per_s": round(samples / train_s, 4) if train_s > 0 else None,
+        "pass1": after,
+        "tis_weight_mean": statistics.fmean(r["tis/weight_mean"] for r in tis) if tis else None,
+        "tis_weight_max": max(r["tis/weight_max"] for r in tis) if tis else None,
+        "tis_truncated_fraction": statistics.fmean(r["tis/truncated_fraction"] for r in tis) if tis else None,
+        "staleness_max": max((r.get("overlap/staleness_max", 0.0) for r in rows), default=0.0),
+        "rollout_wait_s": sum(r.get("time/rollout_wait_s", 0.0) for r in rows),
+    }
+
+
+def compare(runs: list[dict]) -> dict:
+    """Per staleness: mean +- se of samples/s and pass@1, ratios to s = 0 and the targets.
+
+    >>> runs = [{"staleness": 0, "seed": 0, "samples_per_s": 10.0, "pass1": 0.05},
+    ...         {"staleness": 0, "seed": 1, "samples_per_s": 12.0, "pass1": 0.07},
+    ...         {"staleness": 1, "seed": 0, "samples_per_s": 15.0, "pass1": 0.06},
+    ...         {"staleness": 1, "seed": 1, "samples_per_s": 18.0, "pass1": 0.07}]
+    >>> c = compare(runs)["1"]
+    >>> c["speedup_of_means"], c["speedup_by_seed"], c["speedup_target_met"], c["pass1_within_one_se"]
+    (1.5, [1.5, 1.5], True, True)
+    """
+    out: dict = {}
+    by_s: dict[int, dict[int, dict]] = {}
+    for r in runs:
+        by_s.setdefault(r["staleness"], {})[r["seed"]] = r
+    base = by_s.get(0, {})
+    base_sps = mean_se([r["samples_per_s"] for r in base.values() if r["samples_per_s"]])
+    base_pass = mean_se([r["pass1"] for r in base.values() if r["pass1"] is not None])
+    for s, seeds in sorted(by_s.items()):
+        sps = mean_se([r["samples_per_s"] for r in seeds.values() if r["samples_per_s"]])
+        pass1 = mean_se([r["pass1"] for r in seeds.values() if r["pass1"] is not None])
+        entry: dict = {"samples_per_s": sps, "pass1": pass1, "seeds": sorted(seeds)}
+        if s and base:
+            paired = sorted(set(seeds) & set(base))
+            speedup = round(sps["mean"] / base_sps["mean"], 4) if sps["mean"] and base_sps["mean"] else None
+            entry["speedup_of_means"] = speedup
+            entry["speedup_by_seed"] = [
+                round(seeds[k]["samples_per_s"] / base[k]["samples_per_s"], 4) for k in paired
+            ]
+            entry["speedup_target_met"] = speedup is not None and speedup >= SPEEDUP_TARGET
+            if pass1["mean"] is not None and base_pass["mean"] is not None:
+                diff = pass1["mean"] - base_pass["mean"]
+                entry["pass1_minus_sync"] = round(diff, 6)
+                entry["pass1_within_one_se"] = abs(diff) <= max(base_pass["se"], pass1["se"]) + 1e-12
+        out[str(s)] = entry
+    return out
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--eval-tasks", type=int, default=500, help="MBPP test tasks of the final greedy pass@1"
+    )
+    parser.add_argument("--train-limit", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--cap", type=float, default=2.0, help="truncation of the importance weights")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--generator-batch", type=int, default=128)
+    parser.add_argument("--tiny", action="store_true", help="a CPU smoke test: " + json.dumps(TINY))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.tiny:
+        for key, value in TINY.items():
+            setattr(args, key, value)
+        args.seeds = args.seeds[:1]
+    return args
+
+
+def spec_of(args: argparse.Namespace, staleness: int, seed: int) -> dict:
+    raw = job_spec(
+        "grpo",
+        args.steps,
+        args.eval_tasks,
+        args.model,
+        args.prompts,
+        args.max_tokens,
+        "fraction",
+        "none",
+        False,  # no "before": the same for every s of a seed
+        seed=seed,
+        lr=args.lr,
+        group_size=args.group_size,
+        temperature=args.temperature,
+        train_limit=args.train_limit,
+        eval_max_tokens=args.max_tokens,
+    )
+    if staleness:
+        raw["overlap"] = {"max_staleness": staleness, "cap": args.cap}
+    return raw
+
+
+def main() -> None:
+    args = parse()
+    from crucible_cli.spawn import start
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.settings import Settings
+    from crucible_trainer.train import run_train_job
+
+    work = Path(tempfile.mkdtemp(prefix="crucible-overlap-"))
+    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    generator = start(
+        "crucible_generator",
+        {
+            "CRUCIBLE_GENERATOR_MODEL": args.model,
+            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
+            "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, max(args.staleness) + 2)),
+            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+        },
+        "CRUCIBLE_GENERATOR_PORT",
+        log=work / "generator.log",
+        timeout=600,
+    )
+    runs: list[dict] = []
+    try:
+        settings = Settings(
+            generator_urls=[generator.url],
+            sandbox_url=sandbox.url,
+            adapter_dir=work / "adapters",
+            runs_dir=work / "jobs",
+        )
+        for seed in args.seeds:
+            for s in args.staleness:
+                spec = TrainJob.model_validate(spec_of(args, s, seed))
+                job_id = f"overlap-s{s}-seed{seed}"
+                started = time.perf_counter()
+                summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
+                wall = time.perf_counter() - started
+                lines = (work / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()
+                rows = [r for line in lines if "eval_label" not in (r := json.loads(line))]
+                figures = {
+                    "staleness": s,
+                    "seed": seed,
+                    "wall_s": round(wall, 2),
+                    **run_figures(rows, summary),
+                }
+                runs.append(figures)
+                print(json.dumps(figures), flush=True)
+    finally:
+        generator.stop()
+        sandbox.stop()
+    result = {
+        "setup": {
+            k: getattr(args, k)
+            for k in (
+                "steps",
+                "prompts",
+                "group_size",
+                "max_tokens",
+                "eval_tasks",
+                "lr",
+                "cap",
+                "model",
+                "tiny",
+            )
+        },
+        "device": device(),
+        "runs": runs,
+        "by_staleness": compare(runs),
+        "targets": {"speedup": SPEEDUP_TARGET, "pass1": "within one standard error of s = 0"},
+    }
+    print(json.dumps(result["by_staleness"], indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+def device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Specs the gateway once accepted (202) that then failed in the worker: each is now a 4xx at
+submission, the one error envelope naming the field (issue 23, section 4). The worker still checks
+each again before it reads anything (tests/unit/test_path_attacks.py).
+
+A gateway of its own, with data, model and adapter roots under a temporary folder it sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from crucible_shared.gateway_client import GatewayClient
+
+from tests.servers import Service, spawn
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("submission")
+    dirs = {name: base / name for name in ("data", "models", "adapters", "runs", "store", "outside")}
+    for folder in dirs.values():
+        folder.mkdir()
+    (dirs["data"] / "tasks.jsonl").write_text('{"task_id": "t", "prompt": "p", "tests": ["assert True"]}\n')
+    (dirs["outside"] / "secret.jsonl").write_text("s3cret\n")
+    (dirs["data"] / "tasks-link.jsonl").symlink_to(dirs["outside"] / "secret.jsonl")
+    (dirs["data"] / "elsewhere").symlink_to(dirs["outside"], target_is_directory=True)
+    (dirs["adapters"] / "sft" / "v3").mkdir(parents=True)
+    (dirs["adapters"] / "sft" / "v3" / "adapter_config.json").write_text("{}")
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def gw(redis_url, roots) -> Iterator[Service]:
+    env = {
+        "REDIS_URL": redis_url,
+        "CRUCIBLE_GATEWAY_RUNS_DIR": str(roots["runs"]),
+        "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(roots["store"]),
+        "CRUCIBLE_DATA_ROOTS": str(roots["data"]),
+        "CRUCIBLE_MODEL_ROOTS": str(roots["models"]),
+        "CRUCIBLE_ADAPTER_ROOTS": str(roots["adapters"]),
+    }
+    with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as service:
+        yield service
+
+
+def refused(gw: Service, spec: dict, field: str, status: int = 422) -> str:
+    r = httpx.post(f"{gw.url}/v1/jobs", json=spec, timeout=30)
+    assert r.status_code == status, (spec, r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and body["error"]["field"] == field, body
+    return body["error"]["message"]
+
+
+def accepted(gw: Service, spec: dict) -> str:
+    r = httpx.post(f"{gw.url}/v1/jobs", json=spec, timeout=30)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    GatewayClient(gw.url).cancel(job_id)  # nothing should run it
+    return job_id
+
+
+# -- pipeline `reuse` of a job that doesn't exist -------------------------------------------------
+
+
+def test_reuse_names_an_existing_pipeline_run(gw, roots) -> None:
+    message = refused(gw, {"kind": "pipeline", "reuse": "pipeline-nope"}, "pipeline.reuse")
+    assert "'pipeline-nope' is no job" in message
+    other = accepted(gw, {"kind": "eval", "data": {"dataset": "mbpp", "ids": [11]}})
+    assert "is a eval job" in refused(gw, {"kind": "pipeline", "reuse": other}, "pipeline.reuse")
+    earlier = accepted(gw, {"kind": "pipeline", "name": "earlier"})
+    assert "no stage records" in refused(gw, {"kind": "pipeline", "reuse": earlier}, "pipeline.reuse")
+    (roots["runs"] / earlier).mkdir()
+    (roots["runs"] / earlier / "pipeline.json").write_text("{}")
+    accepted(gw, {"kind": "pipeline", "reuse": earlier})
+
+
+@pytest.mark.parametrize("reuse", ["../../etc", "..", "/etc", "x/../../y", "%2e%2e%2fetc", "x\x00y", "~root"])
+def test_reuse_that_is_not_a_job_id_is_refused(gw, reuse: str) -> None:
+    """One path component, a job id: separators, dots, NUL (already so: the field's pattern)."""
+    refused(gw, {"kind": "pipeline", "reuse": reuse}, "pipeline.reuse")
+
+
+def test_reuse_of_a_run_dir_whose_records_are_a_link_is_refused(gw, roots) -> None:
+    earlier = accepted(gw, {"kind": "pipeline", "name": "linked"})
+    (roots["runs"] / earlier).mkdir()
+    (roots["runs"] / earlier / "pipeline.json").symlink_to(roots["outside"] / "secret.jsonl")
+    refused(gw, {"kind": "pipeline", "reuse": earlier}, "pipeline.reuse")
+
+
+# -- an adapter that doesn't exist inside the roots -----------------------------------------------
+
+
+def test_an_adapter_that_does_not_exist_is_refused(gw, roots) -> None:
+    message = refused(gw, {"kind": "eval", "adapter": "sft/v4"}, "eval.adapter")
+    assert "no PEFT adapter at sft/v4" in message
+    refused(gw, {"kind": "train", "model": {"init_adapter": "sft/v9"}}, "train.model.init_adapter")
+    missing_file = {"kind": "pipeline", "model": {"init_adapter": str(roots["adapters"] / "gone")}}
+    refused(gw, missing_file, "pipeline.model.init_adapter")
+    accepted(gw, {"kind": "eval", "adapter": "sft/v3"})
+
+
+# -- steps: 1000000 -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"kind": "train", "optim": {"steps": 1_000_000}}, "train.optim.steps"),
+        (
+            {
+                "kind": "train",
+                "method": {"name": "sft", "path": "tasks.jsonl", "max_steps": 1_000_000},
+                "optim": {"lr": 1e-4},
+            },
+            "train.method.max_steps",
+        ),
+        ({"kind": "pipeline", "train": {"name": "sft", "max_steps": 10_001}}, "pipeline.train.max_steps"),
+    ],
+)
+def test_a_training_length_over_the_cap_is_refused_and_says_so(gw, spec: dict, field: str) -> None:
+    message = refused(gw, spec, field)
+    assert "cap of 10000" in message and "CRUCIBLE_GATEWAY_MAX_STEPS" in message
+
+
+def test_a_training_length_at_the_cap_is_accepted(gw) -> None:
+    accepted(gw, {"kind": "train", "optim": {"steps": 10_000}})
+
+
+# -- a data file that is a symbolic link out of the roots -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "link"),
+    [
+        (
+            {"kind": "train", "data": {"dataset": "jsonl", "path": "tasks-link.jsonl"}},
+            "train.data.path",
+            "tasks-link.jsonl",
+        ),
+        (
+            {"kind": "eval", "data": {"dataset": "jsonl", "path": "elsewhere/secret.jsonl"}},
+            "eval.data.path",
+            "elsewhere",
+        ),
+        (
+            {"kind": "train", "eval": {"data": {"dataset": "stdio", "path": "tasks-link.jsonl"}}},
+            "train.eval.data.path",
+            "tasks-link.jsonl",
+        ),
+        (
+            {
+                "kind": "train",
+                "method": {"name": "dpo", "path": "elsewhere/secret.jsonl"},
+                "optim": {"lr": 1e-4},
+            },
+            "train.method.path",
+            "elsewhere",
+        ),
+    ],
+)
+def test_a_data_file_linked_out_of_the_roots_is_refused_by_name(gw, roots, spec, field, link) -> None:
+    message = refused(gw, spec, field)
+    assert f"{roots['data'] / link} is a symbolic link" in message, message
+    assert "s3cret" not in message
+
+
+def test_a_data_file_that_does_not_exist_is_refused(gw, roots) -> None:
+    message = refused(
+        gw, {"kind": "eval", "data": {"dataset": "jsonl", "path": "nope.jsonl"}}, "eval.data.path"
+    )
+    assert "nope.jsonl does not exist" in message
+    accepted(gw, {"kind": "eval", "data": {"dataset": "jsonl", "path": "tasks.jsonl"}})

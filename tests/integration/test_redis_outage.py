@@ -1,0 +1,207 @@
+"""Jobs across a Redis outage: a real Redis stopped and started again under a real gateway.
+
+The trainer's side is its real `RedisChannel` (the one `run_job` builds) driven from the test, so
+the outage lands exactly where it should: between two events, for longer than the gateway's
+heartbeat timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from crucible_shared import keys
+from crucible_shared.gateway_client import GatewayClient
+from crucible_shared.lifecycle import JobRecord, JobStatus, encode_fields, transition_command
+from redis import Redis
+
+from tests.servers import RedisServer, Service, spawn
+
+TINY_EVAL = {"kind": "eval", "name": "outage", "data": {"dataset": "mbpp", "ids": [11, 12]}, "max_tokens": 64}
+
+
+@contextmanager
+def gateway_on(redis_url: str, dirs: dict[str, Path], heartbeat_timeout_s: float) -> Iterator[Service]:
+    env = {
+        "REDIS_URL": redis_url,
+        "CRUCIBLE_GATEWAY_RUNS_DIR": str(dirs["runs"]),
+        "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(dirs["adapters"]),
+        "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
+        "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "0.2",
+    }
+    with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as service:
+        yield service
+
+
+def channel_for(redis_url: str, job_id: str) -> Any:
+    from crucible_trainer.channel import RedisChannel
+    from crucible_trainer.jobs import channel_redis
+
+    return RedisChannel(channel_redis(redis_url), job_id, outage_wait_s=30)
+
+
+def stream(redis_url: str, job_id: str) -> list[dict[str, Any]]:
+    entries = Redis.from_url(redis_url).xrange(keys.events(job_id))
+    return [json.loads(fields[b"data"]) for _, fields in entries]
+
+
+def test_a_redis_outage_neither_requeues_a_live_job_nor_loses_its_events(tmp_path, stack_dirs) -> None:
+    """The issue's 95-second outage, shortened: heartbeats fail for longer than the heartbeat
+    timeout; when Redis is back the job is still attempt 1, running, its events of the outage are
+    in the stream in order, and its `finished` is accepted."""
+    with RedisServer(tmp_path / "redis") as redis, gateway_on(redis.url, stack_dirs, 3) as gw:
+        client = GatewayClient(gw.url)
+        job_id = client.submit(TINY_EVAL).id
+        channel = channel_for(redis.url, job_id)
+        assert channel.start()
+        with channel.heartbeat(every_s=1.0):
+            for step in range(1, 4):
+                channel.emit("metrics", step=step)
+            time.sleep(4)  # Redis up a heartbeat timeout: the reaper trusts silence from now on
+            redis.stop()
+            for step in range(4, 8):
+                channel.emit("metrics", step=step)
+                channel.progress(step, 10, {"reward_mean": step / 10}, "m")
+                time.sleep(1.5)  # 6 s down: twice the heartbeat timeout
+            redis.start()
+            channel.emit("metrics", step=8)
+            time.sleep(5)  # many reaper passes, a few heartbeats
+            record = client.job(job_id)
+            assert (record.status, record.attempts) == (JobStatus.running, 1), record.error
+            assert not channel.superseded()
+        channel.finish(JobStatus.finished, summary={"steps": 8})
+        record = client.job(job_id)
+        assert record.status == JobStatus.finished and record.step == 7
+        events = stream(redis.url, job_id)
+        assert [e["step"] for e in events if e["type"] == "metrics"] == list(range(1, 9))
+        assert not [e for e in events if e["type"] == "requeued"]
+
+
+def test_a_run_whose_job_was_requeued_is_fenced(tmp_path, stack_dirs) -> None:
+    """A worker cut off from Redis alone (Redis stays up): the reaper re-queues its job, another
+    run takes it; the old run's events, progress and `finish` are refused and it knows it."""
+    with RedisServer(tmp_path / "redis") as redis, gateway_on(redis.url, stack_dirs, 1) as gw:
+        client = GatewayClient(gw.url)
+        job_id = client.submit({**TINY_EVAL, "max_attempts": 2}).id
+        old = channel_for(redis.url, job_id)
+        assert old.start()  # and then silence: no heartbeat reaches Redis
+        deadline = time.monotonic() + 20
+        while client.job(job_id).status != JobStatus.queued:
+            assert time.monotonic() < deadline, "the reaper never re-queued the silent job"
+            time.sleep(0.2)
+        assert client.job(job_id).attempts == 2
+        new = channel_for(redis.url, job_id)
+        assert new.start()
+        old.emit("metrics", step=99)
+        old.progress(99, 100, {"reward_mean": 1.0}, "old")
+        assert old.superseded() and not new.superseded()
+        old.finish(JobStatus.failed, error="the old run's late failure")
+        new.emit("metrics", step=1)
+        assert client.job(job_id).status == JobStatus.running
+        new.finish(JobStatus.finished, summary={"steps": 1})
+        record = client.job(job_id)
+        assert record.status == JobStatus.finished and record.step != 99 and record.error is None
+        steps = [e["step"] for e in stream(redis.url, job_id) if e["type"] == "metrics"]
+        assert steps == [1]
+
+
+def put_queued_record(redis: Redis, job_id: str) -> None:
+    record = JobRecord(
+        id=job_id, kind="eval", status=JobStatus.queued, created_at=time.time(), max_attempts=2
+    )
+    redis.hset(keys.job(job_id), mapping=encode_fields(record.model_dump(exclude={"id"})))  # type: ignore[arg-type]
+    redis.zadd(keys.status_index("queued"), {job_id: time.time()})
+
+
+def test_a_superseded_run_stops_without_writing(redis_url, monkeypatch, tmp_path) -> None:
+    """`execute` with a job loop that would run for a minute: once the job is re-queued under it,
+    the loop stops within a heartbeat and the run writes neither a status nor an event."""
+    import crucible_trainer.jobs as jobs
+    from crucible_trainer.cancel import CancelToken
+    from crucible_trainer.settings import Settings
+
+    async def endless(spec, job_id, settings, channel) -> dict:
+        token = CancelToken(channel, poll_s=0.05)
+        token.start()
+        try:
+            for step in range(600):
+                channel.emit("metrics", step=step)
+                await token.guard(asyncio.sleep(0.1))
+        finally:
+            token.stop()
+        return {"status": "finished"}
+
+    monkeypatch.setattr(jobs, "runner_for", lambda kind, method=None: endless)
+    job_id = f"eval-fenced-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    channel = channel_for(redis_url, job_id)
+    settings = Settings(redis_url=redis_url, heartbeat_s=0.2, runs_dir=tmp_path)
+    result: dict[str, Any] = {}
+    spec = jobs._SPEC.validate_python(TINY_EVAL)
+    run = lambda: result.update(jobs.execute(spec, job_id, settings, channel))  # noqa: E731
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    # What the reaper does to a job it believes lost.
+    redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
+    requeued_at = len(stream(redis_url, job_id))
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "the superseded run went on"
+    assert result["status"] == "superseded"
+    record = JobRecord.from_redis(job_id, redis.hgetall(keys.job(job_id)))
+    assert (record.status, record.attempts, record.finished_at) == (JobStatus.queued, 2, None)
+    assert len(stream(redis_url, job_id)) == requeued_at  # nothing delivered after the re-queue
+
+
+@pytest.mark.parametrize("concurrency", [80])
+def test_gets_after_a_redis_restart_all_answer(tmp_path, stack_dirs, concurrency) -> None:
+    """Pooled connections that a Redis restart closed are retried once, not answered with 503."""
+    with RedisServer(tmp_path / "redis") as redis, gateway_on(redis.url, stack_dirs, 60) as gw:
+        job_id = GatewayClient(gw.url).submit(TINY_EVAL).id
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+                replies = await asyncio.gather(*(http.get(f"/v1/jobs/{job_id}") for _ in range(concurrency)))
+            return [r.status_code for r in replies]
+
+        assert set(asyncio.run(burst())) == {200}  # the pool now holds many connections
+        redis.stop()
+        redis.start()
+        codes = asyncio.run(burst())
+        assert codes.count(200) == concurrency, f"{concurrency - codes.count(200)} GETs failed: {set(codes)}"
+
+
+def test_the_outbox_keeps_order_says_what_it_dropped_and_delivers_once(redis_url) -> None:
+    """Beyond its limit the oldest events go and one note says how many; a delivery repeated
+    after a lost reply adds nothing."""
+    from crucible_trainer.outbox import Outbox
+
+    from tests.servers import free_port
+
+    job_id = f"eval-outbox-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    redis.eval(*transition_command(job_id, JobStatus.running, lease="L1", delivered=0))
+    outbox = Outbox(Redis.from_url(f"redis://127.0.0.1:{free_port()}/0"), job_id, "L1", limit=5)
+    for step in range(1, 9):
+        outbox.event({"type": "metrics", "step": step})
+    assert not outbox.deliver() and outbox.down_since is not None  # nobody listens on that port
+    outbox.redis = redis  # Redis is back
+    assert outbox.deliver() and outbox.down_since is None
+    events = stream(redis_url, job_id)
+    assert "3 events were dropped" in events[0]["message"]
+    assert [e["step"] for e in events[1:]] == [4, 5, 6, 7, 8]
+    # The reply of that delivery lost: the same events again change nothing.
+    outbox._events.extend((seq, json.dumps({"type": "metrics", "step": seq})) for seq in (7, 8))
+    outbox.event({"type": "metrics", "step": 9})
+    assert outbox.deliver()
+    assert [e.get("step") for e in stream(redis_url, job_id)[1:]] == [4, 5, 6, 7, 8, 9]

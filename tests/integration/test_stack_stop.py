@@ -1,0 +1,117 @@
+"""`crucible up` stopping and starting again: the stop order, a stopping worker handing its job
+back, ports in TIME_WAIT, and the W&B mode a spec chose."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+from crucible_cli.spawn import free_port, port_free
+from crucible_shared import keys
+from crucible_shared.lifecycle import JobRecord, JobStatus
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from tests.integration.endless_job import queue_record
+from tests.servers import RedisServer
+
+# A stand-in for the gateway, generator or sandbox: on SIGTERM it notes when, and whether Redis
+# still answered then, and exits.
+SERVICE = """
+import json, signal, sys, time
+from redis import Redis
+name, marks, url = sys.argv[1:4]
+def stop(*_):
+    try:
+        up = bool(Redis.from_url(url, socket_connect_timeout=1).ping())
+    except Exception:
+        up = False
+    with open(marks, "a") as f:
+        f.write(json.dumps({"name": name, "term": time.time(), "redis_up": up}) + "\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_stopping_the_stack_stops_workers_first_and_they_hand_their_job_back(tmp_path: Path) -> None:
+    """A worker in the middle of a long step: `Stack.stop` stops it first (a second SIGTERM after
+    `worker_stop_s`), its job is re-queued, not left `running`; the other services are stopped
+    after it, and Redis last."""
+    from crucible_cli.stack import Stack
+
+    redis = RedisServer(tmp_path / "redis")
+    stack = Stack(state_dir=tmp_path / "state", worker_stop_s=3)
+    marks = tmp_path / "marks.jsonl"
+    job_id = f"eval-stop-{time.time_ns()}"
+    try:
+        proc = stack._start("redis", redis.args(), redis.url, {})
+        redis.wait(lambda: proc.popen.poll() is None)
+        for name in ("gateway", "generator", "sandbox"):
+            stack._start(name, [sys.executable, "-c", SERVICE, name, str(marks), redis.url], "", {})
+        conn = Redis.from_url(redis.url)
+        queue_record(conn, job_id)
+        Queue("stop-test", connection=conn, serializer=JSONSerializer).enqueue(
+            "tests.integration.endless_job.run", job_id, job_id=job_id, job_timeout=600
+        )
+        env = {"REDIS_URL": redis.url, "CRUCIBLE_TRAINER_HEARTBEAT_S": "0.5", "WANDB_MODE": "disabled"}
+        stack._start(
+            "worker", [sys.executable, "-m", "crucible_trainer.worker", "--queues", "stop-test"], "", env
+        )
+        deadline = time.monotonic() + 90
+        while conn.hget(keys.job(job_id), "status") != b"running":
+            assert time.monotonic() < deadline, f"the worker never started the job; see {tmp_path / 'state'}"
+            time.sleep(0.2)
+        time.sleep(1)
+    finally:
+        stack.stop()
+    with redis:  # the same data, read back after the stop
+        conn = Redis.from_url(redis.url)
+        record = JobRecord.from_redis(job_id, conn.hgetall(keys.job(job_id)))
+        events = [json.loads(f[b"data"]) for _, f in conn.xrange(keys.events(job_id))]
+    assert record.status == JobStatus.queued and record.attempts == 1, (record.status, record.error)
+    assert "stopped" in (record.error or "")
+    handed_back = next(e["time"] for e in events if e["type"] == "requeued")
+    stops = [json.loads(line) for line in marks.read_text().splitlines()]
+    assert {s["name"] for s in stops} == {"gateway", "generator", "sandbox"}
+    assert all(s["term"] > handed_back and s["redis_up"] for s in stops), (handed_back, stops)
+
+
+def test_a_port_whose_connections_wait_in_time_wait_is_free() -> None:
+    """A server that stopped a second ago leaves its closed connections in TIME_WAIT: a listener
+    (which sets SO_REUSEADDR, as uvicorn and Redis do) can bind the port, so the stack may too."""
+    port = free_port()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server closes first: its end of the connection waits in TIME_WAIT
+    time.sleep(0.1)
+    client.close()
+    listener.close()
+    assert port_free(port)
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        assert not port_free(port)  # a listener still there does count
+
+
+def test_the_stack_leaves_the_w_and_b_mode_to_the_spec(tmp_path: Path, monkeypatch) -> None:
+    """`crucible up` exports no WANDB_MODE, and a spec's explicit `logging.wandb_mode` wins over
+    the worker's environment; an unset one follows it."""
+    from crucible_cli.stack import Stack
+    from crucible_trainer.events import start_wandb
+
+    assert "WANDB_MODE" not in Stack(state_dir=tmp_path).service_env("redis://127.0.0.1:1/0")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert start_wandb("wandb-test", "disabled", "crucible", None, tmp_path, {}) is None
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert start_wandb("wandb-test", None, "crucible", None, tmp_path, {}) is None
