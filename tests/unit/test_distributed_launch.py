@@ -100,3 +100,34 @@ def test_a_train_job_of_several_ranks_is_launched_by_the_worker() -> None:
 
     assert runner_for(TrainJob(distributed={"train_gpus": 2})).__name__ == "DistributedLaunch"
     assert runner_for(TrainJob()).__name__ == "TrainRun"
+
+
+def test_rank_zeros_event_lines_reach_the_jobs_channel(tmp_path: Path) -> None:
+    """Without Redis (`crucible train --local`) rank 0 prints its events; the worker shows them
+    as the job's and keeps every line in torchrun.log."""
+    import asyncio
+    import io
+
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.distributed.launch import _relay
+
+    received: list[tuple[str, dict]] = []
+    channel = LocalChannel("job-1", lambda kind, data: received.append((kind, data)))
+    lines = [
+        b"Loading weights: 100%\n",
+        b'{"time": 1.0, "type": "resumed", "step": 3, "checkpoint": "/runs/job-1/checkpoints/step-000003"}\n',
+        b'{"type": "resumed", "bad": true}\n',  # refused by the event union: logged, not fatal
+        b"{not json\n",
+    ]
+
+    async def go() -> bytes:
+        stream = asyncio.StreamReader()
+        for line in lines:
+            stream.feed_data(line)
+        stream.feed_eof()
+        log = io.BytesIO()
+        await _relay(stream, log, channel)
+        return log.getvalue()
+
+    assert asyncio.run(go()) == b"".join(lines)
+    assert [(kind, data["step"]) for kind, data in received] == [("resumed", 3)]

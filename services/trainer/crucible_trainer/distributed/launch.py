@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from crucible_trainer.jobrun import JobRun
 from crucible_trainer.settings import Settings
 
 POLL_S = 0.5
+log = logging.getLogger(__name__)
 
 
 class RankFailed(RuntimeError):
@@ -139,19 +141,24 @@ async def run_distributed_job(
     return outcome["summary"]
 
 
-async def _relay(stream: asyncio.StreamReader, log: Any, channel: JobChannel | None) -> None:
-    """Copy torchrun's output to its log; pass rank 0's event lines on to `channel`."""
+async def _relay(stream: asyncio.StreamReader, sink: Any, channel: JobChannel | None) -> None:
+    """Copy torchrun's output to its log file `sink`; pass rank 0's event lines on to `channel`."""
     async for line in stream:
-        log.write(line)
-        log.flush()
-        if channel is not None and line.startswith(b'{"type"'):
+        sink.write(line)
+        sink.flush()
+        if channel is not None and line.startswith(b"{"):
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+                continue
             kind = record.pop("type")
             record.pop("time", None)
-            channel.emit(kind, **record)
+            try:
+                channel.emit(kind, **record)
+            except Exception as exc:  # showing an event must never fail the job
+                log.warning("could not relay rank 0's %s event: %r", kind, exc)
 
 
 def describe_failure(folder: Path, ranks: int, code: int | None) -> str:
