@@ -78,7 +78,7 @@ class JobSummary(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    job_id: str
+    job_id: str | None = None  # every runner sets it; a record without it must still read
     run_dir: str | None = None
     status: JobStatus | None = Field(None, description="finished or cancelled.")
     method: str | None = None

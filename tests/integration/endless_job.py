@@ -22,6 +22,20 @@ def queue_record(redis: Any, job_id: str) -> None:
     redis.zadd(keys.status_index("queued"), {job_id: time.time()})
 
 
+def as_runner(loop: Any) -> Any:
+    """A job loop `loop(spec, job_id, settings, channel)` in the shape `jobs.execute` runs: a runner
+    class (`runners.runner_for(spec)`) whose instances have an async `run()`."""
+
+    class Runner:
+        def __init__(self, *args: Any) -> None:
+            self.args = args
+
+        async def run(self) -> dict[str, Any]:
+            return await loop(*self.args)
+
+    return Runner
+
+
 def run(job_id: str) -> dict[str, Any]:
     """The RQ job function (enqueued as `tests.integration.endless_job.run`)."""
     from crucible_trainer import jobs
@@ -36,12 +50,12 @@ def run(job_id: str) -> dict[str, Any]:
             step = 0
             while True:
                 step += 1
-                channel.emit("metrics", step=step)
+                channel.emit("metrics", step=step, metrics={})
                 await token.guard(asyncio.sleep(0.2))
         finally:
             token.stop()
 
-    jobs.runner_for = lambda kind, method=None: endless  # type: ignore[assignment]
+    jobs.runner_for = lambda spec: as_runner(endless)  # type: ignore[assignment]
     settings = Settings()
     assert settings.redis_url
     channel = RedisChannel(jobs.channel_redis(settings.redis_url), job_id)

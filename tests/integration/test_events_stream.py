@@ -10,6 +10,7 @@ from crucible_cli.render import describe
 from crucible_gateway.store import JobStore
 from crucible_shared import events, keys
 from crucible_shared.gateway_client import GatewayClient
+from crucible_shared.lifecycle import JobStatus
 from crucible_trainer.channel import RedisChannel
 from crucible_trainer.events import EventSink
 from redis import Redis
@@ -22,9 +23,11 @@ TINY_EVAL = {"kind": "eval", "data": {"dataset": "mbpp", "ids": [11]}, "max_toke
 
 def test_every_event_type_streams_through_the_gateway_to_the_cli(gateway, redis_url, tmp_path) -> None:
     client = GatewayClient(gateway.url)
-    job_id = client.submit(TINY_EVAL).id  # no worker runs: it stays queued until cancelled
+    job_id = client.submit(TINY_EVAL).id  # no worker runs: this test's channel plays its run
     redis = Redis.from_url(redis_url)
-    sink = EventSink(RedisChannel(redis, job_id), tmp_path)
+    channel = RedisChannel(redis, job_id)
+    assert channel.start()  # a run's writes are fenced by the lease its start took
+    sink = EventSink(channel, tmp_path)
     for kind, fields, _ in EXAMPLES:
         if kind == "requeued" and "attempt" in fields:
             continue  # the gateway's reaper writes this one, below
@@ -37,7 +40,7 @@ def test_every_event_type_streams_through_the_gateway_to_the_cli(gateway, redis_
 
     asyncio.run(reaper_emits())
     redis.xadd(keys.events(job_id), {"data": "not json"})
-    client.cancel(job_id)
+    channel.finish(JobStatus.cancelled)
 
     received = list(client.events(job_id, timeout=60))
     assert received[-1][1] == "end" and received[-1][2] == {"status": "cancelled"}

@@ -23,6 +23,7 @@ from crucible_shared.gateway_client import GatewayClient
 from crucible_shared.lifecycle import JobRecord, JobStatus, encode_fields, transition_command
 from redis import Redis
 
+from tests.integration.endless_job import as_runner
 from tests.servers import RedisServer, Service, spawn
 
 TINY_EVAL = {"kind": "eval", "name": "outage", "data": {"dataset": "mbpp", "ids": [11, 12]}, "max_tokens": 64}
@@ -64,15 +65,15 @@ def test_a_redis_outage_neither_requeues_a_live_job_nor_loses_its_events(tmp_pat
         assert channel.start()
         with channel.heartbeat(every_s=1.0):
             for step in range(1, 4):
-                channel.emit("metrics", step=step)
+                channel.emit("metrics", step=step, metrics={})
             time.sleep(4)  # Redis up a heartbeat timeout: the reaper trusts silence from now on
             redis.stop()
             for step in range(4, 8):
-                channel.emit("metrics", step=step)
+                channel.emit("metrics", step=step, metrics={})
                 channel.progress(step, 10, {"reward_mean": step / 10}, "m")
                 time.sleep(1.5)  # 6 s down: twice the heartbeat timeout
             redis.start()
-            channel.emit("metrics", step=8)
+            channel.emit("metrics", step=8, metrics={})
             time.sleep(5)  # many reaper passes, a few heartbeats
             record = client.job(job_id)
             assert (record.status, record.attempts) == (JobStatus.running, 1), record.error
@@ -100,11 +101,11 @@ def test_a_run_whose_job_was_requeued_is_fenced(tmp_path, stack_dirs) -> None:
         assert client.job(job_id).attempts == 2
         new = channel_for(redis.url, job_id)
         assert new.start()
-        old.emit("metrics", step=99)
+        old.emit("metrics", step=99, metrics={})
         old.progress(99, 100, {"reward_mean": 1.0}, "old")
         assert old.superseded() and not new.superseded()
         old.finish(JobStatus.failed, error="the old run's late failure")
-        new.emit("metrics", step=1)
+        new.emit("metrics", step=1, metrics={})
         assert client.job(job_id).status == JobStatus.running
         new.finish(JobStatus.finished, summary={"steps": 1})
         record = client.job(job_id)
@@ -133,13 +134,13 @@ def test_a_superseded_run_stops_without_writing(redis_url, monkeypatch, tmp_path
         token.start()
         try:
             for step in range(600):
-                channel.emit("metrics", step=step)
+                channel.emit("metrics", step=step, metrics={})
                 await token.guard(asyncio.sleep(0.1))
         finally:
             token.stop()
         return {"status": "finished"}
 
-    monkeypatch.setattr(jobs, "runner_for", lambda kind, method=None: endless)
+    monkeypatch.setattr(jobs, "runner_for", lambda spec: as_runner(endless))
     job_id = f"eval-fenced-{time.time_ns()}"
     redis = Redis.from_url(redis_url)
     put_queued_record(redis, job_id)

@@ -124,9 +124,9 @@ def compare_runs(runs: list[dict], out: Path) -> dict[str, Path]:
         return "-" if v is None else f"{v * 100:.1f}%"
 
     for run in runs:
-        evals = (run["summary"] or {}).get("eval", {})
-        before = evals.get("before", {}).get("greedy_pass@1")
-        after = evals.get("after", {}).get("greedy_pass@1")
+        evals = (run["summary"] or {}).get("eval") or {}  # a typed summary sends eval: null
+        before = (evals.get("before") or {}).get("greedy_pass@1")
+        after = (evals.get("after") or {}).get("greedy_pass@1")
         steps = [r for r in run["metrics"] if "reward_mean" in r]
         rescue = [r["c2_rescue_rate"] for r in steps if "c2_rescue_rate" in r]
         cells = [
