@@ -17,6 +17,7 @@
 #   bash bench/gpu.sh vllm-race STEPS # Crucible's GRPO job with vLLM as its generator
 #   bash bench/gpu.sh servers-down    # stop both servers (the card to TRL and the race)
 #   bash bench/gpu.sh race-trio STEPS # TRL + vLLM colocate, then Crucible's race, one after the other
+#   bash bench/gpu.sh race-overlap STEPS # the same, Crucible synchronous and overlapped (s = 1, 2)
 #   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
 #   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
 #   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
@@ -218,6 +219,13 @@ PY
   race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
     bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true
     bash bench/gpu.sh race "${2:-24}" ;;
+  race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one after
+    # the other on one card: seconds per step (median and over the steps that updated), JSON per run
+    bash bench/gpu.sh trl "${2:-24}" vllm > "${OUT:-/tmp}/trl-vllm.log" 2>&1 || echo "TRL failed"
+    grep -E "^step|^total|Error" "${OUT:-/tmp}/trl-vllm.log" | tail -30
+    for s in 0 1 2; do
+      python3 bench/grpo_race.py --steps "${2:-24}" --staleness $s --json "${OUT:-/tmp}/race-s$s.json" | tail -4
+    done ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;

@@ -16,7 +16,7 @@ under the served name `smollm2-135m-instruct`): adapters are published to it thr
 
 A learning recipe is these flags: `--seed S` (the problems' order and every sampling seed), `--lr`,
 `--group-size`, `--lora-r`, `--temperature`, `--filter`/`--pre-samples`/`--max-draw-factor`,
-`--reward`, `--loss`, `--kl-beta`, and `--sft-first` (SFT on the policy's own passing candidates,
+`--reward`, `--loss`, `--kl-beta`, `--staleness`/`--cap` (overlapped rollouts), and `--sft-first` (SFT on the policy's own passing candidates,
 K=8 per train problem, before GRPO starts from that adapter, with KL 0.02 to it unless `--kl-beta`
 says otherwise; the base model's score is then the pipeline's baseline). `--train-limit` and
 `--eval-tasks` make a tiny run (CPU). `bench/seeds.py` runs one recipe over several seeds.
@@ -70,6 +70,8 @@ def job_spec(
     init_adapter: str | None = None,
     train_limit: int | None = None,
     eval_max_tokens: int = 256,
+    staleness: int = 0,
+    cap: float = 2.0,
 ) -> dict:
     """The training job of one run (the race's setup unless a recipe flag changes it)."""
     method_cfg: dict = (
@@ -107,6 +109,7 @@ def job_spec(
         "checkpoint": {"every": 10_000},
         "logging": {"wandb_mode": "disabled"},
         "seed": seed,
+        **({"overlap": {"max_staleness": staleness, "cap": cap}} if staleness else {}),
     }
 
 
@@ -251,6 +254,10 @@ def main() -> None:
         "--train-limit", type=int, default=None, help="the first N train problems (tiny runs)"
     )
     recipe.add_argument("--eval-max-tokens", type=int, default=256)
+    recipe.add_argument(
+        "--staleness", type=int, default=0, help="overlap.max_staleness (0: the synchronous loop)"
+    )
+    recipe.add_argument("--cap", type=float, default=2.0, help="--staleness: importance-weight cap")
     parser.add_argument("--spec", type=Path, default=None, help="a job spec YAML to run instead (see above)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -271,6 +278,7 @@ def main() -> None:
             {
                 "CRUCIBLE_GENERATOR_MODEL": args.model,
                 "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
+                "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, args.staleness + 2)),
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
                 "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the job publishes
             },
@@ -321,6 +329,8 @@ def main() -> None:
                 init_adapter=sft.get("adapter"),
                 train_limit=args.train_limit,
                 eval_max_tokens=args.eval_max_tokens,
+                staleness=args.staleness,
+                cap=args.cap,
             )
         )
         if args.kl_beta is not None:
@@ -395,6 +405,7 @@ def main() -> None:
                     "split": split,
                     "eval": evals or None,
                     "seed": args.seed,
+                    "staleness": args.staleness,
                     "wall_s": total,
                     "job": spec.model_dump(mode="json"),
                     "sft": sft or None,

@@ -14,6 +14,8 @@ The overlapped runs also report their importance weights (mean, max, fraction tr
 Usage: python bench/overlap_race.py [--staleness 0 1 2] [--seeds 0 1 2] [--steps 100]
            [--eval-tasks 500] [--json out.json] [grpo_race recipe: --lr --temperature --group-size]
        python bench/overlap_race.py --tiny --json /tmp/overlap.json   # CPU smoke test (minutes)
+       python bench/overlap_race.py --merge a.json b.json --json all.json   # runs made apart (one
+           seed per GPU: `bash bench/gpu.sh bg` per card) as one comparison
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--generator-batch", type=int, default=128)
     parser.add_argument("--tiny", action="store_true", help="a CPU smoke test: " + json.dumps(TINY))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--merge", type=Path, nargs="+", help="combine the runs of these JSON files")
     args = parser.parse_args()
     if args.tiny:
         for key, value in TINY.items():
@@ -167,8 +170,31 @@ def spec_of(args: argparse.Namespace, staleness: int, seed: int) -> dict:
     return raw
 
 
+def merge(paths: list[Path]) -> dict:
+    """One comparison from results written apart (their setups must agree; devices are listed)."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    setups = {json.dumps(p["setup"], sort_keys=True) for p in parts}
+    if len(setups) > 1:
+        raise SystemExit(f"--merge: the files ran different setups: {sorted(setups)}")
+    runs = [run for p in parts for run in p["runs"]]
+    return {
+        "setup": parts[0]["setup"],
+        "device": sorted({p["device"] for p in parts}),
+        "runs": runs,
+        "by_staleness": compare(runs),
+        "targets": parts[0]["targets"],
+        "merged_from": [p.name for p in paths],
+    }
+
+
 def main() -> None:
     args = parse()
+    if args.merge:
+        merged = merge(args.merge)
+        print(json.dumps(merged["by_staleness"], indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(merged, indent=1))
+        return
     from crucible_cli.spawn import start
     from crucible_shared.jobs import TrainJob
     from crucible_trainer.channel import LocalChannel
