@@ -237,6 +237,9 @@ def main() -> None:
         default=128,
         help="rows of the spawned generator (runs sharing a card: 64)",
     )
+    parser.add_argument(
+        "--generator-device", help="CUDA_VISIBLE_DEVICES of the spawned generator (default: the trainer's)"
+    )
     recipe = parser.add_argument_group("recipe")
     recipe.add_argument("--seed", type=int, default=0, help="problem order and sampling seeds")
     recipe.add_argument("--lr", type=float, default=1e-4)
@@ -281,6 +284,7 @@ def main() -> None:
                 "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, args.staleness + 2)),
                 "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
                 "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the job publishes
+                **({"CUDA_VISIBLE_DEVICES": args.generator_device} if args.generator_device else {}),
             },
             "CRUCIBLE_GENERATOR_PORT",
             log=work / "generator.log",

@@ -136,6 +136,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--cap", type=float, default=2.0, help="truncation of the importance weights")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--generator-batch", type=int, default=128)
+    parser.add_argument(
+        "--generator-device",
+        help="CUDA_VISIBLE_DEVICES of the spawned generator (default: the trainer's card); e.g. the "
+        "trainer on card 0 and the generator on card 1 measures the overlap without the two sharing a card",
+    )
     parser.add_argument("--tiny", action="store_true", help="a CPU smoke test: " + json.dumps(TINY))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="combine the runs of these JSON files")
@@ -211,6 +216,7 @@ def main() -> None:
             "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, max(args.staleness) + 2)),
             "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
             "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the jobs publish
+            **({"CUDA_VISIBLE_DEVICES": args.generator_device} if args.generator_device else {}),
         },
         "CRUCIBLE_GENERATOR_PORT",
         log=work / "generator.log",
@@ -257,6 +263,7 @@ def main() -> None:
                 "cap",
                 "model",
                 "tiny",
+                "generator_device",
             )
         },
         "device": device(),
