@@ -64,6 +64,7 @@ def job_spec(
     lora_r: int = 16,
     temperature: float = 1.0,
     pre_samples: int = 4,
+    pre_keep: str = "pass_rate",
     max_draw_factor: float = 3.0,
     loss: str = "token",
     kl_beta: float = 0.0,
@@ -82,6 +83,7 @@ def job_spec(
     method_cfg["filter"] = {
         "mode": group_filter,
         "pre_samples": pre_samples,
+        "pre_keep": pre_keep,
         "max_draw_factor": max_draw_factor,
     }
     model_cfg = (
@@ -247,6 +249,12 @@ def main() -> None:
     recipe.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2 * rank)")
     recipe.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
     recipe.add_argument("--pre-samples", type=int, default=4, help="--filter pre: samples per problem")
+    recipe.add_argument(
+        "--pre-keep",
+        default="pass_rate",
+        choices=["pass_rate", "reward_spread"],
+        help="--filter pre: keep rule",
+    )
     recipe.add_argument("--max-draw-factor", type=float, default=3.0, help="--filter dynamic: draw cap")
     recipe.add_argument("--loss", default="token", choices=["token", "sequence", "dr_grpo"])
     recipe.add_argument(
@@ -327,6 +335,7 @@ def main() -> None:
                 lora_r=args.lora_r,
                 temperature=args.temperature,
                 pre_samples=args.pre_samples,
+                pre_keep=args.pre_keep,
                 max_draw_factor=args.max_draw_factor,
                 loss=args.loss,
                 kl_beta=kl_beta,

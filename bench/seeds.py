@@ -54,6 +54,14 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         shared("--filter", "pre", "--pre-samples", "8", "--group-size", "16"),
         "pre-filter with 8 samples per problem (keeps more problems), groups of 16",
     ),
+    "pre-spread": (
+        shared("--filter", "pre", "--pre-keep", "reward_spread"),
+        "pre-filter keeping problems whose fraction rewards differ (partly solved ones too)",
+    ),
+    "sft-spread": (
+        shared("--sft-first", "--filter", "pre", "--pre-keep", "reward_spread"),
+        "SFT, then GRPO on the problems whose fraction rewards differ",
+    ),
     "pre-lr2e4": (shared("--filter", "pre", "--lr", "2e-4"), "pre-filter, lr 2e-4"),
     "pre-r64": (shared("--filter", "pre", "--lora-r", "64"), "pre-filter, LoRA rank 64"),
     "pre-t07": (shared("--filter", "pre", "--temperature", "0.7"), "pre-filter, rollout temperature 0.7"),

@@ -164,3 +164,14 @@ def test_group_filter_fields_are_refused_where_they_do_nothing() -> None:
     with pytest.raises(ValidationError, match="max_draw_factor"):
         GRPOConfig(filter={"mode": "pre", "max_draw_factor": 2})
     assert GRPOConfig(difficulty_filter=True, filter_samples=6).filter.pre_samples == 6
+    with pytest.raises(ValidationError, match="pre_keep"):
+        GRPOConfig(filter={"mode": "dynamic", "pre_keep": "reward_spread"})
+    assert GRPOConfig(filter={"mode": "pre", "pre_keep": "reward_spread"}).filter.pre_keep == "reward_spread"
+    with pytest.raises(ValidationError, match="pre_keep"):
+        GRPOConfig(filter={"mode": "pre", "pre_keep": "sometimes"})
+
+
+def test_the_pre_filter_keeps_by_pass_rate_or_reward_spread() -> None:
+    from crucible_trainer.methods import groups
+
+    assert doctest.testmod(groups).failed == 0

@@ -13,7 +13,9 @@ class GroupFilter(_Spec):
     """Which groups of samples train: all, those of a one-off pre-filter, or dynamic sampling.
 
     Groups whose rewards are all equal have zero advantage and carry no gradient. `pre`
-    samples every problem once before training and keeps those with 0 < pass rate < 1.
+    samples every problem once before training and keeps those with 0 < pass rate < 1
+    (`pre_keep: pass_rate`) or, with `pre_keep: reward_spread`, those whose samples' rewards differ
+    under the job's reward (a fraction-of-tests reward also keeps problems partly solved).
     `dynamic` (DAPO's dynamic sampling) drops zero-variance groups during training and samples
     groups of fresh problems until the step has `problems_per_step` informative ones, drawing
     at most `max_draw_factor` times that many groups per step.
@@ -21,6 +23,10 @@ class GroupFilter(_Spec):
 
     mode: Literal["none", "pre", "dynamic"] = Field("none", description="none | pre | dynamic.")
     pre_samples: int = Field(4, ge=2, le=64, description="pre: samples per problem in the pre-filter pass.")
+    pre_keep: Literal["pass_rate", "reward_spread"] = Field(
+        "pass_rate",
+        description="pre: keep problems with 0 < pass rate < 1, or those whose samples' rewards differ.",
+    )
     max_draw_factor: float = Field(
         3.0, ge=1, le=32, description="dynamic: most groups sampled per step, as a multiple of the quota."
     )
@@ -29,6 +35,8 @@ class GroupFilter(_Spec):
     def _check(self) -> GroupFilter:
         if self._changed("pre_samples") and self.mode != "pre":
             raise unused("pre_samples", f"only the pre-filter samples ahead (mode is {self.mode})")
+        if self._changed("pre_keep") and self.mode != "pre":
+            raise unused("pre_keep", f"only the pre-filter keeps problems ahead (mode is {self.mode})")
         if self._changed("max_draw_factor") and self.mode != "dynamic":
             raise unused("max_draw_factor", f"only dynamic sampling draws more groups (mode is {self.mode})")
         return self

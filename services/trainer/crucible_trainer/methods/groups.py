@@ -7,7 +7,8 @@ A group whose rewards are all equal has zero advantage everywhere and carries no
   (drawn from the job's `ProblemSampler`, so the order stays reproducible) until the step has
   its quota of informative groups or has drawn `max_draw_factor` times the quota;
 * `pre`: `prefilter` samples every problem once before training and keeps those the policy
-  sometimes solves (0 < pass rate < 1).
+  sometimes solves (0 < pass rate < 1) or, with `pre_keep: reward_spread`, those whose rewards
+  differ.
 """
 
 from __future__ import annotations
@@ -114,23 +115,38 @@ async def select_groups(
 
 
 async def prefilter(ctx: StepContext, filt: GroupFilter, indices: list[int]) -> list[int]:
-    """`pre`: the problems with 0 < pass rate < 1 over `pre_samples` first attempts each (all of
-    them, with a warning, if none qualifies)."""
+    """`pre`: the problems worth training on, from `pre_samples` first attempts each (all of them,
+    with a warning, if none qualifies)."""
     if filt.mode != "pre":
         return indices
     batch = await ctx.sample(first_prompts(ctx, indices), filt.pre_samples)
     groups = by_group(batch)
-    keep = []
-    for i, t in enumerate(indices):
-        members = groups.get(i, [])
-        rate = (
-            sum(1 for s in members if s.result and s.result.status == "passed") / len(members)
-            if members
-            else 0.0
-        )
-        if 0 < rate < 1:
-            keep.append(t)
+    keep = [t for i, t in enumerate(indices) if worth_training(groups.get(i, []), filt.pre_keep)]
     if not keep:
         log.warning("the pre-filter kept no problem; training on all of them")
         return indices
     return keep
+
+
+def worth_training(members: list[Sample], keep: str) -> bool:
+    """Whether a problem's pre-filter samples pass `keep`: `pass_rate`, some but not all passed;
+    `reward_spread`, their rewards differ (the group would carry a gradient).
+
+    >>> from crucible_shared.sandbox import RunResult
+    >>> def s(status, reward):
+    ...     r = RunResult(status=status, passed=int(reward == 1.0), total=1)
+    ...     return Sample(0, 0, [], [], "", "", None, None, result=r, reward=reward)
+    >>> partly = [s("failed", 0.5), s("failed", 0.0)]
+    >>> worth_training(partly, "pass_rate"), worth_training(partly, "reward_spread")
+    (False, True)
+    >>> worth_training([s("passed", 1.0), s("failed", 0.0)], "pass_rate")
+    True
+    >>> worth_training([s("failed", 0.0), s("failed", 0.0)], "reward_spread"), worth_training([], "pass_rate")
+    (False, False)
+    """
+    if not members:
+        return False
+    if keep == "reward_spread":
+        return len({s.reward for s in members}) > 1
+    rate = sum(1 for s in members if s.result and s.result.status == "passed") / len(members)
+    return 0 < rate < 1
