@@ -25,6 +25,8 @@
 #   bash bench/gpu.sh shapes          # random checkpoints shaped as Qwen2.5-Coder-1.5B and -7B in /root/shapes
 #   bash bench/gpu.sh families-gpu    # every model family (and those shapes) on the CUDA fast path vs transformers
 #   bash bench/gpu.sh race-1p5b STEPS # examples/grpo_qwen1p5b.yaml on the 1.5B shape: s/step, peak memory
+#   bash bench/gpu.sh multi-gpu [GPUS] # the same GRPO job on 1,2,4 GPUs at SmolLM2-135M and the 1.5B shape
+#                                     #   (multi-gpu-135m / multi-gpu-1p5b: one of them; after part-a and setup)
 #   bash bench/gpu.sh serve-sizes SHAPE... # serving race at real shapes, rank-16 adapter, vLLM profile and fitted
 #   MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b bash bench/gpu.sh crucible-up   # (vllm-up, serve-race too)
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
@@ -51,6 +53,7 @@ WHEELS=(
   python-dotenv==1.2.4 typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-types==0.8.0
   uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2
   trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0
+  redis==8.1.0  # pure Python: the trainer's channel module imports it (jobs here run on a local channel)
 )
 if [ "${1:-}" = wheels ]; then
   cd "$(dirname "$0")/.." && mkdir -p .whl
@@ -114,9 +117,14 @@ PY
   race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-7b --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
-  multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape on 1,2,4 GPUs
-    python3 bench/multi_gpu.py --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-smollm2.json" "${@:3}"
-    python3 bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/multi-gpu-1p5b.json" "${@:3}" ;;
+  multi-gpu)  # [GPUS] [extra]: the same GRPO job on 1,2,4 GPUs (N ranks + N generator replicas, one sandbox),
+    # at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape, one after the other (long: with `bg`, then `wait-bg`)
+    bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
+    bash bench/gpu.sh multi-gpu-1p5b "${2:-1,2,4}" "${@:3}" ;;
+  multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: one of the two (bench/multi_gpu.py), JSON and logs in $OUT
+    shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
+    python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/$1.json" "${@:3}" \
+      2>&1 | tee "${OUT:-/tmp}/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
   learn)
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
@@ -272,5 +280,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,39p "$0"; exit 2 ;;
+    sed -n 2,41p "$0"; exit 2 ;;
 esac

@@ -1,21 +1,41 @@
-"""Samples/s and s/step of one GRPO step's work on 1, 2, 4 GPUs: generation and the update, apart.
+"""Samples/s and s/step of the same GRPO job on 1, 2, 4 GPUs, with the split between generation and update.
 
-    python bench/multi_gpu.py --model smollm2-135m-instruct --gpus 1,2,4 --out multi_gpu.json
-    python bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus 1,2,4 --out multi_gpu_qwen.json
-    python bench/multi_gpu.py --tiny --gpus 1,2 --out /tmp/multi_gpu.json      # CPU, gloo: a check
+    python bench/multi_gpu.py --gpus 1,2,4 --out multi_gpu.json                 # SmolLM2-135M
+    python bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus 1,2,4 --out multi_gpu_1p5b.json
+    python bench/multi_gpu.py --tiny --gpus 1,2 --out /tmp/multi_gpu.json       # CPU, gloo: a check
 
-For each GPU count N the script runs `torchrun --nproc-per-node N` of itself. Every rank builds the
-job's policy exactly as a distributed job does (`crucible_trainer.distributed`: LoRA under DDP,
-or FSDP2 with `--strategy fsdp`); each step, every rank generates its share of the batch
-(`prompts x group` completions of exactly `--max-tokens` tokens: random weights, so EOS is
-ignored; the share of one generator replica per GPU), the completions are gathered, and every rank
-runs the update of `rl/update.py` on its share of the whole batch (the GRPO normaliser over all
-of it). Rank 0 times both halves; the JSON holds per N the median s/step over the steps after
-the first (warm-up), the split, samples/s and the speed-up over one GPU.
+For each GPU count N this runs the real job the way a user runs it on an N-GPU host: one sandbox,
+N Crucible generator replicas (one per GPU, `CUDA_VISIBLE_DEVICES=i`, as `crucible up
+--generator-gpus` places a generator) sharing the cards with the trainer's N ranks, and the GRPO
+train job with `distributed.train_gpus: N` run by `crucible_trainer.jobs.execute` (what
+`crucible train --local` and a worker call): N > 1 goes through the worker's launcher
+(`torchrun`, DDP or FSDP2, rank 0 leading), N = 1 is the ordinary one-process job. The trainer
+gets every replica's URL (`generator_urls`), so its generator pool spreads the rollouts over them
+and publishes every adapter version to all. Events go to a local channel: no Redis.
 
-The generation here is transformers' `generate` on each trainer GPU, a stand-in for generator
-replicas: it measures how the step scales when every GPU also generates, not vLLM's speed.
+Figures come from the job's own `metrics.jsonl`: per N the median over the steps after the
+first (start-up, first compilations) of `time/step_s`, and the same medians of the split:
+generation (`time/generate_s`; `time/rollout_s` adds the sandbox's tail), the update
+(`time/train_s`), publishing to every replica (`publish/total_s`), the stale-policy check the
+rollouts did not hide (`time/stale_wait_s`) and the rest. Samples/s is `prompts x group` over
+the median s/step; the speed-up is over N = 1, checked against issue 26's targets (>= 1.8x on 2
+GPUs, >= 3.2x on 4).
+
+The work per step is made constant: `method.kl_beta` (default 0.01) keeps every sequence in the
+update (otherwise a group whose samples all earn the same reward, every group of a random-weight
+shape, trains nothing), and random weights sample EOS about once in 50,000 tokens, so `--shape`
+completions run to `--max-tokens` (the rollout spec has no `ignore_eos`; SmolLM2's real weights
+stop at EOS, hence `completion_tokens_mean` in the report).
+
+Why 64 problems x 8 samples by default: generation only scales with replicas once one replica
+is throughput-bound, i.e. holds more rows than it decodes at once. Each replica decodes at most
+`--generator-batch` rows together (128, the race's setting), so 512 rows take one replica four
+rounds of decoding, two replicas two and four replicas one. At 8 x 8 (the race's batch) one
+replica decodes the whole batch at once, decoding is latency-bound (one forward per token
+whatever the rows), and more replicas cannot shorten it.
+
 `--shape` builds a random-weight checkpoint of a real model's exact shape (bench/model_shapes.py).
+`--tiny` is a check of the script on a CPU: a tiny random Qwen2, gloo, few tokens.
 """
 
 from __future__ import annotations
@@ -24,71 +44,78 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
+SPLIT = {  # report key -> the job's metric (median over the steps after the first)
+    "generate_s": "time/generate_s",
+    "rollout_s": "time/rollout_s",
+    "update_s": "time/train_s",
+    "publish_s": "publish/total_s",
+    "stale_wait_s": "time/stale_wait_s",
+}
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model.base of the job")
     p.add_argument("--shape", help="build this shape with random weights (bench/model_shapes.py)")
     p.add_argument(
         "--tiny", action="store_true", help="a tiny random Qwen2 on CPU (gloo): a check of the script"
     )
-    p.add_argument("--gpus", default="1,2,4", help="comma-separated rank counts")
-    p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--steps", type=int, default=2, help="timed steps (+1 warm-up)")
-    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts (ranks = replicas = N)")
+    p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy (N > 1)")
+    p.add_argument("--prompts", type=int, default=64, help="problems per step (see above)")
+    p.add_argument("--group", type=int, default=8, help="GRPO samples per problem")
+    p.add_argument("--max-tokens", type=int, default=256, help="rollout.max_tokens")
+    p.add_argument("--steps", type=int, default=3, help="timed steps (+1 warm-up)")
+    p.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch (per rank)")
+    p.add_argument("--kl-beta", type=float, default=0.01, help="method.kl_beta (> 0: every sequence trains)")
+    p.add_argument("--generator-batch", type=int, default=128, help="rows each replica decodes at once")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)  # internal: run as a rank
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
-def main() -> None:
-    args = parse()
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     if args.tiny:
-        args.prompts, args.group, args.max_tokens, args.prompt_tokens = 2, 4, 8, 8
-        args.steps, args.micro_batch = min(args.steps, 2), 4
-    if args.rank_of is not None:
-        return rank(args)
-    with tempfile.TemporaryDirectory() as tmp:
+        args.prompts, args.group, args.max_tokens = 2, 4, 8
+        args.steps, args.micro_batch, args.generator_batch = min(args.steps, 1), 4, 8
+    # The job talks to its generators and sandbox directly and writes events locally.
+    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
+        os.environ.pop(name, None)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="crucible-multi-gpu-") as tmp:
         model = args.model
         if args.tiny:
             model = tiny_model(Path(tmp) / "tiny")
         elif args.shape:
-            sys.path.insert(0, str(ROOT / "bench"))
-            from model_shapes import build
+            from bench.model_shapes import build
 
-            model = build(args.shape, Path(tmp), "cuda", "bfloat16", 0, False)["path"]
-        results = []
-        for n in [int(x) for x in args.gpus.split(",")]:
-            out = Path(tmp) / f"ranks-{n}.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-            cmd += [__file__, *sys.argv[1:], "--rank-of", str(out), "--model", str(model)]
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
-            env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-            subprocess.run(cmd, check=True, env=env, cwd=ROOT)
-            results.append(json.loads(out.read_text()))
-    one = next((r for r in results if r["gpus"] == 1), None)
-    for r in results:
-        r["speedup_samples_per_s"] = r["samples_per_s"] / one["samples_per_s"] if one else None
-    report = {"model": args.shape or ("tiny" if args.tiny else args.model), "strategy": args.strategy}
-    report.update(
-        batch=args.prompts * args.group, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens
-    )
-    report["runs"] = results
+            model = build(args.shape, Path(tmp), device(), "bfloat16", 0, False)["path"]
+        if model != args.model:  # a local checkpoint: let the trainer and the generators read it
+            roots = [tmp, str(ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
+            os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
+        runs = [run_one(args, model, int(n), Path(tmp) / f"n{n}") for n in args.gpus.split(",")]
+    report = summarise(args, runs)
     args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
+    for r in report["runs"]:
+        print(row_text(r))
+
+
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def tiny_model(out: Path) -> str:
@@ -116,106 +143,176 @@ def tiny_model(out: Path) -> str:
     return str(out)
 
 
-def rank(args: argparse.Namespace) -> None:
-    """One rank: build the policy as a job does, then time generation and update per step."""
-    import random
+def job(args: argparse.Namespace, model: str, n: int) -> dict[str, Any]:
+    """The GRPO job of every N: the race's spec (bench/grpo_race.py) at this batch, over N ranks."""
+    from bench.grpo_race import job_spec
 
-    import torch
-    import torch.distributed as dist
-    from crucible_shared.jobs import TrainJob
-    from crucible_trainer.distributed.leader import make_rank_policy
-    from crucible_trainer.distributed.parallel import DataParallel, shares
-    from crucible_trainer.rl.rollout import Sample
-    from crucible_trainer.rl.update import UpdateConfig, update
-
-    r, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available() and not args.tiny
-    if cuda:
-        torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    device = f"cuda:{local}" if cuda else "cpu"
-    spec = TrainJob.model_validate(
-        {
-            "model": {"base": args.model, "device": device},
-            "optim": {"micro_batch": args.micro_batch, "problems_per_step": args.prompts},
-            "method": {"name": "grpo", "group_size": args.group},
-        }
+    raw = job_spec(
+        "grpo",
+        args.steps + 1,
+        0,
+        model,
+        prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        micro_batch=args.micro_batch,
+        group_size=args.group,
+        kl_beta=args.kl_beta,
+        train_limit=max(args.prompts * (args.steps + 1), 4) if args.tiny else None,
     )
-    policy = make_rank_policy(spec.model_dump_json(), device, DataParallel(args.strategy, r, world), None)
-    cfg = UpdateConfig(micro_batch=args.micro_batch, max_tokens=args.max_tokens)
-    rng = random.Random(0)
-    vocab = policy.model.get_base_model().config.vocab_size
-    tok = policy.tokenizer
-    low = max(tok.eos_token_id or 0, policy.pad_id or 0) + 1
-    times: list[tuple[float, float]] = []
-    for step in range(args.steps + 1):
-        prompts = [
-            [rng.randrange(low, min(vocab, 40000)) for _ in range(args.prompt_tokens)]
-            for _ in range(args.prompts)
-        ]
-        rows = [(p, g) for p in range(args.prompts) for g in range(args.group)]
-        mine = shares(list(range(len(rows))), world)[r]
-        sync(cuda)
-        t0 = time.perf_counter()
-        completions = generate(policy, [prompts[rows[i][0]] for i in mine], args.max_tokens)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, completions)
-        sync(cuda)
-        t1 = time.perf_counter()
-        flat = [c for part in gathered for c in part]
-        batch = [
-            Sample(p, p, prompts[p], flat[i], "", "", None, None, reward=0.0, advantage=rng.uniform(-1, 1))
-            for i, (p, _g) in enumerate(rows)
-        ]
-        update(policy, batch, cfg, seed=step, parallel=policy.parallel)
-        sync(cuda)
-        t2 = time.perf_counter()
-        if step > 0 or args.steps == 0:
-            times.append((t1 - t0, t2 - t1))
-    if r == 0:
-        gen = statistics.median(t[0] for t in times)
-        upd = statistics.median(t[1] for t in times)
-        samples = args.prompts * args.group
-        result = {
-            "gpus": world,
-            "device": torch.cuda.get_device_name(local) if cuda else "cpu",
-            "s_per_step": gen + upd,
-            "generate_s": gen,
-            "update_s": upd,
-            "samples_per_s": samples / (gen + upd),
-            "update_samples_per_s": samples / upd,
-            "steps": len(times),
+    # One process at N = 1 whatever the strategy (fsdp needs two ranks or more).
+    raw["distributed"] = {"train_gpus": n, "strategy": args.strategy if n > 1 else "ddp"}
+    return raw
+
+
+def start_generators(args: argparse.Namespace, model: str, n: int, work: Path) -> list[Any]:
+    """N generator replicas, replica i on GPU i (CPU: N processes of one thread each), at once."""
+    from crucible_cli.spawn import start
+
+    cuda = device() == "cuda"
+
+    def one(i: int) -> Any:
+        env = {
+            "CRUCIBLE_GENERATOR_MODEL": model,
+            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
+            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+            "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the job publishes
+            **({"CUDA_VISIBLE_DEVICES": str(i)} if cuda else {"CRUCIBLE_GENERATOR_THREADS": "1"}),
         }
-        args.rank_of.write_text(json.dumps(result))
-    dist.destroy_process_group()
+        return start(
+            "crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / f"generator-{i}.log", timeout=900
+        )
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+    started, errors = [], []
+    for f in futures:
+        try:
+            started.append(f.result())
+        except Exception as exc:  # stop the ones that came up, then say why
+            errors.append(exc)
+    if errors:
+        for g in started:
+            g.stop()
+        raise errors[0]
+    return started
 
 
-def generate(policy: Any, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    """Sampled completions of exactly `tokens` tokens (EOS ignored: random weights)."""
+def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[str, Any]:
+    """Run the job on N GPUs (N ranks, N replicas, one sandbox); its figures."""
+    from crucible_cli.spawn import start
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.jobs import execute
+    from crucible_trainer.settings import Settings
+
+    work.mkdir(parents=True)
+    spec = TrainJob.model_validate(job(args, model, n))
+    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    generators: list[Any] = []
+    try:
+        generators = start_generators(args, model, n, work)
+        settings = Settings(
+            generator_urls=[g.url for g in generators],
+            sandbox_url=sandbox.url,
+            adapter_dir=work / "adapters",
+            runs_dir=work / "jobs",
+            max_ranks=n,
+        )
+        job_id = f"multi-gpu-{n}"
+        started = time.perf_counter()
+        summary = execute(spec, job_id, settings, LocalChannel(job_id))
+        wall = time.perf_counter() - started
+    finally:
+        for g in generators:
+            g.stop()
+        sandbox.stop()
+    if summary.get("status") != "finished":
+        ranks = work / "jobs" / job_id / "ranks" / "torchrun.log"
+        raise RuntimeError(f"the job on {n} GPU(s) ended {summary.get('status')}: {summary} (see {ranks})")
+    lines = (work / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()
+    rows = [r for line in lines if "eval_label" not in (r := json.loads(line))]
+    return figures(rows, n, args.prompts * args.group) | {"wall_s": round(wall, 1), "device": card()}
+
+
+def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
+    """Medians over the steps after the first (all steps if there is one) of the job's metrics.
+
+    >>> rows = [{"time/step_s": 9.0, "time/generate_s": 5.0, "time/train_s": 3.0},
+    ...         {"time/step_s": 4.0, "time/generate_s": 2.0, "time/train_s": 1.5, "publish/total_s": 0.25}]
+    >>> f = figures(rows, 2, 8)
+    >>> f["s_per_step"], f["generate_s"], f["update_s"], f["publish_s"], f["samples_per_s"]
+    (4.0, 2.0, 1.5, 0.25, 2.0)
+    >>> f["other_s"]  # step - rollout (absent here: generate) - update - publish - stale wait
+    0.25
+    """
+    later = rows[1:] or rows
+    med = {k: statistics.median(r.get(m, 0.0) for r in later) for k, m in SPLIT.items()}
+    step = statistics.median(r["time/step_s"] for r in later)
+    rollout = med["rollout_s"] or med["generate_s"]
+    other = step - rollout - med["update_s"] - med["publish_s"] - med["stale_wait_s"]
+    return {
+        "gpus": n,
+        "steps": len(later),
+        "s_per_step": step,
+        **med,
+        "other_s": round(other, 6),
+        "samples_per_s": samples / step,
+        "generate_samples_per_s": samples / med["generate_s"] if med["generate_s"] else None,
+        "update_samples_per_s": samples / med["update_s"] if med["update_s"] else None,
+        "completion_tokens_mean": statistics.mean(r.get("completion_tokens_mean", 0.0) for r in later),
+        "update_sequences": statistics.median(r.get("update/sequences", 0.0) for r in later),
+        "update_ranks": later[-1].get("update/ranks", 1.0),
+    }
+
+
+def card() -> str:
     import torch
 
-    if not prompts:
-        return []
-    model = policy.model
-    ids = torch.tensor(prompts, device=policy.device)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=tokens,
-            min_new_tokens=tokens,
-            do_sample=True,
-            pad_token_id=policy.pad_id,
-        )
-    return out[:, ids.shape[1] :].tolist()
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def sync(cuda: bool) -> None:
-    if cuda:
-        import torch
+def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report: every N's figures, their speed-ups over N = 1 and the targets met or not.
 
-        torch.cuda.synchronize()
+    >>> a = argparse.Namespace(shape=None, tiny=False, model="m", strategy="ddp", prompts=2, group=4,
+    ...                        max_tokens=8, micro_batch=4, kl_beta=0.01, generator_batch=8)
+    >>> r = summarise(a, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
+    ...                    "update_samples_per_s": 4.0}, {"gpus": 2, "samples_per_s": 3.8,
+    ...                    "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}])
+    >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"]
+    (1.9, 1.8, True)
+    """
+    one = next((r for r in runs if r["gpus"] == 1), None)
+    for r in runs:
+        for key in ("samples_per_s", "generate_samples_per_s", "update_samples_per_s"):
+            base = one.get(key) if one else None
+            r[f"speedup_{key}"] = round(r[key] / base, 3) if base and r.get(key) else None
+        r["target"] = TARGETS.get(r["gpus"])
+        speedup = r["speedup_samples_per_s"]
+        r["target_met"] = None if r["target"] is None or speedup is None else speedup >= r["target"]
+    return {
+        "model": args.shape or ("tiny" if args.tiny else args.model),
+        "strategy": args.strategy,
+        "batch": args.prompts * args.group,
+        "prompts": args.prompts,
+        "group": args.group,
+        "max_tokens": args.max_tokens,
+        "micro_batch": args.micro_batch,
+        "kl_beta": args.kl_beta,
+        "generator_batch": args.generator_batch,
+        "targets": {str(k): v for k, v in TARGETS.items()},
+        "runs": runs,
+    }
+
+
+def row_text(r: dict[str, Any]) -> str:
+    met = {True: "met", False: "NOT met", None: "-"}[r.get("target_met")]
+    return (
+        f"{r['gpus']} GPU(s): {r['s_per_step']:.2f} s/step (generate {r['generate_s']:.2f}, update "
+        f"{r['update_s']:.2f}, publish {r['publish_s']:.2f}, other {r['other_s']:.2f}), "
+        f"{r['samples_per_s']:.1f} samples/s, x{r['speedup_samples_per_s'] or 0:.2f} "
+        f"(target {r.get('target') or '-'}: {met})"
+    )
 
 
 if __name__ == "__main__":
