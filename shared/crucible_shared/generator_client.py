@@ -12,7 +12,8 @@ on a GPU host and to Crucible's own generator elsewhere:
 
 Adapter loads and unloads retry on connection errors and 5xx answers; a retried load that finds
 its name already loaded (the first attempt did land) counts as success. `GeneratorPool` broadcasts
-loads to several replicas all-or-nothing: if one replica fails, the others unload again.
+loads to several replicas all-or-nothing: if one replica fails, the others unload again, and splits
+a request of several prompts over its replicas (a training step's rollouts are one such request).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from crucible_shared.openai_protocol import (
     CompletionResponse,
     ErrorInfo,
     ModelList,
+    UsageInfo,
 )
 
 log = logging.getLogger(__name__)
@@ -350,7 +352,8 @@ class GeneratorClient:
 
 
 class GeneratorPool:
-    """Several generator replicas: adapter loads go to all of them, requests round-robin."""
+    """Several generator replicas: adapter loads go to all of them, requests round-robin; a request
+    of several prompts is split over them (`complete`)."""
 
     def __init__(self, clients: Sequence[GeneratorClient]) -> None:
         if not clients:
@@ -409,7 +412,51 @@ class GeneratorPool:
                 raise result
 
     async def complete(self, prompt: Any, **kwargs: Any) -> CompletionResponse:
-        return await self.pick().complete(prompt, **kwargs)
+        """One completion request; several prompts are split into contiguous shares, one per
+        replica, sent at once and answered as one response (choices numbered as if one replica
+        had answered: `prompt_index * n + j`). A seeded request draws the same samples either way:
+        sample `j` of every prompt is seeded `seed + j`, whichever replica decodes it."""
+        shares = split_prompts(prompt, len(self.clients))
+        if len(shares) < 2:
+            return await self.pick().complete(prompt, **kwargs)
+        answers = await asyncio.gather(*(self.pick().complete(share, **kwargs) for share in shares))
+        return merge_completions(answers, [len(share) for share in shares], kwargs.get("n", 1))
 
     async def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatCompletionResponse:
         return await self.pick().chat(messages, **kwargs)
+
+
+def split_prompts(prompt: Any, replicas: int) -> list[list[Any]]:
+    """Contiguous, near-equal shares of a list of prompts (texts or token-id lists), at most one
+    per replica; [] for a single prompt (a text, or one token-id list), which is not split.
+
+    >>> split_prompts(["a", "b", "c", "d", "e"], 2)
+    [['a', 'b', 'c'], ['d', 'e']]
+    >>> split_prompts([[1, 2], [3]], 4)
+    [[[1, 2]], [[3]]]
+    >>> split_prompts([5, 6, 7], 2), split_prompts("a", 2)
+    ([], [])
+    """
+    if not isinstance(prompt, list) or not prompt or isinstance(prompt[0], int):
+        return []
+    parts = min(replicas, len(prompt))
+    size, extra = divmod(len(prompt), parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [prompt[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def merge_completions(
+    answers: Sequence[CompletionResponse], prompts: Sequence[int], n: int
+) -> CompletionResponse:
+    """The answers to consecutive shares of one request's prompts as the answer to the whole:
+    choices renumbered by their share's first prompt, usage summed."""
+    choices, first = [], 0
+    for answer, count in zip(answers, prompts, strict=True):
+        choices += [c.model_copy(update={"index": c.index + first * n}) for c in answer.choices]
+        first += count
+    usage = UsageInfo(
+        prompt_tokens=sum(a.usage.prompt_tokens for a in answers),
+        total_tokens=sum(a.usage.total_tokens for a in answers),
+        completion_tokens=sum(a.usage.completion_tokens or 0 for a in answers),
+    )
+    return answers[0].model_copy(update={"choices": choices, "usage": usage})

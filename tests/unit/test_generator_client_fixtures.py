@@ -224,6 +224,53 @@ def test_pool_broadcast_success_loads_everywhere():
     assert sorted(loaded) == ["r0", "r1", "r2"]
 
 
+def echo_replica(name: str, seen: list) -> GeneratorClient:
+    """A replica whose completions name it, the prompt and the sample: `<replica>:<prompt>:<j>`."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        prompts, n = body["prompt"], body["n"]
+        seen.append((name, prompts))
+        choices = [
+            {"index": p * n + j, "text": f"{name}:{prompt}:{j}", "finish_reason": "length"}
+            for p, prompt in enumerate(prompts)
+            for j in range(n)
+        ]
+        usage = {"prompt_tokens": len(prompts), "completion_tokens": 2 * len(choices), "total_tokens": 0}
+        return httpx.Response(200, json={"model": body["model"], "choices": choices, "usage": usage})
+
+    return GeneratorClient(f"http://{name}", transport=httpx.MockTransport(handler))
+
+
+def test_pool_splits_a_request_of_several_prompts_over_its_replicas():
+    seen: list = []
+
+    async def go():
+        async with GeneratorPool([echo_replica(r, seen) for r in ("r0", "r1", "r2")]) as pool:
+            return await pool.complete(["a", "b", "c", "d", "e"], model="m", n=2, seed=7)
+
+    out = run(go())
+    assert sorted(prompts for _, prompts in seen) == [["a", "b"], ["c", "d"], ["e"]]
+    assert sorted(name for name, _ in seen) == ["r0", "r1", "r2"]  # one share each
+    got = samples(out, 2)
+    assert [(s.prompt_index, s.index) for s in got] == [(i // 2, i) for i in range(10)]
+    assert [s.text.split(":", 1)[1] for s in got] == [f"{p}:{j}" for p in "abcde" for j in range(2)]
+    assert out.usage.prompt_tokens == 5 and out.usage.completion_tokens == 20
+
+
+def test_pool_sends_one_prompt_or_one_replica_whole():
+    seen: list = []
+
+    async def go():
+        async with GeneratorPool([echo_replica("r0", seen), echo_replica("r1", seen)]) as pool:
+            await pool.complete(["only"], model="m", n=3)
+        async with GeneratorPool([echo_replica("solo", seen)]) as pool:
+            await pool.complete(["a", "b", "c"], model="m", n=1)
+
+    run(go())
+    assert [prompts for _, prompts in seen] == [["only"], ["a", "b", "c"]]
+
+
 def test_wait_ready_times_out():
     async def go():
         async with client_with(lambda r: httpx.Response(503)) as gen:
