@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.tiny:
         args.prompts, args.group, args.max_tokens = 2, 4, 8
-        args.steps, args.micro_batch, args.generator_batch = min(args.steps, 1), 4, 8
+        args.steps, args.micro_batch, args.generator_batch = min(args.steps, 1), 4, 4
     # The job talks to its generators and sandbox directly and writes events locally.
     for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
         os.environ.pop(name, None)
