@@ -104,12 +104,20 @@ def main(argv: list[str] | None = None) -> None:
         if model != args.model:  # a local checkpoint: let the trainer and the generators read it
             roots = [tmp, str(ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
             os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
-        runs = [run_one(args, model, int(n), Path(tmp) / f"n{n}") for n in args.gpus.split(",")]
+        runs = []
+        for n in (int(x) for x in args.gpus.split(",")):
+            try:
+                runs.append(run_one(args, model, n, Path(tmp) / f"n{n}"))
+            except Exception as exc:  # the other counts still run: one failure costs one figure
+                show_logs(Path(tmp) / f"n{n}")
+                runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
     report = summarise(args, runs)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
     for r in report["runs"]:
         print(row_text(r))
+    if any("error" in r for r in runs):
+        sys.exit(1)
 
 
 def device() -> str:
@@ -234,6 +242,13 @@ def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[st
     return figures(rows, n, args.prompts * args.group) | {"wall_s": round(wall, 1), "device": card()}
 
 
+def show_logs(work: Path, lines: int = 40) -> None:
+    """The end of every log of a failed run (its folder goes with the temporary directory)."""
+    for log in sorted(work.rglob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
+
+
 def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     """Medians over the steps after the first (all steps if there is one) of the job's metrics.
 
@@ -281,9 +296,11 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
     ...                    "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}])
     >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"]
     (1.9, 1.8, True)
+    >>> summarise(a, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])["runs"][1]["target_met"] is None
+    True
     """
-    one = next((r for r in runs if r["gpus"] == 1), None)
-    for r in runs:
+    one = next((r for r in runs if r["gpus"] == 1 and "error" not in r), None)
+    for r in (r for r in runs if "error" not in r):
         for key in ("samples_per_s", "generate_samples_per_s", "update_samples_per_s"):
             base = one.get(key) if one else None
             r[f"speedup_{key}"] = round(r[key] / base, 3) if base and r.get(key) else None
@@ -306,6 +323,8 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
 
 
 def row_text(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['gpus']} GPU(s): failed: {r['error']}"
     met = {True: "met", False: "NOT met", None: "-"}[r.get("target_met")]
     return (
         f"{r['gpus']} GPU(s): {r['s_per_step']:.2f} s/step (generate {r['generate_s']:.2f}, update "
