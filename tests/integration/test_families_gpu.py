@@ -4,7 +4,8 @@ decode attention, fused norms, CUDA graphs for every decode and prefill shape) a
 * Tiny random checkpoints of every family (tests/families.py) in float32, where one rounding cannot
   flip a near tie: greedy tokens equal transformers' (PEFT's with an adapter), base, rank-8
   all-linear adapter, hot-swap to a second version under a new name, unloads; graphs captured and
-  still in use; the trainer's log-probs (on the GPU) equal the generator's.
+  still in use (or, for a family whose forward cannot be captured, the eager path); the trainer's
+  log-probs (on the GPU) equal the generator's.
 * Checkpoints with the exact shapes of Qwen2.5-Coder-1.5B and -7B (bench/model_shapes.py), when
   `CRUCIBLE_SHAPES_DIR` names the folder they were built into: the trainer's bf16 log-probs equal
   the generator's fast path with a rank-16 adapter within the stale-policy tolerance (what every
@@ -29,6 +30,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 TOKENS = 16
 STALE_TOLERANCE = PublishSpec().stale_tolerance
+# Families whose decode step cannot be captured as a CUDA graph: the engine serves them on the eager
+# path (one warning line). gpt-oss: its experts' routing syncs with the host (`nonzero`, a loop
+# over the experts hit) inside the forward.
+CAPTURE_FAILS = {"gpt-oss"}
 SHAPES = Path(os.environ.get("CRUCIBLE_SHAPES_DIR", "/nonexistent"))
 
 
@@ -64,8 +69,6 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
     adapters = {v: family_checkpoints.adapter(name, v) for v in (1, 2)}
     engine, tokenizer = engine_for(path, "float32", max_batch_size=4, max_model_len=512)
     try:
-        fast = engine.fast
-        assert fast is not None and fast.use_graphs, f"{name}: no CUDA-graph fast path"
         prompts = [tokenizer.encode(p) for p in PROMPTS]
 
         def want(adapter: str | None) -> list[list[int]]:
@@ -74,9 +77,15 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
 
         base = want(None)
         assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base"
+        fast = engine.fast  # after the first request: the start-up captures have run
+        if name in CAPTURE_FAILS:
+            assert fast is None, f"{name}: captured; drop it from CAPTURE_FAILS"
+        else:
+            assert fast is not None and fast.use_graphs, f"{name}: no CUDA-graph fast path"
         asyncio.run(engine.load_adapter("v1", adapters[1]))
         assert [c.token_ids for c in run(engine, prompts, "v1")] == want(adapters[1]) != base, name
-        assert fast.merged.current == engine.adapters.slot("v1")  # decoded on merged weights
+        if fast is not None:
+            assert fast.merged.current == engine.adapters.slot("v1")  # decoded on merged weights
         asyncio.run(engine.load_adapter("v2", adapters[2]))
         asyncio.run(engine.unload_adapter("v1"))
         out = run(engine, prompts, "v2")
@@ -89,7 +98,9 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
         del policy
         asyncio.run(engine.unload_adapter("v2"))
         assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base after unloading"
-        assert fast.use_graphs and fast.captures > 0, f"{name}: graph capture failed; decoded without graphs"
+        if fast is not None:
+            assert fast.use_graphs and fast.captures > 0, f"{name}: graph capture failed"
+            assert engine.fast is fast, f"{name}: left the fast path while serving"
     finally:
         engine.stop()
         torch.cuda.empty_cache()
