@@ -114,9 +114,12 @@ PY
     # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-1.5b --steps "${2:-6}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-1p5b.json" ;;
-  race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast
-    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
-      --model /root/shapes/qwen2.5-coder-7b --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
+  race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast.
+    # The generator takes half the card (weights, merged copy, prefill graphs, rank-32 adapters,
+    # 32 rows of 2,048 tokens: budget.py), the trainer the rest
+    CRUCIBLE_MODEL_ROOTS=/root/shapes CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32 \
+      python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml --model /root/shapes/qwen2.5-coder-7b \
+      --generator-batch auto --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
   multi-gpu)  # [GPUS] [extra]: the same GRPO job on 1,2,4 GPUs (N ranks + N generator replicas, one sandbox),
     # at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape, one after the other (long: with `bg`, then `wait-bg`)
     bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
@@ -204,9 +207,12 @@ PY
     # 4 LoRAs) and fitted to the adapter (max-lora-rank 16, 2 LoRAs); 7B: fitted only. JSON per pair in $OUT
     shift; for shape in "${@:-qwen2.5-coder-1.5b}"; do
       export MODEL_DIR=/root/shapes/$shape MODEL_NAME=$shape
-      profiles="profile fitted"; util=0.3; swap=cuda
-      case $shape in *7b*) profiles=fitted util=0.35 swap=cpu ;; esac
-      bash bench/gpu.sh crucible-up || { echo "crucible generator failed at $shape"; continue; }
+      # Crucible's generator takes `share` of the card (budget.py), vLLM `util`: both fit at once.
+      # 7B: weights, their merged copy and the prefill graphs take 0.46, 0.55 leaves 32 rows.
+      profiles="profile fitted"; util=0.3; share=0.5; swap=cuda
+      case $shape in *7b*) profiles=fitted util=0.35 share=0.55 swap=cpu ;; esac
+      CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=$share bash bench/gpu.sh crucible-up \
+        || { echo "crucible generator failed at $shape"; continue; }
       for p in $profiles; do
         if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
         else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi

@@ -235,9 +235,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--generator-batch",
-        type=int,
+        type=lambda v: v if v == "auto" else int(v),
         default=128,
-        help="rows of the spawned generator (runs sharing a card: 64)",
+        help="rows of the spawned generator (runs sharing a card: 64); auto: from memory, or from "
+        "CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION when set",
     )
     parser.add_argument(
         "--generator-device", help="CUDA_VISIBLE_DEVICES of the spawned generator (default: the trainer's)"

@@ -4,11 +4,12 @@ decode attention, fused norms, CUDA graphs for every decode and prefill shape) a
 * Tiny random checkpoints of every family (tests/families.py) in float32, where one rounding cannot
   flip a near tie: greedy tokens equal transformers' (PEFT's with an adapter), base, rank-8
   all-linear adapter, hot-swap to a second version under a new name, unloads; graphs captured and
-  still in use; the trainer's log-probs (on the GPU) equal the generator's.
+  still in use (or, for a family whose forward cannot be captured, the eager path); the trainer's
+  log-probs (on the GPU) equal the generator's.
 * Checkpoints with the exact shapes of Qwen2.5-Coder-1.5B and -7B (bench/model_shapes.py), when
-  `CRUCIBLE_SHAPES_DIR` names the folder they were built into: the trainer's bf16 log-probs equal
-  the generator's fast path with a rank-16 adapter within the stale-policy tolerance (what every
-  GRPO step checks), and at 1.5B in float32 the greedy tokens equal transformers'.
+  `CRUCIBLE_SHAPES_DIR` names the folder they were built into: the generator's bf16 log-probs with
+  a merged rank-16 adapter are within twice bf16's own noise (transformers bf16 against float32)
+  of exact, and at 1.5B in float32 the greedy tokens equal transformers'.
 
 Run on a GPU machine: `bash bench/gpu.sh families-gpu` (after `setup`, and `shapes` for the second part).
 """
@@ -29,6 +30,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 TOKENS = 16
 STALE_TOLERANCE = PublishSpec().stale_tolerance
+# Families whose decode step cannot be captured as a CUDA graph: the engine serves them on the eager
+# path (one warning line). gpt-oss: its experts' routing syncs with the host (`nonzero`, a loop
+# over the experts hit) inside the forward.
+CAPTURE_FAILS = {"gpt-oss"}
+# How many times as far from float32 as transformers' own bf16 the generator's bf16 log-probs may be
+# (test_real_shapes_serve_the_trainers_log_probs_with_an_adapter says why).
+BF16_FACTOR = 2.0
 SHAPES = Path(os.environ.get("CRUCIBLE_SHAPES_DIR", "/nonexistent"))
 
 
@@ -64,8 +72,6 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
     adapters = {v: family_checkpoints.adapter(name, v) for v in (1, 2)}
     engine, tokenizer = engine_for(path, "float32", max_batch_size=4, max_model_len=512)
     try:
-        fast = engine.fast
-        assert fast is not None and fast.use_graphs, f"{name}: no CUDA-graph fast path"
         prompts = [tokenizer.encode(p) for p in PROMPTS]
 
         def want(adapter: str | None) -> list[list[int]]:
@@ -74,9 +80,15 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
 
         base = want(None)
         assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base"
+        fast = engine.fast  # after the first request: the start-up captures have run
+        if name in CAPTURE_FAILS:
+            assert fast is None, f"{name}: captured; drop it from CAPTURE_FAILS"
+        else:
+            assert fast is not None and fast.use_graphs, f"{name}: no CUDA-graph fast path"
         asyncio.run(engine.load_adapter("v1", adapters[1]))
         assert [c.token_ids for c in run(engine, prompts, "v1")] == want(adapters[1]) != base, name
-        assert fast.merged.current == engine.adapters.slot("v1")  # decoded on merged weights
+        if fast is not None:
+            assert fast.merged.current == engine.adapters.slot("v1")  # decoded on merged weights
         asyncio.run(engine.load_adapter("v2", adapters[2]))
         asyncio.run(engine.unload_adapter("v1"))
         out = run(engine, prompts, "v2")
@@ -89,7 +101,9 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
         del policy
         asyncio.run(engine.unload_adapter("v2"))
         assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base after unloading"
-        assert fast.use_graphs and fast.captures > 0, f"{name}: graph capture failed; decoded without graphs"
+        if fast is not None:
+            assert fast.use_graphs and fast.captures > 0, f"{name}: graph capture failed"
+            assert engine.fast is fast, f"{name}: left the fast path while serving"
     finally:
         engine.stop()
         torch.cuda.empty_cache()
@@ -104,6 +118,34 @@ def shapes() -> list[Path]:
 )
 @pytest.mark.parametrize("path", shapes(), ids=lambda p: p.name)
 def test_real_shapes_serve_the_trainers_log_probs_with_an_adapter(path, tmp_path):
+    """The generator's bf16 log-probs with a merged rank-16 adapter are no further from exact
+    arithmetic than transformers' own bf16 log-probs are, at the real shapes.
+
+    Measured on an H100 (2026-11-27), the generator and the trainer (both bf16) differed by
+    0.065-0.075 per token on average at 1.5B and 7B with this random adapter, above the stale-policy
+    tolerance (0.05) this test used to assert. That is bf16, not a bug:
+
+    * merging is exact: the fast path adds PEFT's own `get_delta_weight` (scaling included) to the
+      base weight in float32 and rounds the sum once to bf16 (`fastpath.MergedModel.select`); in
+      float32 the fast path's log-probs equal the trainer's within 1e-3 (the family test above),
+      and merged and unmerged log-probs of a 28-layer model agree to ~1e-6 (CPU);
+    * the two sides round differently: the generator rounds `W + ΔW` to bf16 (a random ΔW of
+      ~1e-3 beside weights of ~2e-2 loses a few percent of itself to it, in every linear layer),
+      PEFT rounds the base output and adds the LoRA path's output in bf16; their attention kernels,
+      fused norms and batch shapes differ too. Random weights over 28 layers carry such noise to
+      near-uniform distributions over 150k tokens where each rounding moves a log-prob;
+    * on a CPU, a random 28-layer Qwen2-shaped model (hidden 1,536, MLP 4,480, 32k vocabulary)
+      with this adapter, per token on average: merged bf16 vs float32 0.015-0.019, PEFT bf16 vs
+      float32 0.017, the two against each other 0.016-0.017, and the model without the adapter
+      0.19-0.22 from float32 with it. vLLM 0.22 itself agreed with transformers + PEFT only
+      within max |diff| 0.09 (adapter) and 0.10 (base) on SmolLM2 (docs/benchmarks.md).
+
+    So the bound is relative, computed here: `reference`, transformers + PEFT in bf16 against the
+    same in float32 on the generator's tokens (bf16's own noise at this shape), and the generator
+    may be at most `BF16_FACTOR` times as far from float32. A missing or mis-scaled adapter moves
+    the log-probs much further (the check against the model without the adapter shows the bound
+    would catch it). The stale-policy tolerance stays what jobs check: adapters trained from zero
+    (a real 1.5B GRPO job measured 0.017-0.018)."""
     from crucible_trainer.policy import Policy
 
     adapter = save_lora(
@@ -111,19 +153,46 @@ def test_real_shapes_serve_the_trainers_log_probs_with_an_adapter(path, tmp_path
     )
     engine, tokenizer = engine_for(path, "bfloat16", max_batch_size=16, max_model_len=1024)
     try:
-        assert engine.fast is not None and engine.fast.use_graphs
         prompts = [tokenizer.encode(p) for p in PROMPTS] * 4  # 12 rows: one continuous batch
         asyncio.run(engine.load_adapter("r16", adapter))
         out = run(engine, prompts, "r16", n=64)
-        assert engine.fast.merged.current == engine.adapters.slot("r16") and engine.fast.use_graphs
+        assert engine.fast is not None and engine.fast.use_graphs
+        assert engine.fast.merged.current == engine.adapters.slot("r16")
     finally:
         engine.stop()
         del engine
         torch.cuda.empty_cache()
-    spec = ModelSpec(base=str(path), device="cuda", dtype="bfloat16", init_adapter=adapter)
-    scored = Policy(spec, OptimSpec()).score(prompts, [c.token_ids for c in out])
-    diffs = [mean_diff(c.logprobs, s) for c, s in zip(out, scored, strict=True)]
-    assert max(diffs) <= STALE_TOLERANCE, diffs
+    completions = [c.token_ids for c in out]
+    generator = [c.logprobs for c in out]
+
+    def trainer(dtype: str) -> tuple[list[list[float]], list[list[float]]]:
+        """transformers + PEFT (the trainer's policy) in `dtype`: with the adapter and without."""
+        spec = ModelSpec(base=str(path), device="cuda", dtype=dtype, init_adapter=adapter)
+        policy = Policy(spec, OptimSpec())
+        try:
+            scored = policy.score(prompts, completions)
+            with policy.model.disable_adapter():
+                bare = policy.score(prompts, completions)
+            return scored, bare
+        finally:
+            del policy
+            torch.cuda.empty_cache()
+
+    bf16, _ = trainer("bfloat16")
+    exact, without_adapter = trainer("float32")
+
+    def gap(a: list[list[float]], b: list[list[float]]) -> float:
+        return max(mean_diff(x, y) for x, y in zip(a, b, strict=True))
+
+    reference = gap(bf16, exact)
+    figures = {
+        "generator-float32": gap(generator, exact),
+        "generator-trainer bf16": gap(generator, bf16),
+        "trainer bf16-float32 (reference)": reference,
+        "no adapter-float32": gap(without_adapter, exact),
+    }
+    assert figures["generator-float32"] <= BF16_FACTOR * reference, figures
+    assert figures["no adapter-float32"] > (1 + BF16_FACTOR) * reference, figures  # the bound tells
 
 
 @pytest.mark.skipif(

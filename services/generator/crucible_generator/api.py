@@ -8,6 +8,7 @@ The model is loaded in the lifespan hook, so `/health` answers only once the ser
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .budget import BudgetError
 from .errors import GeneratorError
 from .protocol import (
     ChatCompletionRequest,
@@ -34,6 +36,8 @@ from .protocol import (
 )
 from .service import GeneratorService, build_service
 from .settings import Settings
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -105,7 +109,11 @@ def create_app(settings: Settings | None = None, service: GeneratorService | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = service is None
-        app.state.service = service or build_service(settings)
+        try:
+            app.state.service = service or build_service(settings)
+        except BudgetError as exc:  # one line that says why, before the traceback
+            log.error("the generator does not fit in its memory budget: %s", exc)
+            raise
         try:
             yield
         finally:

@@ -11,7 +11,9 @@ A decode step runs over a *window* of the cache: the first `b` rows (`b` a power
 the highest live row) and the first `l` slots (`l` a multiple of `LENGTH_BUCKET` covering the
 longest live row). Each window's step is captured as a CUDA graph the first time it is used and
 replayed from then on (`capture_all` takes every window at start-up): the buffers never move, so a
-graph stays valid for the life of the server and steady-state decoding captures nothing. Rows inside the window that are free compute a throwaway
+graph stays valid for the life of the server and steady-state decoding captures nothing. A capture
+that fails (a forward that syncs with the host, ...) is recorded in `failure` and the engine serves
+the model on its eager path instead. Rows inside the window that are free compute a throwaway
 token (their write slot stays at 0, so they never run off the cache).
 
 Admission prefills the new sequences together (eagerly: prompts vary in length) into a scratch
@@ -97,6 +99,7 @@ class ContinuousDecoder:
         prefill_graphs: bool = True,
         on_capture: Callable[[], Any] | None = None,
         attention_kernels: Literal["auto", "no_cudnn"] = "auto",
+        capture: Callable[..., tuple[Any, torch.Tensor]] | None = None,
     ) -> None:
         self.merged = MergedModel(base)
         self.model = self.merged.model
@@ -118,7 +121,11 @@ class ContinuousDecoder:
         self.bucket_prefill = self.use_graphs and prefill_graphs
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.captures = 0  # graphs captured so far (steady state adds none)
+        # Why capturing failed, in words (None: it has not): the engine then serves the model on the
+        # eager path (engine.py). `capture` stands in for `capture_graph` in tests.
+        self.failure: str | None = None
         self._on_capture = on_capture
+        self._capture_graph = capture or capture_graph
         params = inspect.signature(type(self.model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._takes_cache_position = "cache_position" in params
@@ -225,10 +232,8 @@ class ContinuousDecoder:
             return graph
         try:
             graph = _PrefillGraph(shape, self)
-        except Exception:
-            log.exception("capturing a prefill graph failed; prefilling eagerly from now on")
-            self.bucket_prefill = False
-            torch.cuda.synchronize()
+        except Exception as exc:
+            self._graphs_failed(exc)
             return None
         self._prefill_graphs[shape] = graph
         self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
@@ -265,11 +270,10 @@ class ContinuousDecoder:
         if entry is None:
             try:
                 entry = self._capture(window)
-            except Exception:
-                # Some models do host syncs inside forward; they still get the static path.
-                log.exception("CUDA graph capture failed; decoding without graphs from now on")
-                self.use_graphs = False
-                torch.cuda.synchronize()
+            except Exception as exc:
+                # This step still runs (the same computation, uncaptured) so that the running
+                # batch completes; the engine leaves the fast path once it has.
+                self._graphs_failed(exc)
                 return self._step(window)
         entry[0].replay()
         return entry[1]
@@ -292,17 +296,34 @@ class ContinuousDecoder:
             return
         started = time.perf_counter()
         sizes = sorted({bucket(n, self.rows) for n in range(1, self.rows + 1)})
-        for b in sizes:
-            for slots in range(LENGTH_BUCKET, self.length + 1, LENGTH_BUCKET):
-                if (b, slots) not in self._graphs:
-                    self._capture((b, slots))
+        try:
+            for b in sizes:
+                for slots in range(LENGTH_BUCKET, self.length + 1, LENGTH_BUCKET):
+                    if (b, slots) not in self._graphs:
+                        self._capture((b, slots))
+        except Exception as exc:
+            self._graphs_failed(exc)
+            return
         if self.bucket_prefill:
-            counts = sorted({bucket(n, PREFILL_GRAPH_ROWS) for n in range(1, PREFILL_GRAPH_ROWS + 1)})
-            widths = range(PREFILL_WIDTH_STEP, min(PREFILL_GRAPH_WIDTH, self.length) + 1, PREFILL_WIDTH_STEP)
-            for count in counts:
-                for width in widths:
-                    self._prefill_graph((count, width))
+            for shape in prefill_graph_shapes(self.length):
+                if self._prefill_graph(shape) is None:
+                    return
         log.info("captured %d CUDA graphs in %.1f s", self.captures, time.perf_counter() - started)
+
+    def _graphs_failed(self, exc: Exception) -> None:
+        """Capturing a graph raised `exc`: record why (`failure`), capture nothing more and free
+        what was captured. The engine logs the one line that says so (its traceback: debug)."""
+        log.debug("CUDA graph capture failed", exc_info=exc)
+        first = str(exc).strip().splitlines()
+        self.failure = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+        self.use_graphs = self.bucket_prefill = False
+        self._graphs.clear()
+        self._prefill_graphs.clear()
+        if self.device.type == "cuda":
+            try:  # let the failed capture's work settle; an error it left is already recorded
+                torch.cuda.synchronize(self.device)
+            except Exception:
+                log.debug("synchronising after the failed capture", exc_info=True)
 
     def _capture(self, window: tuple[int, int]) -> tuple[Any, torch.Tensor]:
         """Record `_step(window)` as a CUDA graph, leaving the decode state as it was before."""
@@ -313,7 +334,7 @@ class ContinuousDecoder:
             self._restore(saved)
 
         try:
-            graph, logits = capture_graph(lambda: self._step(window), warm_up, self._pool)
+            graph, logits = self._capture_graph(lambda: self._step(window), warm_up, self._pool)
         finally:
             self._restore(saved)
         self._graphs[window] = (graph, logits)
@@ -332,6 +353,17 @@ class ContinuousDecoder:
         self.positions.copy_(saved[2])
 
 
+def prefill_graph_shapes(length: int) -> list[tuple[int, int]]:
+    """Every (prompts, width) shape of a captured prefill for rows of `length` slots.
+
+    >>> len(prefill_graph_shapes(2048)), prefill_graph_shapes(2048)[:2], prefill_graph_shapes(2048)[-1]
+    (40, [(1, 64), (1, 128)], (16, 512))
+    """
+    counts = sorted({bucket(n, PREFILL_GRAPH_ROWS) for n in range(1, PREFILL_GRAPH_ROWS + 1)})
+    widths = range(PREFILL_WIDTH_STEP, min(PREFILL_GRAPH_WIDTH, length) + 1, PREFILL_WIDTH_STEP)
+    return [(count, width) for count in counts for width in widths]
+
+
 class _PrefillGraph:
     """One captured prefill shape: static inputs, its scratch cache and its logits."""
 
@@ -346,7 +378,7 @@ class _PrefillGraph:
             return decoder._prefill_forward(self.scratch, self.ids, self.mask2d)
 
         # The warm-up also allocates the scratch cache, before the capture.
-        self.graph, self.logits = capture_graph(forward, forward, decoder._pool)
+        self.graph, self.logits = decoder._capture_graph(forward, forward, decoder._pool)
 
 
 def capture_graph(

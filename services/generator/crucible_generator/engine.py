@@ -10,7 +10,8 @@ and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves 
   window. The queue stays FIFO: a waiting sequence of another adapter stops further joins, the
   batch drains, and the next batch merges that adapter.
 * **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
-  path does not implement (`features.py`), requests longer than its rows, or `fast_decode=off`): up
+  path does not implement (`features.py`) or whose decode step cannot be captured as a CUDA graph,
+  requests longer than its rows, or `fast_decode=off`; `eager.py`): up
   to `max_batch_size` sequences, a left-padded prefill, then one token per step with a dynamic KV
   cache, dropping finished rows as it goes. Rows of different adapters share such a batch through
   PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
@@ -40,12 +41,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from . import faults
 from .adapters import AdapterRegistry
 from .batching import ContinuousBatching
 from .continuous import ContinuousDecoder
+from .eager import BASE_ADAPTER, EagerSession
 from .errors import BadRequest, GeneratorError, ServerError
 from .fastpath import LENGTH_BUCKET
 from .features import fast_length
@@ -55,8 +56,6 @@ from .sequences import Completion, Readback, Request, SamplingParams, Sequence, 
 from .slots import SpareSlot, config_signature
 
 log = logging.getLogger(__name__)
-
-BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 
 
 class Engine(ContinuousBatching):
@@ -300,11 +299,9 @@ class Engine(ContinuousBatching):
 
     def _run(self) -> None:
         if self.fast is not None:
-            try:
-                with torch.inference_mode():
-                    self.fast.capture_all()
-            except Exception:
-                log.exception("capturing decode graphs failed; they are captured on first use instead")
+            with torch.inference_mode():
+                self.fast.capture_all()
+            self._leave_fast_path_if_capture_failed()
         while True:
             batch = self._next_batch()
             if batch is None:
@@ -313,6 +310,7 @@ class Engine(ContinuousBatching):
                 with torch.inference_mode():
                     if self._fits_fast(batch[0]) and self._merge(batch[0].slot):
                         self._continuous(batch)
+                        self._leave_fast_path_if_capture_failed()
                     else:
                         self._decode(batch)
             except Exception as exc:
@@ -320,6 +318,19 @@ class Engine(ContinuousBatching):
                 for seq in batch:
                     if seq.finish_reason is None:
                         self._fail(seq, exc)
+
+    def _leave_fast_path_if_capture_failed(self) -> None:
+        """A CUDA graph the fast path needed could not be captured (a model that syncs with the
+        host inside its forward, such as gpt-oss's expert routing, ...): serve this model on the
+        eager path from now on, with one log line, rather than on a path its tests never saw run
+        (`ContinuousDecoder.failure`). Called at start-up and between batches: the batch that hit
+        a failure mid-way completes without graphs first (the same steps, uncaptured)."""
+        if self.fast is None or self.fast.failure is None:
+            return
+        reason, self.fast = self.fast.failure, None  # its merged copy, caches and graphs go
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        log.warning("CUDA graph capture failed (%s); this model decodes on the eager path", reason)
 
     def _fits_fast(self, seq: Sequence) -> bool:
         """Whether `seq` can decode in a row of the continuous batch. (The lookahead step after its
@@ -452,7 +463,7 @@ class Engine(ContinuousBatching):
         """Prefill `seqs` together, then decode one token per step until every row has finished."""
         self.metrics.running.set(len(seqs))
         inputs = self._prepare(seqs)
-        session = _EagerSession(self, seqs, *inputs)
+        session = EagerSession(self, seqs, *inputs)
         logits = session.prefill()
         self.metrics.prompt_tokens.inc(int(inputs[1].sum()))
 
@@ -560,38 +571,3 @@ class Engine(ContinuousBatching):
         if seq.adapter is not None and self.adapters.release(seq.adapter):
             self._detach(seq.adapter)
             self._update_adapter_gauge()
-
-
-class _EagerSession:
-    """The general decode path: PEFT adapters (mixed batches included) and a dynamic KV cache.
-
-    Tensor rows stay in place while they finish; only once half of them are done are the caches
-    compacted (copying every layer's KV cache at each finish costs more than the wasted rows).
-    Finished rows are never sampled, so seeded draws do not depend on it.
-    """
-
-    def __init__(self, engine: Engine, seqs: list[Sequence], input_ids, mask, positions) -> None:
-        self.engine = engine
-        self.input_ids, self.mask, self.positions = input_ids, mask, positions
-        self.adapters = [s.slot or BASE_ADAPTER for s in seqs]
-        self.cache = DynamicCache(config=engine.base.config)
-        self.next_pos = positions[:, -1:] + 1
-
-    def prefill(self) -> torch.Tensor:
-        return self.engine._forward(self.input_ids, self.mask, self.positions, self.cache, self.adapters)
-
-    def step(self, tokens: torch.Tensor, still: list[int]) -> tuple[torch.Tensor, list[int] | None]:
-        """Feed one token per row; returns the logits and, when rows were dropped, which stayed."""
-        keep = None
-        if len(still) <= len(self.adapters) // 2:
-            keep = still
-            index = torch.tensor(still, device=tokens.device)
-            self.cache.batch_select_indices(index)
-            self.mask, self.next_pos, tokens = self.mask[index], self.next_pos[index], tokens[index]
-            self.adapters = [self.adapters[i] for i in still]
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.adapters), 1))], dim=1)
-        logits = self.engine._forward(
-            tokens.unsqueeze(1), self.mask, self.next_pos, self.cache, self.adapters
-        )
-        self.next_pos = self.next_pos + 1
-        return logits, keep

@@ -390,6 +390,33 @@ def _utf8(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
+def batch_size(model: Any, settings: Settings) -> int:
+    """Rows of the decode batch: set, from the memory budget (`gpu_memory_fraction`, budget.py) or
+    from the memory free after loading (memory.py)."""
+    from .budget import budget_rows, footprint_of
+    from .fastpath import LENGTH_BUCKET
+    from .features import model_gap
+
+    context = settings.max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
+    requested = None if settings.max_batch_size == "auto" else settings.max_batch_size
+    if settings.gpu_memory_fraction is not None and model.device.type == "cuda":
+        fast = settings.fast_decode == "on" or settings.fast_decode == "auto"
+        footprint = footprint_of(
+            model,
+            row_length=-(-min(context, WORKING_LEN) // LENGTH_BUCKET) * LENGTH_BUCKET,
+            fast=fast and model_gap(model, LENGTH_BUCKET) is None,
+            prefill_graphs=settings.cuda_graphs and settings.prefill_graphs,
+            max_loras=settings.max_loras,
+            max_lora_rank=settings.max_lora_rank,
+        )
+        return budget_rows(model, settings.gpu_memory_fraction, footprint, requested)
+    if settings.gpu_memory_fraction is not None:
+        log.info("gpu_memory_fraction applies on CUDA only; ignored on %s", model.device)
+    batch = auto_batch_size(model, context) if requested is None else requested
+    log.info("max_batch_size %d (%s)", batch, "from memory" if requested is None else "set")
+    return batch
+
+
 def build_service(settings: Settings) -> GeneratorService:
     """Load the model named by `settings`, start an engine on it and wrap it in a service."""
     import torch
@@ -400,11 +427,7 @@ def build_service(settings: Settings) -> GeneratorService:
 
     model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     log.info("loaded %s on %s (%s)", settings.model, model.device, model.dtype)
-    batch = settings.max_batch_size
-    if batch == "auto":
-        context = settings.max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
-        batch = auto_batch_size(model, context)
-    log.info("max_batch_size %d (%s)", batch, "from memory" if settings.max_batch_size == "auto" else "set")
+    batch = batch_size(model, settings)
     engine = Engine(
         model,
         tokenizer,

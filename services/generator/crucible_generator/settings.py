@@ -47,6 +47,16 @@ class Settings(BaseSettings):
         description="Most sequences decoded together; `auto`: from the GPU memory left after loading "
         "the model (see memory.py), 64 on a CPU.",
     )
+    gpu_memory_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of the GPU's memory the generator may take (weights, their merged copy, "
+        "caches, graphs, adapters), as vLLM's `--gpu-memory-utilization`: the cache rows "
+        "(`max_batch_size: auto`) are sized to fit it at start, a set `max_batch_size` is checked "
+        "against it, and a model whose weights exceed it does not start (see budget.py). "
+        "Unset: rows from the memory free after loading (memory.py). CUDA only.",
+    )
     batch_wait_ms: float = Field(
         default=5.0, ge=0, le=1000, description="How long a lone request waits for others to batch with."
     )
