@@ -15,10 +15,11 @@ under the served name `smollm2-135m-instruct`): adapters are published to it thr
 `/v1/load_lora_adapter` and the stale-policy check compares against its logprobs.
 
 A learning recipe is these flags: `--seed S` (the problems' order and every sampling seed), `--lr`,
-`--group-size`, `--lora-r`, `--temperature`, `--filter`/`--pre-samples`/`--max-draw-factor`,
-`--reward`, `--loss`, `--kl-beta`, `--staleness`/`--cap` (overlapped rollouts), and `--sft-first` (SFT on the policy's own passing candidates,
-K=8 per train problem, before GRPO starts from that adapter, with KL 0.02 to it unless `--kl-beta`
-says otherwise; the base model's score is then the pipeline's baseline). `--train-limit` and
+`--group-size`, `--lora-r`, `--temperature`, `--filter`/`--pre-samples`/`--pre-keep`/
+`--max-draw-factor`, `--reward`, `--loss`, `--kl-beta`, `--staleness`/`--cap` (overlapped
+rollouts), and `--sft-first` (SFT on the policy's own passing candidates, K=8 per train problem,
+before GRPO starts from that adapter, with KL 0.02 to it unless `--kl-beta` says otherwise; the
+base model's score is then the pipeline's baseline). `--train-limit` and
 `--eval-tasks` make a tiny run (CPU). `bench/seeds.py` runs one recipe over several seeds.
 
 With `--spec FILE` the job is that spec (e.g. `examples/grpo_qwen1p5b.yaml`: its LoRA rank,
