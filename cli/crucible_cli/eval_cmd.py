@@ -271,9 +271,8 @@ async def _run(problems, data, config, urls, sandbox_url, sandbox_api_key, adapt
 
 
 def _print_summary(report, paths: dict[str, Path]) -> None:
+    from crucible_shared.console import new_console
     from rich.table import Table
-
-    from crucible_cli.console import new_console
 
     table = Table(title=f"{report.model}: {report.num_problems} problems")
     table.add_column("metric")

@@ -16,10 +16,10 @@ def submit_and_follow(
     spec, gateway: str, api_key: str | None, detach: bool, *, samples: bool = False, raw: bool = False
 ) -> None:
     """Submit a job spec; unless detached, follow it to the end (exit 1 unless it finished)."""
+    from crucible_shared.console import new_console
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
 
-    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
 
     console = new_console()
@@ -78,12 +78,12 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     from crucible_cli.heavy import require
 
     require("crucible_trainer", command="train --local")
+    from crucible_shared.console import new_console
     from crucible_shared.lifecycle import JobStatus, valid_job_id
     from crucible_trainer.channel import LocalChannel
     from crucible_trainer.jobs import execute, quiet_libraries
     from crucible_trainer.settings import Settings
 
-    from crucible_cli.console import new_console
     from crucible_cli.render import describe
 
     overrides: dict = {}
@@ -146,13 +146,12 @@ def jobs(
     api_key: str = API_KEY,
 ) -> None:
     """List jobs, newest first."""
+    from crucible_shared.console import new_console
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
     from crucible_shared.text import shown
     from rich.markup import escape
     from rich.table import Table
-
-    from crucible_cli.console import new_console
 
     if status is not None and status not in JobStatus.__members__:
         raise typer.BadParameter(f"one of {', '.join(JobStatus.__members__)}", param_hint="--status")
@@ -182,10 +181,10 @@ def watch(
     api_key: str = API_KEY,
 ) -> None:
     """Follow a job's progress until it ends."""
+    from crucible_shared.console import new_console
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
 
-    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
 
     console = new_console()

@@ -29,9 +29,8 @@ def sandbox_run(
     import json
 
     import httpx
+    from crucible_shared.console import new_console
     from rich.table import Table
-
-    from crucible_cli.console import new_console
 
     for path, what in ((file, "FILE"), (tests, "--tests")):
         if not path.exists():

@@ -67,9 +67,9 @@ def up(
     from crucible_cli.heavy import require
 
     require(*SERVICES, command="up")
+    from crucible_shared.console import new_console
     from rich.table import Table
 
-    from crucible_cli.console import new_console
     from crucible_cli.stack import Stack
 
     console = new_console()
@@ -128,11 +128,11 @@ def demo(
     from crucible_cli.heavy import require
 
     require(*SERVICES, command="demo")
+    from crucible_shared.console import new_console
     from crucible_shared.gateway_client import GatewayClient
     from crucible_shared.jobs import TrainJob
     from crucible_shared.lifecycle import JobStatus
 
-    from crucible_cli.console import new_console
     from crucible_cli.render import follow, print_outcome
     from crucible_cli.spawn import free_port
     from crucible_cli.stack import Stack

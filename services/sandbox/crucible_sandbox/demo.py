@@ -16,6 +16,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 BUMP = (
     "def __bump(v):\n"
@@ -60,10 +64,9 @@ def main() -> None:
         parser.error("--tasks must be at least 1")
 
     import httpx
-    from rich.console import Console
-    from rich.table import Table
+    from crucible_shared.console import new_console
 
-    console = Console()
+    console = new_console()  # piped (make, CI logs), lines print whole instead of folding at 80
     rows = [json.loads(line) for line in find_mbpp().open()]
     tasks = [r for r in rows if 11 <= r["task_id"] <= 510][: args.tasks]
     proc = None
@@ -102,6 +105,19 @@ def main() -> None:
             proc.terminate()
             proc.wait()
 
+    report(console, health, labels, results, elapsed)
+
+
+def report(
+    console: Console,
+    health: dict[str, Any],
+    labels: list[tuple[int, str]],
+    results: list[dict[str, Any]],
+    elapsed: float,
+) -> None:
+    """The demo's table: one row per run (task, which program, status, tests, first thing to fix)."""
+    from rich.table import Table
+
     table = Table(title=f"MBPP through the Crucible sandbox ({health['isolation']['mode']} isolation)")
     for col in ("task", "program", "status", "tests", "first thing to fix"):
         table.add_column(col, overflow="fold")
@@ -116,7 +132,7 @@ def main() -> None:
             res["message"][:110],
         )
     console.print(table)
-    console.print(f"{len(runs)} runs in {elapsed * 1000:.0f} ms through POST /v1/runs/batch")
+    console.print(f"{len(results)} runs in {elapsed * 1000:.0f} ms through POST /v1/runs/batch")
 
 
 if __name__ == "__main__":

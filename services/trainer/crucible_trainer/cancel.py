@@ -5,8 +5,9 @@ from a task the job loop races its awaits against. A run that no longer holds it
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from crucible_trainer.channel import JobChannel
 
@@ -27,6 +28,15 @@ class Interrupted(Exception):
 
 class Superseded(Exception):
     """The job was taken from this run (re-queued or started elsewhere): stop, writing nothing."""
+
+
+def _discard(work: Awaitable[Any]) -> None:
+    """Drop work that will never run: the caller already created the coroutine, and one left
+    unawaited warns "coroutine ... was never awaited" when it is collected."""
+    if inspect.iscoroutine(work):
+        work.close()
+    elif isinstance(work, asyncio.Future):
+        work.cancel()
 
 
 class CancelToken:
@@ -75,7 +85,9 @@ class CancelToken:
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await `work`, abandoning it as soon as a cancel is requested."""
-        self.check()
+        if self.event.is_set():
+            _discard(work)
+            raise self._stop()
         task = asyncio.ensure_future(work)
         waiter = asyncio.ensure_future(self.event.wait())
         done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -93,11 +93,7 @@ class EvalRun(JobRun):
 
     loads_model = False  # the generator serves it, found by the name the spec gives
     spec: EvalJob
-
-    async def setup(self) -> None:
-        self.pool = GeneratorPool.from_urls(self.settings.generator_urls)
-        self.sandbox = SandboxClient(self.settings.sandbox_url, api_key=self.settings.sandbox_api_key)
-        self.adapter_name: str | None = None
+    adapter_name: str | None = None  # the spec's adapter, once loaded into the generators
 
     async def body(self) -> None:
         spec = self.spec
@@ -123,14 +119,8 @@ class EvalRun(JobRun):
         self.summary.update(report=str(out), eval={"eval": headline})
 
     async def close(self) -> None:
-        if not hasattr(self, "pool"):
-            return
-        try:
-            if self.adapter_name:
-                await self.pool.unload_adapter(self.adapter_name, missing_ok=True)
-        finally:
-            await self.pool.aclose()
-            await self.sandbox.close()
+        if self.adapter_name:
+            await self.pool.unload_adapter(self.adapter_name, missing_ok=True)
 
 
 async def run_eval_job(spec: EvalJob, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:

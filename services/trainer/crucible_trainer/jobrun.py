@@ -2,19 +2,23 @@
 `offline.job.OfflineTrainRun`, `offline.pipeline.PipelineRun`, `evaljob.EvalRun`).
 
 The base owns the run directory (`runs/<job id>`, the checked spec in `spec.json`, the summary in
-`summary.json`), the cancel token, the event sink, W&B and the summary. `run()` is the same for
-every job:
+`summary.json`), the cancel token, the event sink, W&B, the services and the summary. `run()` is
+the same for every job:
 
     paths checked -> prepare() -> spec.json -> status starting -> setup() -> W&B -> body()
     -> finished (status event with the summary) | cancelled (status event) | the error raised
-    and in every case: the cancel poller stopped, close() (the runner's services), W&B finished,
-    summary.json written.
+    and in every case: the cancel poller stopped, close() (what the runner holds), the services
+    closed, W&B finished, summary.json written.
+
+The services are the generator replicas (`pool`) and the sandbox (`sandbox`) the settings name,
+each connected on first use: a runner that never touches one (a pipeline running only `build`
+and `train`, a run that fails or is cancelled before its body) never opens it.
 
 A runner fills in `body` (its work) and, where it needs them, `prepare` (before anything is
 written: load a data file, copy a reused run dir), `starting` (the starting event's fields),
 `setup` (after the starting event, before W&B: resolve the hardware, load the policy) and `close`
-(release generator adapters, connections). The summary is a dict while the job runs and is
-returned as `crucible_shared.lifecycle.JobSummary` validates it.
+(unload its generator adapters: it runs before the services close). The summary is a dict while
+the job runs and is returned as `crucible_shared.lifecycle.JobSummary` validates it.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.lifecycle import JobStatus, JobSummary
 from crucible_shared.paths import with_checked_paths
+from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
@@ -46,6 +52,33 @@ class JobRun:
         self.events = EventSink(channel, self.run_dir)
         self.paths: dict[str, Path] = {}
         self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
+        self._pool: GeneratorPool | None = None
+        self._sandbox: SandboxClient | None = None
+
+    # -- the services, opened on first use and closed by `run()` ---------------------------------
+    @property
+    def pool(self) -> GeneratorPool:
+        """The generator replicas of `settings.generator_urls`."""
+        if self._pool is None:
+            self._pool = GeneratorPool.from_urls(self.settings.generator_urls)
+        return self._pool
+
+    @property
+    def sandbox(self) -> SandboxClient:
+        """The sandbox of `settings.sandbox_url`."""
+        if self._sandbox is None:
+            self._sandbox = SandboxClient(self.settings.sandbox_url, api_key=self.settings.sandbox_api_key)
+        return self._sandbox
+
+    async def close_services(self) -> None:
+        """Close the services this run opened (each one, even if closing the other fails)."""
+        pool, sandbox, self._pool, self._sandbox = self._pool, self._sandbox, None, None
+        try:
+            if pool is not None:
+                await pool.aclose()
+        finally:
+            if sandbox is not None:
+                await sandbox.close()
 
     # -- what a runner fills in -------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -62,7 +95,8 @@ class JobRun:
         raise NotImplementedError
 
     async def close(self) -> None:
-        """Release the runner's services (called whatever happened)."""
+        """Release what the runner holds, e.g. its generator adapters (called whatever happened,
+        before the services close)."""
 
     # -- the run ----------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -86,7 +120,10 @@ class JobRun:
         finally:
             self.cancel.stop()
             try:
-                await self.close()
+                try:
+                    await self.close()
+                finally:
+                    await self.close_services()
             finally:
                 if self.events.wandb_run is not None:
                     self.events.wandb_run.finish()

@@ -87,8 +87,7 @@ class TrainRun(OverlappedSteps, JobRun):
 
     async def body(self) -> None:
         settings, spec = self.settings, self.spec
-        self.pool = pool = GeneratorPool.from_urls(settings.generator_urls)
-        self.sandbox = sandbox = SandboxClient(settings.sandbox_url, api_key=settings.sandbox_api_key)
+        pool, sandbox = self.pool, self.sandbox
         await self.cancel.guard(pool.wait_ready(timeout=600))
         await self.cancel.guard(sandbox.wait_ready(timeout=120))
         base_name = await served_base(pool, spec.model.base)
@@ -107,11 +106,6 @@ class TrainRun(OverlappedSteps, JobRun):
                     await publisher.retire_all()
             except Exception as exc:
                 log.warning("could not unload %s's adapters: %r", self.job_id, exc)
-
-    async def close(self) -> None:
-        if hasattr(self, "pool"):
-            await self.pool.aclose()
-            await self.sandbox.close()
 
     async def _loop(
         self, policy: Policy, pool: GeneratorPool, sandbox: SandboxClient, publisher: Publisher

@@ -38,7 +38,7 @@ class OfflineTrainRun(JobRun):
         assert isinstance(method, SFTConfig | DPOConfig)
         self.method = method
         self.summary["method"] = method.name
-        self.services = JobServices(self.settings, self.job_id, spec.model.base, self.cancel, self.events)
+        self.services = JobServices(self, spec.model.base)
         self.rows = load_rows(self.paths["method.path"], method.name)
         self.init = self.paths.get("model.init_adapter")
         self.identity = json_hash(
@@ -56,7 +56,7 @@ class OfflineTrainRun(JobRun):
 
     async def close(self) -> None:
         if hasattr(self, "services"):
-            await self.services.close()
+            await self.services.retire_adapters()
 
     async def _evaluate(self, adapter: Path | None, version: int, label: str) -> Any:
         spec = self.spec

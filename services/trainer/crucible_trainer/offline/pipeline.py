@@ -85,7 +85,7 @@ class PipelineRun(JobRun):
         if spec.reuse and spec.reuse != self.job_id:
             self._reuse(Path(self.settings.runs_dir) / spec.reuse)
         self.book = StageBook(self.run_dir)
-        self.services = JobServices(self.settings, self.job_id, spec.model.base, self.cancel, self.events)
+        self.services = JobServices(self, spec.model.base)
 
     def starting(self) -> dict[str, Any]:
         return {"stages": self.spec.stages, "rounds": self.spec.rounds}
@@ -96,7 +96,7 @@ class PipelineRun(JobRun):
 
     async def close(self) -> None:
         if hasattr(self, "services"):
-            await self.services.close()
+            await self.services.retire_adapters()
 
     def _reuse(self, source: Path) -> None:
         """Start from another pipeline run's artifacts (once: a retried job keeps its own).

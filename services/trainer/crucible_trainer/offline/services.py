@@ -1,9 +1,11 @@
-"""The generator pool, sandbox and adapter server of an offline job, connected on first use.
+"""An offline job's services made ready on first use, and its adapters served to the generators.
 
 Offline jobs talk to the services only in some stages (a pipeline running `build` and `train`
-needs neither), so nothing connects until a stage asks. `serve` hot-swaps a saved adapter into
-every generator replica (`publishing.AdapterServer`); `evaluate` is the one evaluation code path
-(`evaljob.evaluate_spec`) writing a report folder; `close` unloads the job's adapters.
+needs neither), so nothing waits on them until a stage asks: `pool` and `sandbox` wait for the
+run's own connections (`JobRun.pool` / `.sandbox`, which the run opens on first use and closes).
+`serve` hot-swaps a saved adapter into every generator replica (`publishing.AdapterServer`);
+`evaluate` is the one evaluation code path (`evaljob.evaluate_spec`) writing a report folder;
+`retire_adapters` unloads the job's adapters.
 """
 
 from __future__ import annotations
@@ -17,43 +19,36 @@ from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import EvalSpec
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer.cancel import CancelToken
 from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.events import EventSink
+from crucible_trainer.jobrun import JobRun
 from crucible_trainer.offline.publishing import AdapterServer
 from crucible_trainer.publish import Publisher
-from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class JobServices:
-    def __init__(
-        self, settings: Settings, job_id: str, base: str, cancel: CancelToken, events: EventSink
-    ) -> None:
-        self.settings, self.job_id, self.base = settings, job_id, base
-        self.cancel, self.events = cancel, events
-        self._pool: GeneratorPool | None = None
-        self._sandbox: SandboxClient | None = None
+    def __init__(self, run: JobRun, base: str) -> None:
+        self.run, self.base = run, base
+        self.cancel, self.events = run.cancel, run.events
         self._server: AdapterServer | None = None
         self._sandbox_ready = False
 
     async def pool(self) -> GeneratorPool:
-        if self._pool is None:
-            self._pool = GeneratorPool.from_urls(self.settings.generator_urls)
-            await self.cancel.guard(self._pool.wait_ready(timeout=600))
-            base_name = await served_base(self._pool, self.base)
-            publisher = Publisher(self._pool, Path(self.settings.adapter_dir), self.job_id, 1, base_name)
-            self._server = AdapterServer(publisher)
-        return self._pool
+        pool = self.run.pool
+        if self._server is None:
+            await self.cancel.guard(pool.wait_ready(timeout=600))
+            base_name = await served_base(pool, self.base)
+            adapters = Path(self.run.settings.adapter_dir)
+            self._server = AdapterServer(Publisher(pool, adapters, self.run.job_id, 1, base_name))
+        return pool
 
     async def sandbox(self) -> SandboxClient:
-        if self._sandbox is None:
-            self._sandbox = SandboxClient(self.settings.sandbox_url, api_key=self.settings.sandbox_api_key)
+        sandbox = self.run.sandbox
         if not self._sandbox_ready:
-            await self.cancel.guard(self._sandbox.wait_ready(timeout=120))
+            await self.cancel.guard(sandbox.wait_ready(timeout=120))
             self._sandbox_ready = True
-        return self._sandbox
+        return sandbox
 
     @property
     def model_name(self) -> str:
@@ -91,13 +86,10 @@ class JobServices:
         self.events.eval_point(step, label, headline)
         return report
 
-    async def close(self) -> None:
+    async def retire_adapters(self) -> None:
+        """Unload the job's adapters, freeing the generators' slots (before the pool closes)."""
         if self._server is not None:
             try:
-                await self._server.publisher.retire_all()  # free the generators' adapter slots
+                await self._server.publisher.retire_all()
             except Exception as exc:
-                log.warning("could not unload %s's adapters: %r", self.job_id, exc)
-        if self._pool is not None:
-            await self._pool.aclose()
-        if self._sandbox is not None:
-            await self._sandbox.close()
+                log.warning("could not unload %s's adapters: %r", self.run.job_id, exc)
