@@ -5,17 +5,18 @@ adapters through the pool); a run that never touches them never opens them."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from crucible_shared.jobs import EvalJob, PipelineJob, TrainJob
+from crucible_shared.jobs import EvalJob, PipelineJob
 from crucible_trainer import jobrun
 from crucible_trainer.channel import LocalChannel
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.runners import runner_for
 from crucible_trainer.settings import Settings
+
+from tests.runner_specs import KINDS, small_job
 
 
 class Service:
@@ -142,17 +143,9 @@ def test_a_pipeline_stage_without_services_opens_none(services, tmp_path, monkey
     assert services == []
 
 
-@pytest.mark.parametrize("kind", ["eval", "sft", "pipeline"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_real_runners_close_what_they_opened(kind, services, tmp_path, monkeypatch) -> None:
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n")
-    monkeypatch.setenv("CRUCIBLE_DATA_ROOTS", str(tmp_path))
-    logging = {"wandb_mode": "disabled"}
-    spec = {
-        "eval": EvalJob(),
-        "sft": TrainJob.model_validate({"method": {"name": "sft", "path": str(rows)}, "logging": logging}),
-        "pipeline": PipelineJob.model_validate({"stages": ["baseline"], "logging": logging}),
-    }[kind]
+    spec = small_job(kind, tmp_path, monkeypatch)
     channel = LocalChannel("job-1")
     channel.cancel()
     summary, error = play(runner_for(spec)(spec, "job-1", settings(tmp_path), channel))

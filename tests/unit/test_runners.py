@@ -18,6 +18,8 @@ from crucible_trainer.jobrun import JobRun
 from crucible_trainer.runners import RUNNERS, runner_for
 from crucible_trainer.settings import Settings
 
+from tests.runner_specs import KINDS, small_job
+
 
 def test_job_kinds_are_one_enum() -> None:
     spec_kinds = {cls.model_fields["kind"].default for cls in get_args(get_args(JobSpec)[0])}
@@ -57,17 +59,9 @@ def cancelled_run(spec: Any, tmp_path: Path) -> tuple[dict, list[dict]]:
     return asyncio.run(runner_for(spec)(spec, "job-1", settings, channel).run()), received
 
 
-@pytest.mark.parametrize("kind", ["eval", "sft", "pipeline"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_runner_starts_and_is_cancelled_the_same_way(kind, tmp_path, monkeypatch) -> None:
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n")
-    monkeypatch.setenv("CRUCIBLE_DATA_ROOTS", str(tmp_path))
-    logging = {"wandb_mode": "disabled"}
-    spec = {
-        "eval": EvalJob(),
-        "sft": TrainJob.model_validate({"method": {"name": "sft", "path": str(rows)}, "logging": logging}),
-        "pipeline": PipelineJob.model_validate({"stages": ["baseline"], "logging": logging}),
-    }[kind]
+    spec = small_job(kind, tmp_path, monkeypatch)
     summary, received = cancelled_run(spec, tmp_path)
     statuses = [e["status"] for e in received if e["type"] == "status"]
     assert statuses == ["starting", "cancelled"], received
