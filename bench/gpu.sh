@@ -25,6 +25,7 @@
 #   bash bench/gpu.sh shapes          # random checkpoints shaped as Qwen2.5-Coder-1.5B and -7B in /root/shapes
 #   bash bench/gpu.sh families-gpu    # every model family (and those shapes) on the CUDA fast path vs transformers
 #   bash bench/gpu.sh race-1p5b STEPS # examples/grpo_qwen1p5b.yaml on the 1.5B shape: s/step, peak memory
+#   bash bench/gpu.sh trl-1p5b STEPS  # TRL + vLLM colocate in the same setup (run one after the other, alone on a card)
 #   bash bench/gpu.sh multi-gpu [GPUS] # the same GRPO job on 1,2,4 GPUs at SmolLM2-135M and the 1.5B shape
 #                                     #   (multi-gpu-135m / multi-gpu-1p5b: one of them; after part-a and setup)
 #   bash bench/gpu.sh serve-sizes SHAPE... # serving race at real shapes, rank-16 adapter, vLLM profile and fitted
@@ -114,6 +115,9 @@ PY
     # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
       --model /root/shapes/qwen2.5-coder-1.5b --steps "${2:-6}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-1p5b.json" ;;
+  trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
+    python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
+      --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
   race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast.
     # The generator takes half the card (weights, merged copy, prefill graphs, rank-32 adapters,
     # 32 rows of 2,048 tokens: budget.py), the trainer the rest
