@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -200,6 +201,36 @@ def gpu_memory() -> dict:
     }
 
 
+def spawn_generator(
+    work: Path,
+    model: str,
+    rows: int | str,
+    *,
+    max_loras: int = 4,
+    env: dict[str, str] | None = None,
+    log: str = "generator.log",
+    timeout: float = 600,
+) -> Any:
+    """A Crucible generator for a benchmark's job: `rows` at once, quiet, loading the adapters the
+    job publishes under `work`; `env` adds settings (e.g. CUDA_VISIBLE_DEVICES)."""
+    from crucible_cli.spawn import start
+
+    settings = {
+        "CRUCIBLE_GENERATOR_MODEL": model,
+        "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(rows),
+        "CRUCIBLE_GENERATOR_MAX_LORAS": str(max_loras),
+        "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+        "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),
+        **(env or {}),
+    }
+    return start("crucible_generator", settings, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
+
+
+def on_device(device: str | None) -> dict[str, str]:
+    """The environment that puts a spawned service on `device` (a CUDA_VISIBLE_DEVICES value)."""
+    return {"CUDA_VISIBLE_DEVICES": device} if device else {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -286,19 +317,12 @@ def main() -> None:
     generator = (
         None
         if args.generator_url
-        else start(
-            "crucible_generator",
-            {
-                "CRUCIBLE_GENERATOR_MODEL": args.model,
-                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
-                "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, args.staleness + 2)),
-                "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-                "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the job publishes
-                **({"CUDA_VISIBLE_DEVICES": args.generator_device} if args.generator_device else {}),
-            },
-            "CRUCIBLE_GENERATOR_PORT",
-            log=work / "generator.log",
-            timeout=600,
+        else spawn_generator(
+            work,
+            args.model,
+            args.generator_batch,
+            max_loras=max(4, args.staleness + 2),
+            env=on_device(args.generator_device),
         )
     )
     try:

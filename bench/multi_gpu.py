@@ -174,20 +174,14 @@ def job(args: argparse.Namespace, model: str, n: int) -> dict[str, Any]:
 
 def start_generators(args: argparse.Namespace, model: str, n: int, work: Path) -> list[Any]:
     """N generator replicas, replica i on GPU i (CPU: N processes of one thread each), at once."""
-    from crucible_cli.spawn import start
+    from bench.grpo_race import spawn_generator
 
     cuda = device() == "cuda"
 
     def one(i: int) -> Any:
-        env = {
-            "CRUCIBLE_GENERATOR_MODEL": model,
-            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
-            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-            "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the job publishes
-            **({"CUDA_VISIBLE_DEVICES": str(i)} if cuda else {"CRUCIBLE_GENERATOR_THREADS": "1"}),
-        }
-        return start(
-            "crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / f"generator-{i}.log", timeout=900
+        where = {"CUDA_VISIBLE_DEVICES": str(i)} if cuda else {"CRUCIBLE_GENERATOR_THREADS": "1"}
+        return spawn_generator(
+            work, model, args.generator_batch, env=where, log=f"generator-{i}.log", timeout=900
         )
 
     with ThreadPoolExecutor(n) as pool:

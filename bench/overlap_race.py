@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.grpo_race import job_spec  # noqa: E402
+from bench.grpo_race import job_spec, on_device, spawn_generator  # noqa: E402
 
 TINY = {"steps": 3, "prompts": 1, "group_size": 2, "max_tokens": 16, "eval_tasks": 2, "train_limit": 4}
 SPEEDUP_TARGET = 1.4
@@ -208,19 +208,12 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="crucible-overlap-"))
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = start(
-        "crucible_generator",
-        {
-            "CRUCIBLE_GENERATOR_MODEL": args.model,
-            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.generator_batch),
-            "CRUCIBLE_GENERATOR_MAX_LORAS": str(max(4, max(args.staleness) + 2)),
-            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-            "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),  # the adapters the jobs publish
-            **({"CUDA_VISIBLE_DEVICES": args.generator_device} if args.generator_device else {}),
-        },
-        "CRUCIBLE_GENERATOR_PORT",
-        log=work / "generator.log",
-        timeout=600,
+    generator = spawn_generator(
+        work,
+        args.model,
+        args.generator_batch,
+        max_loras=max(4, max(args.staleness) + 2),
+        env=on_device(args.generator_device),
     )
     runs: list[dict] = []
     try:
