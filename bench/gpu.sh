@@ -69,7 +69,12 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # Our packages by symlink (a services/ dir on the path would expose services/generator/vllm as `vllm`).
 mkdir -p /tmp/crucible-pkgs
-for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli services/*/crucible_*; do ln -sfn "$ROOT/$pkg" /tmp/crucible-pkgs/; done
+# Renamed into place: every call runs this, and `ln -sfn` (unlink, then link) left the name missing
+# for an instant, long enough for a run starting beside another to import a package that is not there.
+for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli services/*/crucible_*; do
+  name=$(basename "$pkg"); ln -sfn "$ROOT/$pkg" "/tmp/crucible-pkgs/.$name.$$"
+  mv -Tf "/tmp/crucible-pkgs/.$name.$$" "/tmp/crucible-pkgs/$name"
+done
 export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
 # Generators load adapters only from inside their roots: the benchmarks write theirs under /tmp

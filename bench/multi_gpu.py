@@ -58,6 +58,10 @@ TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
 SPLIT = {  # report key -> the job's metric (median over the steps after the first)
     "generate_s": "time/generate_s",
     "rollout_s": "time/rollout_s",
+    "execute_tail_s": "time/execute_tail_s",  # the part of the rollout after the last completion
+    "update_command_s": "time/update_command_s",  # the update's parts: handing the batch over,
+    "update_score_s": "time/update_score_s",  # scoring the reference,
+    "update_passes_s": "time/update_passes_s",  # forward, backward and optimizer steps
     "update_s": "time/train_s",
     "publish_s": "publish/total_s",
     "stale_wait_s": "time/stale_wait_s",
@@ -233,7 +237,12 @@ def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[st
         raise RuntimeError(f"the job on {n} GPU(s) ended {summary.get('status')}: {summary} (see {ranks})")
     lines = (work / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()
     rows = [r for line in lines if "eval_label" not in (r := json.loads(line))]
-    return figures(rows, n, args.prompts * args.group) | {"wall_s": round(wall, 1), "device": card()}
+    timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
+    return figures(rows, n, args.prompts * args.group) | {
+        "wall_s": round(wall, 1),
+        "device": card(),
+        "per_step": timing,  # every step's timings, the first included (the medians skip it)
+    }
 
 
 def show_logs(work: Path, lines: int = 40) -> None:

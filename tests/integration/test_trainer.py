@@ -93,6 +93,7 @@ def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dir
             "lr",
             "time/generate_s",
             "time/train_s",
+            "time/update_passes_s",
             "publish/load_s",
         ):
             assert key in row, key

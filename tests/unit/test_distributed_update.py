@@ -162,6 +162,10 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
     for name, want in want_adapter.items():
         torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=1e-6, msg=name)
     assert got["metrics"]["update/sequences"] == 5
+    # Rank 0 times the update's parts: handing the batch over, scoring, the passes.
+    m = got["metrics"]
+    assert m["time/update_command_s"] > 0 and m["time/update_passes_s"] > 0
+    assert m["time/update_score_s"] >= 0
     second = load_file(str(tmp_path / "second" / "adapter_model.safetensors"))
     again = load_file(str(tmp_path / "again" / "adapter_model.safetensors"))
     assert any(not torch.equal(second[n], got_adapter[n]) for n in second)  # the second update moved it

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class RankPolicy(Policy):
             self.make_optimizer(optim)
         self._lock = threading.Lock()
         self._inside = threading.local()
+        self.command_s = 0.0  # how long rank 0's last command took to send
 
     def collective(self, op: str, *args: Any) -> Any:
         """Run `op` on every rank (sent by rank 0; run by a follower as it receives it)."""
@@ -90,14 +92,19 @@ class RankPolicy(Policy):
         with self._lock:
             self._inside.active = True
             try:
+                t0 = time.perf_counter()
                 self.control.send(op, *args)
+                self.command_s = time.perf_counter() - t0
                 return getattr(self, f"do_{op}")(*args)
             finally:
                 self._inside.active = False
 
     # -- what TrainRun calls on rank 0 ----------------------------------------------------------
     def run_update(self, batch: list[Any], cfg: UpdateConfig, seed: int) -> dict[str, float]:
-        return self.collective("update", batch, cfg, seed)
+        metrics = self.collective("update", batch, cfg, seed)
+        # Pickling the batch and handing it to every follower, before any rank starts.
+        metrics["time/update_command_s"] = self.command_s
+        return metrics
 
     def score(
         self,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,12 +92,14 @@ def update(
         return metrics
     prompts = [s.prompt_ids for s in samples]
     comps = [s.completion_ids for s in samples]
+    t0 = time.perf_counter()
     old = (
         parallel.score(policy, prompts, comps, cfg.micro_batch)
         if (cfg.iterations > 1 or cfg.always_score_old)
         else None
     )
     ref = parallel.score(policy, prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    t1 = time.perf_counter()
     tis = Correction(cfg.tis_cap) if cfg.tis_cap is not None else None
     if tis is not None and (cfg.objective != "clip" or cfg.ratio != "token"):
         raise ValueError("the importance-sampling correction needs the clipped objective with token ratios")
@@ -130,6 +133,7 @@ def update(
                 counts["skipped"] += 1
         ratio_sum, ratio_n = parallel.sum([ratio_sum, ratio_n])
         metrics[f"update/ratio_mean_iter{iteration}"] = ratio_sum / max(ratio_n, 1)
+    t2 = time.perf_counter()
     # Sums over every rank's micro-batches (the gradient norm is the same on every rank).
     sums["loss"], sums["clip_fraction"], sums["kl"], counts["micro"] = parallel.sum(
         [sums["loss"], sums["clip_fraction"], sums["kl"], counts["micro"]]
@@ -140,6 +144,12 @@ def update(
     metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
+    # Where the update's time goes (scoring returns lists and every micro-batch reads its loss,
+    # so these wall times include the device's work): scoring old / reference log-probs (with
+    # the gather of every rank's share), then the passes of forward, backward and optimizer steps
+    # (with the gradients' all-reduce and the wait for the slowest rank).
+    metrics["time/update_score_s"] = t1 - t0
+    metrics["time/update_passes_s"] = t2 - t1
     if tis is not None:
         metrics.update(tis.metrics())  # this rank's samples
     return metrics
