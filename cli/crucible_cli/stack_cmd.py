@@ -62,8 +62,6 @@ def up(
     """Start Redis, sandbox, generator, two trainer workers (one for eval jobs only) and the gateway;
     Ctrl-C stops them all.
     A trainer worker that dies is started again; any other service dying stops the stack."""
-    import signal
-
     from crucible_cli.heavy import require
 
     require(*SERVICES, command="up")
@@ -83,7 +81,7 @@ def up(
         generator_gpus=generator_gpus,
         trainer_gpus=trainer_gpus,
     )
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop_on_sigterm()
     try:
         with console.status("starting") as status:
             urls = stack.start(progress=lambda m: status.update(m))
@@ -154,6 +152,7 @@ def demo(
         sandbox_port=free_port(),
         generator_backend=generator_backend,
     )
+    stop_on_sigterm()  # a `kill` (or a timeout) stops the services too, not only this process
     try:
         with console.status("starting the stack") as status:
             urls = stack.start(progress=lambda m: status.update(m))
@@ -217,3 +216,15 @@ def _story(console, final) -> None:
             f"{sample.get('status', '-')}: {first[0] if first else ''}",
         )
     console.print(table)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so the command's `finally` stops the
+    services it started (they run in sessions of their own: a signal to this process alone
+    would leave them running)."""
+    import signal
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -36,17 +36,22 @@ def test_make_demo_trains_hot_swaps_and_shows_what_changed(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # a laptop: the embedded Redis
     env.update(COLUMNS="200", NO_COLOR="1")
     state = tmp_path / "demo"
-    out = subprocess.run(
+    demo = subprocess.Popen(
         [sys.executable, "-m", "crucible_cli", "demo", "--state-dir", str(state)],
         env=env,
         cwd=tmp_path,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=840,
         stdin=subprocess.DEVNULL,
     )
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-4000:]
+    try:
+        text, _ = demo.communicate(timeout=840)
+    except subprocess.TimeoutExpired:
+        demo.terminate()  # SIGTERM: the demo stops the services it started (a kill would orphan them)
+        text, _ = demo.communicate(timeout=120)
+        pytest.fail(f"the demo did not finish in 840 s:\n{text[-4000:]}")
+    assert demo.returncode == 0, text[-4000:]
     assert "finished" in text and "reward per step" in text, text[-4000:]
     assert "the problems it trained on" in text and "MBPP/672" in text and "MBPP/678" in text, text[-4000:]
     (run_dir,) = (state / "jobs").iterdir()
