@@ -28,7 +28,7 @@
 #   bash bench/gpu.sh trl-1p5b STEPS  # TRL + vLLM colocate in the same setup (run one after the other, alone on a card)
 #   bash bench/gpu.sh multi-gpu [GPUS] # the same GRPO job on 1,2,4 GPUs at SmolLM2-135M and the 1.5B shape
 #                                     #   (multi-gpu-135m / multi-gpu-1p5b: one of them; after part-a and setup)
-#   bash bench/gpu.sh serve-sizes SHAPE... # serving race at real shapes, rank-16 adapter, vLLM profile and fitted
+#   bash bench/gpu.sh serve-sizes SHAPE[=PROFILES][@LEN]... # serving race at real shapes, rank-16 adapter, vLLM profile/fitted
 #   MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b bash bench/gpu.sh crucible-up   # (vllm-up, serve-race too)
 #   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
 #   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
@@ -211,28 +211,36 @@ PY
       --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" \
       --json "${OUT:-/tmp}/serve-race.json" "$@"
     cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
-  serve-sizes)  # SHAPE...: the serving race at real shapes (after `shapes`) with a rank-16 adapter loaded and
-    # requested: Crucible's generator against vLLM with the project's launch profile (max-lora-rank 64,
-    # 4 LoRAs) and fitted to the adapter (max-lora-rank 16, 2 LoRAs); 7B: fitted only. JSON per pair in $OUT
-    shift; for shape in "${@:-qwen2.5-coder-1.5b}"; do
+  serve-sizes)  # SHAPE[=PROFILES][@LEN]...: the serving race at real shapes (after `shapes`) with a rank-16
+    # adapter loaded and requested: Crucible's generator against vLLM with the project's launch profile
+    # (`profile`: max-lora-rank 64, 4 LoRAs) and fitted to the adapter (`fitted`: max-lora-rank 16, 2 LoRAs).
+    # PROFILES: comma-separated (default: both at 1.5B, `fitted` at 7B); LEN: Crucible's rows reserved at LEN
+    # tokens (CRUCIBLE_GENERATOR_MAX_MODEL_LEN) instead of the model's context. JSON per pair in $OUT, e.g.
+    # `serve-sizes qwen2.5-coder-1.5b=fitted qwen2.5-coder-7b=profile,fitted qwen2.5-coder-7b=fitted@512`
+    shift; for arg in "${@:-qwen2.5-coder-1.5b}"; do
+      shape=${arg%%[=@]*} len=""; profiles=""
+      case $arg in *@*) len=${arg##*@} ;; esac
+      case $arg in *=*) profiles=${arg#*=}; profiles=${profiles%%@*}; profiles=${profiles//,/ } ;; esac
       export MODEL_DIR=/root/shapes/$shape MODEL_NAME=$shape
       # Crucible's generator takes `share` of the card (budget.py), vLLM `util`: both fit at once.
-      # 7B: weights, their merged copy and the prefill graphs take 0.46, 0.55 leaves 32 rows.
-      profiles="profile fitted"; util=0.3; share=0.5; swap=cuda
-      case $shape in *7b*) profiles=fitted util=0.35 share=0.55 swap=cpu ;; esac
-      CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=$share bash bench/gpu.sh crucible-up \
-        || { echo "crucible generator failed at $shape"; continue; }
+      # 7B: weights, their merged copy and the prefill graphs take 0.46, 0.55 leaves 32 rows of 2,048.
+      util=0.3; share=0.5; swap=cuda
+      case $shape in *7b*) util=0.35 share=0.55 swap=cpu; profiles=${profiles:-fitted} ;; esac
+      profiles=${profiles:-profile fitted}
+      suffix=${len:+-len$len}
+      env ${len:+CRUCIBLE_GENERATOR_MAX_MODEL_LEN=$len} CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=$share bash bench/gpu.sh crucible-up \
+        || { echo "crucible generator failed at $arg"; continue; }
       for p in $profiles; do
         if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
         else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi
         GPU_UTIL=$util bash bench/gpu.sh vllm-up || { echo "vllm ($p) failed at $shape"; tail -30 /root/logs/vllm.log; continue; }
         python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
           --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" --adapter-rank 16 \
-          --swap-device $swap --json "${OUT:-/tmp}/serve-$shape-$p.json" || echo "race failed ($p, $shape)"
-        cp /root/logs/vllm.log "${OUT:-/tmp}/vllm-$shape-$p.log" 2>/dev/null || true
+          --swap-device $swap --json "${OUT:-/tmp}/serve-$shape-$p$suffix.json" || echo "race failed ($p, $arg)"
+        cp /root/logs/vllm.log "${OUT:-/tmp}/vllm-$shape-$p$suffix.log" 2>/dev/null || true
         bash bench/gpu-vllm.sh stop; sleep 8
       done
-      cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$shape.log" 2>/dev/null || true
+      cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$shape$suffix.log" 2>/dev/null || true
       kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
     done ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above

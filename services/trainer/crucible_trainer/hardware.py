@@ -119,3 +119,23 @@ def offline_settings(
         micro if isinstance(micro, int) else CPU_MICRO_BATCH,
         checkpointing if isinstance(checkpointing, bool) else False,
     )
+
+
+def release_memory() -> None:
+    """Give back what a finished job held. The worker runs job after job in one process, and a job's
+    model, optimizer and batches sit in reference cycles (modules, hooks and closures referring to
+    each other) that only the cycle collector frees; glibc then keeps the freed heap unless asked
+    to return it (measured on CPU: 6.5 GB resident after a two-step job, 3.7 after collecting,
+    0.5 after trimming)."""
+    import ctypes
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        pass

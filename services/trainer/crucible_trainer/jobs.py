@@ -38,13 +38,23 @@ def quiet_libraries() -> None:
 
 
 def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
-    """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed).
+    """Run a parsed job to its end on `channel`: started, heartbeating, finished (or failed), then
+    give its memory back before the worker takes the next job.
 
     A run that lost its job (`channel.superseded()`: re-queued while it was cut off from Redis,
     or started by another run) ends without a word: the run holding the job writes its story.
     A worker stopped outright (RQ's cold shutdown, a second SIGTERM) hands its job back as a warm
     stop does, rather than failing it.
     """
+    from crucible_trainer.hardware import release_memory
+
+    try:
+        return _execute(spec, job_id, settings, channel)
+    finally:
+        release_memory()
+
+
+def _execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
     from crucible_trainer.cancel import Cancelled, Interrupted
 
     if not channel.start():
