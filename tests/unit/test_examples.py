@@ -71,17 +71,20 @@ def test_the_attention_kernel_defaults_to_the_familys_and_old_specs_still_parse(
         EvalJob.model_validate(old)
 
 
-def test_the_best_recipe_example_is_the_benchmarks_pre_recipe() -> None:
-    """examples/grpo_mbpp_prefilter.yaml is the job `bench/seeds.py run pre` measured."""
+def test_the_best_recipe_example_is_the_benchmarks_best_recipe() -> None:
+    """examples/grpo_mbpp_prefilter.yaml is the job `bench/seeds.py run pre-t07` measured."""
     import sys
 
     sys.path.insert(0, str(EXAMPLES[0].parents[1]))
     from bench.grpo_race import job_spec
     from bench.seeds import RECIPES
 
-    flags = RECIPES["pre"][0]
+    flags = RECIPES["pre-t07"][0]
     assert flags[flags.index("--filter") + 1] == "pre" and flags[flags.index("--micro-batch") + 1] == "16"
-    measured = job_spec("grpo", 100, 500, "smollm2-135m-instruct", group_filter="pre", micro_batch=16)
+    assert flags[flags.index("--temperature") + 1] == "0.7"
+    measured = job_spec(
+        "grpo", 100, 500, "smollm2-135m-instruct", group_filter="pre", micro_batch=16, temperature=0.7
+    )
     example = yaml.safe_load((EXAMPLES[0].parent / "grpo_mbpp_prefilter.yaml").read_text())
     differ = {"name", "logging"}  # the example's name; the benchmark turns wandb off
     assert TrainJob.model_validate(example).model_dump(exclude=differ) == TrainJob.model_validate(
