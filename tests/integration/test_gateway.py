@@ -27,6 +27,7 @@ TINY_TRAIN = {
     "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
     "eval": None,
     "checkpoint": {"every": 1},
+    "publish": {"stale_check": False},  # tested in test_trainer; here a job's lifecycle is
     "logging": {"wandb_mode": "disabled"},
 }
 TINY_EVAL = {

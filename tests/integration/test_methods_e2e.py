@@ -24,6 +24,7 @@ BASE = {
     "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
     "eval": None,
     "checkpoint": {"every": 10},
+    "publish": {"stale_check": False},  # tested in test_trainer; here the methods' updates are
     "logging": {"wandb_mode": "disabled"},
     "seed": 3,
 }
