@@ -98,8 +98,10 @@ MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
 case "${1:-}" in
   part-a)
     mkdir -p $M && cp .carry/a/part $M/a && ls -la $M ;;
+  deps)  # the carried wheels only (call carries [.whl]): enough for GPU tests that need no model
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
   setup)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    bash bench/gpu.sh deps
     cat $M/a .carry/b/part > $M/smol.gguf
     echo "$(cat .carry/b/sha256)  $M/smol.gguf" | sha256sum -c
     python3 - <<'PY'
@@ -279,8 +281,9 @@ PY
       --variant eager-prefill=MAX_BATCH_SIZE=256,PREFILL_GRAPHS=false --json "${OUT:-/tmp}/eval-variants.json" ;;
   decode-attention)  # decode-step attention, expanded per query head against packed (bench/decode_attention.py)
     python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
-  gpu-tests)  # the GPU-marked tests (CUDA graphs, continuous batching on SmolLM2)
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_generator_gpu.py ;;
+  gpu-tests)  # [PATH...]: the GPU-marked tests of these files (default: CUDA graphs, continuous batching on
+    # SmolLM2, after `setup`); tests/unit/test_release_memory.py needs only `deps`
+    python3 -m pytest -q -rs -p no:cacheprovider -m gpu "${@:2}" $([ $# -gt 1 ] || echo tests/integration/test_generator_gpu.py) ;;
   nan-check)  # issue 24: attention kernels at the fast path's shapes + the crashing runs' workload (~4 min)
     python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/integration/test_generator_gpu_nan.py 2>&1 \
       | tee "${OUT:-/tmp}/nan-check.log" | tail -60 ;;

@@ -69,3 +69,19 @@ def test_execute_gives_a_jobs_memory_back(outcome, no_automatic_collection, monk
     else:
         assert jobs.execute(spec, "j1", Settings(), LocalChannel("j1"))["status"] == "finished"
     assert resident() - start < HELD * 0.2
+
+
+@pytest.mark.gpu
+def test_release_memory_gives_cuda_memory_back(no_automatic_collection) -> None:
+    """On a GPU the next job needs the card: a cycle's tensors are freed and the caching
+    allocator's blocks returned to the driver."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    torch.cuda.init()
+    start = torch.cuda.memory_reserved()
+    node: dict[str, Any] = {"weights": torch.ones(HELD // 4, device="cuda")}
+    node["self"] = node
+    del node
+    assert torch.cuda.memory_reserved() - start >= HELD  # held by the cycle
+    release_memory()
+    assert torch.cuda.memory_allocated() < HELD // 4 and torch.cuda.memory_reserved() - start < HELD // 4
