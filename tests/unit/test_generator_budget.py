@@ -77,6 +77,22 @@ def test_the_7b_shape_fits_beside_a_trainer_or_vllm_and_says_why_when_it_does_no
         plan_rows(H100, 0.15, f)
 
 
+def test_few_full_length_rows_come_with_the_setting_that_fits_more(qwen_7b) -> None:
+    """At 7B, 0.55 of the card holds 32 rows of 2,048 tokens; the start-up log names the row length
+    that fits 128 (measured on an H100 with CRUCIBLE_GENERATOR_MAX_MODEL_LEN=512: 128 rows)."""
+    f = footprint_7b(qwen_7b)
+    hint = budget.shorter_rows_hint(H100, 0.55, f, plan_rows(H100, 0.55, f))
+    assert hint is not None and "gets 128 rows with CRUCIBLE_GENERATOR_MAX_MODEL_LEN=512" in hint
+    # Conservative: a generator started with rows of 512 tokens plans at least as many.
+    short = footprint_of(
+        qwen_7b, row_length=512, fast=True, prefill_graphs=True, max_loras=4, max_lora_rank=64
+    )
+    assert plan_rows(H100, 0.55, short) >= 128
+    # Nothing to say when the rows are short already, or when they already reach the ceiling.
+    assert budget.shorter_rows_hint(H100, 0.55, short, plan_rows(H100, 0.55, short)) is None
+    assert budget.shorter_rows_hint(H100, 0.55, f, budget.MAX_ROWS) is None
+
+
 def test_a_set_batch_size_is_checked_against_the_budget(qwen_7b) -> None:
     f = footprint_7b(qwen_7b)
     assert plan_rows(H100, 0.55, f, requested=40) == 40  # not a power of two, but it fits

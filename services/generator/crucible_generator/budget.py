@@ -26,7 +26,7 @@ enforces: measured use (`nvidia-smi`) runs some hundred MB either way.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ GIB = 2**30
 CONTEXT_BYTES = GIB
 SAMPLING_BYTES = 16  # per row and vocabulary entry: logits, log-softmax, probabilities, sort (float32)
 MAX_ROWS = 512  # as `max_batch_size: auto` from free memory (memory.BOUNDS)
+HINT_LENGTH = 512  # a short RL job's prompt + completion (MBPP: prompts under 300 tokens, 256 new)
 
 
 class BudgetError(ValueError):
@@ -53,6 +54,7 @@ class Footprint:
     per_row: int
     row_length: int
     context: int = CONTEXT_BYTES
+    kv_per_token: int = 0  # of `per_row`, what each token of the row costs (0: not known)
 
     @property
     def fixed(self) -> int:
@@ -140,6 +142,36 @@ def plan_rows(total: int, fraction: float, footprint: Footprint, requested: int 
     return rows
 
 
+def shorter_rows_hint(total: int, fraction: float, footprint: Footprint, rows: int) -> str | None:
+    """Where rows reserved at the model's context leave few of them, what rows of `HINT_LENGTH`
+    tokens would give in the same budget (a line for the start-up log), else None. Conservative:
+    the prefill graphs' scratch, which also shrinks with the row, is counted at full length.
+
+    Qwen2.5-Coder-7B's shape in bf16 at 0.55 of an 80 GB card (measured on an H100: 32 rows of
+    2,048 tokens, 128 of 512):
+
+    >>> f = Footprint(weights=int(14.2 * GIB), merged_copy=int(14.2 * GIB), prefill_scratch=int(3.8 * GIB),
+    ...               activations=int(2.2 * GIB), adapters=int(1.2 * GIB), row_length=2048,
+    ...               per_row=57_344 * 2048 + 152_064 * SAMPLING_BYTES, kv_per_token=57_344)
+    >>> rows_within(int(79.2 * GIB * 0.55), f)
+    32
+    >>> print(shorter_rows_hint(int(79.2 * GIB), 0.55, f, 32))
+    rows reserve 2048 tokens each: a job whose prompts and completions fit in 512 tokens gets 128 rows with CRUCIBLE_GENERATOR_MAX_MODEL_LEN=512 (longer requests are then refused)
+    """
+    if not footprint.kv_per_token or footprint.row_length <= HINT_LENGTH or rows >= MAX_ROWS:
+        return None
+    saved = footprint.kv_per_token * (footprint.row_length - HINT_LENGTH)
+    shorter = replace(footprint, per_row=footprint.per_row - saved, row_length=HINT_LENGTH)
+    more = rows_within(int(total * fraction), shorter)
+    if more <= rows:
+        return None
+    return (
+        f"rows reserve {footprint.row_length} tokens each: a job "
+        f"whose prompts and completions fit in {HINT_LENGTH} tokens gets {more} rows with "
+        f"CRUCIBLE_GENERATOR_MAX_MODEL_LEN={HINT_LENGTH} (longer requests are then refused)"
+    )
+
+
 def footprint_of(
     model: Any,
     *,
@@ -178,6 +210,7 @@ def footprint_of(
         adapters=max_loras * max_lora_rank * linear_sides * element,
         per_row=per_token * row_length + vocab * SAMPLING_BYTES,
         row_length=row_length,
+        kv_per_token=per_token,
     )
 
 
@@ -193,6 +226,8 @@ def budget_rows(model: Any, fraction: float, footprint: Footprint, requested: in
         gib(budget), fraction, gib(total), footprint.describe(), rows, footprint.row_length,
         gib(rows * footprint.per_row),
     )  # fmt: skip
+    if requested is None and (hint := shorter_rows_hint(total, fraction, footprint, rows)):
+        log.info(hint)
     held = torch.cuda.memory_reserved(model.device)
     if footprint.fixed + rows * footprint.per_row - held > free:
         log.warning(
