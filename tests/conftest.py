@@ -16,15 +16,20 @@ from tests.families import family_checkpoints  # noqa: F401
 RELEASE_ABOVE = 1 << 30  # resident bytes after a test beyond which the process gives memory back
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 @pytest.fixture(autouse=True)
 def _release_jobs_memory():
     """Tests that run jobs in this process (as `crucible train --local` does) leave the models in
     reference cycles, and an xdist worker runs a hundred test files: without this its memory grew
     to 9 GB over the default run. `jobs.execute` does the same for the trainer worker."""
     yield
-    with open("/proc/self/statm") as f:
-        if int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") < RELEASE_ABOVE:
-            return
+    if resident_bytes() < RELEASE_ABOVE:
+        return
     try:
         from crucible_trainer.hardware import release_memory
     except ImportError:  # a slim install without the trainer holds no job's memory

@@ -15,14 +15,11 @@ from crucible_trainer.hardware import release_memory
 from crucible_trainer.settings import Settings
 from pydantic import TypeAdapter
 
+from tests.conftest import resident_bytes
+
 MIB = 1 << 20
 HELD = 256 * MIB
 SPEC = {"kind": "eval", "name": "cycle", "data": {"dataset": "mbpp", "ids": [11]}, "max_tokens": 8}
-
-
-def resident() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def hold_in_cycle() -> None:
@@ -41,11 +38,11 @@ def no_automatic_collection():
 
 
 def test_release_memory_frees_a_cycle(no_automatic_collection) -> None:
-    start = resident()
+    start = resident_bytes()
     hold_in_cycle()
-    assert resident() - start > HELD * 0.9  # still held: only the cycle collector can free it
+    assert resident_bytes() - start > HELD * 0.9  # still held: only the cycle collector can free it
     release_memory()
-    assert resident() - start < HELD * 0.2
+    assert resident_bytes() - start < HELD * 0.2
 
 
 @pytest.mark.parametrize("outcome", ["finished", "failed"])
@@ -62,13 +59,13 @@ def test_execute_gives_a_jobs_memory_back(outcome, no_automatic_collection, monk
 
     monkeypatch.setattr(jobs, "runner_for", lambda spec: Runner)
     spec = TypeAdapter(JobSpec).validate_python(SPEC)
-    start = resident()
+    start = resident_bytes()
     if outcome == "failed":
         with pytest.raises(RuntimeError, match="the job broke"):
             jobs.execute(spec, "j1", Settings(), LocalChannel("j1"))
     else:
         assert jobs.execute(spec, "j1", Settings(), LocalChannel("j1"))["status"] == "finished"
-    assert resident() - start < HELD * 0.2
+    assert resident_bytes() - start < HELD * 0.2
 
 
 @pytest.mark.gpu
