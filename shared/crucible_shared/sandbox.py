@@ -14,10 +14,43 @@ trimmed tracebacks, capped output and timings.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_PATH_CHARS = 255
+
+
+def check_relative_path(path: str) -> str:
+    """A path inside a run's directory: relative, no `..`, no empty or NUL parts. Raises ValueError.
+
+    >>> check_relative_path("data/in.txt")
+    'data/in.txt'
+    >>> check_relative_path("../etc/passwd")
+    Traceback (most recent call last):
+    ValueError: path '../etc/passwd' must stay inside the run's directory (no '..')
+    """
+    if not path or len(path) > MAX_PATH_CHARS or "\0" in path:
+        raise ValueError(f"path {path[:80]!r} must be 1 to {MAX_PATH_CHARS} characters without NUL")
+    if path.startswith("/"):
+        raise ValueError(f"path {path[:80]!r} must be relative to the run's directory")
+    parts = path.split("/")
+    if ".." in parts:
+        raise ValueError(f"path {path[:80]!r} must stay inside the run's directory (no '..')")
+    if any(p in ("", ".") for p in parts):
+        raise ValueError(f"path {path[:80]!r} has an empty or '.' part")
+    return path
+
+
+def check_base64(content: str, path: str) -> bytes:
+    """The bytes of a base64 file body. Raises ValueError naming the file."""
+    try:
+        return base64.b64decode(content, validate=True)
+    except (ValueError, binascii.Error):
+        raise ValueError(f"the content of {path[:80]!r} is not base64") from None
 
 
 class RunStatus(StrEnum):
@@ -71,6 +104,12 @@ class Limits(BaseModel):
     )
     output_bytes: int | None = Field(
         default=None, ge=0, le=64 << 20, description="Cap on stdout+stderr kept per run."
+    )
+    compile_time_s: float | None = Field(
+        default=None, gt=0, le=600, description="Wall-clock budget of the compile step (compiled languages)."
+    )
+    compile_memory_mb: int | None = Field(
+        default=None, ge=16, le=65536, description="Memory in MiB of the compile step (all its processes)."
     )
 
 
@@ -149,6 +188,30 @@ class RunOnly(BaseModel):
         default="none", description="`last_expression`: report the value of the program's final expression."
     )
     call: Call | None = Field(default=None, description="After the program ran, call this function.")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Files written into the run's directory before it starts: relative path -> base64 content.",
+    )
+    fetch_files: list[str] = Field(
+        default_factory=list,
+        description="Files read back from the run's directory after it ends (relative paths); the result's "
+        "`files` holds them, base64-encoded.",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, files: dict[str, str]) -> dict[str, str]:
+        for path, content in files.items():
+            check_relative_path(path)
+            check_base64(content, path)
+        return files
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetch_files(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            check_relative_path(path)
+        return paths
 
     @model_validator(mode="after")
     def _one_value(self) -> RunOnly:
@@ -165,7 +228,11 @@ class RunRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    language: str = Field(default="python", description="Only `python` for now; anything else is a 400.")
+    language: str = Field(
+        default="python",
+        description="`python`, or one of the compiled and interpreted languages the server lists in `GET /health` "
+        "(`cpp`, `java`, `nodejs`, `go`, `rust`, `bash`): those take `stdio` and `run` tests. Another is a 400.",
+    )
     code: str = Field(description="The candidate program.")
     tests: Tests
     limits: Limits = Field(default_factory=Limits)
@@ -208,6 +275,19 @@ class TestVerdict(BaseModel):
     duration_ms: float = 0.0
 
 
+class CompileResult(BaseModel):
+    """The compile step of a run in a compiled language (its own limits, same isolation)."""
+
+    status: Literal["ok", "error", "timeout", "memory_exceeded", "output_exceeded"]
+    exit_code: int | None = Field(
+        default=None, description="The compiler's exit status; None when it was killed."
+    )
+    stdout: str = ""
+    stderr: str = Field(default="", description="The compiler's diagnostics (capped).")
+    duration_ms: float = 0.0
+    cached: bool = Field(default=False, description="The artifact came from the compile cache.")
+
+
 class RunResult(BaseModel):
     """The verdict of a run."""
 
@@ -235,6 +315,15 @@ class RunResult(BaseModel):
     )
     duration_ms: float = 0.0
     cached: bool = False
+    exit_code: int | None = Field(
+        default=None,
+        description="Runs without tests: the program's exit status (negative: killed by that signal); None when "
+        "the sandbox ended it (a limit) or it did not run.",
+    )
+    compile: CompileResult | None = Field(default=None, description="Compiled languages: the compile step.")
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Runs without tests: `fetch_files` that existed, base64-encoded."
+    )
 
     @property
     def fraction_passed(self) -> float:
@@ -287,3 +376,6 @@ class SandboxHealth(BaseModel):
     pending: int = Field(description="Runs admitted and not finished.")
     isolation: SandboxIsolation
     auth: bool = Field(description="Whether requests need an API key.")
+    languages: list[str] = Field(
+        default_factory=list, description="Languages whose toolchain this server found (`python` always)."
+    )

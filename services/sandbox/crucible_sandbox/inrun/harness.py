@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import CodeType
 from typing import TYPE_CHECKING, Any, cast
 
-from crucible_sandbox.inrun import runtime
+from crucible_sandbox.inrun import command, runtime
 from crucible_sandbox.inrun.link import ProgramServer
 from crucible_sandbox.inrun.runtime import CANDIDATE, TestTimeout, exception_info
 from crucible_sandbox.wire.channel import read_frame, read_spec, write_frame
@@ -60,8 +60,11 @@ def program_main(spec_fd: int, report_fd: int, confine: Callable[[RunLimits], No
     sys.argv[:] = [CANDIDATE]  # as for `python -c`: no arguments (and not the zygote's)
     if run.get("stdin") is not None:
         _feed_stdin(run["stdin"])
-    runtime.apply_limits(run["limits"], run["limits"].get("processes"))
+    runtime.apply_limits(run["limits"], run["limits"].get("processes"), run["limits"].get("address_space_mb"))
     kind = run["kind"]
+    if kind == "command":
+        command.run_command(run, report_fd)  # never returns
+    status = 0
     try:
         if kind == "calls":
             _run_calls(run, report_fd, deadline)
@@ -70,7 +73,7 @@ def program_main(spec_fd: int, report_fd: int, confine: Callable[[RunLimits], No
         elif kind == "stdio":
             _run_stdio(run, report_fd)
         else:
-            _run_only(run, report_fd)
+            status = _run_only(run, report_fd)
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
@@ -80,7 +83,7 @@ def program_main(spec_fd: int, report_fd: int, confine: Callable[[RunLimits], No
     for fd in (1, 2, report_fd, *fds):
         with contextlib.suppress(OSError):
             os.close(fd)
-    _exit(0)
+    _exit(status)
 
 
 def _feed_stdin(text: str) -> None:
@@ -185,8 +188,24 @@ def _run_stdio(run: ProgramSpec, report_fd: int) -> None:
     write_frame(report_fd, {"t": "done"})
 
 
-def _run_only(run: ProgramSpec, report_fd: int) -> None:
-    """`run` form (no tests): run the program, then its final expression or the call asked for."""
+def _run_only(run: ProgramSpec, report_fd: int) -> int:
+    """`run` form (no tests): run the program, then its final expression or the call asked for.
+
+    Returns the exit status the process ends with, as the interpreter's would be: 0, the code of
+    `sys.exit(n)`, 1 after an exception (or `sys.exit` with something else than a number).
+    """
+    command.write_files(run.get("files") or {})
+    status = _run_program(run, report_fd)
+    fetch = run.get("fetch")
+    if fetch:
+        with contextlib.suppress(BaseException):  # the program may have broken anything
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+        write_frame(report_fd, {"t": "files", "files": command.read_files(fetch)})
+    return status
+
+
+def _run_program(run: ProgramSpec, report_fd: int) -> int:
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     value: Any = _NOTHING
     try:
@@ -202,12 +221,13 @@ def _run_only(run: ProgramSpec, report_fd: int) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             write_frame(report_fd, {"t": "exit", "code": short_repr(exc.code, 200)})
-            return
+            return exc.code & 0xFF if type(exc.code) is int else 1
     except BaseException as exc:
         write_frame(report_fd, {"t": "crash", **exception_info(exc)})
-        return
+        return 1
     frame: dict[str, Any] = {"t": "done"}
     if value is not _NOTHING:
         frame["value"] = short_repr(value, VALUE_CHARS)
         frame["value_type"] = runtime.text(type(value).__qualname__, 100)
     write_frame(report_fd, frame)
+    return 0

@@ -43,6 +43,10 @@ ETC = (
     "ld.so.conf",
     "ld.so.conf.d",
     "mime.types",
+    # Symbolic links to the default toolchains (/usr/bin/java, /usr/bin/cc, which rustc links with).
+    "alternatives",
+    # The JDK's configuration: its lib/jvm.cfg and conf/ are links into /etc/java-<version>.
+    *sorted(os.path.basename(p) for p in glob.glob("/etc/java-*")),
 )
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")

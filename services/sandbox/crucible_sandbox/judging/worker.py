@@ -20,6 +20,7 @@ every run it forks).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -35,7 +36,9 @@ from typing import cast
 
 from crucible_sandbox.isolation import cgroups
 from crucible_sandbox.isolation.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, PROGRAM_FDS, RUN, RUN_MSG
+from crucible_sandbox.judging import compiled as compiled_runs
 from crucible_sandbox.judging import output, verdict
+from crucible_sandbox.judging.artifacts import Artifacts
 from crucible_sandbox.judging.compile import PlanCache, SyntaxFrame, compile_candidate, split_last_expression
 from crucible_sandbox.judging.verdict import ProcessOutcome, not_run
 from crucible_sandbox.wire.channel import encode_frame, read_frame, send_spec, write_frame
@@ -103,6 +106,7 @@ class Worker:
         self.info: ZygoteInfo = json.loads(message)
         self.oom = cgroups.OomCounter(self.info["oom_file"]) if self.info.get("oom_file") else None
         self.plans = PlanCache()
+        self.artifacts = Artifacts(config["work_root"])
         self.program: list[int] | None = None  # the worker's ends of the next program process's pipes
         self.judge: list[int] | None = None  # ... and of the next judge's
         self.awaiting_done = False
@@ -149,7 +153,7 @@ class Worker:
                 streams += [_Stream(judge_fds[1], "judge"), _Stream(judge_fds[2], "judge_err")]
             # A run without tests is judged from the program's own frames: answer only once its
             # real exit status is known (it could write the final frame itself, then crash).
-            exit_known = program["kind"] == "run"
+            exit_known = program["kind"] in ("run", "command")
             return self._collect(streams, wall_s, caps, started, judge is not None, tests + 8, exit_known)
         finally:
             for fd in [*program_fds, *judge_fds]:
@@ -277,7 +281,12 @@ class Worker:
         return program_status, judge_status, timed_out, oom
 
     # -- runs -----------------------------------------------------------------------------------
+    def _execute_one(self, spec: ProgramSpec, wall_s: float, caps: tuple[int, int]) -> ProcessOutcome:
+        return self.execute(spec, None, wall_s, caps)[0]
+
     def run(self, request: PreparedRun) -> RunResultData:
+        if request.get("language", "python") != "python":
+            return compiled_runs.run_program(self._execute_one, self.artifacts, request)
         limits, tests, source = request["limits"], request["tests"], request["code"]
         caps = (limits["output_bytes"], limits["report_bytes"])
         wall = limits["wall_time_s"] + 0.05
@@ -351,13 +360,18 @@ class Worker:
         assert code is not None
         spec: ProgramSpec = {"kind": "run", "source": source, "program": code, "limits": limits}
         spec["stdin"] = options.get("stdin", "")
+        spec["files"] = {p: base64.b64decode(c) for p, c in options.get("files", {}).items()}
+        spec["fetch"] = options.get("fetch_files", [])
         if options.get("value") == "last_expression":
             spec["program"], spec["last"] = split_last_expression(source, code)
         call = options.get("call")
         if call:
             spec["call"] = (call["function"], tuple(call.get("args", [])), dict(call.get("kwargs", {})))
         program, _ = self.execute(spec, None, limits["wall_time_s"] + 0.05, caps)
-        return output.judge_run(program)
+        result = output.judge_run(program)
+        result["exit_code"] = compiled_runs.exit_code(program)
+        result["files"] = compiled_runs.files_of(program)
+        return result
 
     def serve(self) -> None:
         ready: SlotInfo = {"ready": True, **self.info}

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from crucible_sandbox.server import fusion
 from crucible_sandbox.server.service import SandboxService
 from crucible_sandbox.server.settings import Settings
 
@@ -97,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="Crucible sandbox",
         version="1",
-        description="Runs untrusted Python against tests (asserts, check functions, stdin/stdout) with isolation and rich feedback.",
+        description="Runs untrusted programs (Python, and C++, Java, JavaScript, Go, Rust, Bash) against tests (asserts, check functions, stdin/stdout) with isolation and rich feedback.",
         lifespan=lifespan,
     )
     app.state.service = service
@@ -129,6 +130,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def run_batch(body: BatchRequest, key: str | None = Depends(api_key)) -> Response:
         return _json(BatchResponse(results=await service.run_batch(body.runs, key)))
 
+    fusion.register(app, service, api_key)  # SandboxFusion's /run_code and /run_jupyter
+
     @app.get("/health", response_model=SandboxHealth, summary="Liveness, workers and the isolation in force")
     async def health() -> SandboxHealth:
         return SandboxHealth(
@@ -136,6 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pending=service.pool.pending,
             isolation=service.isolation,
             auth=bool(settings.api_keys),
+            languages=service.languages,
         )
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)

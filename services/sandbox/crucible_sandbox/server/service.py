@@ -16,13 +16,13 @@ from crucible_shared.http import ApiError
 from crucible_shared.sandbox import RunRequest, RunResult, RunStatus, SandboxIsolation
 
 from crucible_sandbox.isolation import cgroups
+from crucible_sandbox.judging import languages
 from crucible_sandbox.judging.plan import plan_check
 from crucible_sandbox.server import metrics
 from crucible_sandbox.server.pool import WorkerPool
 from crucible_sandbox.server.settings import Settings
 from crucible_sandbox.wire.messages import PreparedRun, RunLimits, RunResultData, Tests
 
-LANGUAGES = ("python",)
 _UNCACHED = {RunStatus.sandbox_error, RunStatus.timeout}
 V = TypeVar("V")
 
@@ -84,6 +84,7 @@ class SandboxService:
         self.cache: LRU[RunResultData] = LRU(settings.cache_entries)  # run results by `cache_key`
         self.valid_tests: LRU[bool] = LRU(4096)  # hashes of test suites known to parse
         self.key_slots: dict[str, asyncio.Semaphore] = {}
+        self.languages = languages.available()  # the toolchains found on the runs' PATH
 
     async def start(self) -> None:
         refusal = unsafe_start(self.settings)
@@ -111,13 +112,7 @@ class SandboxService:
     def prepare(self, run: RunRequest, where: str = "") -> PreparedRun:
         """Check one run against the server's rules and resolve its limits. Raises ApiError."""
         s = self.settings
-        if run.language.lower() not in LANGUAGES:
-            raise ApiError(
-                400,
-                f"unsupported language {run.language!r}; supported: {', '.join(LANGUAGES)}",
-                field=f"{where}language",
-                code="unsupported_language",
-            )
+        language = self.language(run.language, run.tests.kind, where)
         if len(run.code.encode()) > s.max_code_bytes:
             raise ApiError(413, f"code is larger than {s.max_code_bytes} bytes", field=f"{where}code")
         tests = cast(Tests, run.tests.model_dump(mode="json"))
@@ -146,7 +141,45 @@ class SandboxService:
             "open_files": s.open_files,
             "processes": s.processes,
         }
-        return {"code": run.code, "tests": tests, "limits": limits}
+        prepared: PreparedRun = {"code": run.code, "tests": tests, "limits": limits}
+        if language != "python":  # Python runs keep the keys (and cache keys) they always had
+            prepared["language"] = language
+            limits["compile_time_s"] = min(
+                lim.compile_time_s or s.default_compile_time_s, s.max_compile_time_s
+            )
+            limits["compile_memory_mb"] = min(
+                lim.compile_memory_mb or s.default_compile_memory_mb, s.max_compile_memory_mb
+            )
+        return prepared
+
+    def language(self, name: str, kind: str, where: str = "") -> str:
+        """The language a request names, if this server runs it with these tests. Raises ApiError."""
+        if name.lower() == "python":
+            return "python"
+        lang = languages.resolve(name)
+        if lang is None:
+            raise ApiError(
+                400,
+                f"unsupported language {name!r}; supported: {', '.join(self.languages)}",
+                field=f"{where}language",
+                code="unsupported_language",
+            )
+        if lang["name"] not in self.languages:
+            raise ApiError(
+                400,
+                f"language {lang['name']!r} is not available on this server: its toolchain ({lang['tool']}, "
+                f"Debian package {lang['package']}) is not installed; available: {', '.join(self.languages)}",
+                field=f"{where}language",
+                code="language_unavailable",
+            )
+        if kind not in ("stdio", "run"):
+            raise ApiError(
+                400,
+                f"tests of kind {kind!r} are for Python programs; a {lang['name']} program takes `stdio` or `run`",
+                field=f"{where}tests.kind",
+                code="unsupported_tests",
+            )
+        return lang["name"]
 
     @staticmethod
     def _check_tests(tests: Tests, where: str) -> None:

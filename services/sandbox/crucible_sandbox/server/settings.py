@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     max_wall_time_s: float = 60.0
     max_memory_mb: int = 4096
     max_output_bytes: int = 8 << 20
+    default_compile_time_s: float = Field(10.0, gt=0, description="Compile step of compiled languages.")
+    max_compile_time_s: float = Field(60.0, gt=0)
+    default_compile_memory_mb: int = Field(1024, ge=16, description="Compile step, all its processes.")
+    max_compile_memory_mb: int = Field(4096, ge=16)
     max_report_bytes: int = Field(
         32 << 20, ge=1 << 20, description="Cap on what a run's processes write to the harness channel."
     )

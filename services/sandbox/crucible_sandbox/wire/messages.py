@@ -57,6 +57,11 @@ class RunLimits(TypedDict):
     open_files: int
     # Dropped where runs have no uid of their own (see `isolation.confine.Isolation.confine_program`).
     processes: NotRequired[int]
+    # Compiled languages: the compile step's own limits (see `judging.languages`).
+    compile_time_s: NotRequired[float]
+    compile_memory_mb: NotRequired[int]
+    # Runtimes that reserve address space (the JVM, V8, Go): the address-space limit, above `memory_mb`.
+    address_space_mb: NotRequired[int]
 
 
 class AssertTests(TypedDict):
@@ -92,6 +97,8 @@ class RunOnly(TypedDict):
     stdin: str
     value: Literal["none", "last_expression"]
     call: CallAfterRun | None
+    files: dict[str, str]  # relative path -> base64
+    fetch_files: list[str]
 
 
 # The request's tests as `RunRequest.tests.model_dump(mode="json")` gives them.
@@ -102,6 +109,7 @@ class PreparedRun(TypedDict):
     code: str
     tests: Tests
     limits: RunLimits
+    language: NotRequired[str]  # absent: Python; else a name of `judging.languages.LANGUAGES`
 
 
 # -- worker -> server -------------------------------------------------------------------------------
@@ -157,6 +165,20 @@ class RunResultData(TypedDict):
     same_answer: NotRequired[bool | None]
     duration_ms: NotRequired[float]
     cached: NotRequired[bool]
+    exit_code: NotRequired[int | None]
+    compile: NotRequired[CompileResultData | None]
+    files: NotRequired[dict[str, str]]
+
+
+class CompileResultData(TypedDict):
+    """The compile step of a run (`crucible_shared.sandbox.CompileResult`)."""
+
+    status: Literal["ok", "error", "timeout", "memory_exceeded", "output_exceeded"]
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_ms: float
+    cached: bool
 
 
 class CapabilitiesData(TypedDict):
@@ -204,16 +226,23 @@ class ExceptionInfo(TypedDict):
 
 
 class ProgramSpec(TypedDict):
-    """What the program's process of a run receives (see `inrun.harness`)."""
+    """What the program's process of a run receives (see `inrun.harness`, `inrun.command`)."""
 
-    kind: Literal["calls", "judged", "stdio", "run"]
+    kind: Literal["calls", "judged", "stdio", "run", "command"]
     source: str  # for tracebacks
-    program: CodeType
+    program: NotRequired[CodeType]  # all but `command`
     limits: RunLimits
     calls: NotRequired[list[tuple[str, CodeType | None]]]  # `calls`: each test's function and arguments
     stdin: NotRequired[str]  # `stdio`, `run`
     last: NotRequired[CodeType | None]  # `run`: the final expression whose value to report
     call: NotRequired[tuple[str, tuple[Any, ...], dict[str, Any]]]  # `run`: the call whose value to report
+    files: NotRequired[dict[str, bytes]]  # `run`, `command`: written to the run's directory first
+    fetch: NotRequired[list[str]]  # `run`, `command`: read back afterwards
+    argv: NotRequired[list[str]]  # `command`: what to start
+    env: NotRequired[dict[str, str]]  # `command`: its environment
+    exe: NotRequired[bytes | None]  # `command`: an executable, started from memory (argv[0] is its name)
+    collect: NotRequired[str | None]  # `command`: a directory whose files are read back (a compile's `out`)
+    mkdir: NotRequired[list[str]]  # `command`: directories made before it starts
 
 
 class JudgeSpec(TypedDict):

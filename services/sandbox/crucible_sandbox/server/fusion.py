@@ -1,0 +1,138 @@
+"""SandboxFusion's routes (`POST /run_code`, `POST /run_jupyter`) over the sandbox's own runs.
+
+Thin, like `api`: a request becomes a `RunRequest` without tests (`"kind": "run"`) and goes the
+way every run goes (`SandboxService.run_one`: the same key check, validation, admission, per-key
+concurrency and worker slots); the `RunResult` is then worded as SandboxFusion words it
+(`crucible_shared.fusion`; the mapping is in docs/sandbox.md). Runs here skip the result cache:
+a caller of `run_code` asks for an execution, and a program may read the clock or a random source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from crucible_shared.fusion import (
+    CommandRunResult,
+    CommandRunStatus,
+    FusionRunStatus,
+    RunCodeRequest,
+    RunCodeResponse,
+)
+from crucible_shared.http import ERROR_RESPONSES, ApiError
+from crucible_shared.sandbox import CompileResult, Limits, RunOnly, RunRequest, RunResult, RunStatus
+from fastapi import Depends, FastAPI
+
+from crucible_sandbox.server.service import SandboxService
+
+ApiKey = Callable[..., Coroutine[Any, Any, str | None]]
+
+
+def _check_timeouts(service: SandboxService, body: RunCodeRequest) -> None:
+    s = service.settings
+    for field, value, most in (
+        ("compile_timeout", body.compile_timeout, s.max_compile_time_s),
+        ("run_timeout", body.run_timeout, s.max_wall_time_s),
+    ):
+        if value > most:
+            raise ApiError(422, f"{field} is {value:g} s; this server allows at most {most:g} s", field=field)
+    memory = body.memory_limit_MB
+    if memory != -1 and not 16 <= memory <= s.max_memory_mb:
+        raise ApiError(
+            422,
+            f"memory_limit_MB must be -1 (the default) or 16 to {s.max_memory_mb}",
+            field="memory_limit_MB",
+        )
+
+
+def as_run_request(body: RunCodeRequest) -> RunRequest:
+    return RunRequest(
+        language=body.language,
+        code=body.code,
+        tests=RunOnly(
+            stdin=body.stdin or "",
+            files={path: content or "" for path, content in body.files.items()},
+            fetch_files=body.fetch_files,
+        ),
+        limits=Limits(
+            wall_time_s=body.run_timeout,
+            test_time_s=body.run_timeout,
+            cpu_time_s=body.run_timeout,
+            memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
+            compile_time_s=body.compile_timeout,
+        ),
+        use_cache=False,
+    )
+
+
+def _compile_result(step: CompileResult) -> CommandRunResult:
+    status = {
+        "ok": CommandRunStatus.Finished,
+        "error": CommandRunStatus.Finished,
+        "timeout": CommandRunStatus.TimeLimitExceeded,
+    }.get(step.status, CommandRunStatus.Error)
+    return CommandRunResult(
+        status=status,
+        execution_time=step.duration_ms / 1000,
+        return_code=step.exit_code if status == CommandRunStatus.Finished else None,
+        stdout=step.stdout,
+        stderr=step.stderr,
+    )
+
+
+def _run_result(result: RunResult) -> CommandRunResult:
+    stderr = result.stderr
+    if result.traceback and result.compile is None:  # a Python exception: where the interpreter prints it
+        stderr = f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}{result.traceback}"
+    if result.status == RunStatus.timeout:
+        status, code = CommandRunStatus.TimeLimitExceeded, None
+    elif result.status in (RunStatus.memory_exceeded, RunStatus.output_exceeded):
+        status, code = CommandRunStatus.Error, None
+        stderr = f"{stderr}{result.message}\n"
+    else:
+        status = CommandRunStatus.Finished
+        code = (
+            result.exit_code
+            if result.exit_code is not None
+            else (0 if result.status == RunStatus.passed else 1)
+        )
+    return CommandRunResult(
+        status=status,
+        execution_time=result.duration_ms / 1000,
+        return_code=code,
+        stdout=result.stdout,
+        stderr=stderr,
+    )
+
+
+def as_fusion(result: RunResult) -> RunCodeResponse:
+    """A run's result in SandboxFusion's words (docs/sandbox.md has the table)."""
+    if result.status == RunStatus.sandbox_error:
+        return RunCodeResponse(status=FusionRunStatus.SandboxError, message=result.message)
+    compiled = _compile_result(result.compile) if result.compile is not None else None
+    if result.compile is not None and result.compile.status != "ok":
+        return RunCodeResponse(status=FusionRunStatus.Failed, message=result.message, compile_result=compiled)
+    run = _run_result(result)
+    ok = run.status == CommandRunStatus.Finished and run.return_code == 0
+    return RunCodeResponse(
+        status=FusionRunStatus.Success if ok else FusionRunStatus.Failed,
+        message="" if ok else result.message,
+        compile_result=compiled,
+        run_result=run,
+        files=result.files,
+    )
+
+
+def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
+    """Add the routes to the app, behind the same key check as `/v1/runs`."""
+
+    @app.post(
+        "/run_code",
+        response_model=RunCodeResponse,
+        responses=ERROR_RESPONSES,
+        summary="SandboxFusion's run_code: run one program (compiled first where needed)",
+        tags=["SandboxFusion"],
+    )
+    async def run_code(body: RunCodeRequest, key: str | None = Depends(api_key)) -> RunCodeResponse:
+        _check_timeouts(service, body)
+        return as_fusion(await service.run_one(as_run_request(body), key))

@@ -1,0 +1,170 @@
+"""SandboxFusion's API (`/run_code`) on the real service, driven by the unmodified `sandbox-fusion`
+client (sync and async) and by the request shapes verl's `sandbox_fusion` reward sends."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import httpx
+import pytest
+from sandbox_fusion import (
+    CommandRunStatus,
+    RunCodeRequest,
+    RunStatus,
+    SummaryMapping,
+    run_code,
+    run_code_async,
+    summary_run_code_result,
+)
+
+from tests.servers import spawn
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def post(sandbox, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{sandbox.url}/run_code", json=body, headers=headers or {}, timeout=60)
+
+
+def test_client_runs_python_with_stdin_files_and_fetch(sandbox) -> None:
+    code = (
+        "import sys\n"
+        "name = open('data/in.txt').read().strip()\n"
+        "line = sys.stdin.readline().strip()\n"
+        "open('out.txt', 'w').write(name.upper() + line)\n"
+        "print('hello', name)\n"
+    )
+    request = RunCodeRequest(
+        code=code,
+        language="python",
+        stdin="!\n",
+        files={"data/in.txt": b64("world")},
+        fetch_files=["out.txt", "missing.txt"],
+    )
+    out = run_code(request, endpoint=sandbox.url, max_attempts=1)
+    assert out.status == RunStatus.Success, out
+    assert out.compile_result is None
+    assert out.run_result.status == CommandRunStatus.Finished
+    assert (out.run_result.return_code, out.run_result.stdout) == (0, "hello world\n")
+    assert out.run_result.execution_time is not None and out.run_result.execution_time < 10
+    assert base64.b64decode(out.files["out.txt"]) == b"WORLD!"
+    assert "missing.txt" not in out.files
+    assert summary_run_code_result(out, SummaryMapping()) == RunStatus.Success
+
+
+@pytest.mark.parametrize(
+    ("code", "return_code", "in_stderr"),
+    [
+        ("import sys\nprint('x')\nsys.exit(3)\n", 3, ""),
+        ("def f(:\n", 1, "SyntaxError"),
+        ("print('before')\nraise ValueError('boom')\n", 1, "ValueError: boom"),
+    ],
+)
+def test_failures_are_failed_with_the_return_code(
+    sandbox, code: str, return_code: int, in_stderr: str
+) -> None:
+    out = run_code(RunCodeRequest(code=code, language="python"), endpoint=sandbox.url, max_attempts=1)
+    assert out.status == RunStatus.Failed
+    assert out.run_result.status == CommandRunStatus.Finished
+    assert out.run_result.return_code == return_code
+    assert in_stderr in out.run_result.stderr
+    assert summary_run_code_result(out, SummaryMapping(RunFailed="rf")) == "rf"
+
+
+def test_time_limit_is_time_limit_exceeded(sandbox) -> None:
+    request = RunCodeRequest(code="while True:\n    pass\n", language="python", run_timeout=1)
+    out = run_code(request, endpoint=sandbox.url, max_attempts=1)
+    assert out.status == RunStatus.Failed
+    assert out.run_result.status == CommandRunStatus.TimeLimitExceeded
+    assert summary_run_code_result(out, SummaryMapping(RunTimeout="tle")) == "tle"
+
+
+def test_async_client_many_at_once(sandbox) -> None:
+    async def main() -> list:
+        requests = [RunCodeRequest(code=f"print(sum(range({n})))", language="python") for n in range(12)]
+        return await asyncio.gather(
+            *(run_code_async(r, endpoint=sandbox.url, max_attempts=1) for r in requests)
+        )
+
+    results = asyncio.run(main())
+    assert [r.run_result.stdout for r in results] == [f"{sum(range(n))}\n" for n in range(12)]
+    assert all(r.status == RunStatus.Success for r in results)
+
+
+def test_verl_request_shape(sandbox) -> None:
+    """The JSON verl's `call_sandbox_api` posts, one request per stdin case (its shape, not its code)."""
+    code = "a, b = map(int, input().split())\nprint(a * b)\n"
+    for stdin, expected in (("3 4\n", "12"), ("5 6\n", "30")):
+        payload = {
+            "compile_timeout": 10,
+            "run_timeout": 10,
+            "code": code,
+            "stdin": stdin,
+            "language": "python",
+            "files": {},
+            "fetch_files": [],
+        }
+        r = post(sandbox, payload, {"Accept": "application/json"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "Success"
+        assert body["run_result"]["stdout"].rstrip("\n") == expected
+    # newer verl adds the memory limit
+    r = post(sandbox, {**payload, "memory_limit_MB": 256})
+    assert r.status_code == 200 and r.json()["status"] == "Success"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"code": "print(1)", "language": "cobol"}, "language"),
+        ({"code": "", "language": "python"}, "code"),
+        ({"code": "print(1)", "language": "python", "files": {"a.txt": "not base64!"}}, "files"),
+        ({"code": "print(1)", "language": "python", "files": {"/etc/x": b64("x")}}, "files"),
+        ({"code": "print(1)", "language": "python", "files": {"a/../../x": b64("x")}}, "files"),
+        ({"code": "print(1)", "language": "python", "fetch_files": ["/etc/passwd"]}, "fetch_files"),
+        ({"code": "print(1)", "language": "python", "fetch_files": ["../x"]}, "fetch_files"),
+        ({"code": "print(1)", "language": "python", "run_timeout": 0}, "run_timeout"),
+        ({"code": "print(1)", "language": "python", "run_timeout": -1}, "run_timeout"),
+        ({"code": "print(1)", "language": "python", "run_timeout": 100000}, "run_timeout"),
+        ({"code": "print(1)", "language": "python", "compile_timeout": 0}, "compile_timeout"),
+        ({"code": "print(1)", "language": "python", "compile_timeout": 1e9}, "compile_timeout"),
+        ({"code": "print(1)", "language": "python", "memory_limit_MB": 3}, "memory_limit_MB"),
+        ({"code": "print(1)", "language": "python", "surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_input_is_a_4xx_naming_the_field(sandbox, body: dict, field: str) -> None:
+    r = post(sandbox, body)
+    assert 400 <= r.status_code < 500, r.text
+    error = r.json()["error"]
+    assert field in (error.get("field") or ""), error
+
+
+def test_python_only_tests_are_refused_for_other_languages(sandbox) -> None:
+    r = httpx.post(
+        f"{sandbox.url}/v1/runs",
+        json={"language": "bash", "code": "echo 1", "tests": {"kind": "asserts", "asserts": ["assert 1"]}},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "tests.kind"
+
+
+def test_fetch_follows_no_link_out_of_the_run_directory(sandbox) -> None:
+    code = "import os\nos.symlink('/etc/os-release', 'leak')\nos.symlink('/etc', 'dir')\n"
+    out = post(
+        sandbox, {"code": code, "language": "python", "fetch_files": ["leak", "dir/os-release"]}
+    ).json()
+    assert out["status"] == "Success" and out["files"] == {}
+
+
+def test_same_keys_as_v1_runs() -> None:
+    env = {"CRUCIBLE_SANDBOX_WORKERS": "1", "CRUCIBLE_SANDBOX_API_KEYS": "fusion-key-0123456789abcdef"}
+    with spawn("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT") as sandbox:
+        body = {"code": "print(1)", "language": "python"}
+        assert post(sandbox, body).status_code == 401
+        assert post(sandbox, body, {"Authorization": "Bearer wrong-key-0123456789abcdef"}).status_code == 401
+        r = post(sandbox, body, {"Authorization": "Bearer fusion-key-0123456789abcdef"})
+        assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "1\n"
