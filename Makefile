@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 PACKAGES := shared/pyproject.toml models/pyproject.toml cli/pyproject.toml services/*/pyproject.toml
 
-.PHONY: setup dev demo sandbox-demo test test-all lint format bench clean compose-test base-images
+.PHONY: setup dev toolchains demo sandbox-demo test test-all lint format bench clean compose-test base-images
 
 # The runtime: every service, the CLI, and the CPU build of torch (a laptop never pulls CUDA wheels).
 setup: $(STAMP)
@@ -32,6 +32,11 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	$(PIP) install -q -r requirements-dev.txt
 	touch $(DEV_STAMP)
 
+# The sandbox's languages beside Python (C++, Java, JavaScript, Go, Rust, Bash) from Debian packages:
+# installs what is missing when run as root, a no-op when all are present (deploy/toolchains.sh).
+toolchains:
+	sh deploy/toolchains.sh
+
 demo: setup
 	$(BIN)/crucible demo
 
@@ -44,7 +49,7 @@ sandbox-demo: setup
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-test: dev lint
+test: dev lint toolchains
 	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: dev

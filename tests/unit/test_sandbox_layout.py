@@ -105,9 +105,17 @@ def test_capabilities_name_what_health_reports() -> None:
 )
 def test_prepared_runs_have_the_typed_shape(tests, typed) -> None:
     prepared = SandboxService(Settings(workers=1)).prepare(protocol.RunRequest(code="x = 1", tests=tests))
-    assert set(prepared) == _keys(messages.PreparedRun)
+    # A Python run has no `language` (its cache keys stay what they were), nor the limits of a
+    # compile step or of runtimes that reserve address space.
+    assert set(prepared) == _keys(messages.PreparedRun) - {"language"}
     assert set(prepared["tests"]) == _keys(typed)
-    assert _keys(messages.RunLimits) == set(prepared["limits"])
+    compiled = {"compile_time_s", "compile_memory_mb", "address_space_mb"}
+    assert _keys(messages.RunLimits) - compiled == set(prepared["limits"])
+    if typed is messages.StdioTests:
+        run = protocol.RunRequest(language="bash", code="cat", tests=tests)
+        prepared = SandboxService(Settings(workers=1)).prepare(run)
+        assert prepared["language"] == "bash"
+        assert _keys(messages.RunLimits) - {"address_space_mb"} == set(prepared["limits"])
 
 
 def test_the_zygote_loads_no_message_types() -> None:

@@ -84,7 +84,9 @@ class SandboxService:
         self.cache: LRU[RunResultData] = LRU(settings.cache_entries)  # run results by `cache_key`
         self.valid_tests: LRU[bool] = LRU(4096)  # hashes of test suites known to parse
         self.key_slots: dict[str, asyncio.Semaphore] = {}
-        self.languages = languages.available()  # the toolchains found on the runs' PATH
+        # The toolchains found on the runs' PATH, less those the settings leave out.
+        wanted = {"python", *(n.lower() for n in settings.languages)}
+        self.languages = [n for n in languages.available() if not settings.languages or n in wanted]
 
     async def start(self) -> None:
         refusal = unsafe_start(self.settings)
@@ -168,7 +170,8 @@ class SandboxService:
             raise ApiError(
                 400,
                 f"language {lang['name']!r} is not available on this server: its toolchain ({lang['tool']}, "
-                f"Debian package {lang['package']}) is not installed; available: {', '.join(self.languages)}",
+                f"Debian package {lang['package']}) is not installed or not enabled (CRUCIBLE_SANDBOX_LANGUAGES); "
+                f"available: {', '.join(self.languages)}",
                 field=f"{where}language",
                 code="language_unavailable",
             )

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Accepted bearer keys, comma-separated in the env; empty = auth off.",
     )
+    languages: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Languages runs may use, comma-separated in the env (empty: every one whose toolchain is "
+        "installed); Python is always on.",
+    )
     per_key_concurrency: int = Field(64, ge=1, description="Runs one API key may have in flight.")
 
     # Request size limits.
@@ -96,7 +101,7 @@ class Settings(BaseSettings):
     tmpfs_mb: int = Field(64, ge=1, description="Size of each run's private /tmp.")
     work_root: str = "/tmp/crucible-sandbox"
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "languages", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         return split_csv(value)
