@@ -117,7 +117,10 @@ def run_command(run: ProgramSpec, report_fd: int) -> None:
     if exe is not None:
         exe_fd = os.memfd_create("program", os.MFD_CLOEXEC)
         write_all(exe_fd, exe)
-    argv, env = run.get("argv") or ["false"], run.get("env") or {}
+    # The run's scratch: /tmp in a root of its own, else the run's directory (see `isolation.confine`).
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    argv = run.get("argv") or ["false"]
+    env = {k: v.replace("{tmp}", tmp) for k, v in (run.get("env") or {}).items()}
     os.set_inheritable(report_fd, False)
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)

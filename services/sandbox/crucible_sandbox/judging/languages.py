@@ -94,7 +94,8 @@ LANGUAGES: dict[str, Language] = {
         "compile": None,
         "run": ["node", "--max-old-space-size={heap}", "{src}"],
         "reserve_mb": RESERVE_MB,
-        "env": {},
+        # No OpenSSL configuration file to read (where Landlock denies /etc/ssl, a denied read is fatal).
+        "env": {"OPENSSL_CONF": "/dev/null"},
     },
     "go": {
         "name": "go",
@@ -106,8 +107,8 @@ LANGUAGES: dict[str, Language] = {
         "run": ["{exe}"],
         "reserve_mb": RESERVE_MB,
         "env": {
-            "GOCACHE": "/tmp/.gocache",
-            "GOPATH": "/tmp/.gopath",
+            "GOCACHE": "{tmp}/.gocache",
+            "GOPATH": "{tmp}/.gopath",
             "GO111MODULE": "off",
             "CGO_ENABLED": "0",
             "GOTOOLCHAIN": "local",
@@ -188,7 +189,8 @@ def artifact_key(lang: Language, source: str) -> str:
 
 
 def environment(lang: Language) -> dict[str, str]:
-    return {"PATH": RUN_PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **lang["env"]}
+    """The command's environment; "{tmp}" is the run's scratch directory (see `inrun.command`)."""
+    return {"PATH": RUN_PATH, "HOME": "{tmp}", "TMPDIR": "{tmp}", "LANG": "C.UTF-8", **lang["env"]}
 
 
 def heap_mb(memory_mb: int) -> int:
