@@ -197,6 +197,12 @@ class RunOnly(BaseModel):
         description="Files read back from the run's directory after it ends (relative paths); the result's "
         "`files` holds them, base64-encoded.",
     )
+    cells: list[str] = Field(
+        default_factory=list,
+        description="Python: cells run after the program, in order, in its namespace (a notebook session in one "
+        "process): each with its own output, the value of its final expression, its exception, and "
+        "`test_time_s` of time; the result's `cells` says how each went.",
+    )
 
     @field_validator("files")
     @classmethod
@@ -217,6 +223,8 @@ class RunOnly(BaseModel):
     def _one_value(self) -> RunOnly:
         if self.call is not None and self.value == "last_expression":
             raise ValueError("ask for the final expression or for a call, not both")
+        if self.cells and (self.call is not None or self.value == "last_expression"):
+            raise ValueError("cells report their own values: ask for no final expression or call with them")
         return self
 
 
@@ -288,6 +296,20 @@ class CompileResult(BaseModel):
     cached: bool = Field(default=False, description="The artifact came from the compile cache.")
 
 
+class CellResult(BaseModel):
+    """One cell of a run with `cells`."""
+
+    index: int
+    status: Literal["ok", "error", "timeout", "not_run"]
+    stdout: str = ""
+    stderr: str = ""
+    value: str | None = Field(default=None, description="repr of the cell's final expression, if it has one.")
+    exception_type: str | None = None
+    message: str = ""
+    traceback: str | None = None
+    duration_ms: float = 0.0
+
+
 class RunResult(BaseModel):
     """The verdict of a run."""
 
@@ -323,6 +345,9 @@ class RunResult(BaseModel):
     compile: CompileResult | None = Field(default=None, description="Compiled languages: the compile step.")
     files: dict[str, str] = Field(
         default_factory=dict, description="Runs without tests: `fetch_files` that existed, base64-encoded."
+    )
+    cells: list[CellResult] = Field(
+        default_factory=list, description="Runs with `cells`: each cell, in order."
     )
 
     @property

@@ -1,4 +1,4 @@
-"""SandboxFusion's API (`/run_code`) on the real service, driven by the unmodified `sandbox-fusion`
+"""SandboxFusion's API (`/run_code`, `/run_jupyter`) on the real service, driven by the unmodified `sandbox-fusion`
 client (sync and async) and by the request shapes verl's `sandbox_fusion` reward sends."""
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ import pytest
 from sandbox_fusion import (
     CommandRunStatus,
     RunCodeRequest,
+    RunJupyterRequest,
     RunStatus,
     SummaryMapping,
     run_code,
     run_code_async,
+    run_jupyter,
+    run_jupyter_async,
     summary_run_code_result,
 )
 
@@ -168,3 +171,67 @@ def test_same_keys_as_v1_runs() -> None:
         assert post(sandbox, body, {"Authorization": "Bearer wrong-key-0123456789abcdef"}).status_code == 401
         r = post(sandbox, body, {"Authorization": "Bearer fusion-key-0123456789abcdef"})
         assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "1\n"
+
+
+def test_jupyter_cells_share_state_in_one_process(sandbox) -> None:
+    cells = [
+        "import os\na = 123\npid = os.getpid()",
+        "a",
+        "print(a + 1)",
+        'import sys; sys.stderr.write("stderr message")',
+        'raise RuntimeError("error message")',
+        "a * 2, os.getpid() == pid, open('in.txt').read()",
+        "open('out.txt', 'w').write('from cell 7')",
+        "def f(:",
+        "None",
+    ]
+    request = RunJupyterRequest(cells=cells, files={"in.txt": b64("given")}, fetch_files=["out.txt"])
+    out = run_jupyter(request, endpoint=sandbox.url, max_attempts=1)
+    assert out.status == RunStatus.Success, out
+    assert out.driver.status == CommandRunStatus.Finished
+    assert len(out.cells) == len(cells)
+    assert out.cells[1].display == [{"text/plain": "123"}]
+    assert out.cells[2].stdout == "124\n" and out.cells[2].display == []
+    assert out.cells[3].stderr == "stderr message"
+    assert (
+        out.cells[4].error[0]["ename"] == "RuntimeError"
+        and out.cells[4].error[0]["evalue"] == "error message"
+    )
+    assert any("error message" in line for line in out.cells[4].error[0]["traceback"])
+    assert out.cells[5].display == [{"text/plain": "(246, True, 'given')"}]  # one process, state kept
+    assert out.cells[7].error[0]["ename"] == "SyntaxError"
+    assert out.cells[8].display == [] and out.cells[8].error == []
+    assert base64.b64decode(out.files["out.txt"]) == b"from cell 7"
+
+
+def test_jupyter_cell_and_total_timeouts(sandbox) -> None:
+    cells = ["import time\nx = 1", "while True:\n    pass", "x + 1", "time.sleep(30)", "x + 2"]
+    request = RunJupyterRequest(cells=cells, cell_timeout=0.5, total_timeout=20)
+    out = asyncio.run(run_jupyter_async(request, endpoint=sandbox.url, max_attempts=1))
+    assert out.status == RunStatus.Success
+    assert out.cells[1].error[0]["ename"] == "TimeoutError"  # interrupted, and the session goes on
+    assert out.cells[2].display == [{"text/plain": "2"}]
+    assert out.cells[3].error[0]["ename"] == "TimeoutError"
+    assert out.cells[4].display == [{"text/plain": "3"}]
+    # The whole session's limit: the cells after it do not run, and the process is gone.
+    request = RunJupyterRequest(cells=["y = 1", "while True:\n    pass", "y"], total_timeout=1)
+    out = run_jupyter(request, endpoint=sandbox.url, max_attempts=1)
+    assert out.status == RunStatus.Failed and out.driver.status == CommandRunStatus.TimeLimitExceeded
+    assert len(out.cells) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"cells": []}, "cells"),
+        ({"cells": ["1"], "total_timeout": 0}, "total_timeout"),
+        ({"cells": ["1"], "total_timeout": 1e6}, "total_timeout"),
+        ({"cells": ["1"], "cell_timeout": -1}, "cell_timeout"),
+        ({"cells": ["1"], "kernel": "ruby"}, "kernel"),
+        ({"cells": ["1"], "files": {"../x": b64("x")}}, "files"),
+    ],
+)
+def test_jupyter_bad_input(sandbox, body: dict, field: str) -> None:
+    r = httpx.post(f"{sandbox.url}/run_jupyter", json=body, timeout=30)
+    assert 400 <= r.status_code < 500, r.text
+    assert field in (r.json()["error"].get("field") or "")

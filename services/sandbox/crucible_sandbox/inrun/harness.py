@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import CodeType
 from typing import TYPE_CHECKING, Any, cast
 
-from crucible_sandbox.inrun import command, runtime
+from crucible_sandbox.inrun import cells, command, runtime
 from crucible_sandbox.inrun.link import ProgramServer
 from crucible_sandbox.inrun.runtime import CANDIDATE, TestTimeout, exception_info
 from crucible_sandbox.wire.channel import read_frame, read_spec, write_frame
@@ -206,10 +206,16 @@ def _run_only(run: ProgramSpec, report_fd: int) -> int:
 
 
 def _run_program(run: ProgramSpec, report_fd: int) -> int:
+    deadline = runtime.now() + run["limits"]["wall_time_s"]
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     value: Any = _NOTHING
     try:
         exec(run["program"], namespace)
+        if run.get("cells"):
+            limits = run["limits"]
+            cells.run_cells(
+                run["cells"], namespace, report_fd, limits["test_time_s"], deadline, limits["output_bytes"]
+            )
         last, call = run.get("last"), run.get("call")
         if last is not None:
             value = eval(last, namespace)

@@ -78,6 +78,26 @@ def split_last_expression(source: str, code: CodeType) -> tuple[CodeType, CodeTy
     )
 
 
+def compile_cells(cells: list[str]) -> list[tuple[CodeType | None, CodeType | None, str | None, str]]:
+    """Each notebook cell as (body, final expression, None, source), or (None, None, why it does
+    not compile, source): a cell that does not compile is that cell's error, the others still run."""
+    out: list[tuple[CodeType | None, CodeType | None, str | None, str]] = []
+    for i, source in enumerate(cells):
+        name = f"<cell {i}>"  # as `inrun.cells.cell_name` says
+        try:
+            tree = ast.parse(source, name)
+        except (SyntaxError, ValueError) as exc:
+            out.append((None, None, "".join(traceback.format_exception_only(type(exc), exc)), source))
+            continue
+        last = None
+        tail = tree.body[-1] if tree.body else None
+        if isinstance(tail, ast.Expr):
+            tree.body.pop()
+            last = compile(ast.Expression(tail.value), name, "eval", dont_inherit=True)
+        out.append((compile(tree, name, "exec", dont_inherit=True), last, None, source))
+    return out
+
+
 def compile_tests(tests: AssertTests | CheckTests) -> tuple[Plan, Calls | bytes]:
     """The trusted plan (kept here, for judging) and what the run receives of the tests.
 

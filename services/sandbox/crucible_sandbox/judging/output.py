@@ -20,7 +20,7 @@ from crucible_sandbox.judging.verdict import (
     same_answer,
     worst,
 )
-from crucible_sandbox.wire.messages import RunResultData, RunStatusName, TestVerdictData
+from crucible_sandbox.wire.messages import CellResultData, RunResultData, RunStatusName, TestVerdictData
 from crucible_sandbox.wire.values import short_repr
 
 # -- stdin/stdout ---------------------------------------------------------------------------------
@@ -200,4 +200,43 @@ def judge_run(proc: ProcessOutcome) -> RunResultData:
                 "traceback": as_text(end.get("tb")),
             }
         )
+    return out
+
+
+def judge_cells(proc: ProcessOutcome, count: int) -> list[CellResultData]:
+    """Each cell of a run with cells, from the frames its process wrote (untrusted: read as data)."""
+    frames = {f.get("i"): f for f in proc.frames if f.get("t") == "cell" and type(f.get("i")) is int}
+    out: list[CellResultData] = []
+    for i in range(count):
+        frame = frames.get(i)
+        cell: CellResultData = {
+            "index": i,
+            "status": "not_run",
+            "stdout": "",
+            "stderr": "",
+            "value": None,
+            "exception_type": None,
+            "message": "",
+            "traceback": None,
+            "duration_ms": 0.0,
+        }
+        if frame is not None:
+            error = frame.get("error")
+            ms = frame.get("ms")
+            cell.update(
+                {
+                    "status": "timeout" if frame.get("timeout") is True else "error" if error else "ok",
+                    "stdout": as_text(frame.get("out"), 1 << 20) or "",
+                    "stderr": as_text(frame.get("err"), 1 << 20) or "",
+                    "value": as_text(frame.get("value"), 20_000),
+                    "duration_ms": round(ms, 3) if type(ms) is float else 0.0,
+                }
+            )
+            if cell["status"] == "timeout":
+                cell["message"] = "time limit exceeded"
+            elif isinstance(error, dict):
+                cell["exception_type"] = as_text(error.get("exc"), 100)
+                cell["message"] = as_text(error.get("msg"), 500) or "error"
+                cell["traceback"] = as_text(error.get("tb"))
+        out.append(cell)
     return out

@@ -39,7 +39,13 @@ from crucible_sandbox.isolation.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, P
 from crucible_sandbox.judging import compiled as compiled_runs
 from crucible_sandbox.judging import output, verdict
 from crucible_sandbox.judging.artifacts import Artifacts
-from crucible_sandbox.judging.compile import PlanCache, SyntaxFrame, compile_candidate, split_last_expression
+from crucible_sandbox.judging.compile import (
+    PlanCache,
+    SyntaxFrame,
+    compile_candidate,
+    compile_cells,
+    split_last_expression,
+)
 from crucible_sandbox.judging.verdict import ProcessOutcome, not_run
 from crucible_sandbox.wire.channel import encode_frame, read_frame, send_spec, write_frame
 from crucible_sandbox.wire.messages import (
@@ -367,10 +373,15 @@ class Worker:
         call = options.get("call")
         if call:
             spec["call"] = (call["function"], tuple(call.get("args", [])), dict(call.get("kwargs", {})))
-        program, _ = self.execute(spec, None, limits["wall_time_s"] + 0.05, caps)
+        cells = options.get("cells") or []
+        if cells:
+            spec["cells"] = compile_cells(cells)
+        program, _ = self.execute(spec, None, limits["wall_time_s"] + 0.05, caps, len(cells))
         result = output.judge_run(program)
         result["exit_code"] = compiled_runs.exit_code(program)
         result["files"] = compiled_runs.files_of(program)
+        if cells:
+            result["cells"] = output.judge_cells(program, len(cells))
         return result
 
     def serve(self) -> None:

@@ -13,14 +13,25 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from crucible_shared.fusion import (
+    CellRunResult,
     CommandRunResult,
     CommandRunStatus,
     FusionRunStatus,
     RunCodeRequest,
     RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
 )
 from crucible_shared.http import ERROR_RESPONSES, ApiError
-from crucible_shared.sandbox import CompileResult, Limits, RunOnly, RunRequest, RunResult, RunStatus
+from crucible_shared.sandbox import (
+    CellResult,
+    CompileResult,
+    Limits,
+    RunOnly,
+    RunRequest,
+    RunResult,
+    RunStatus,
+)
 from fastapi import Depends, FastAPI
 
 from crucible_sandbox.server.service import SandboxService
@@ -28,14 +39,20 @@ from crucible_sandbox.server.service import SandboxService
 ApiKey = Callable[..., Coroutine[Any, Any, str | None]]
 
 
-def _check_timeouts(service: SandboxService, body: RunCodeRequest) -> None:
-    s = service.settings
-    for field, value, most in (
-        ("compile_timeout", body.compile_timeout, s.max_compile_time_s),
-        ("run_timeout", body.run_timeout, s.max_wall_time_s),
-    ):
+def _check_most(checks: tuple[tuple[str, float, float], ...]) -> None:
+    for field, value, most in checks:
         if value > most:
             raise ApiError(422, f"{field} is {value:g} s; this server allows at most {most:g} s", field=field)
+
+
+def _check_timeouts(service: SandboxService, body: RunCodeRequest) -> None:
+    s = service.settings
+    _check_most(
+        (
+            ("compile_timeout", body.compile_timeout, s.max_compile_time_s),
+            ("run_timeout", body.run_timeout, s.max_wall_time_s),
+        )
+    )
     memory = body.memory_limit_MB
     if memory != -1 and not 16 <= memory <= s.max_memory_mb:
         raise ApiError(
@@ -123,6 +140,58 @@ def as_fusion(result: RunResult) -> RunCodeResponse:
     )
 
 
+def as_jupyter_request(body: RunJupyterRequest) -> RunRequest:
+    return RunRequest(
+        language="python",
+        code="",
+        tests=RunOnly(
+            cells=body.cells,
+            files={path: content or "" for path, content in body.files.items()},
+            fetch_files=body.fetch_files,
+        ),
+        limits=Limits(
+            wall_time_s=body.total_timeout,
+            test_time_s=body.cell_timeout or body.total_timeout,
+            cpu_time_s=body.total_timeout,
+        ),
+        use_cache=False,
+    )
+
+
+def _cell(cell: CellResult) -> CellRunResult:
+    out = CellRunResult(stdout=cell.stdout, stderr=cell.stderr)
+    if cell.value is not None:
+        out.display = [{"text/plain": cell.value}]
+    if cell.status == "timeout":
+        out.error = [{"ename": "TimeoutError", "evalue": "the cell ran out of time", "traceback": []}]
+    elif cell.status == "error":
+        name = cell.exception_type or "Error"
+        value = cell.message.removeprefix(name).removeprefix(": ")
+        out.error = [{"ename": name, "evalue": value, "traceback": (cell.traceback or "").splitlines()}]
+    return out
+
+
+def as_jupyter(result: RunResult) -> RunJupyterResponse:
+    """A session's result in SandboxFusion's words: `Success` when the session ran to its end (a cell
+    that raised says so in its `error`), `Failed` when a limit of the whole session ended it."""
+    if result.status == RunStatus.sandbox_error:
+        return RunJupyterResponse(status=FusionRunStatus.SandboxError, message=result.message)
+    driver = _run_result(result)
+    ended = result.status in (
+        RunStatus.timeout,
+        RunStatus.memory_exceeded,
+        RunStatus.output_exceeded,
+        RunStatus.error,  # the session's process itself died (a cell called os._exit, killed it)
+    )
+    return RunJupyterResponse(
+        status=FusionRunStatus.Failed if ended else FusionRunStatus.Success,
+        message=result.message if ended else "",
+        driver=driver,
+        cells=[_cell(c) for c in result.cells if c.status != "not_run"],
+        files=result.files,
+    )
+
+
 def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
     """Add the routes to the app, behind the same key check as `/v1/runs`."""
 
@@ -136,3 +205,20 @@ def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
     async def run_code(body: RunCodeRequest, key: str | None = Depends(api_key)) -> RunCodeResponse:
         _check_timeouts(service, body)
         return as_fusion(await service.run_one(as_run_request(body), key))
+
+    @app.post(
+        "/run_jupyter",
+        response_model=RunJupyterResponse,
+        responses=ERROR_RESPONSES,
+        summary="SandboxFusion's run_jupyter: Python cells in order in one isolated process, state kept",
+        tags=["SandboxFusion"],
+    )
+    async def run_jupyter(body: RunJupyterRequest, key: str | None = Depends(api_key)) -> RunJupyterResponse:
+        s = service.settings
+        _check_most(
+            (
+                ("total_timeout", body.total_timeout, s.max_wall_time_s),
+                ("cell_timeout", body.cell_timeout, s.max_wall_time_s),
+            )
+        )
+        return as_jupyter(await service.run_one(as_jupyter_request(body), key))

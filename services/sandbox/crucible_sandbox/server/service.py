@@ -115,6 +115,10 @@ class SandboxService:
         """Check one run against the server's rules and resolve its limits. Raises ApiError."""
         s = self.settings
         language = self.language(run.language, run.tests.kind, where)
+        if language != "python" and run.tests.kind == "run" and run.tests.cells:
+            raise ApiError(
+                400, "cells are Python cells", field=f"{where}tests.cells", code="unsupported_tests"
+            )
         if len(run.code.encode()) > s.max_code_bytes:
             raise ApiError(413, f"code is larger than {s.max_code_bytes} bytes", field=f"{where}code")
         tests = cast(Tests, run.tests.model_dump(mode="json"))

@@ -99,6 +99,7 @@ class RunOnly(TypedDict):
     call: CallAfterRun | None
     files: dict[str, str]  # relative path -> base64
     fetch_files: list[str]
+    cells: list[str]
 
 
 # The request's tests as `RunRequest.tests.model_dump(mode="json")` gives them.
@@ -168,6 +169,21 @@ class RunResultData(TypedDict):
     exit_code: NotRequired[int | None]
     compile: NotRequired[CompileResultData | None]
     files: NotRequired[dict[str, str]]
+    cells: NotRequired[list[CellResultData]]
+
+
+class CellResultData(TypedDict):
+    """A cell of a run with cells (`crucible_shared.sandbox.CellResult`)."""
+
+    index: int
+    status: Literal["ok", "error", "timeout", "not_run"]
+    stdout: str
+    stderr: str
+    value: str | None
+    exception_type: str | None
+    message: str
+    traceback: str | None
+    duration_ms: float
 
 
 class CompileResultData(TypedDict):
@@ -243,6 +259,9 @@ class ProgramSpec(TypedDict):
     exe: NotRequired[bytes | None]  # `command`: an executable, started from memory (argv[0] is its name)
     collect: NotRequired[str | None]  # `command`: a directory whose files are read back (a compile's `out`)
     mkdir: NotRequired[list[str]]  # `command`: directories made before it starts
+    # `run` with cells: each cell compiled (its body and final expression) or why it does not compile,
+    # and its source (for tracebacks)
+    cells: NotRequired[list[tuple[CodeType | None, CodeType | None, str | None, str]]]
 
 
 class JudgeSpec(TypedDict):
