@@ -44,6 +44,15 @@ runs as root), per slot and per run:
 * **Environment**: scrubbed to `PATH`, `HOME`, `TMPDIR`, `LANG`; the zygote itself starts with a
   minimal environment, so server secrets are not even in its memory.
 
+Programs in other languages (see `judging.languages`) run as a command the program's process
+starts as its child, under the same uid, limits and confinement (compilers too, in a compile step
+of their own): the reporting process makes itself non-dumpable and keeps its report descriptor
+from the command, which therefore can neither read nor forge the run's frames; compiled
+executables start from a `memfd` (the scratch directories stay `noexec`), which a Python program
+could do as well. The JVM, V8 and Go get their address-space limit raised by 1 GiB (they reserve
+far more than they use); the run's memory limit still holds their resident memory. The root of
+its own adds /etc/alternatives (the links to the default toolchains) and the JDK's /etc/java-*.
+
 Fallbacks, each reported by `GET /health` (`isolation`):
 
 * **No mount namespace** (not root, or mounts refused, or `MOUNT_NAMESPACE=false`): Landlock
