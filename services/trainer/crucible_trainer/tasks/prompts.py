@@ -20,6 +20,20 @@ from .extract import defines, extract_code, sanitize
 from .task import Task
 
 SYSTEM = "You are an expert Python programmer. Answer with the complete code in one ```python block."
+# Other languages (stdin/stdout problems): the name told to the model and the fence tag it writes.
+LANGUAGE_NAMES = {
+    "cpp": ("C++", "cpp"),
+    "java": ("Java", "java"),
+    "nodejs": ("JavaScript (Node.js)", "javascript"),
+    "go": ("Go", "go"),
+    "rust": ("Rust", "rust"),
+    "bash": ("Bash", "bash"),
+}
+
+
+def _language(task: Task) -> tuple[str, str]:
+    return LANGUAGE_NAMES.get(task.language, ("Python", "python"))
+
 
 # Where a base model's answer is over (bigcode-evaluation-harness conventions).
 FUNCTION_STOPS = ["\nclass", "\nassert", '\n"""', "\nprint", "\nif __name__", "\n```", "\n<|"]
@@ -29,7 +43,9 @@ PROGRAM_STOPS = ['\n"""', "\n```", "\n<|"]
 
 def build_messages(task: Task) -> list[dict[str, str]]:
     """Chat messages asking an instruct model to solve `task`."""
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem_statement(task)}]
+    name, tag = _language(task)
+    system = SYSTEM if tag == "python" else SYSTEM.replace("Python", name).replace("```python", f"```{tag}")
+    return [{"role": "system", "content": system}, {"role": "user", "content": problem_statement(task)}]
 
 
 def problem_statement(task: Task) -> str:
@@ -42,7 +58,7 @@ def problem_statement(task: Task) -> str:
     if task.tests.kind == "stdio":
         return (
             f"{task.prompt.strip()}\n\n"
-            "Write a complete Python program that reads the input from standard input and prints "
+            f"Write a complete {_language(task)[0]} program that reads the input from standard input and prints "
             "the answer to standard output."
         )
     text = task.prompt.strip()
@@ -61,6 +77,9 @@ def build_completion_prompt(task: Task) -> str:
     """A plain-text prompt for base models; the model's continuation is the code."""
     if task.prompt_is_code:
         return task.prompt
+    if task.tests.kind == "stdio" and task.language != "python":
+        name, tag = _language(task)
+        return f"{task.prompt.strip()}\nA {name} program that reads standard input and writes standard output:\n```{tag}\n"
     if task.tests.kind == "stdio":
         return f'"""\n{task.prompt.strip()}\nRead from standard input and write to standard output.\n"""\n'
     shown = f"\n{task.shown_test.strip()}" if task.shown_test else ""
@@ -84,6 +103,8 @@ def answer_to_code(task: Task, text: str, *, chat: bool, clean: bool = True) -> 
     `clean` drops top-level example calls and asserts (`sanitize`) from function answers; stdin/stdout
     programs are never cleaned. Returns "" when the answer holds no code.
     """
+    if task.language != "python":
+        return other_language_code(text, chat=chat)
     if not chat and task.prompt_is_code:
         # The continuation ends where a code fence or a stop string starts, even at its very start
         # (a server only sees a stop string once it follows generated text).
@@ -99,3 +120,17 @@ def answer_to_code(task: Task, text: str, *, chat: bool, clean: bool = True) -> 
     if clean and task.tests.kind != "stdio":
         code = sanitize(code)
     return code if code.strip() else ""
+
+
+def other_language_code(text: str, *, chat: bool) -> str:
+    """A program in another language: the first fenced block of a chat answer (any tag), else the
+    text itself; a completion ends at its closing fence (the prompt opened the block).
+
+    >>> other_language_code("Here:\\n```cpp\\nint main() {}\\n```\\nDone.", chat=True)
+    'int main() {}'
+    """
+    if not chat:
+        return text.split("```", 1)[0].strip("\n") if text.strip() else ""
+    match = re.search(r"^\s*```[\w+#.-]*[ \t]*\n(.*?)(?:^\s*```|\Z)", text, flags=re.M | re.S)
+    code = match.group(1) if match else text
+    return code.strip("\n") if code.strip() else ""

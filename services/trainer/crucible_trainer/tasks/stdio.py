@@ -7,7 +7,8 @@ is the argument list and each output the expected return value (wrapped in a one
 APPS stores it), so the cases become `assert fn(*args) == expected` tests; a LeetCode-style
 `class Solution` answer is called through `Solution().fn`. Optional fields: `task_id` (or
 `problem_id`, `id`, `name`), `solutions` (list or JSON string; the first is the reference),
-`starter_code`, and anything else (kept as metadata: `difficulty`, `source`, `tags`, ...).
+`starter_code`, `language` (`python` by default; `cpp`, `java`, `nodejs`, `go`, `rust`, `bash`: the
+answers are written in it and the sandbox compiles and runs them), and anything else (kept as metadata: `difficulty`, `source`, `tags`, ...).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .task import DatasetError, Task
 
 DATASET = "stdio"
 _ID_FIELDS = ("task_id", "problem_id", "id", "name")
-_USED = {"question", "input_output", "solutions", "starter_code", *_ID_FIELDS}
+_USED = {"question", "input_output", "solutions", "starter_code", "language", *_ID_FIELDS}
 
 
 def load(path: str | Path, *, max_cases: int | None = None) -> list[Task]:
@@ -80,6 +81,13 @@ def parse_row(row: dict[str, Any], file: Path, number: int, max_cases: int | Non
         metadata["fn_name"] = fn_name
     if starter:
         metadata["starter_code"] = starter
+    language = row.get("language", "python")
+    if not isinstance(language, str) or not language.strip():
+        raise fail("not a language name", "language")
+    if fn_name and language.lower() != "python":
+        raise fail(
+            "call-based problems (fn_name) are Python's; other languages take stdin/stdout cases", "language"
+        )
     return Task(
         task_id=str(task_id),
         dataset=DATASET,
@@ -88,6 +96,7 @@ def parse_row(row: dict[str, Any], file: Path, number: int, max_cases: int | Non
         entry_point=fn_name or None,
         reference=solutions[0] if solutions and isinstance(solutions[0], str) else None,
         metadata=metadata,
+        language=language.lower(),
     )
 
 

@@ -45,6 +45,11 @@ class Task(BaseModel):
         description="Code run before the candidate (HumanEval: the prompt's imports and helper functions).",
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="Anything else the source carries.")
+    language: str = Field(
+        default="python",
+        description="The language answers are written in and the sandbox runs (`cpp`, `java`, `nodejs`, `go`, "
+        "`rust`, `bash` take stdio tests).",
+    )
 
     def program(self, code: str) -> str:
         """The program the sandbox runs for `code`: the preamble first, unless `code` already starts with it."""
@@ -54,7 +59,9 @@ class Task(BaseModel):
 
     def run_request(self, code: str, limits: Limits | None = None) -> RunRequest:
         """The sandbox request that tests `code` (a candidate solution) against this task."""
-        return RunRequest(code=self.program(code), tests=self.tests, limits=limits or Limits())
+        return RunRequest(
+            language=self.language, code=self.program(code), tests=self.tests, limits=limits or Limits()
+        )
 
     def reference_request(self, limits: Limits | None = None) -> RunRequest:
         """The request that tests this task's reference solution; `ValueError` when it has none."""
