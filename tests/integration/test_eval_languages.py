@@ -4,6 +4,7 @@ sandbox's compile step and `crucible eval` with pass@k (spawned generator and sa
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from crucible_cli import eval_cmd as _eval_cmd  # noqa: F401  (registers `crucible eval`)
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 from tests.integration.test_eval_e2e import smollm2  # noqa: F401  (the spawned generator)
 from tests.servers import Service
 
-CPP = "data/stdio/crucible_stdio_cpp.jsonl"
+CPP = str(Path(__file__).resolve().parents[2] / "data" / "stdio" / "crucible_stdio_cpp.jsonl")
 
 
 def test_cpp_references_pass_and_wrong_answers_fail(sandbox: Service) -> None:
