@@ -81,8 +81,6 @@ def compile_step(
         "processes": COMPILE_PROCESSES,
         "open_files": COMPILE_OPEN_FILES,
     }
-    if "processes" not in limits:  # no uid of its own: the container bounds processes
-        step.pop("processes")
     assert lang["compile"] is not None
     spec: ProgramSpec = {
         "kind": "command",
