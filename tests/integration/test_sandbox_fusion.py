@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import time
 
 import httpx
 import pytest
@@ -218,6 +220,22 @@ def test_jupyter_cell_and_total_timeouts(sandbox) -> None:
     out = run_jupyter(request, endpoint=sandbox.url, max_attempts=1)
     assert out.status == RunStatus.Failed and out.driver.status == CommandRunStatus.TimeLimitExceeded
     assert len(out.cells) == 1
+
+
+def test_jupyter_session_processes_end_with_the_call(sandbox) -> None:
+    cells = [
+        "import subprocess\nchild = subprocess.Popen(['sleep', '60'], start_new_session=True)",
+        "child.pid, os.getpid() if (os := __import__('os')) else 0",
+    ]
+    out = run_jupyter(RunJupyterRequest(cells=cells), endpoint=sandbox.url, max_attempts=1)
+    assert out.status == RunStatus.Success, out
+    pids = [int(p) for p in out.cells[1].display[0]["text/plain"].strip("()").split(",")]
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], (
+        "a session's process outlived the call"
+    )
 
 
 @pytest.mark.parametrize(
