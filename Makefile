@@ -64,8 +64,9 @@ format: dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: setup
+bench: setup toolchains
 	$(BIN)/python bench/sandbox_throughput.py
+	$(BIN)/python bench/sandbox_languages.py
 	$(BIN)/python bench/generator.py
 	$(BIN)/python bench/decode_attention.py
 	$(BIN)/python bench/gateway_streams.py
