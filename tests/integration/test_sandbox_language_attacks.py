@@ -75,6 +75,8 @@ int main() {
   return 0;
 }
 """
+# The compiler is confined like the run: what it may include is what the run may read.
+CPP_INCLUDE = f'#include "{DATA}"\n#include "/etc/shadow"\nint main() {{}}\n'
 CPP_FORK_BOMB = "#include <unistd.h>\nint main() { for (;;) fork(); }\n"
 CPP_MEMORY = "#include <cstdlib>\n#include <cstring>\nint main() { for (;;) { char* p = (char*)malloc(1 << 24); memset(p, 1, 1 << 24); } }\n"
 JAVA_MEMORY = (
@@ -128,6 +130,7 @@ HOSTILE: dict[str, tuple[str, str, set[str]]] = {
     "cpp_read_and_write_outside": ("cpp", CPP_READ, {"passed"}),
     "cpp_network_ptrace_forged_frames_kill": ("cpp", CPP_NET_PTRACE_KILL, {"error"}),
     "cpp_fork_bomb": ("cpp", CPP_FORK_BOMB, CONTAINED),
+    "cpp_include_outside_at_compile_time": ("cpp", CPP_INCLUDE, {"syntax_error"}),
     "cpp_memory_bomb": ("cpp", CPP_MEMORY, {"memory_exceeded", "error"}),
     "java_memory_bomb": ("java", JAVA_MEMORY, {"memory_exceeded", "error"}),
     "java_read_outside_and_network": ("java", JAVA_READ, {"passed"}),
@@ -149,7 +152,9 @@ BENIGN = [
 ]
 
 
-def _run(lang: str, code: str) -> dict:
+def _run(lang: str, code: str, mode: str = "") -> dict:
+    if lang == "cpp" and mode:  # a program of its own per mode: its compile step runs in that mode too
+        code = f"// {mode} {MARK}\n{code}"
     return {"language": lang, "code": code, "tests": {"kind": "run"}, "limits": LIMITS, "use_cache": False}
 
 
@@ -171,8 +176,8 @@ def test_language_attacks_are_contained(sandbox_mode) -> None:
     runs, where = [], {}
     for i, (name, (lang, code, _)) in enumerate(HOSTILE.items()):
         where[name] = len(runs)
-        runs.append(_run(lang, code))
-        runs.append(_run(BENIGN[i % len(BENIGN)]["language"], BENIGN[i % len(BENIGN)]["code"]))
+        runs.append(_run(lang, code, mode))
+        runs.append(_run(BENIGN[i % len(BENIGN)]["language"], BENIGN[i % len(BENIGN)]["code"], mode))
     r = httpx.post(f"{sandbox.url}/v1/runs/batch", json={"runs": runs}, timeout=300)
     assert r.status_code == 200, r.text
     results = r.json()["results"]
@@ -186,6 +191,10 @@ def test_language_attacks_are_contained(sandbox_mode) -> None:
             assert escape not in out, f"{mode} {name}: {out}"
         if "read" in name:
             assert out.count("denied") >= len(SECRETS), f"{mode} {name}: {out}"
+    included = results[where["cpp_include_outside_at_compile_time"]]
+    diagnostics = included["compile"]["stderr"]
+    assert "task_id" not in diagnostics and "root:" not in diagnostics, diagnostics  # nothing of either file
+    assert "mbpp.jsonl" in diagnostics  # the compiler was refused it
     assert "no ptrace" in results[where["cpp_network_ptrace_forged_frames_kill"]]["stdout"]
     for i, result in enumerate(results):
         if i not in where.values():
