@@ -26,7 +26,9 @@ def test_grpo_step_rewarded_by_cpp_runs(stack_generator, sandbox, stack_dirs) ->
     summary = train(spec, "grpo-cpp", settings_for(stack_generator, sandbox, stack_dirs))
     assert summary["status"] == "finished"
     run_dir = Path(summary["run_dir"])
-    rows = [json.loads(line) for line in (run_dir / "rollouts" / "step-000001.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (run_dir / "rollouts" / "step-000001.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 4
     assert {r["problem_id"] for r in rows} == {"crucible-stdio-cpp/1"}
     for row in rows:
