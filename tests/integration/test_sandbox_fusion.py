@@ -23,6 +23,7 @@ from sandbox_fusion import (
     summary_run_code_result,
 )
 
+from tests.integration.conftest import UID_BASE
 from tests.servers import spawn
 
 
@@ -166,7 +167,11 @@ def test_fetch_follows_no_link_out_of_the_run_directory(sandbox) -> None:
 
 
 def test_same_keys_as_v1_runs() -> None:
-    env = {"CRUCIBLE_SANDBOX_WORKERS": "1", "CRUCIBLE_SANDBOX_API_KEYS": "fusion-key-0123456789abcdef"}
+    env = {
+        "CRUCIBLE_SANDBOX_WORKERS": "1",
+        "CRUCIBLE_SANDBOX_API_KEYS": "fusion-key-0123456789abcdef",
+        "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE + 52),  # apart from this process's other sandboxes
+    }
     with spawn("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT") as sandbox:
         body = {"code": "print(1)", "language": "python"}
         assert post(sandbox, body).status_code == 401

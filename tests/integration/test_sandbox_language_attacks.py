@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import SECRET, UID_BASE
-from tests.integration.test_sandbox_isolation import _run_processes, _uptime
+from tests.integration.test_sandbox_isolation import _uptime
 from tests.servers import spawn
 
 FULL = os.geteuid() == 0
@@ -158,11 +158,32 @@ def _run(lang: str, code: str, mode: str = "") -> dict:
     return {"language": lang, "code": code, "tests": {"kind": "run"}, "limits": LIMITS, "use_cache": False}
 
 
+SLOTS = 2  # of the server below, whose program uids are UID_BASE + 32 and + 33
+
+
+def _run_processes(started_before: float) -> list[int]:
+    """PIDs of this module's server's runs (its program uids) that started before `started_before`
+    (seconds since boot); each slot keeps one blank process forked ahead, newer than that."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            uid = os.stat(f"/proc/{entry}").st_uid
+            start = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+        except (OSError, IndexError, ValueError):
+            continue
+        if UID_BASE + 32 <= uid < UID_BASE + 32 + SLOTS and start < started_before:
+            pids.append(int(entry))
+    return pids
+
+
 @pytest.fixture(scope="module", params=["full", "landlock"])
 def sandbox_mode(request):
     # Slots 32+ of this process's uid block: apart from the session's sandbox (slots 0-1).
     env = {
-        "CRUCIBLE_SANDBOX_WORKERS": "2",
+        "CRUCIBLE_SANDBOX_WORKERS": str(SLOTS),
         "CRUCIBLE_SANDBOX_CANARY_SECRET": SECRET,
         "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE + 32),
         "CRUCIBLE_SANDBOX_MOUNT_NAMESPACE": "true" if request.param == "full" else "false",

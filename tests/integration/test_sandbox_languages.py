@@ -18,6 +18,7 @@ from sandbox_fusion import (
     summary_run_code_result,
 )
 
+from tests.integration.conftest import UID_BASE
 from tests.servers import spawn
 
 # One program per language: print the sum of the two numbers on stdin.
@@ -125,7 +126,11 @@ def test_exit_status_signal_and_runtime_limits(sandbox) -> None:
 
 
 def test_a_missing_or_disabled_toolchain_is_a_400_naming_it() -> None:
-    env = {"CRUCIBLE_SANDBOX_WORKERS": "1", "CRUCIBLE_SANDBOX_LANGUAGES": "bash"}
+    env = {
+        "CRUCIBLE_SANDBOX_WORKERS": "1",
+        "CRUCIBLE_SANDBOX_LANGUAGES": "bash",
+        "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE + 56),  # apart from this process's other sandboxes
+    }
     with spawn("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT") as sandbox:
         assert httpx.get(f"{sandbox.url}/health").json()["languages"] == ["python", "bash"]
         r = httpx.post(
