@@ -8,6 +8,7 @@ import doctest
 import fractions
 import marshal
 import operator
+import time
 
 import pytest
 from crucible_sandbox.inrun.link import NotJudged, ProgramObject, ProgramServer
@@ -389,3 +390,17 @@ def test_candidates_compile_without_the_harness_future_imports() -> None:
     assert code is None and syntax["t"] == "syntax" and "SyntaxError" in syntax["msg"]
     _, syntax = compile_candidate("def f():\nreturn 1\n")
     assert syntax["exc"] == "IndentationError"
+
+
+def test_compile_cache_keeps_whole_entries_within_its_bounds(tmp_path) -> None:
+    from crucible_sandbox.judging.artifacts import Artifacts
+
+    cache = Artifacts(str(tmp_path), entries=3, max_bytes=2500)
+    assert cache.get("a") is None
+    for key in "abcd":
+        cache.put(key, {"main": key.encode() * 1000})
+        time.sleep(0.01)  # distinct modification times: the oldest goes first
+    assert cache.get("a") is None and cache.get("b") is None  # 4 entries of 1000 bytes > 2500
+    assert cache.get("d") == {"main": b"d" * 1000}
+    (tmp_path / "compiled" / "junk").write_bytes(b"not marshal")
+    assert cache.get("junk") is None

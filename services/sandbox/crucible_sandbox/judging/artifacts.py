@@ -4,8 +4,9 @@ Shared by the slots of a server (a directory of its own under `work_root`, mode 
 batch sends many runs of one program (verl sends each stdin case as a request of its own), and
 any slot may get them. Written by the trusted worker only, to a temporary name then renamed, so a
 reader sees a whole entry or none; runs cannot reach it (outside their root, or outside what
-Landlock lets them write). Entries are marshalled `{name: bytes}`; past `entries` files the
-least recently used go.
+Landlock lets them write). Entries are marshalled `{name: bytes}`; past `entries` files or
+`max_bytes` in all (the work root is often a small tmpfs that runs need too) the least recently
+used go.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import marshal
 import os
 
 ENTRIES = 512
+MAX_BYTES = 256 << 20
 
 
 class Artifacts:
-    def __init__(self, root: str, entries: int = ENTRIES) -> None:
-        self.root, self.entries = os.path.join(root, "compiled"), entries
+    def __init__(self, root: str, entries: int = ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+        self.root, self.entries, self.max_bytes = os.path.join(root, "compiled"), entries, max_bytes
         os.makedirs(self.root, mode=0o700, exist_ok=True)
 
     def _path(self, key: str) -> str:
@@ -53,12 +55,15 @@ class Artifacts:
             names = os.listdir(self.root)
         except OSError:
             return
-        if len(names) <= self.entries:
-            return
         aged = []
         for name in names:
             with contextlib.suppress(OSError):
-                aged.append((os.stat(self._path(name)).st_mtime, name))
-        for _, name in sorted(aged)[: len(aged) - self.entries]:
+                st = os.stat(self._path(name))
+                aged.append((st.st_mtime, st.st_size, name))
+        aged.sort()
+        total = sum(size for _, size, _ in aged)
+        while aged and (len(aged) > self.entries or total > self.max_bytes):
+            _, size, name = aged.pop(0)
+            total -= size
             with contextlib.suppress(OSError):
                 os.unlink(self._path(name))
