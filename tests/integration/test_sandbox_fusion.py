@@ -88,6 +88,21 @@ def test_time_limit_is_time_limit_exceeded(sandbox) -> None:
     assert summary_run_code_result(out, SummaryMapping(RunTimeout="tle")) == "tle"
 
 
+def test_memory_and_output_limits_read_as_killed(sandbox) -> None:
+    bomb = "x = []\nwhile True:\n    x.append(' ' * 10**7)\n"
+    out = run_code(RunCodeRequest(code=bomb, language="python"), endpoint=sandbox.url, max_attempts=1)
+    r = httpx.post(
+        f"{sandbox.url}/run_code",
+        json={"code": bomb, "language": "python", "memory_limit_MB": 64},
+        timeout=60,
+    ).json()
+    for result in (out.dict(), r):
+        assert result["status"] == "Failed"
+        assert result["run_result"]["status"] == "Finished" and result["run_result"]["return_code"] == -9
+        assert "memory" in result["run_result"]["stderr"].lower()
+    assert summary_run_code_result(out, SummaryMapping(RunFailed="rf")) == "rf"
+
+
 def test_async_client_many_at_once(sandbox) -> None:
     async def main() -> list:
         requests = [RunCodeRequest(code=f"print(sum(range({n})))", language="python") for n in range(12)]

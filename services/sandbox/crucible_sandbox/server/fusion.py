@@ -82,18 +82,26 @@ def as_run_request(body: RunCodeRequest) -> RunRequest:
     )
 
 
+# A step the sandbox ended for its memory or output: killed, as SandboxFusion's own runs see an
+# OOM kill (the client's `summary_run_code_result` needs a return code for every finished step).
+_KILLED = -9
+
+
 def _compile_result(step: CompileResult) -> CommandRunResult:
-    status = {
-        "ok": CommandRunStatus.Finished,
-        "error": CommandRunStatus.Finished,
-        "timeout": CommandRunStatus.TimeLimitExceeded,
-    }.get(step.status, CommandRunStatus.Error)
+    if step.status == "timeout":
+        return CommandRunResult(
+            status=CommandRunStatus.TimeLimitExceeded,
+            execution_time=step.duration_ms / 1000,
+            stdout=step.stdout,
+            stderr=step.stderr,
+        )
+    killed = step.status in ("memory_exceeded", "output_exceeded")
     return CommandRunResult(
-        status=status,
+        status=CommandRunStatus.Finished,
         execution_time=step.duration_ms / 1000,
-        return_code=step.exit_code if status == CommandRunStatus.Finished else None,
+        return_code=_KILLED if killed else step.exit_code,
         stdout=step.stdout,
-        stderr=step.stderr,
+        stderr=step.stderr + (f"{step.status.replace('_', ' ')}\n" if killed else ""),
     )
 
 
@@ -104,8 +112,9 @@ def _run_result(result: RunResult) -> CommandRunResult:
     if result.status == RunStatus.timeout:
         status, code = CommandRunStatus.TimeLimitExceeded, None
     elif result.status in (RunStatus.memory_exceeded, RunStatus.output_exceeded):
-        status, code = CommandRunStatus.Error, None
-        stderr = f"{stderr}{result.message}\n"
+        status, code = CommandRunStatus.Finished, _KILLED
+        if result.message not in stderr:
+            stderr = f"{stderr}{result.message}\n"
     else:
         status = CommandRunStatus.Finished
         code = (
