@@ -100,9 +100,9 @@ def test_compile_step_has_its_own_time_limit(sandbox) -> None:
     request = RunCodeRequest(code=code, language="cpp", compile_timeout=1)
     fusion = run_code(request, endpoint=sandbox.url, max_attempts=1)
     assert fusion.status == RunStatus.Failed and fusion.run_result is None
-    assert fusion.compile_result.status in (CommandRunStatus.TimeLimitExceeded, CommandRunStatus.Error), (
-        fusion
-    )
+    compiled = fusion.compile_result
+    # Time runs out first, or the compiler's memory (it holds the endless line): killed either way.
+    assert compiled.status == CommandRunStatus.TimeLimitExceeded or compiled.return_code == -9, fusion
     assert fusion.compile_result.execution_time < 5
 
 
