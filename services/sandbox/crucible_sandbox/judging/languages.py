@@ -27,6 +27,7 @@ RUN_PATH = "/usr/local/bin:/usr/bin:/bin"
 # V8's code range, Go's page summaries) get this much on top of the run's memory as their
 # address-space limit; their resident memory is still held by the run's memory limit.
 RESERVE_MB = 1024
+_ANY_CLASS = re.compile(r"\bclass\s+([A-Za-z_$][A-Za-z0-9_$]*)")
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][A-Za-z0-9_$]*)")
 # The JVM: one GC thread, one JIT thread, small reserved spaces, no shared perf file in /tmp.
 _JVM = [
@@ -166,9 +167,21 @@ def available() -> list[str]:
 
 
 def java_class(source: str) -> str:
-    """The public class of a Java program (the file must be named after it), `Main` by default."""
+    """The class to run: the public one (the file must be named after it), else the class that
+    declares `main`, else `Main`.
+
+    >>> java_class("public final class Solution { public static void main(String[] a) {} }")
+    'Solution'
+    >>> java_class("class Helper {} class Prog { public static void main(String[] a) {} }")
+    'Prog'
+    """
     found = _JAVA_CLASS.search(source)
-    return found.group(1) if found else "Main"
+    if found:
+        return found.group(1)
+    main = source.find("static void main")
+    classes = [(m.start(), m.group(1)) for m in _ANY_CLASS.finditer(source)]
+    before = [name for position, name in classes if main < 0 or position < main]
+    return before[-1] if before else "Main"
 
 
 def expand(argv: list[str], source_name: str, cls: str, heap_mb: int) -> list[str]:
