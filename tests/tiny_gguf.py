@@ -76,7 +76,7 @@ def write_tiny_qwen2(path: Path, seed: int = 0, hidden: int = 64, layers: int = 
         writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
     def quantized(name: str, rows: int, cols: int) -> None:
-        data = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
+        data = (rng.standard_normal((rows, cols)) * 0.3).astype(np.float32)
         packed = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
         writer.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
 

