@@ -53,6 +53,9 @@ def qwen(*flags: str) -> list[str]:
     return shared(
         *("--filter", "pre", "--pre-samples", "4", "--temperature", "0.9", "--group-size", "8"),
         *("--max-tokens", "384", "--eval-max-tokens", "384", "--humaneval"),
+        # 160 random train problems per seed (the pre-filter samples each 4 times), micro-batches
+        # of 8 sequences: three trainers of a 1.5B model with 151,936-token logits share the card.
+        *("--train-limit", "160", "--micro-batch", "8"),
         *flags,
     )
 
