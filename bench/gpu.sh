@@ -121,7 +121,7 @@ PY
     steps=${2:-24}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
     cards=$(nvidia-smi --list-gpus | wc -l)
     for i in $(seq 0 $(( ${#recipes[@]} < cards ? ${#recipes[@]} - 1 : cards - 1 ))); do
-      subs=(); [ "$i" = 1 ] && subs=(gpu-tests:tests/integration/test_families_gpu.py:-k:installed)
+      subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
       CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" \
         "seeds:${recipes[$i]}:--model:qwen2.5-coder-1.5b-instruct:--steps:$steps"
     done ;;
