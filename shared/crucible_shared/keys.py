@@ -39,6 +39,12 @@ def idempotency(key: str) -> str:
     return f"{PREFIX}:idempotency:{key}"
 
 
+def worker_models() -> str:
+    """Hash: worker name -> JSON {"installed": [...], "missing": [...]}, the installable models
+    (`crucible models install`) the worker has or lacks, for the gateway's check of `model.base`."""
+    return f"{PREFIX}:workers:models"
+
+
 def worker_ranks() -> str:
     """Hash: worker name -> how many ranks it may launch for one job (crucible_shared.distributed)."""
     return f"{PREFIX}:workers:ranks"

@@ -211,3 +211,60 @@ def test_qwen_1p5b_shape_greedy_tokens_equal_transformers_in_float32():
         torch.cuda.empty_cache()
     reference = hf_model(path, device="cuda", dtype=torch.float32)
     assert got == [hf_greedy(reference, p, TOKENS) for p in prompts]
+
+
+def installed_qwen() -> Path | None:
+    import crucible_models as models
+
+    return models.installed_path("qwen2.5-coder-1.5b-instruct")
+
+
+@pytest.mark.skipif(installed_qwen() is None, reason="Qwen2.5-Coder-1.5B-Instruct not installed")
+def test_installed_qwen_1p5b_greedy_answers_equal_transformers(tmp_path):
+    """The real weights (dequantised Q4_K_M, `crucible models install qwen2.5-coder-1.5b-instruct`)
+    in float32: the engine's greedy answers to chat prompts equal transformers' (PEFT's with a
+    rank-16 all-linear adapter), fast path with CUDA graphs on and off."""
+    from crucible_generator.engine import Engine
+
+    path = installed_qwen()
+    adapter = save_lora(path, tmp_path / "r16", seed=1, rank=16, scale=0.02, device="cuda")
+    import crucible_models as models
+
+    model, tokenizer = models.load_model(str(path), device="cuda", dtype="float32")
+    tasks = [
+        "Write a python function to find the first repeated character in a given string.",
+        "Write a function to reverse words separated by spaces in a given string.",
+        "Write a python function to check whether the given number is a perfect square or not.",
+        "Write a function to find the n-th power of individual elements in a list using lambda function.",
+    ]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+        )
+        for t in tasks
+    ]
+    n = 48
+    want = {
+        name: [hf_greedy(hf_model(path, lora, device="cuda"), p, n) for p in prompts]
+        for name, lora in (("base", None), ("r16", adapter))
+    }
+    assert want["base"] != want["r16"]
+    for mode in ("on", "off"):
+        if mode == "off":  # a model of its own: the fast path may have changed the first one
+            model, tokenizer = models.load_model(str(path), device="cuda", dtype="float32")
+        engine = Engine(
+            model, tokenizer, fast_decode=mode, cuda_graphs=True, seed=0, max_batch_size=8, max_model_len=512
+        )
+        engine.start()
+        try:
+            asyncio.run(engine.load_adapter("r16", adapter))
+            for name in ("base", "r16"):
+                got = run(engine, prompts, None if name == "base" else name, n=n)
+                assert [c.token_ids for c in got] == want[name], f"fast path {mode}, {name}"
+            if mode == "on":
+                assert engine.fast is not None and engine.fast.use_graphs
+        finally:
+            engine.stop()
+            torch.cuda.empty_cache()

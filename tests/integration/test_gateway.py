@@ -262,10 +262,11 @@ def test_a_stopping_worker_hands_its_job_back_at_a_step_boundary(gateway, worker
     assert steps == [1, 2, 3], steps
 
 
-def test_jobs_asking_for_more_ranks_than_any_worker_has_are_422(gateway, redis_url) -> None:
+def test_jobs_asking_for_more_ranks_than_any_worker_has_are_422(gateway, redis_url, tmp_path) -> None:
     """A live worker reports the ranks it can launch (here 2, on a queue no job uses); the gateway
     refuses 4 naming the field, accepts 2, and once the worker is gone accepts anything again
-    (the worker that takes it checks)."""
+    (the worker that takes it checks). The same report names the installable models the worker
+    lacks: a job naming one is refused with the command that installs it."""
     import subprocess
     import sys
 
@@ -273,6 +274,7 @@ def test_jobs_asking_for_more_ranks_than_any_worker_has_are_422(gateway, redis_u
 
     redis = Redis.from_url(redis_url)
     env = {**os.environ, "REDIS_URL": redis_url, "CRUCIBLE_TRAINER_MAX_RANKS": "2"}
+    env["CRUCIBLE_CACHE_DIR"] = str(tmp_path / "cache")
     worker = subprocess.Popen(
         [sys.executable, "-m", "crucible_trainer.worker", "--queues", "nothing"], env=env
     )
@@ -287,7 +289,16 @@ def test_jobs_asking_for_more_ranks_than_any_worker_has_are_422(gateway, redis_u
         r = httpx.post(f"{gateway.url}/v1/jobs", json={**TINY_TRAIN, "distributed": {"train_gpus": 2}})
         assert r.status_code == 202, r.text
         httpx.post(f"{gateway.url}/v1/jobs/{r.json()['id']}/cancel")  # no work left for other tests
+        # The worker's cache (an empty one) lacks the installable model: a job naming it is refused
+        # with the install command, in any case of the name.
+        wait_for(lambda: redis.hlen(keys.worker_models()), 60, "the worker's models")
+        spec = {**TINY_TRAIN, "model": {**TINY_TRAIN.get("model", {}), "base": "Qwen2.5-Coder-1.5B-Instruct"}}
+        r = httpx.post(f"{gateway.url}/v1/jobs", json=spec)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["field"] == "train.model.base"
+        assert "run `crucible models install qwen2.5-coder-1.5b-instruct`" in error["message"]
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
-    assert not redis.hlen(keys.worker_ranks())
+    assert not redis.hlen(keys.worker_ranks()) and not redis.hlen(keys.worker_models())

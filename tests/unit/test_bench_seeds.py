@@ -18,12 +18,15 @@ import argparse, json
 p = argparse.ArgumentParser()
 p.add_argument("--seed", type=int); p.add_argument("--json"); p.add_argument("--steps", type=int)
 p.add_argument("--eval-tasks", type=int); p.add_argument("--filter")
+p.add_argument("--keep-reports"); p.add_argument("--model", default="smollm2-135m-instruct")
 a = p.parse_args()
 if a.seed == 13:
     raise SystemExit(3)
 after = {"greedy_pass@1": 0.05 + 0.01 * a.seed + (0.02 if a.filter == "pre" else 0), "problems": a.eval_tasks}
 json.dump({"rows": [{"step": i + 1} for i in range(a.steps)],
-           "eval": {"before": {"greedy_pass@1": 0.034, "problems": a.eval_tasks}, "after": after}}, open(a.json, "w"))
+           "eval": {"before": {"greedy_pass@1": 0.034, "problems": a.eval_tasks}, "after": after},
+           "model": a.model, "humaneval": {"before": {"greedy_pass@1": 0.5}, "after": {"greedy_pass@1": 0.52}}},
+          open(a.json, "w"))
 """
 
 
@@ -68,6 +71,8 @@ def test_a_recipe_over_seeds_writes_one_file_per_run_and_the_summary(seeds, tmp_
         "3",
         "--eval-tasks",
         "5",
+        "--model",
+        "tiny-m",
     )
     assert code == 0
     folder = tmp_path / "out" / "card" / "learning"
@@ -77,6 +82,9 @@ def test_a_recipe_over_seeds_writes_one_file_per_run_and_the_summary(seeds, tmp_
             "recipe": "grpo", "seed": seed, "before": 0.034, "steps": 3, "eval_tasks": 5
         }  # fmt: skip
         assert result["after"] == pytest.approx(0.05 + 0.01 * seed)
+        assert result["model"] == "tiny-m" and "--model tiny-m" in result["command"]
+        assert (result["humaneval_before"], result["humaneval_after"]) == (0.5, 0.52)
+        assert "--keep-reports" not in result["command"]
         assert (
             result["wall_s"] >= 0
             and f"--seed {seed}" in result["command"]

@@ -80,6 +80,7 @@ class GatewayService:
             await self.check_reuse(spec.reuse)
         if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
             await self._check_ranks(spec.distributed.train_gpus)
+        await self._check_installed(spec.model.base, f"{spec.kind}.model.base")
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
         job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
@@ -126,6 +127,20 @@ class GatewayService:
         reported = await asyncio.to_thread(self.store.worker_ranks)
         if reported and asked > max(reported):
             raise ApiError(422, too_many_ranks(asked, max(reported)), field="train.distributed.train_gpus")
+
+    async def _check_installed(self, base: str, field: str) -> None:
+        """Refuse a model that live workers report as installable but not installed (by
+        `crucible models install`) on any of them; with no report, the worker that takes the job
+        fails it with the same advice."""
+        name = base.lower()
+        installed, missing = await asyncio.to_thread(self.store.worker_models)
+        if name in missing and name not in installed:
+            raise ApiError(
+                422,
+                f"model {name} is not installed on the trainer workers: run `crucible models install "
+                f"{name}` where they run (it downloads, verifies and dequantises it once)",
+                field=field,
+            )
 
     async def view(self, job_id: str, with_spec: bool = True) -> JobRecord:
         check_job_id(job_id)

@@ -155,6 +155,20 @@ class JobStore:
         reported = self.rq_redis.hgetall(keys.worker_ranks())
         return [int(v) for k, v in reported.items() if _text(k) in live]
 
+    def worker_models(self) -> tuple[set[str], set[str]]:
+        """The installable models live trainer workers have, and those some of them lack."""
+        from rq import Worker
+
+        live = {w.name for w in Worker.all(connection=self.rq_redis)}
+        installed: set[str] = set()
+        missing: set[str] = set()
+        for name, value in self.rq_redis.hgetall(keys.worker_models()).items():
+            if _text(name) in live:
+                report = json.loads(_text(value))
+                installed.update(report.get("installed", []))
+                missing.update(report.get("missing", []))
+        return installed, missing
+
     def enqueue(self, kind: JobKind, job_id: str, spec: dict[str, Any]) -> None:
         """Put the job on its RQ queue (again: an earlier RQ job of the same id is replaced)."""
         try:

@@ -4,13 +4,24 @@
 On SIGTERM (a container restart, a rolling update) a running training job stops at its next
 step boundary, checkpoints and goes back to the queue, where the next worker resumes it; the
 worker then exits. At its start the worker records how many ranks it can launch for one job
-(`crucible_shared.keys.worker_ranks`), which the gateway checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
+(`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), which
+the gateway checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+
+
+def installable_models() -> dict[str, list[str]]:
+    """The models `crucible models install` knows, split by whether this host has them."""
+    import crucible_models as models
+
+    names = sorted(models.INSTALLABLE_MODELS)
+    installed = [n for n in names if models.installed_path(n) is not None]
+    return {"installed": installed, "missing": [n for n in names if n not in installed]}
 
 
 def main() -> None:
@@ -66,10 +77,12 @@ def main() -> None:
     from crucible_trainer.distributed.launch import available_ranks
 
     redis.hset(keys.worker_ranks(), worker.name, available_ranks(settings))
+    redis.hset(keys.worker_models(), worker.name, json.dumps(installable_models()))
     try:
         worker.work(burst=args.burst, with_scheduler=False)
     finally:
         redis.hdel(keys.worker_ranks(), worker.name)
+        redis.hdel(keys.worker_models(), worker.name)
 
 
 if __name__ == "__main__":
