@@ -96,6 +96,26 @@ def test_every_online_method_of_the_spec_union_is_registered() -> None:
         method_module(object())
 
 
+def test_method_facts_are_read_from_the_config_classes() -> None:
+    """Which methods may overlap the update and how many samples a step draws are class facts of
+    each registered method's config, not tables keyed by method name."""
+    from crucible_shared.jobs import GROUP_METHODS, METHOD_CONFIGS, SpiralConfig
+
+    assert GROUP_METHODS == ("grpo", "srrl")
+    assert {c for c in METHOD_CONFIGS if c.samples_groups} <= set(REGISTRY)
+    for cls in REGISTRY:
+        cfg = cls()
+        if cls is SpiralConfig:
+            assert cfg.samples_per_step(8) == cfg.games_per_step
+        else:
+            assert cls.per_problem in cls.model_fields, cls
+            assert cfg.samples_per_step(8) == 8 * getattr(cfg, cls.per_problem)
+    for cls in set(METHOD_CONFIGS) - set(REGISTRY):  # offline: TRL on a file, no sampling
+        assert not cls.samples_groups
+        with pytest.raises(ValueError, match="samples no completions"):
+            cls().samples_per_step(8)
+
+
 def test_srrl_full_test_log_in_the_refinement_prompt() -> None:
     from crucible_trainer import tasks
     from crucible_trainer.tasks import refinement
