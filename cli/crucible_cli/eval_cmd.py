@@ -93,6 +93,12 @@ def eval_command(
     config_file: Path = typer.Option(
         None, "--config", "-c", help="Submit this eval job spec (YAML/JSON) to the gateway instead."
     ),
+    overrides: list[str] = typer.Option(
+        None,
+        "--set",
+        metavar="FIELD=VALUE",
+        help="With --config: override one spec field, e.g. --set eval.n=4 (repeatable; value read as JSON or YAML).",
+    ),
     gateway: str = typer.Option(
         os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"),
         "--gateway",
@@ -111,8 +117,10 @@ def eval_command(
         from crucible_cli.jobs_cmd import submit_and_follow
         from crucible_cli.specs import load_spec
 
-        submit_and_follow(load_spec(config_file, "eval"), gateway, api_key, detach)
+        submit_and_follow(load_spec(config_file, "eval", overrides), gateway, api_key, detach)
         return
+    if overrides:
+        raise typer.BadParameter("overrides a spec: give the spec with --config", param_hint="--set")
     from crucible_cli.heavy import require
 
     require("crucible_trainer", command="eval")
