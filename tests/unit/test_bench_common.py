@@ -4,8 +4,6 @@ imports another that imports it back (read from the sources, nothing is run)."""
 from __future__ import annotations
 
 import ast
-import doctest
-import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -55,13 +53,3 @@ def test_shared_helpers_are_defined_once() -> None:
         assert name == "common" or not copied, (
             f"bench/{name}.py defines {sorted(copied)}: use bench/common.py"
         )
-
-
-def test_common_doctests() -> None:
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench.common
-
-        assert doctest.testmod(bench.common).failed == 0
-    finally:
-        sys.path.remove(str(BENCH.parent))

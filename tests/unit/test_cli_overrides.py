@@ -3,7 +3,6 @@ the same models, and an error names the full field and the override it came from
 
 from __future__ import annotations
 
-import doctest
 from pathlib import Path
 
 import pytest
@@ -43,10 +42,6 @@ def test_overrides_land_in_the_validated_spec() -> None:
 
     assert specs.parse_spec(DEMO_JOB, "train", ["optim.steps=2"], "the demo job").optim.steps == 2
     assert DEMO_JOB["optim"]["steps"] == 4  # the default job itself is untouched
-
-
-def test_apply_overrides_doctests() -> None:
-    assert doctest.testmod(specs).failed == 0
 
 
 @pytest.mark.parametrize(

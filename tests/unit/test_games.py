@@ -409,22 +409,6 @@ def test_a_queued_game_spec_round_trips() -> None:
 
 
 @pytest.mark.parametrize(
-    "module",
-    [
-        "crucible_trainer.games.tictactoe",
-        "crucible_trainer.games.code_output",
-        "crucible_cli.render",
-        "crucible_trainer.report",
-    ],
-)
-def test_game_doctests(module: str) -> None:
-    import doctest
-    import importlib
-
-    assert doctest.testmod(importlib.import_module(module)).failed == 0
-
-
-@pytest.mark.parametrize(
     ("method", "top", "field"),
     [
         ({"learner_roles": ["writer"]}, {}, "method.spiral.learner_roles"),
