@@ -26,10 +26,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+from bench.common import percentile  # noqa: E402
 
 
 async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dict:

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
+from common import free_port, percentile  # beside this script
 
 PROMPT_STARTS = [
     "def fibonacci(n):",
@@ -45,17 +45,6 @@ PROMPT_STARTS = [
 
 def prompts(count: int) -> list[str]:
     return [f"{PROMPT_STARTS[i % len(PROMPT_STARTS)]}  # variant {i}" for i in range(count)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Server:

@@ -121,7 +121,7 @@ def sft_pipeline(args: argparse.Namespace) -> dict:
     """The `--sft-first` stage: K=8 candidates per train problem at T=1, run, the passing ones
     (up to 4 distinct per problem) trained on with SFT (`bench/offline_figures.py`'s recipe); the
     base model's evaluation first when the run evaluates."""
-    from bench.offline_figures import TRAIN
+    from bench.common import TRAIN
 
     stages = ["generate", "annotate", "build", "train"]
     limit = {"limit": args.train_limit} if args.train_limit else {}
@@ -380,7 +380,7 @@ def main() -> None:
         t = time.perf_counter()
         sft: dict = {}
         if args.sft_first:
-            from bench.offline_figures import run_pipeline
+            from bench.common import run_pipeline
 
             done = run_pipeline(sft_pipeline(args), f"sft-s{args.seed}", settings)
             sft = {"adapter": done["adapter"], "seconds": done["wall_s"], "rounds": done.get("rounds")}

@@ -54,6 +54,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import common  # noqa: E402
+
 TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
 SPLIT = {  # report key -> the job's metric (median over the steps after the first)
     "generate_s": "time/generate_s",
@@ -240,7 +242,7 @@ def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[st
     timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
     return figures(rows, n, args.prompts * args.group) | {
         "wall_s": round(wall, 1),
-        "device": card(),
+        "device": common.card(),
         "per_step": timing,  # every step's timings, the first included (the medians skip it)
     }
 
@@ -281,12 +283,6 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
         "update_sequences": statistics.median(r.get("update/sequences", 0.0) for r in later),
         "update_ranks": later[-1].get("update/ranks", 1.0),
     }
-
-
-def card() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:

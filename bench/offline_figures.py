@@ -39,6 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import TRAIN, run_pipeline  # noqa: E402
+
 MODEL = "smollm2-135m-instruct"
 K, MAX_TOKENS, PROMPTS_PER_STEP, GROUP = 8, 256, 8, 8  # GRPO: 8 problems x 8 samples = 64 per step
 TRAIN_PROBLEMS = 374  # MBPP 601-974
@@ -69,20 +71,6 @@ def pipeline(seed: int, tasks: int, **fields: Any) -> dict[str, Any]:
         "seed": seed,
         **fields,
     }
-
-
-TRAIN = {
-    # SFT on the distinct passing candidates (shortest first), a few epochs: the set is small.
-    "sft": {
-        "train": {"name": "sft", "epochs": 3, "max_length": 1024},
-        "optim": {"lr": 1e-4, "micro_batch": 8, "warmup_steps": 5},
-    },
-    # DPO on pass/fail pairs, the base model as reference.
-    "dpo": {
-        "train": {"name": "dpo", "beta": 0.1, "epochs": 2, "max_length": 1024},
-        "optim": {"lr": 5e-5, "micro_batch": 8, "warmup_steps": 5},
-    },
-}
 
 
 class Stack:
@@ -122,22 +110,6 @@ class Stack:
     def __exit__(self, *exc: object) -> None:
         self.generator.stop()
         self.sandbox.stop()
-
-
-def run_pipeline(spec: dict[str, Any], job_id: str, settings) -> dict[str, Any]:
-    from crucible_shared.jobs import PipelineJob
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.offline.pipeline import run_pipeline_job
-
-    started = time.perf_counter()
-    summary = asyncio.run(
-        run_pipeline_job(PipelineJob.model_validate(spec), job_id, settings, LocalChannel(job_id))
-    )
-    if summary.get("status") != "finished":
-        raise RuntimeError(f"{job_id}: {summary.get('status')}")
-    summary["wall_s"] = time.perf_counter() - started
-    print(f"{job_id}: {summary['wall_s']:.1f} s; stages " + json.dumps(summary["stages"]), flush=True)
-    return summary
 
 
 def stage_times(summary: dict[str, Any]) -> dict[str, float]:

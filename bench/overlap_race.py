@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import card  # noqa: E402
 from bench.grpo_race import job_spec, on_device, spawn_generator  # noqa: E402
 
 TINY = {"steps": 3, "prompts": 1, "group_size": 2, "max_tokens": 16, "eval_tasks": 2, "train_limit": 4}
@@ -259,7 +260,7 @@ def main() -> None:
                 "generator_device",
             )
         },
-        "device": device(),
+        "device": card(),
         "runs": runs,
         "by_staleness": compare(runs),
         "targets": {"speedup": SPEEDUP_TARGET, "pass1": "within one standard error of s = 0"},
@@ -267,12 +268,6 @@ def main() -> None:
     print(json.dumps(result["by_staleness"], indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
-
-
-def device() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import card  # noqa: E402
+
 RUNS = {  # name -> (game, baseline)
     "ttt-role": ("tictactoe", "role"),
     "ttt-shared": ("tictactoe", "shared"),
@@ -415,7 +417,7 @@ def main() -> None:
             ):
                 print(f"  {key}: {run['final_5_steps'][key]:.3f}", flush=True)
     result = {
-        "device": _device_name(),
+        "device": card(),
         "total_s": time.perf_counter() - t0,
         "services_s": started_s,
         "args": {
@@ -444,15 +446,6 @@ def _cuda() -> bool:
         return torch.cuda.is_available()
     except ImportError:
         return False
-
-
-def _device_name() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generator import hot_swap, percentile  # the hot-swap protocol, shared
+from common import percentile
+from generator import hot_swap  # the hot-swap protocol, shared
 
 TEXT = (
     "Write a Python function `longest_run(xs)` that returns the length of the longest run of equal "

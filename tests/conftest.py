@@ -1,7 +1,15 @@
 """Fixtures every test directory shares: the tiny checkpoints of each model family (tests/families.py),
-and memory given back after tests that ran jobs in-process."""
+memory given back after tests that ran jobs in-process, and an opt-in log of each test's memory.
 
+`CRUCIBLE_TEST_RSS_LOG=PATH` appends one JSON line per test to PATH: its id, the xdist worker that
+ran it, the process's resident memory before and after the test (setup and teardown included) and
+its peak during the test, in MiB, and the test's seconds. `python -m tests.rss_report PATH` sums
+it up (docs/testing.md).
+"""
+
+import json
 import os
+import time
 
 # Under pytest-xdist (`make test` runs two workers) two processes share the two cores: OpenMP
 # threads that spin while they wait would take the other worker's core. Set before torch loads,
@@ -20,6 +28,53 @@ def resident_bytes() -> int:
     """This process's resident memory (Linux)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> bool:
+    """Start this process's peak resident memory (VmHWM) afresh (Linux 4.0+); False if it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With CRUCIBLE_TEST_RSS_LOG set: one line per test of this process's memory around it, to
+    find the tests after which an xdist worker stays larger (what it grows by is what it keeps)."""
+    path = os.environ.get("CRUCIBLE_TEST_RSS_LOG")
+    if not path:
+        yield
+        return
+    peak_reset = _reset_peak()
+    before, started = resident_bytes(), time.monotonic()
+    yield
+    after, peak = resident_bytes(), _peak_bytes() if peak_reset else None
+    mib = 1 << 20
+    row = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "pid": os.getpid(),
+        "rss_before_mb": round(before / mib, 1),
+        "rss_after_mb": round(after / mib, 1),
+        "peak_mb": None if peak is None else round(peak / mib, 1),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    with open(path, "a") as f:  # one write per line: workers appending at once do not interleave
+        f.write(json.dumps(row) + "\n")
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ import typer
 
 from crucible_cli.app import app
 from crucible_cli.options import API_KEY, GATEWAY, client, fail, gateway_failure
-from crucible_cli.specs import load_spec
+from crucible_cli.specs import SET, load_spec
 
 
 def check_comparable(specs: list[dict], labels: list[str], budgets: list[int]) -> None:
@@ -35,6 +35,7 @@ def check_comparable(specs: list[dict], labels: list[str], budgets: list[int]) -
 @app.command("compare")
 def compare(
     config: list[Path] = typer.Option(..., "--config", "-c", help="A train job spec (repeat: two or more)."),
+    overrides: list[str] = SET,
     out: Path = typer.Option(Path("runs/compare"), "--out", "-o", help="Where the comparison goes."),
     unmatched_budget: bool = typer.Option(
         False, "--unmatched-budget", help="Allow different samples per step."
@@ -55,7 +56,7 @@ def compare(
 
     if len(config) < 2:
         raise typer.BadParameter("give at least two specs", param_hint="--config")
-    parsed = [load_spec(path, "train") for path in config]
+    parsed = [load_spec(path, "train", overrides) for path in config]  # --set applies to every spec
     specs = [p.model_dump(mode="json") for p in parsed]
     labels = [p.name or path.stem for p, path in zip(parsed, config, strict=True)]
     budgets = [samples_per_step(s) for s in specs]

@@ -42,6 +42,14 @@ def parse_range(text: str | None) -> tuple[int, int] | None:
     return int(match.group(1)), int(match.group(2))
 
 
+_SET = typer.Option(
+    None,
+    "--set",
+    metavar="FIELD=VALUE",
+    help="With --config: override one spec field, e.g. --set n=4 (repeatable; value read as JSON or YAML).",
+)
+
+
 @app.command("eval")
 def eval_command(
     dataset: str = typer.Option("mbpp", help="mbpp | humaneval | stdio | jsonl."),
@@ -93,6 +101,7 @@ def eval_command(
     config_file: Path = typer.Option(
         None, "--config", "-c", help="Submit this eval job spec (YAML/JSON) to the gateway instead."
     ),
+    overrides: list[str] = _SET,
     gateway: str = typer.Option(
         os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"),
         "--gateway",
@@ -107,11 +116,8 @@ def eval_command(
 
     With --config, submit an eval job to the gateway and follow it instead.
     """
-    if config_file is not None:
-        from crucible_cli.jobs_cmd import submit_and_follow
-        from crucible_cli.specs import load_spec
-
-        submit_and_follow(load_spec(config_file, "eval"), gateway, api_key, detach)
+    if config_file is not None or overrides:
+        _submit(config_file, overrides, gateway, api_key, detach)
         return
     from crucible_cli.heavy import require
 
@@ -141,6 +147,16 @@ def eval_command(
     if compare is not None:
         cmp = compare_reports(compare, report, out)
         typer.echo(f"comparison: {cmp['markdown']}")
+
+
+def _submit(config_file: Path | None, overrides: list[str], gateway: str, api_key: str, detach: bool) -> None:
+    """`--config` (with its `--set` overrides): an eval job through the gateway."""
+    from crucible_cli.jobs_cmd import submit_and_follow
+    from crucible_cli.specs import load_spec
+
+    if config_file is None:
+        raise typer.BadParameter("overrides a spec: give the spec with --config", param_hint="--set")
+    submit_and_follow(load_spec(config_file, "eval", overrides), gateway, api_key, detach)
 
 
 def _default_out(model: str | None, adapter: Path | None, data: Any) -> Path:

@@ -9,7 +9,7 @@ import typer
 
 from crucible_cli.app import app
 from crucible_cli.options import API_KEY, GATEWAY, client, gateway_failure
-from crucible_cli.specs import load_spec
+from crucible_cli.specs import SET, load_spec
 
 
 def submit_and_follow(
@@ -44,6 +44,7 @@ def submit_and_follow(
 @app.command("train")
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="Job spec (YAML or JSON)."),
+    overrides: list[str] = SET,
     local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
@@ -62,7 +63,7 @@ def train(
     runs_dir: Path = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs)."),
 ) -> None:
     """Train: submit to the gateway and follow the job (or run it here with --local)."""
-    spec = load_spec(config, "train")
+    spec = load_spec(config, "train", overrides)
     if not local:
         submit_and_follow(spec, gateway, api_key, detach, samples=samples, raw=raw)
         return

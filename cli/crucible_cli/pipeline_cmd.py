@@ -13,12 +13,13 @@ import typer
 from crucible_cli.app import app
 from crucible_cli.jobs_cmd import run_local, submit_and_follow
 from crucible_cli.options import API_KEY, GATEWAY
-from crucible_cli.specs import load_spec
+from crucible_cli.specs import SET, load_spec
 
 
 @app.command("pipeline")
 def pipeline(
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline spec (YAML or JSON, kind: pipeline)."),
+    overrides: list[str] = SET,
     local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
@@ -36,7 +37,7 @@ def pipeline(
     runs_dir: Path = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs)."),
 ) -> None:
     """Offline pipeline: baseline, candidates, execution, datasets, SFT/DPO, merge, evaluation, analysis."""
-    spec = load_spec(config, "pipeline")
+    spec = load_spec(config, "pipeline", overrides)
     if not local:
         submit_and_follow(spec, gateway, api_key, detach, raw=raw)
         return

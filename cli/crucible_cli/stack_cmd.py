@@ -115,6 +115,13 @@ def demo(
     config: Path = typer.Option(
         None, "--config", "-c", help="Run this train spec (YAML/JSON) instead of the built-in demo job."
     ),
+    overrides: list[str] = typer.Option(
+        None,
+        "--set",
+        metavar="FIELD=VALUE",
+        help="Override one field of the job (the --config spec or the demo job), e.g. --set optim.lr=1e-4 "
+        "(repeatable; value read as JSON or YAML).",
+    ),
     generator_backend: str = typer.Option(
         None,
         help="auto, vllm or crucible, as for `crucible up` (default: $CRUCIBLE_GENERATOR_BACKEND, else auto).",
@@ -128,7 +135,6 @@ def demo(
     require(*SERVICES, command="demo")
     from crucible_shared.console import new_console
     from crucible_shared.gateway_client import GatewayClient
-    from crucible_shared.jobs import TrainJob
     from crucible_shared.lifecycle import JobStatus
 
     from crucible_cli.render import follow, print_outcome
@@ -136,12 +142,12 @@ def demo(
     from crucible_cli.stack import Stack
 
     console = new_console()
-    if config is not None:
-        from crucible_cli.specs import load_spec
+    from crucible_cli.specs import load_spec, parse_spec
 
-        spec = load_spec(config, "train")
+    if config is not None:
+        spec = load_spec(config, "train", overrides)
     else:
-        spec = TrainJob.model_validate(DEMO_JOB)
+        spec = parse_spec(DEMO_JOB, "train", overrides, "the demo job")
     if steps:
         spec = spec.model_copy(update={"optim": spec.optim.model_copy(update={"steps": steps})})
     started = time.monotonic()

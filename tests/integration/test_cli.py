@@ -35,6 +35,26 @@ def test_submit_list_and_cancel(gateway) -> None:
         assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
 
 
+def test_overrides_reach_the_gateway(gateway) -> None:
+    out = crucible(
+        "train",
+        "-c",
+        str(EXAMPLES / "grpo_tiny.yaml"),
+        "--set",
+        "optim.lr=3e-5",
+        "--set",
+        "method.group_size=4",
+        "--gateway",
+        gateway.url,
+        "--detach",
+    )
+    assert out.returncode == 0, out.stderr
+    client = GatewayClient(gateway.url)
+    job = client.job(out.stdout.split()[1])
+    assert job.spec["optim"]["lr"] == 3e-5 and job.spec["method"]["group_size"] == 4
+    client.cancel(job.id)
+
+
 def test_bad_spec_and_unreachable_gateway_are_clear(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: train\noptim: {lr: -1}\n")

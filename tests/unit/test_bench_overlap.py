@@ -1,10 +1,9 @@
-"""`bench/overlap_race.py`: its figures and comparison (doctests), and the jobs it runs are valid
+"""`bench/overlap_race.py`: its figures and comparison (its doctests, collected by pytest), and the jobs it runs are valid
 specs with the overlap section only where s > 0 (the script itself runs end to end on a CPU with
 `--tiny`)."""
 
 from __future__ import annotations
 
-import doctest
 import importlib.util
 import json
 import sys
@@ -23,10 +22,6 @@ def _module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(_module()).failed == 0
 
 
 def test_the_jobs_differ_only_in_overlap(monkeypatch) -> None:

@@ -4,7 +4,6 @@ device: shapes without memory)."""
 
 from __future__ import annotations
 
-import doctest
 import logging
 
 import pytest
@@ -15,10 +14,6 @@ from crucible_generator.budget import GIB, BudgetError, footprint_of, plan_rows
 from tests.unit.test_generator_engine import tiny_model
 
 H100 = 85_029_158_912  # what `torch.cuda.mem_get_info` reports as an H100 80GB's total (79.2 GiB)
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(budget).failed == 0
 
 
 def test_the_footprint_counts_weights_their_copy_caches_activations_and_adapters() -> None:

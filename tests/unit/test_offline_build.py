@@ -3,7 +3,6 @@ the empty-dataset errors, the analysis, and the files `datasets` reads as they a
 
 from __future__ import annotations
 
-import doctest
 import json
 from pathlib import Path
 
@@ -43,11 +42,6 @@ GOOD_REFORMATTED = "def add(a,b):\n  # the sum\n  return a+b\n"
 GOOD_OTHER = "def add(a, b):\n    return sum([a, b])"
 BAD = "def add(a, b):\n    return a - b"
 HALF = "def add(a, b):\n    return a + b if a else 0"
-
-
-def test_doctests() -> None:
-    for module in (normalize, analysis):
-        assert doctest.testmod(module).failed == 0, module.__name__
 
 
 def test_duplicates_differ_only_in_comments_and_spacing() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import pytest
@@ -14,11 +13,6 @@ from crucible_trainer.methods.groups import assign_group_advantages
 from crucible_trainer.rl import advantages, losses, rewards
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig, update
-
-
-@pytest.mark.parametrize("module", [rewards, advantages, srrl])
-def test_doctests(module) -> None:
-    assert doctest.testmod(module).failed == 0
 
 
 def result(status: str, passed: int = 0, total: int = 2, stdout: str = "") -> RunResult:

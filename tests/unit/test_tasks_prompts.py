@@ -174,16 +174,6 @@ def test_continuation_stops_at_a_fence_or_stop_string(humaneval_task: Task) -> N
     assert answer_to_code(humaneval_task, "", chat=False) == ""
 
 
-def test_doctests() -> None:
-    import doctest
-
-    from crucible_trainer.evaluation import passk, timing
-    from crucible_trainer.tasks import extract
-
-    for module in (extract, passk, timing):
-        assert doctest.testmod(module).failed == 0, module.__name__
-
-
 def test_model_code_with_bad_escapes_parses_without_warnings() -> None:
     """Sampled programs are full of invalid escape sequences; parsing them must stay quiet."""
     import warnings

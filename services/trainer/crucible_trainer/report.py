@@ -90,16 +90,10 @@ def samples_per_step(spec: dict) -> int:
     >>> samples_per_step({"method": {"name": "spiral", "games_per_step": 16}})  # a game job: its games
     16
     """
-    from crucible_shared.jobs import SpiralConfig, TrainJob
+    from crucible_shared.jobs import TrainJob
 
     job = TrainJob.model_validate(spec)
-    method = job.method
-    if isinstance(method, SpiralConfig):
-        return method.games_per_step
-    per_problem = {"grpo": "group_size", "srrl": "budget", "reinforce": "samples", "ppo": "samples"}[
-        method.name
-    ]
-    return getattr(method, per_problem) * job.optim.problems_per_step
+    return job.method.samples_per_step(job.optim.problems_per_step)  # a fact of the method's config class
 
 
 def compare_runs(runs: list[dict], out: Path) -> dict[str, Path]:

@@ -12,8 +12,10 @@ gateway validates specs without torch.
 
 The package by concern: `base` (what every section shares), `data` (data and model), `sections`
 (rollout, reward, optimisation, publishing, checkpoints, logging), `methods` (online RL configs),
-`games` (SPIRAL), `offline` (SFT, DPO), `overlap` (rollouts overlapping the update), `evaluation`, `train` (the train job), `pipeline`, and
-`spec` (the union of jobs and the paths they name). Everything is importable from here.
+`games` (SPIRAL), `offline` (SFT, DPO), `overlap` (rollouts overlapping the update), `evaluation`, `train` (the train job), `pipeline`,
+`spec` (the union of jobs and the paths they name) and `compat` (older spec forms, read as today's).
+Facts about a method (does it sample groups, its samples per step) are class attributes of its
+config. Everything is importable from here.
 """
 
 from crucible_shared.jobs.base import (
@@ -61,7 +63,7 @@ from crucible_shared.jobs.offline import (
     SFTConfig,
     check_offline_optim,
 )
-from crucible_shared.jobs.overlap import GROUP_METHODS, OverlapSpec
+from crucible_shared.jobs.overlap import OverlapSpec
 from crucible_shared.jobs.pipeline import (
     ROUND_STAGES,
     STAGES,
@@ -87,6 +89,8 @@ from crucible_shared.jobs.spec import (
     looks_like_path,
 )
 from crucible_shared.jobs.train import (
+    GROUP_METHODS,
+    METHOD_CONFIGS,
     Method,
     TrainJob,
 )
@@ -95,6 +99,7 @@ __all__ = [
     "GROUP_METHODS",
     "MAX_SEED",
     "MAX_STEPS",
+    "METHOD_CONFIGS",
     "OFFLINE_METHODS",
     "ROUND_STAGES",
     "SPLITS",

@@ -3,7 +3,7 @@ the errors that name their field (the gateway reports it)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -21,6 +21,23 @@ class _Spec(BaseModel):
         defaults and parsed again, as every queued job is, must still be valid.)"""
         field = type(self).model_fields[name]
         return getattr(self, name) != field.get_default(call_default_factory=True)
+
+
+class _Method(_Spec):
+    """What a method's config says about the method besides its fields: facts the train job's
+    checks and the reports read from the class (no table keyed by method name elsewhere)."""
+
+    # Its step samples groups of completions per prompt and carries nothing to the next step,
+    # so its rollouts may overlap the update (jobs/overlap.py).
+    samples_groups: ClassVar[bool] = False
+    # The field holding its samples per problem (None: it samples no problems).
+    per_problem: ClassVar[str | None] = None
+
+    def samples_per_step(self, problems_per_step: int) -> int:
+        """Most samples a step draws (the method's sample budget per step)."""
+        if self.per_problem is None:
+            raise ValueError(f"{type(self).__name__} samples no completions per step")
+        return int(getattr(self, self.per_problem)) * problems_per_step
 
 
 def unused(field: str, reason: str) -> PydanticCustomError:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from crucible_shared.jobs.base import _ATTEMPTS, MAX_STEPS, Seed, _Spec, unused
+from crucible_shared.jobs.compat import greedy_from_temperature
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.lifecycle import JobKind
 from crucible_shared.text import Label
@@ -39,13 +40,7 @@ class EvalSpec(EvalSampling):
     @model_validator(mode="before")
     @classmethod
     def _legacy_greedy(cls, data: Any) -> Any:
-        # Older specs said `temperature: 0` (with n: 1) for a greedy evaluation.
-        if isinstance(data, dict) and data.get("temperature") == 0:
-            data = {k: v for k, v in data.items() if k != "temperature"}
-            if data.get("n", 1) not in (0, 1):
-                raise unused("n", "temperature 0 is greedy: one answer per problem; set temperature > 0")
-            data["n"], data["greedy"] = 0, True
-        return data
+        return greedy_from_temperature(data)  # jobs/compat.py
 
     @model_validator(mode="after")
     def _check(self) -> EvalSpec:

@@ -168,6 +168,10 @@ class SpiralConfig(ClippedMethod):
             _random_players(self.game, opponent, f"arena.opponents.{i}.kind")
         return self
 
+    def samples_per_step(self, problems_per_step: int) -> int:
+        """A game job's budget is its games (it samples no problems)."""
+        return self.games_per_step
+
     @property
     def roles_learned(self) -> tuple[str, ...]:
         """The roles the learner plays."""

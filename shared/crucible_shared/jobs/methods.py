@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import _Spec, unused
+from crucible_shared.jobs.base import _Method, _Spec, unused
+from crucible_shared.jobs.compat import filter_from_difficulty
 
 
 class GroupFilter(_Spec):
@@ -42,25 +43,10 @@ class GroupFilter(_Spec):
         return self
 
 
-def _legacy_filter(data: Any) -> Any:
-    """Specs written before `filter` existed: `difficulty_filter: true` (+ `filter_samples`) is the
-    pre-filter."""
-    if isinstance(data, dict) and ("difficulty_filter" in data or "filter_samples" in data):
-        data = dict(data)
-        on, samples = data.pop("difficulty_filter", False), data.pop("filter_samples", None)
-        if "filter" in data and (on or samples is not None):
-            raise ValueError("difficulty_filter: give `filter` alone (difficulty_filter is its old form)")
-        if on:
-            data["filter"] = {"mode": "pre", **({"pre_samples": samples} if samples is not None else {})}
-        elif samples is not None:
-            raise unused("filter_samples", "the difficulty filter is off")
-    return data
-
-
 Loss = Literal["sequence", "token", "dr_grpo"]
 
 
-class ClippedMethod(_Spec):
+class ClippedMethod(_Method):
     """The fields and checks of the methods with a clipped ratio (GRPO, SRRL, SPIRAL), declared
     once; the trainer builds their update from these alone."""
 
@@ -97,6 +83,9 @@ class ClippedMethod(_Spec):
 class GRPOConfig(ClippedMethod):
     """Group Relative Policy Optimisation."""
 
+    samples_groups = True
+    per_problem = "group_size"
+
     name: Literal["grpo"] = "grpo"
     group_size: int = Field(8, ge=2, le=256, description="G: samples per prompt.")
     scale: Literal["group", "batch", "none"] = Field(
@@ -112,11 +101,14 @@ class GRPOConfig(ClippedMethod):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
-        return _legacy_filter(data)
+        return filter_from_difficulty(data)  # jobs/compat.py
 
 
 class SRRLConfig(ClippedMethod):
     """Self-refined RL: first attempts (c1), refinements of the failed ones (c2), trained together."""
+
+    samples_groups = True
+    per_problem = "budget"
 
     name: Literal["srrl"] = "srrl"
     c1: int = Field(2, ge=1, le=64, description="First attempts per problem.")
@@ -142,7 +134,7 @@ class SRRLConfig(ClippedMethod):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
-        return _legacy_filter(data)
+        return filter_from_difficulty(data)  # jobs/compat.py
 
     @model_validator(mode="after")
     def _check(self) -> SRRLConfig:
@@ -151,16 +143,20 @@ class SRRLConfig(ClippedMethod):
         return self
 
 
-class ReinforceConfig(_Spec):
+class ReinforceConfig(_Method):
     """REINFORCE: loss = -(r - baseline) * log p(completion)."""
+
+    per_problem = "samples"
 
     name: Literal["reinforce"] = "reinforce"
     samples: int = Field(1, ge=1, le=64, description="Samples per task.")
     baseline: bool = Field(True, description="Subtract the batch mean reward.")
 
 
-class PPOConfig(_Spec):
+class PPOConfig(_Method):
     """PPO-clip over stored rollouts with batch-normalised advantages."""
+
+    per_problem = "samples"
 
     name: Literal["ppo"] = "ppo"
     epochs: int = Field(4, ge=1, le=64, description="Passes over each batch of rollouts.")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import MAX_STEPS, _Spec, unused
+from crucible_shared.jobs.base import MAX_STEPS, _Method, unused
 from crucible_shared.jobs.sections import OptimSpec
 
 # TRL's DPO loss types (`trl.DPOConfig.loss_type`), and those that read `label_smoothing`.
@@ -31,7 +31,7 @@ _SMOOTHED_LOSSES = frozenset({"exo_pair", "robust", "aot", "aot_unpaired"})
 OFFLINE_METHODS = ("sft", "dpo")
 
 
-class _OfflineMethod(_Spec):
+class _OfflineMethod(_Method):
     """What SFT and DPO share: the data file, the training length and the sequence cap."""
 
     path: str | None = Field(

@@ -17,15 +17,13 @@ folds each step's returns into baselines the next step reads, and SFT / DPO samp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from crucible_shared.jobs.base import _Spec, invalid, unused
 from crucible_shared.jobs.sections import PublishSpec
-
-# Methods whose step samples groups (and nothing else between steps): the ones that may overlap.
-GROUP_METHODS = ("grpo", "srrl")
 
 
 class OverlapSpec(_Spec):
@@ -53,17 +51,17 @@ class OverlapSpec(_Spec):
         return self
 
 
-def check_job(overlap: OverlapSpec, method: Any, publish: PublishSpec) -> None:
+def check_job(overlap: OverlapSpec, method: Any, publish: PublishSpec, group_methods: Sequence[str]) -> None:
     """Cross-section rules of a train job (called by `TrainJob`'s validator): overlap applies to
-    group-sampling methods, and needs a version published after every update."""
+    group-sampling methods (`samples_groups` on the method's config class; `group_methods` names
+    them all), and needs a version published after every update."""
     if overlap.max_staleness == 0:
         return
-    name = getattr(method, "name", "?")
-    if name not in GROUP_METHODS:
+    if not type(method).samples_groups:
         raise invalid(
             "overlap.max_staleness",
-            f"method {name} does not sample groups, so its rollouts cannot overlap the update "
-            f"(overlap works for {', '.join(GROUP_METHODS)}); set max_staleness to 0",
+            f"method {method.name} does not sample groups, so its rollouts cannot overlap the update "
+            f"(overlap works for {', '.join(group_methods)}); set max_staleness to 0",
         )
     if publish.every != 1:
         raise invalid(

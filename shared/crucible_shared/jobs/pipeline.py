@@ -10,8 +10,9 @@ from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import EvalSpec
 from crucible_shared.jobs.offline import OfflineMethod, SFTConfig, check_offline_optim
-from crucible_shared.jobs.sections import CheckpointSpec, LoggingSpec, OptimSpec
+from crucible_shared.jobs.sections import CheckpointSpec, LoggingSpec, OptimSpec, run_limits
 from crucible_shared.lifecycle import JobKind
+from crucible_shared.sandbox import Limits
 from crucible_shared.text import Label
 
 Stage = Literal["baseline", "generate", "annotate", "build", "train", "merge", "evaluate", "analyze"]
@@ -52,6 +53,10 @@ class AnnotateSpec(_Spec):
         "retried, never counted as failures; still failing after them, the stage fails).",
     )
     batch: int = Field(256, ge=1, le=4096, description="Runs per sandbox batch call.")
+
+    def limits(self) -> Limits:
+        """The sandbox limits of one candidate's run (as `RewardSpec.limits`)."""
+        return run_limits(self.time_limit_s)
 
 
 class BuildSpec(_Spec):

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crucible_shared.jobs.base import MAX_STEPS, _Spec, unused
+from crucible_shared.sandbox import Limits
 from crucible_shared.text import Label
 
 # --- rollout, reward, optimisation ---------------------------------------------------------------
@@ -39,6 +40,20 @@ class RewardSpec(_Spec):
         le=60,
         description="Wall-clock limit of one program's run (a step waits for its slowest program).",
     )
+
+    def limits(self) -> Limits:
+        """The sandbox limits of one program's run (every site that runs a reward's programs uses
+        these, so none falls back to the server's defaults).
+
+        >>> RewardSpec(time_limit_s=3).limits()
+        Limits(wall_time_s=3.0, test_time_s=3.0, cpu_time_s=None, memory_mb=None, output_bytes=None)
+        """
+        return run_limits(self.time_limit_s)
+
+
+def run_limits(time_limit_s: float) -> Limits:
+    """`time_limit_s` as sandbox limits: the budget of the whole run and of each of its tests."""
+    return Limits(wall_time_s=time_limit_s, test_time_s=time_limit_s)
 
 
 class OptimSpec(_Spec):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
 from crucible_shared.distributed import DistributedSpec
-from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
+from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Method, _Spec, unused
+from crucible_shared.jobs.compat import group_size_from_rollout
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import TrainEvalSpec
 from crucible_shared.jobs.games import SpiralConfig
@@ -30,6 +31,13 @@ Method = Annotated[
     GRPOConfig | SRRLConfig | ReinforceConfig | PPOConfig | SpiralConfig | SFTConfig | DPOConfig,
     Field(discriminator="name"),
 ]
+
+# The method config classes of the union, and the names of those whose rollouts may overlap the
+# update (read from each class's `samples_groups`).
+METHOD_CONFIGS: tuple[type[_Method], ...] = get_args(get_args(Method)[0])
+GROUP_METHODS: tuple[str, ...] = tuple(
+    c.model_fields["name"].default for c in METHOD_CONFIGS if c.samples_groups
+)
 
 
 class TrainJob(_Spec):
@@ -57,27 +65,11 @@ class TrainJob(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _group_size_moved(cls, data: Any) -> Any:
-        """`rollout.group_size` is GRPO's `method.group_size` (older specs put it in rollout)."""
-        if not isinstance(data, dict) or not isinstance(data.get("rollout"), dict):
-            return data
-        if "group_size" not in data["rollout"]:
-            return data
-        rollout = dict(data["rollout"])
-        size = rollout.pop("group_size")
-        method = data.get("method") or {"name": "grpo"}
-        if not isinstance(method, dict) or method.get("name", "grpo") != "grpo":
-            name = method.get("name") if isinstance(method, dict) else "?"
-            raise unused(
-                "rollout.group_size",
-                f"only GRPO samples groups (method {name} has its own sample counts: see its config)",
-            )
-        if "group_size" in method and method["group_size"] != size:
-            raise ValueError("rollout.group_size: give method.group_size alone")
-        return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
+        return group_size_from_rollout(data)  # jobs/compat.py
 
     @model_validator(mode="after")
     def _check_overlap(self) -> TrainJob:
-        check_overlap(self.overlap, self.method, self.publish)  # jobs/overlap.py
+        check_overlap(self.overlap, self.method, self.publish, GROUP_METHODS)  # jobs/overlap.py
         return self
 
     @model_validator(mode="after")

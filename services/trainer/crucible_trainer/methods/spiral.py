@@ -50,7 +50,7 @@ async def collect(
     r = job.rollout
     sampling = Sampling(r.temperature, r.top_p, r.max_tokens, r.stop, job.seed * 1_000_003 + ctx.step * 7919)
     learner = ModelPlayer(ctx.roller.generator, ctx.model_name, "learner", sampling, learner=True)
-    limits = Limits(wall_time_s=job.reward.time_limit_s)
+    limits = job.reward.limits()
     seed = f"spiral:{job.seed}:{ctx.step}"
     opponent = _player(ctx, cfg.opponent, learner, sampling, random.Random(f"{seed}:random"))
     episodes = _episodes(cfg, cfg.games_per_step, learner, opponent, "train", limits, seed)

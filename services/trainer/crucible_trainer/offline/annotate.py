@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crucible_shared.jobs import AnnotateSpec
-from crucible_shared.sandbox import Limits, RunResult, RunStatus
+from crucible_shared.sandbox import RunResult, RunStatus
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer.tasks import Task
@@ -46,7 +46,7 @@ async def annotate(
             f"annotate: {len(missing)} candidates' problems are not in the data ({', '.join(missing[:5])}); "
             "data changed since generate: run generate again"
         )
-    limits = Limits(wall_time_s=cfg.time_limit_s, test_time_s=cfg.time_limit_s)
+    limits = cfg.limits()
     results: dict[int, RunResult] = {}
     pending = [i for i, r in enumerate(rows) if r["code"].strip()]
     total, done = len(pending), 0

@@ -13,7 +13,7 @@ from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool, samples
 from crucible_shared.jobs import RewardSpec
-from crucible_shared.sandbox import Limits, RunResult
+from crucible_shared.sandbox import RunResult
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer.rl.rewards import reward as reward_of
@@ -119,7 +119,7 @@ class Roller:
                     parent=prompt.parent,
                 )
             )
-        limits = Limits(wall_time_s=self.reward_spec.time_limit_s, test_time_s=self.reward_spec.time_limit_s)
+        limits = self.reward_spec.limits()
         results = await self.sandbox.run_batch(
             [self.tasks[x.task_index].run_request(x.code, limits) for x in out]
         )

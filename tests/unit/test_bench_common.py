@@ -1,0 +1,55 @@
+"""bench/: the helpers every benchmark shares live once in `bench/common.py`, and no benchmark
+imports another that imports it back (read from the sources, nothing is run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+SHARED = ("free_port", "percentile", "card", "run_pipeline")
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(BENCH.glob("*.py"))}
+
+
+def _imports(tree: ast.Module, names: set[str]) -> set[str]:
+    """The bench modules `tree` imports anywhere (top level or inside functions)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("bench."):
+                out.add(node.module.split(".")[1])
+            elif node.module == "bench":
+                out |= {a.name for a in node.names}
+            elif node.module in names:  # `from generator import ...`, run beside it
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {
+                a.name.removeprefix("bench.") for a in node.names if a.name.removeprefix("bench.") in names
+            }
+    return out & names
+
+
+def test_no_import_cycle_between_benchmarks() -> None:
+    modules = _modules()
+    graph = {name: _imports(tree, set(modules)) - {name} for name, tree in modules.items()}
+    assert "offline_figures" not in graph["grpo_race"]  # the cycle this file was added for
+
+    def visit(name: str, path: list[str]) -> None:
+        for nxt in graph[name]:
+            assert nxt not in path, " -> ".join([*path, nxt])
+            visit(nxt, [*path, nxt])
+
+    for name in graph:
+        visit(name, [name])
+
+
+def test_shared_helpers_are_defined_once() -> None:
+    for name, tree in _modules().items():
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        copied = defined & set(SHARED)
+        assert name == "common" or not copied, (
+            f"bench/{name}.py defines {sorted(copied)}: use bench/common.py"
+        )
