@@ -45,8 +45,9 @@ class RewardSpec(_Spec):
         """The sandbox limits of one program's run (every site that runs a reward's programs uses
         these, so none falls back to the server's defaults).
 
-        >>> RewardSpec(time_limit_s=3).limits()
-        Limits(wall_time_s=3.0, test_time_s=3.0, cpu_time_s=None, memory_mb=None, output_bytes=None)
+        >>> limits = RewardSpec(time_limit_s=3).limits()
+        >>> limits.wall_time_s, limits.test_time_s
+        (3.0, 3.0)
         """
         return run_limits(self.time_limit_s)
 
