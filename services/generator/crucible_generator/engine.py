@@ -178,8 +178,9 @@ class Engine(ContinuousBatching):
             request.cancelled = True
             raise
 
-    async def load_adapter(self, name: str, path: str) -> None:
+    async def load_adapter(self, name: str, path: str, source: str | None = None) -> None:
         """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would.
+        `source`: the path the client named, shown in the model list (`path` may be a snapshot).
 
         At `max_loras` the least recently used idle adapter goes first (see `adapters.py`)."""
         self.adapters.validate(name, path)  # a load that will fail must not evict anything
@@ -188,7 +189,7 @@ class Engine(ContinuousBatching):
             await asyncio.shield(self._call_in_engine(lambda: self._detach(victim)))
             log.warning("max_loras reached: evicted %s, the least recently used idle adapter", victim)
             self.metrics.adapter_evictions.inc()
-        slot = self.adapters.reserve(name, path).slot
+        slot = self.adapters.reserve(name, path, source).slot
         started = time.perf_counter()
 
         def attach() -> None:
