@@ -55,7 +55,7 @@ def looks_like_path(name: str) -> bool:
     (True, True, False)
     >>> looks_like_path("org/../../etc"), looks_like_path("a/b/c"), looks_like_path("smollm2-135m")
     (True, True, False)
-    >>> looks_like_path("org/model\n")  # `$` would match before the newline; `fullmatch` does not
+    >>> looks_like_path("org/model\\n")  # `$` would match before the newline; `fullmatch` does not
     True
     """
     return not is_hub_id(name)
@@ -64,7 +64,7 @@ def looks_like_path(name: str) -> bool:
 def is_hub_id(name: str) -> bool:
     """`name` has the shape of a Hugging Face model id, exactly (`org/name` or `name`, no `..`).
 
-    >>> is_hub_id("org/model"), is_hub_id("org/model\n"), is_hub_id("org/.."), is_hub_id("a/b/c")
+    >>> is_hub_id("org/model"), is_hub_id("org/model\\n"), is_hub_id("org/.."), is_hub_id("a/b/c")
     (True, False, False, False)
     """
     return _HUB_ID.fullmatch(name) is not None and ".." not in name
