@@ -45,10 +45,13 @@ def check_load_request(name: str, path: str, base_model: str) -> None:
         )
     if len(path) > MAX_PATH_CHARS:
         raise BadRequest(
-            f"Loading lora {name} failed: lora_path is longer than {MAX_PATH_CHARS} characters", param="lora_path"
+            f"Loading lora {name} failed: lora_path is longer than {MAX_PATH_CHARS} characters",
+            param="lora_path",
         )
     if CONTROL.search(path):
-        raise BadRequest(f"Loading lora {name} failed: lora_path holds a control character", param="lora_path")
+        raise BadRequest(
+            f"Loading lora {name} failed: lora_path holds a control character", param="lora_path"
+        )
 
 
 def snapshot_adapter(name: str, lora_path: str, roots: Sequence[Path], setting: str) -> Path:
