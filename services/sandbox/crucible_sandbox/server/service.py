@@ -194,7 +194,7 @@ class SandboxService:
             return own
         s = self.settings
         return {
-            "concurrent_runs": s.per_key_concurrency,
+            "concurrent_runs": s.per_key_concurrency or max(1, s.workers - 1),
             "queued_runs": s.tenant_queued_runs,
             "cpu_seconds_per_minute": s.tenant_cpu_seconds_per_minute,
         }[name]

@@ -55,9 +55,10 @@ class Settings(BaseSettings):
     )
     tenants: str = Field("", description="The same tenants JSON, inline.")
     per_key_concurrency: int = Field(
-        64,
-        ge=1,
-        description="Runs one tenant may have holding a worker (its `concurrent_runs` quota by default).",
+        0,
+        ge=0,
+        description="Runs one tenant may have holding a worker (its `concurrent_runs` quota by default); "
+        "0 = all workers but one, so another tenant's run always finds a worker free.",
     )
     tenant_queued_runs: int = Field(
         4096,
