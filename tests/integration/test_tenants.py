@@ -261,3 +261,40 @@ def test_a_tenant_file_and_plain_keys_load_together(tmp_path) -> None:
     with pytest.raises(ValueError, match="TENANTS_FILE"):
         file.write_text("{not json")
         TenantTable.load([], file, env="CRUCIBLE_GATEWAY")
+
+
+def test_the_reaper_reads_ids_and_timestamps_not_specs(gw, redis_url) -> None:
+    """A flood of queued jobs: the reaper reads no whole record (no spec is parsed) unless it
+    moves a job on; `/health` stays fast meanwhile."""
+    import asyncio
+
+    import redis.asyncio
+    from crucible_gateway.service import GatewayService
+    from crucible_gateway.settings import Settings
+    from crucible_gateway.store import JobStore
+    from crucible_shared.lifecycle import JobKind
+
+    ids = [submit(gw, KEY_B).json()["id"] for _ in range(20)]
+    assert all(ids)
+
+    async def reap_without_whole_records() -> list:
+        store = JobStore(
+            redis.asyncio.Redis.from_url(redis_url), Redis.from_url(redis_url), dict.fromkeys(JobKind, 60)
+        )
+
+        async def no_records(*_args, **_kwargs):
+            raise AssertionError("the reaper read a whole job record")
+
+        store.get = store.get_many = no_records  # type: ignore[method-assign]
+        try:
+            return await GatewayService(Settings(redis_url=redis_url), store).reap(now=time.time() + 3600)
+        finally:
+            await store.close()
+
+    assert asyncio.run(reap_without_whole_records()) == []  # queued in RQ: nothing to move on
+    took = []
+    for _ in range(50):
+        t = time.perf_counter()
+        assert httpx.get(f"{gw.url}/health").status_code == 200
+        took.append(time.perf_counter() - t)
+    assert sorted(took)[-1] < 1.0
