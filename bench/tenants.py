@@ -9,7 +9,7 @@ B's p50/p99 latency alone and under the flood, and their ratio.
 `gateway`: a real Redis and gateway; tenant A submits `--jobs` jobs that stay queued (no worker),
 the reaper runs every second, and B times `GET /health` and `GET /v1/jobs` meanwhile.
 
-    python bench/tenants.py sandbox --workers 4 --runs 200 --json runs/bench/tenants_sandbox.json
+    python bench/tenants.py sandbox --workers 4 --runs 100 --rounds 3 --json runs/bench/tenants_sandbox.json
     python bench/tenants.py gateway --jobs 1000 --calls 500 --json runs/bench/tenants_gateway.json
 """
 
@@ -97,21 +97,26 @@ def bench_sandbox(args: argparse.Namespace) -> dict:
         "CRUCIBLE_SANDBOX_LOG_LEVEL": "warning",
     }
     server = start("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log")
-    rows = {}
+    samples: dict[str, list[float]] = {"alone": []}
+    done_by: dict[str, int] = {}
     try:
         b_runs(server.url, 10)  # warm up
-        rows["alone"] = summary(b_runs(server.url, args.runs))
-        for name in args.flood_program.split(","):
-            stop, done = threading.Event(), [0]
-            threads = flood(server.url, FLOODS[name], args.clients, stop, done)
-            time.sleep(2.0)  # the flood has filled the workers and queued behind them
-            took = b_runs(server.url, args.runs)
-            stop.set()
-            for t in threads:
-                t.join()
-            rows[f"flood-{name}"] = {**summary(took), "a_runs_done": done[0]}
+        # Alone and under each flood in turn, `rounds` times: a shared machine's load drifts, and
+        # interleaving spreads the drift over every row alike.
+        for _ in range(args.rounds):
+            samples["alone"] += b_runs(server.url, args.runs)
+            for name in args.flood_program.split(","):
+                stop, done = threading.Event(), [0]
+                threads = flood(server.url, FLOODS[name], args.clients, stop, done)
+                time.sleep(2.0)  # the flood has filled the workers and queued behind them
+                samples.setdefault(f"flood-{name}", []).extend(b_runs(server.url, args.runs))
+                stop.set()
+                for t in threads:
+                    t.join()
+                done_by[f"flood-{name}"] = done_by.get(f"flood-{name}", 0) + done[0]
     finally:
         server.stop()
+    rows = {name: {**summary(took), "a_runs_done": done_by.get(name, 0)} for name, took in samples.items()}
     for name, row in rows.items():
         row["p50_vs_alone"] = row["p50_ms"] / rows["alone"]["p50_ms"]
         row["p99_vs_alone"] = row["p99_ms"] / rows["alone"]["p99_ms"]
@@ -195,7 +200,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     sb = sub.add_parser("sandbox")
     sb.add_argument("--workers", type=int, default=4)
-    sb.add_argument("--runs", type=int, default=200, help="B's runs, alone and under each flood")
+    sb.add_argument("--runs", type=int, default=100, help="B's runs per round, alone and under each flood")
+    sb.add_argument("--rounds", type=int, default=3)
     sb.add_argument("--clients", type=int, default=16, help="A's concurrent clients")
     sb.add_argument("--a-concurrency", type=int, default=0, help="A's concurrent_runs quota (0: the default)")
     sb.add_argument("--flood-program", default="sleep,cpu")
