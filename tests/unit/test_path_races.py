@@ -113,3 +113,21 @@ def test_missing_files_are_4xx_errors_never_file_not_found(world) -> None:
     os.mkfifo(fifo)
     with pytest.raises(PathMissing):
         open_inside("data.path", "sub/fifo", [world["root"]], "data")
+
+
+def test_the_trainer_reads_dataset_files_through_the_checked_descriptor(world, monkeypatch) -> None:
+    from crucible_trainer.tasks.files import read_jsonl
+    from crucible_trainer.tasks.task import DatasetError
+
+    monkeypatch.setenv("CRUCIBLE_DATA_ROOTS", str(world["root"]))
+
+    def read() -> str:
+        try:
+            return json.dumps([row for _, row in read_jsonl(world["target"])])
+        except DatasetError:
+            raise PathMissing("data.path", "refused") from None
+
+    leaks, reads = _race(world, read)
+    assert leaks == 0 and reads > 0, (leaks, reads)
+    with pytest.raises(DatasetError, match="file not found"):
+        list(read_jsonl(world["root"] / "nope.jsonl"))
