@@ -101,3 +101,14 @@ def test_load_requests_are_capped_with_a_400(generator, lora_dirs) -> None:
     base = served[0]["id"]
     r = load(generator.url, base, lora_dirs["v1"])
     assert r.status_code == 400 and "base model" in r.json()["error"]["message"], r.text
+
+
+def test_a_corrupt_adapter_is_a_400_that_quotes_none_of_its_files(
+    generator, lora_dirs, tmp_path_factory
+) -> None:
+    folder = tmp_path_factory.mktemp("corrupt") / "v1"
+    shutil.copytree(lora_dirs["v1"], folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"SECRET-HEADER-" * 100)
+    r = load(generator.url, "corrupt-v1", str(folder))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+    assert "SECRET" not in r.text

@@ -205,10 +205,19 @@ class Engine(ContinuousBatching):
             await asyncio.shield(self._call_in_engine(attach))
         except GeneratorError:
             raise
-        except (ValueError, KeyError, OSError) as exc:
-            raise BadRequest(f"Loading lora {name} failed: {exc}", param="lora_path") from exc
+        except MemoryError as exc:
+            log.exception("loading LoRA adapter %s from %s failed", name, path)
+            raise ServerError(f"Loading lora {name} failed: out of memory") from exc
         except Exception as exc:
-            raise ServerError(f"Loading lora {name} failed: {exc}") from exc
+            # The adapter's files are the client's: a bad config or a corrupt weights file is a 400.
+            # PEFT's and safetensors' words can quote those files (a config key, a header), so the
+            # log keeps them for the operator and the answer names only the kind of failure.
+            log.warning("loading LoRA adapter %s from %s failed: %r", name, path, exc)
+            raise BadRequest(
+                f"Loading lora {name} failed: PEFT could not load the adapter ({type(exc).__name__}); "
+                "check that it was saved by PEFT for this base model",
+                param="lora_path",
+            ) from exc
         finally:
             self._update_adapter_gauge()
         self.metrics.adapter_load_seconds.observe(time.perf_counter() - started)
