@@ -116,6 +116,9 @@ def test_quotas_are_429_naming_the_quota(gw) -> None:
     assert r.status_code == 429 and "active_jobs" in error(r)["message"], r.text
     assert int(r.headers["retry-after"]) >= 1
     assert submit(gw, KEY_B).status_code == 202  # another tenant is not held by a's quota
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert 'crucible_gateway_tenant_rejected_total{quota="active_jobs",tenant="team-a"} 1.0' in metrics
+    assert 'crucible_gateway_tenant_jobs_submitted_total{kind="eval",tenant="team-b"}' in metrics
     httpx.post(f"{gw.url}/v1/jobs/{ids[0]}/cancel", headers=auth(KEY_A))
     assert submit(gw, KEY_A).status_code == 202
     # One event stream for team-a: a second is refused while the first is open.

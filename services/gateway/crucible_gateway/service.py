@@ -34,12 +34,19 @@ from crucible_shared.jobs import DPOConfig, EvalJob, PipelineJob, SFTConfig, Tra
 from crucible_shared.lifecycle import FINAL, JobKind, JobRecord, JobStatus, valid_job_id
 from crucible_shared.paths import JobPathError, UnsafePath, open_dir_inside, open_file_inside
 from crucible_shared.tenants import ANONYMOUS, Tenant
+from prometheus_client import Counter, Gauge
 
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import IdempotencyConflict, JobStore
 
 log = logging.getLogger(__name__)
 QUEUE_SETTLE_S = 10.0
+REJECTED = Counter(
+    "crucible_gateway_tenant_rejected_total",
+    "Requests refused with 429, by tenant and quota.",
+    ["tenant", "quota"],
+)
+STREAMS = Gauge("crucible_gateway_tenant_event_streams", "Event streams open, by tenant.", ["tenant"])
 
 
 def check_job_id(job_id: str) -> None:
@@ -92,6 +99,7 @@ class GatewayService:
 
     @staticmethod
     def over_quota(tenant: Tenant, quota: str, message: str, retry_s: int) -> ApiError:
+        REJECTED.labels(tenant.name, quota).inc()
         return ApiError(
             429,
             f"tenant {tenant.name}: {message} ({quota} quota)",
@@ -120,6 +128,7 @@ class GatewayService:
                 tenant, "event_streams", f"{now} event streams open, the most allowed is {cap}", 5
             )
         self.streams[tenant.name] = now + 1
+        STREAMS.labels(tenant.name).set(now + 1)
         return self._close_stream(tenant.name)
 
     def _close_stream(self, name: str) -> Iterator[None]:
@@ -127,6 +136,7 @@ class GatewayService:
             yield
         finally:
             self.streams[name] -= 1
+            STREAMS.labels(name).set(self.streams[name])
 
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(

@@ -15,6 +15,9 @@ from prometheus_client import Counter
 from crucible_gateway.routes.deps import Caller, JobId, Service, base
 
 SUBMITTED = Counter("crucible_gateway_jobs_submitted_total", "Jobs accepted, by kind.", ["kind"])
+TENANT_SUBMITTED = Counter(
+    "crucible_gateway_tenant_jobs_submitted_total", "Jobs accepted, by tenant and kind.", ["tenant", "kind"]
+)
 router = APIRouter()
 
 
@@ -36,6 +39,7 @@ async def submit(
     record = await service.view(job_id, False, tenant)
     if created:
         SUBMITTED.labels(spec.kind).inc()
+        TENANT_SUBMITTED.labels(tenant.name, spec.kind).inc()
     url = f"{base(request)}/v1/jobs/{job_id}"
     body = JobCreated(id=job_id, status=record.status, location=url, events=f"{url}/events")
     return JSONResponse(
