@@ -182,7 +182,9 @@ def resolve_model_path(name: str) -> str:
     """What to hand to `from_pretrained`: the dense cached copy of a built-in or installed model
     (`ModelNotInstalled` for a registered one not installed yet), a local
     directory (absolute, `./`, `../` or `~`: it must exist, or a hub lookup would hide the typo), or
-    else `name` itself (a Hugging Face model id, or a directory relative to the working directory)."""
+    else `name` itself, a Hugging Face model id. A hub-shaped name is never taken relative to the
+    working directory: `from_pretrained` would load a directory of that name found there instead of
+    the hub model, so such a name is refused (name the directory `./name`, inside the model roots)."""
     if is_builtin(name):
         return str(ensure_dense_checkpoint(name))
     if is_installable(name):
@@ -198,6 +200,12 @@ def resolve_model_path(name: str) -> str:
                 "mount the model's directory (config.json, weights, tokenizer) at that path"
             )
         return str(path)
+    if os.path.lexists(name):
+        raise FileNotFoundError(
+            f"model {name!r} is a hub model id, but the working directory holds something of that name, "
+            "which would be loaded instead; name a local model with an absolute or ./ path inside the "
+            "model roots (CRUCIBLE_MODEL_ROOTS)"
+        )
     return name
 
 

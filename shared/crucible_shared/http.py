@@ -129,7 +129,7 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
 
-async def _send_error(
+async def send_error(
     send: Any, status: int, message: str, field: str | None, headers: dict | None = None
 ) -> None:
     """Send a whole error-envelope response on a raw ASGI `send`."""
@@ -161,7 +161,7 @@ class BodyLimit:
         message = f"request body is larger than {self.max_bytes} bytes"
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_bytes:
-            await _send_error(send, 413, message, "body")
+            await send_error(send, 413, message, "body")
             return
         state = {"received": 0, "too_large": False, "answered": False}
 
@@ -181,7 +181,7 @@ class BodyLimit:
                 await send(event)
             elif not state["answered"]:
                 state["answered"] = True
-                await _send_error(send, 413, message, "body")
+                await send_error(send, 413, message, "body")
 
         try:
             await self.app(scope, limited_receive, guarded_send)
@@ -190,7 +190,7 @@ class BodyLimit:
                 raise
         if state["too_large"] and not state["answered"]:
             state["answered"] = True
-            await _send_error(send, 413, message, "body")
+            await send_error(send, 413, message, "body")
 
 
 def check_bearer(keys: Sequence[str], header: str | None) -> str | None:
@@ -207,21 +207,3 @@ def check_bearer(keys: Sequence[str], header: str | None) -> str | None:
         if hmac.compare_digest(key.encode(), token.encode()):
             return key
     raise ApiError(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
-
-
-class BearerAuth:
-    """ASGI middleware: API keys checked on `prefix` routes before the body is read or validated
-    (an unauthenticated request learns nothing about what a valid body looks like)."""
-
-    def __init__(self, app: Any, keys: Sequence[str], prefix: str = "/v1/") -> None:
-        self.app, self.keys, self.prefix = app, list(keys), prefix
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.keys and scope["path"].startswith(self.prefix):
-            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            try:
-                check_bearer(self.keys, header)
-            except ApiError as exc:
-                await _send_error(send, exc.status, exc.message, exc.field, exc.headers)
-                return
-        await self.app(scope, receive, send)

@@ -35,8 +35,15 @@ def status_index(status: str) -> str:
     return f"{PREFIX}:jobs:status:{status}"
 
 
-def idempotency(key: str) -> str:
-    return f"{PREFIX}:idempotency:{key}"
+def idempotency(key: str, tenant: str = "") -> str:
+    """String: `<job id> <spec digest>` of the job an `Idempotency-Key` created, per tenant
+    (tenant names hold no `:`, so one tenant's keys never name another's)."""
+    return f"{PREFIX}:idempotency:{tenant}:{key}" if tenant else f"{PREFIX}:idempotency:{key}"
+
+
+def tenant_jobs(tenant: str) -> str:
+    """Sorted set of the ids of one tenant's jobs by submission time."""
+    return f"{PREFIX}:tenant:{tenant}:jobs"
 
 
 def worker_models() -> str:

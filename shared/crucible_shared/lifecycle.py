@@ -117,6 +117,7 @@ class JobRecord(BaseModel):
     attempts: int = Field(1, description="Runs of this job so far (retries included).")
     max_attempts: int = Field(1, description="Runs allowed when a worker is lost (automatic retries).")
     worker: str | None = Field(None, description="The worker running it (host:pid).")
+    tenant: str | None = Field(None, description="The tenant that submitted it (its owner).")
 
     @classmethod
     def from_redis(cls, job_id: str, raw: dict[Any, Any]) -> JobRecord:
@@ -125,7 +126,7 @@ class JobRecord(BaseModel):
         return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields} | {"id": job_id})
 
 
-_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker", "lease"})
+_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker", "lease", "tenant"})
 
 
 def _text(value: Any) -> str:

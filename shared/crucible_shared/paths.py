@@ -13,15 +13,21 @@ relative to the first root of its kind.
 
 Two checks, one containment rule (`resolve_inside`):
 - lexical, everywhere: the normalised path lies under a root;
-- real, wherever the root is on this host's disk: the path with every symbolic link resolved
-  still lies under a root (a link that leads out is refused by name), and, at submission, the
-  file or directory exists (`PathRoots.check_present`). The worker loads the normalised path it
-  checked (`with_checked_paths`), never the spec's raw text, so what is read is what was checked.
-`file_inside` serves a request's relative path from one directory (the artifacts route).
+- real, wherever the root is on this host's disk: the path is walked one component at a time
+  from an open descriptor of its root, `O_NOFOLLOW` at every step (`open_inside`), so no symbolic
+  link below a root is followed (one is refused by name), and, at submission, the file or
+  directory exists (`PathRoots.check_present`). The worker loads the normalised path it checked
+  (`with_checked_paths`), never the spec's raw text.
+
+What is read is what was checked: a reader that must not race a swap (a file replaced by a link
+between the check and the read) reads from the descriptor the walk returned (`open_inside`,
+`open_file_inside`, `open_dir_inside`), never by opening the path string again.
+`open_file_inside` serves a request's relative path from one directory (the artifacts route).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Sequence
@@ -59,16 +65,33 @@ class UnsafePath(ValueError):
     """A relative path from a request that does not name a regular file inside its root."""
 
 
-def file_inside(root: Path, rel: str) -> Path:
-    """The regular file `rel` names under `root`, reached without links; `UnsafePath` otherwise.
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    The check walks `rel` one component at a time from an open descriptor of `root`
-    (`O_NOFOLLOW` at every step), so it is a containment check by construction, not a
-    comparison of two joined paths: an absolute path, `..`, `.`, an empty component, a
-    backslash, a NUL byte, a symbolic link anywhere on the way, and anything that is not a
-    regular file (a FIFO, a device, a directory) are all refused the same way. `/proc` and
-    other trees outside `root` cannot be reached because nothing outside `root` can be.
-    """
+
+def walk_from(dir_fd: int, parts: Sequence[str]) -> int:
+    """A new descriptor of `parts` below the directory `dir_fd`, each component opened relative to
+    the previous one with `O_NOFOLLOW`: a regular file or a directory, never through a link.
+    `OSError` otherwise (ELOOP/ENOTDIR for a link, ENOENT, EINVAL for anything else)."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, _FLAGS | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        if not parts:
+            return os.dup(fd)
+        # O_NONBLOCK: opening a FIFO planted under a root must not hang the reader.
+        leaf = os.open(parts[-1], _FLAGS | os.O_NONBLOCK, dir_fd=fd)
+        mode = os.fstat(leaf).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            os.close(leaf)
+            raise OSError(errno.EINVAL, "not a regular file or a directory")
+        return leaf
+    finally:
+        os.close(fd)
+
+
+def _request_parts(rel: str) -> list[str]:
     parts = rel.split("/")
     if (
         not rel
@@ -78,27 +101,51 @@ def file_inside(root: Path, rel: str) -> Path:
         or any(part in ("", ".", "..") for part in parts)
     ):
         raise UnsafePath(rel)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    return parts
+
+
+def _open_request(root: Path, rel: str, want_dir: bool) -> int:
+    parts = _request_parts(rel)
     try:
-        fd = os.open(root, flags | os.O_DIRECTORY)
+        root_fd = os.open(root, _FLAGS | os.O_DIRECTORY)
     except OSError:
         raise UnsafePath(rel) from None
     try:
-        for part in parts[:-1]:
-            next_fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        # O_NONBLOCK: opening a FIFO planted in the run dir must not hang the request.
-        leaf = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
-        try:
-            if not stat.S_ISREG(os.fstat(leaf).st_mode):
-                raise UnsafePath(rel)
-        finally:
-            os.close(leaf)
+        fd = walk_from(root_fd, parts)
     except (OSError, ValueError):
         raise UnsafePath(rel) from None
     finally:
+        os.close(root_fd)
+    if stat.S_ISDIR(os.fstat(fd).st_mode) != want_dir:
         os.close(fd)
+        raise UnsafePath(rel)
+    return fd
+
+
+def open_file_inside(root: Path, rel: str) -> int:
+    """An open descriptor of the regular file `rel` names under `root`, reached without links;
+    `UnsafePath` otherwise. The caller reads from it (and closes it): the file served is the file
+    checked, whatever happens to the path meanwhile.
+
+    The walk goes one component at a time from an open descriptor of `root` (`O_NOFOLLOW` at
+    every step), so it is a containment check by construction, not a comparison of two joined
+    paths: an absolute path, `..`, `.`, an empty component, a backslash, a NUL byte, a symbolic
+    link anywhere on the way, and anything that is not a regular file (a FIFO, a device, a
+    directory) are all refused the same way. `/proc` and other trees outside `root` cannot be
+    reached because nothing outside `root` can be.
+    """
+    return _open_request(root, rel, want_dir=False)
+
+
+def open_dir_inside(root: Path, rel: str) -> int:
+    """`open_file_inside` for a directory (a job's run dir: one that is a link is refused)."""
+    return _open_request(root, rel, want_dir=True)
+
+
+def file_inside(root: Path, rel: str) -> Path:
+    """`open_file_inside` as a check only (the path, the descriptor closed). Not for reading: a
+    reader opens with `open_file_inside` and reads from the descriptor."""
+    os.close(open_file_inside(root, rel))
     return root / rel
 
 
@@ -164,24 +211,17 @@ def _within(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
 
-def _link_out(path: Path, root: Path, real_roots: Sequence[Path]) -> Path | None:
-    """The first symbolic link below `root` on the way to `path` that resolves outside the roots."""
-    for i in range(len(root.parts) + 1, len(path.parts) + 1):
-        prefix = Path(*path.parts[:i])
-        if prefix.is_symlink() and not _within(Path(os.path.realpath(prefix)), real_roots):
-            return prefix
-    return None
-
-
 def resolve_inside(
     field: str, value: str, roots: Sequence[Path], kind: str, *, real: bool = False, setting: str = ""
 ) -> Path:
     """The normalised absolute path `value` names, if it lies inside one of `roots`.
 
     Relative paths are taken under the first root. Lexical by default (the gateway may not see
-    the trainer's disk); `real=True` also resolves symbolic links, so a link inside a root cannot
-    lead outside it, and the error names that link. The one containment rule of every path a
-    request names (job specs, the generator's `lora_path`); raises `PathOutsideRoots`.
+    the trainer's disk); `real=True` also walks the path from its root with `O_NOFOLLOW` at every
+    component (`open_inside`), so no link below a root is followed and the error names the link.
+    A path that does not exist (yet) passes `real=True`: `PathRoots.check_present` says what is
+    missing. The one containment rule of every path a request names (job specs, the generator's
+    `lora_path`); raises `PathOutsideRoots`.
     `setting` names the variable that adds a root (default `CRUCIBLE_<KIND>_ROOTS`).
     """
     setting = setting or f"CRUCIBLE_{kind.upper()}_ROOTS"
@@ -201,17 +241,68 @@ def resolve_inside(
             f"{value} is outside the {kind} roots ({shown}); put it there or add a root with {setting}",
         )
     if real:
-        real_roots = [Path(os.path.realpath(r)) for r in roots]
-        if not _within(Path(os.path.realpath(path)), real_roots):
-            root = next(r for r in roots if _within(path, [r]))
-            link = _link_out(path, root, real_roots)
-            what = f"{link} is a symbolic link" if link else "a symbolic link on the way"
+        try:
+            os.close(open_inside(field, value, roots, kind, setting=setting, lexical=path)[1])
+        except PathMissing:
+            pass
+    return path
+
+
+def open_inside(
+    field: str,
+    value: str,
+    roots: Sequence[Path],
+    kind: str,
+    *,
+    setting: str = "",
+    lexical: Path | None = None,
+) -> tuple[Path, int]:
+    """(the normalised path, an open descriptor of it) for `value` inside `roots`: the lexical
+    check of `resolve_inside`, then a walk from the descriptor of the root it lies under, one
+    component at a time with `O_NOFOLLOW`. Read from the descriptor (`os.fdopen`, `dir_fd=`), never
+    from the path again. `PathOutsideRoots` for a link on the way (named), `PathMissing` for
+    anything missing or that is neither a regular file nor a directory: never a bare `OSError`."""
+    path = lexical or resolve_inside(field, value, roots, kind, setting=setting)
+    root = max((r for r in roots if _within(path, [r])), key=lambda r: len(r.parts))
+    parts = path.parts[len(root.parts) :]
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root itself: configured
+    except OSError as exc:
+        raise PathMissing(
+            field, f"{value}: the {kind} root {root} cannot be opened ({exc.strerror})"
+        ) from None
+    try:
+        return path, walk_from(root_fd, parts)
+    except OSError as exc:
+        link = _first_link(root_fd, parts)
+        if link is not None:
+            shown = ", ".join(str(r) for r in roots)
             raise PathOutsideRoots(
                 field,
-                f"{value}: {what} that leads outside the {kind} roots ({shown}); name the file "
-                "itself, inside a root",
-            )
-    return path
+                f"{value}: {root.joinpath(*link)} is a symbolic link; links inside the {kind} roots "
+                f"({shown}) are not followed: name the file itself",
+            ) from None
+        what = "does not exist" if exc.errno == errno.ENOENT else f"cannot be read ({exc.strerror})"
+        raise PathMissing(field, f"{value} {what}") from None
+    finally:
+        os.close(root_fd)
+
+
+def _first_link(root_fd: int, parts: Sequence[str]) -> tuple[str, ...] | None:
+    """The first prefix of `parts` below `root_fd` that is a symbolic link (for the error only)."""
+    for i in range(1, len(parts) + 1):
+        try:
+            fd = walk_from(root_fd, parts[: i - 1]) if i > 1 else os.dup(root_fd)
+        except OSError:
+            return None
+        try:
+            if stat.S_ISLNK(os.stat(parts[i - 1], dir_fd=fd, follow_symlinks=False).st_mode):
+                return tuple(parts[:i])
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+    return None
 
 
 def _check_present(field: str, value: str, path: Path, kind: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -110,6 +111,57 @@ ESCAPES = {
     "NUL": "report.md%00",
     "NUL, absolute": "%2Fetc%2Fpasswd%00report.md",
 }
+
+
+def test_an_artifact_swapped_for_a_link_is_never_served(gateway, job, stack_dirs, tmp_path) -> None:
+    """Bounded race: a thread flips report.md between a file and a link to a host file while the
+    client downloads it; zero downloads may hold the host file (the old check-then-reopen served it
+    hundreds of times in ~6,000 requests)."""
+    run_dir = stack_dirs["runs"] / job
+    run_dir.mkdir(parents=True, exist_ok=True)
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("HOST-SECRET")
+    target, regular, link, stop = run_dir / "report.md", run_dir / ".r", run_dir / ".l", threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            regular.write_text("ok")
+            os.replace(regular, target)
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(secret)
+            os.replace(link, target)
+
+    thread = threading.Thread(target=swap, daemon=True)
+    thread.start()
+    leaks = served = 0
+    deadline = time.monotonic() + 3.0
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as http:
+            while time.monotonic() < deadline:
+                r = http.get(f"/v1/jobs/{job}/artifacts/report.md")
+                served += r.status_code == 200
+                leaks += "HOST-SECRET" in r.text
+    finally:
+        stop.set()
+        thread.join()
+    assert leaks == 0 and served > 0, (leaks, served)
+
+
+def test_a_run_dir_that_is_a_link_lists_and_serves_nothing(gateway, job, stack_dirs, tmp_path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "id_rsa").write_text("PRIVATE")
+    run_dir = stack_dirs["runs"] / job
+    if run_dir.exists():
+        run_dir.rmdir()
+    run_dir.symlink_to(elsewhere, target_is_directory=True)
+    try:
+        assert GatewayClient(gateway.url).artifacts(job).artifacts == []
+        r = httpx.get(f"{gateway.url}/v1/jobs/{job}/artifacts/id_rsa")
+        assert r.status_code == 404 and "PRIVATE" not in r.text
+    finally:
+        run_dir.unlink()
 
 
 @pytest.mark.parametrize("attack", sorted(ESCAPES))

@@ -79,9 +79,36 @@ def test_adapters_inside_the_roots_still_load(generator, lora_dirs, tmp_path_fac
     if not inner.is_symlink():
         inner.symlink_to(lora_dirs["v1"], target_is_directory=True)  # a link that stays inside
     try:
-        for name, path in (("roots-plain-v1", lora_dirs["v1"]), ("roots-link-v1", str(inner))):
-            r = load(generator.url, name, path)
-            assert r.status_code == 200, r.text
+        r = load(generator.url, "roots-plain-v1", lora_dirs["v1"])
+        assert r.status_code == 200, r.text
+        # No link below a root is followed, not even one that stays inside (it could be swapped).
+        r = load(generator.url, "roots-link-v1", str(inner))
+        assert r.status_code == 400 and "symbolic link" in r.json()["error"]["message"], r.text
     finally:
         for name in ("roots-plain-v1", "roots-link-v1"):
             httpx.post(f"{generator.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
+def test_load_requests_are_capped_with_a_400(generator, lora_dirs) -> None:
+    for name, path, param in (
+        ("long-path-v1", "/" + "p" * 100_000, "lora_path"),
+        ("n" * 1_000_000, lora_dirs["v1"], "lora_name"),
+        ("esc\x1b[2J-v1", lora_dirs["v1"], "lora_name"),
+    ):
+        r = load(generator.url, name, path)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
+    served = httpx.get(f"{generator.url}/v1/models").json()["data"]
+    base = served[0]["id"]
+    r = load(generator.url, base, lora_dirs["v1"])
+    assert r.status_code == 400 and "base model" in r.json()["error"]["message"], r.text
+
+
+def test_a_corrupt_adapter_is_a_400_that_quotes_none_of_its_files(
+    generator, lora_dirs, tmp_path_factory
+) -> None:
+    folder = tmp_path_factory.mktemp("corrupt") / "v1"
+    shutil.copytree(lora_dirs["v1"], folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"SECRET-HEADER-" * 100)
+    r = load(generator.url, "corrupt-v1", str(folder))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+    assert "SECRET" not in r.text

@@ -1,8 +1,9 @@
 """The gateway's app: Redis clients, the service, the reaper, middleware and error handlers.
 
 The routes live in `crucible_gateway.routes`, one module per concern, and stay thin: the logic is
-in `service`. API keys are checked by middleware before a body is read, and bodies are capped while
-they are read.
+in `service`. Middleware wraps every route: `TenantAuth` maps the API key to its tenant before a
+body is read (401 otherwise; routes take it as `deps.Caller`), and `BodyLimit` caps bodies while
+they are read, before anything parses them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from contextlib import asynccontextmanager
 
 import redis
 import redis.asyncio
-from crucible_shared.http import BearerAuth, BodyLimit, error_body, install_error_handlers
+from crucible_shared.http import BodyLimit, error_body, install_error_handlers
 from crucible_shared.lifecycle import JobKind
+from crucible_shared.tenants import TenantAuth
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -96,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     # Outermost first: authenticate, then cap the body.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(BearerAuth, keys=settings.api_keys)
+    app.add_middleware(TenantAuth, table=service.tenants)
 
     app.add_exception_handler(redis.exceptions.ConnectionError, redis_down)
     app.add_exception_handler(redis.exceptions.TimeoutError, redis_down)

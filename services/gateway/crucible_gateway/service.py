@@ -9,15 +9,22 @@ was reachable: after Redis restarts, or after the reaper itself could not reach 
 is reaped until a whole heartbeat timeout has passed with Redis up, so the heartbeats that failed
 during an outage are not mistaken for a dead worker. A run that is re-queued anyway (its worker
 was cut off from Redis alone) is fenced by its lease and stops (`crucible_shared.lifecycle`).
+
+Every job belongs to the tenant that submitted it (`crucible_shared.tenants`): every method that
+names a job takes the caller's tenant, and a job of another tenant is answered exactly like one
+that does not exist (404). An admin tenant sees every job. Quotas (active jobs, spec size) are
+checked at submission: a 429 naming the quota, with Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from crucible_shared.distributed import too_many_ranks
@@ -25,13 +32,21 @@ from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
 from crucible_shared.jobs import DPOConfig, EvalJob, PipelineJob, SFTConfig, TrainJob
 from crucible_shared.lifecycle import FINAL, JobKind, JobRecord, JobStatus, valid_job_id
-from crucible_shared.paths import JobPathError, UnsafePath, file_inside
+from crucible_shared.paths import JobPathError, UnsafePath, open_dir_inside, open_file_inside
+from crucible_shared.tenants import ANONYMOUS, Tenant
+from prometheus_client import Counter, Gauge
 
 from crucible_gateway.settings import Settings
-from crucible_gateway.store import JobStore
+from crucible_gateway.store import IdempotencyConflict, JobStore
 
 log = logging.getLogger(__name__)
 QUEUE_SETTLE_S = 10.0
+REJECTED = Counter(
+    "crucible_gateway_tenant_rejected_total",
+    "Requests refused with 429, by tenant and quota.",
+    ["tenant", "quota"],
+)
+STREAMS = Gauge("crucible_gateway_tenant_event_streams", "Event streams open, by tenant.", ["tenant"])
 
 
 def check_job_id(job_id: str) -> None:
@@ -60,16 +75,72 @@ class GatewayService:
     def __init__(self, settings: Settings, store: JobStore) -> None:
         self.settings, self.store = settings, store
         self.roots = settings.path_roots()
+        self.tenants = settings.tenant_table()
         # Redis time since which every reap reached Redis (None: the last one did not).
         self.reachable_since: float | None = float("-inf")
+        self.streams: dict[str, int] = {}  # tenant -> event streams open on this gateway
 
     def redis_lost(self) -> None:
         """The reaper could not reach Redis: heartbeats may be failing too."""
         self.reachable_since = None
 
+    # -- quotas -----------------------------------------------------------------------------------
+    def quota(self, tenant: Tenant, name: str) -> int:
+        """The tenant's own quota `name`, else this gateway's default for every tenant."""
+        own = getattr(tenant.quotas, name)
+        if own is not None:
+            return int(own)
+        s = self.settings
+        return {
+            "active_jobs": s.tenant_active_jobs,
+            "spec_bytes": s.tenant_spec_bytes,
+            "event_streams": s.tenant_event_streams,
+        }[name]
+
+    @staticmethod
+    def over_quota(tenant: Tenant, quota: str, message: str, retry_s: int) -> ApiError:
+        REJECTED.labels(tenant.name, quota).inc()
+        return ApiError(
+            429,
+            f"tenant {tenant.name}: {message} ({quota} quota)",
+            field=quota,
+            headers={"Retry-After": str(retry_s)},
+        )
+
+    async def check_quotas(self, tenant: Tenant, payload: dict) -> None:
+        size, cap = len(json.dumps(payload)), self.quota(tenant, "spec_bytes")
+        if size > cap:
+            raise self.over_quota(tenant, "spec_bytes", f"the job spec is {size} bytes, over {cap}", 3600)
+        cap = self.quota(tenant, "active_jobs")
+        active = len(await self.store.ids(JobStatus.queued, tenant.name)) + len(
+            await self.store.ids(JobStatus.running, tenant.name)
+        )
+        if active >= cap:
+            raise self.over_quota(
+                tenant, "active_jobs", f"{active} jobs queued or running, the most allowed is {cap}", 60
+            )
+
+    def open_stream(self, tenant: Tenant) -> Iterator[None]:
+        """Count an event stream against the tenant's quota while it is open (429 when full)."""
+        cap, now = self.quota(tenant, "event_streams"), self.streams.get(tenant.name, 0)
+        if now >= cap:
+            raise self.over_quota(
+                tenant, "event_streams", f"{now} event streams open, the most allowed is {cap}", 5
+            )
+        self.streams[tenant.name] = now + 1
+        STREAMS.labels(tenant.name).set(now + 1)
+        return self._close_stream(tenant.name)
+
+    def _close_stream(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self.streams[name] -= 1
+            STREAMS.labels(name).set(self.streams[name])
+
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(
-        self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None
+        self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None, tenant: Tenant = ANONYMOUS
     ) -> tuple[str, bool]:
         try:
             await asyncio.to_thread(self.roots.check_present, spec)
@@ -77,13 +148,25 @@ class GatewayService:
             raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
         self.check_length(spec)
         if isinstance(spec, PipelineJob) and spec.reuse:
-            await self.check_reuse(spec.reuse)
+            await self.check_reuse(spec.reuse, tenant)
         if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
             await self._check_ranks(spec.distributed.train_gpus)
         await self._check_installed(spec.model.base, f"{spec.kind}.model.base")
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
-        job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
+        await self.check_quotas(tenant, payload)
+        try:
+            job_id, created = await self.store.create(
+                spec.kind, payload, spec.name, idempotency_key, attempts, tenant.name
+            )
+        except IdempotencyConflict as exc:
+            raise ApiError(
+                409,
+                f"Idempotency-Key {idempotency_key!r} already submitted job {exc.job_id} with a different "
+                "spec; use a new key for a new job",
+                field="Idempotency-Key",
+                code="conflict",
+            ) from None
         if created:
             await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
         return job_id, created
@@ -100,10 +183,12 @@ class GatewayService:
                     field=f"{spec.kind}.{field}",
                 )
 
-    async def check_reuse(self, reuse: str) -> None:
-        """`reuse` names an earlier pipeline job whose run dir has its stage records."""
+    async def check_reuse(self, reuse: str, tenant: Tenant = ANONYMOUS) -> None:
+        """`reuse` names an earlier pipeline job of the tenant whose run dir has its stage records."""
         field = "pipeline.reuse"
         record = await self.store.get(reuse)
+        if record is not None and not tenant.sees(record.tenant):
+            record = None
         if record is None or record.kind != JobKind.pipeline:
             what = f"is a job of kind {record.kind.value}" if record else "names no job"
             raise ApiError(
@@ -112,7 +197,10 @@ class GatewayService:
                 field=field,
             )
         try:
-            await asyncio.to_thread(file_inside, Path(self.settings.runs_dir), f"{reuse}/pipeline.json")
+            fd = await asyncio.to_thread(
+                open_file_inside, Path(self.settings.runs_dir), f"{reuse}/pipeline.json"
+            )
+            os.close(fd)
         except UnsafePath:
             raise ApiError(
                 422,
@@ -142,27 +230,36 @@ class GatewayService:
                 field=field,
             )
 
-    async def view(self, job_id: str, with_spec: bool = True) -> JobRecord:
+    async def view(self, job_id: str, with_spec: bool = True, tenant: Tenant = ANONYMOUS) -> JobRecord:
+        """The job, if `tenant` may see it; another tenant's job is a 404 like a missing one."""
         check_job_id(job_id)
         record = await self.store.get(job_id)
-        if record is None:
+        if record is None or not tenant.sees(record.tenant):
             raise ApiError(404, f"no job {job_id!r}", field="job_id")
         return record if with_spec else record.model_copy(update={"spec": None})
 
     async def list_jobs(
-        self, status: JobStatus | None, kind: JobKind | None, offset: int, limit: int
+        self,
+        status: JobStatus | None,
+        kind: JobKind | None,
+        offset: int,
+        limit: int,
+        tenant: Tenant = ANONYMOUS,
     ) -> tuple[list[JobRecord], int]:
-        if kind is None:
+        owner = None if tenant.admin else tenant.name
+        if kind is None and owner is None:
             ids, total = await self.store.page(status, offset, limit)
-            records = await self.store.get_many(ids)
         else:
-            # Kinds are few; records of one status (or all) are filtered by kind in one pipeline.
-            matching = [r for r in await self.store.get_many(await self.store.ids(status)) if r.kind == kind]
-            records, total = matching[offset : offset + limit], len(matching)
+            ids = await self.store.ids(status, owner)
+            if kind is not None:
+                # Filtered on the one field it needs: whole records (specs) are read for one page only.
+                ids = [r["id"] for r in await self.store.fields(ids, ("kind",)) if r["kind"] == kind.value]
+            ids, total = ids[offset : offset + limit], len(ids)
+        records = await self.store.get_many(ids)
         return [r.model_copy(update={"spec": None}) for r in records], total
 
-    async def cancel(self, job_id: str) -> JobRecord:
-        record = await self.view(job_id)
+    async def cancel(self, job_id: str, tenant: Tenant = ANONYMOUS) -> JobRecord:
+        record = await self.view(job_id, tenant=tenant)
         if record.status in FINAL:
             raise ApiError(
                 409, f"job {job_id} already {record.status.value}", field="job_id", code="conflict"
@@ -172,10 +269,10 @@ class GatewayService:
             await self.store.transition(
                 job_id, JobStatus.cancelled, allowed_from={JobStatus.queued}, finished_at=time.time()
             )
-        return await self.view(job_id)
+        return await self.view(job_id, tenant=tenant)
 
-    async def retry(self, job_id: str) -> JobRecord:
-        record = await self.view(job_id)
+    async def retry(self, job_id: str, tenant: Tenant = ANONYMOUS) -> JobRecord:
+        record = await self.view(job_id, tenant=tenant)
         if record.status not in (JobStatus.failed, JobStatus.cancelled):
             raise ApiError(
                 409,
@@ -183,6 +280,7 @@ class GatewayService:
                 field="job_id",
                 code="conflict",
             )
+        await self.check_quotas(tenant, record.spec or {})
         await self.store.clear_cancel(job_id)
         changed, now = await self.store.transition(
             job_id,
@@ -199,10 +297,14 @@ class GatewayService:
                 409, f"job {job_id} is {now.value if now else 'gone'}", field="job_id", code="conflict"
             )
         await asyncio.to_thread(self.store.enqueue, record.kind, job_id, record.spec or {})
-        return await self.view(job_id)
+        return await self.view(job_id, tenant=tenant)
 
     async def reap(self, now: float | None = None) -> list[tuple[str, JobStatus]]:
-        """Move on jobs whose worker is gone; returns (job id, new status) of each change."""
+        """Move on jobs whose worker is gone; returns (job id, new status) of each change.
+
+        Reads only ids and timestamps (`JobStore.fields`); a whole record (its spec) is read only
+        for a job that is moved back on its queue, so a flood of queued jobs costs a pipeline of
+        small replies, not parsing every spec every few seconds."""
         if now is None:
             now, uptime = await self.store.clock()
         else:
@@ -214,31 +316,36 @@ class GatewayService:
         # Within a heartbeat timeout of Redis coming back, silence proves nothing.
         trusted = max(self.reachable_since, now - uptime) <= cutoff
         running = await self.store.ids(JobStatus.running) if trusted else []
-        for record in await self.store.get_many(running):
-            beat = record.heartbeat_at or record.started_at or record.created_at
+        beats = await self.store.fields(
+            running, ("heartbeat_at", "started_at", "created_at", "attempts", "max_attempts", "step")
+        )
+        for row in beats:
+            beat = row["heartbeat_at"] or row["started_at"] or row["created_at"] or 0
             if beat >= cutoff:
                 continue
-            where = f" at step {record.step}" if record.step else ""
+            job_id, attempts, max_attempts = row["id"], row["attempts"] or 1, row["max_attempts"] or 1
+            where = f" at step {row['step']}" if row["step"] else ""
             lost = f"the worker running it stopped reporting{where} (killed or crashed)"
-            if record.attempts < record.max_attempts:
-                attempt = record.attempts + 1
+            if attempts < max_attempts:
+                attempt = attempts + 1
                 changed, _ = await self.store.transition(
-                    record.id,
+                    job_id,
                     JobStatus.queued,
                     allowed_from={JobStatus.running},
                     stale_before=cutoff,
                     attempts=attempt,
-                    error=f"{lost}; retried automatically (attempt {attempt} of {record.max_attempts})",
+                    error=f"{lost}; retried automatically (attempt {attempt} of {max_attempts})",
                     queued_at=now,
                 )
-                if changed:
-                    await asyncio.to_thread(self.store.enqueue, record.kind, record.id, record.spec or {})
-                    await self.store.emit(record.id, "requeued", attempt=attempt, reason=lost)
-                    changes.append((record.id, JobStatus.queued))
+                record = await self.store.get(job_id) if changed else None
+                if record is not None:
+                    await asyncio.to_thread(self.store.enqueue, record.kind, job_id, record.spec or {})
+                    await self.store.emit(job_id, "requeued", attempt=attempt, reason=lost)
+                    changes.append((job_id, JobStatus.queued))
             else:
-                error = f"{lost}; POST /v1/jobs/{record.id}/retry resumes from the last checkpoint"
+                error = f"{lost}; POST /v1/jobs/{job_id}/retry resumes from the last checkpoint"
                 changed, _ = await self.store.transition(
-                    record.id,
+                    job_id,
                     JobStatus.failed,
                     allowed_from={JobStatus.running},
                     stale_before=cutoff,
@@ -246,70 +353,88 @@ class GatewayService:
                     finished_at=now,
                 )
                 if changed:
-                    await self.store.emit(record.id, "status", status="failed", error=error)
-                    changes.append((record.id, JobStatus.failed))
+                    await self.store.emit(job_id, "status", status="failed", error=error)
+                    changes.append((job_id, JobStatus.failed))
         # Queued jobs whose RQ job is gone: one a stopping worker released (its RQ job finished)
         # goes back on its queue; one that failed before it started is failed. Only jobs queued
         # for a while, so a submission or retry still between its record and its enqueue is left be.
-        settled = [
-            r
-            for r in await self.store.get_many(await self.store.ids(JobStatus.queued))
-            if (r.queued_at or r.created_at) < now - QUEUE_SETTLE_S
-        ]
-        statuses = await self.store.rq_statuses([r.id for r in settled])
-        for record in settled:
-            rq = statuses[record.id]
+        queued = await self.store.fields(await self.store.ids(JobStatus.queued), ("queued_at", "created_at"))
+        settled = [r["id"] for r in queued if (r["queued_at"] or r["created_at"] or 0) < now - QUEUE_SETTLE_S]
+        statuses = await asyncio.to_thread(self.store.rq_statuses, settled)
+        for job_id in settled:
+            rq = statuses[job_id]
             if rq in (None, "finished"):
-                await asyncio.to_thread(self.store.enqueue, record.kind, record.id, record.spec or {})
-                changes.append((record.id, JobStatus.queued))
+                record = await self.store.get(job_id)
+                if record is not None and record.status == JobStatus.queued:
+                    await asyncio.to_thread(self.store.enqueue, record.kind, job_id, record.spec or {})
+                    changes.append((job_id, JobStatus.queued))
             elif rq in ("failed", "stopped"):
                 error = "the job failed before it started (see the worker log)"
                 changed, _ = await self.store.transition(
-                    record.id, JobStatus.failed, allowed_from={JobStatus.queued}, error=error, finished_at=now
+                    job_id, JobStatus.failed, allowed_from={JobStatus.queued}, error=error, finished_at=now
                 )
                 if changed:
-                    changes.append((record.id, JobStatus.failed))
+                    changes.append((job_id, JobStatus.failed))
         return changes
 
     # -- files ------------------------------------------------------------------------------------
-    async def run_dir(self, job_id: str) -> Path:
-        await self.view(job_id, with_spec=False)
-        return Path(self.settings.runs_dir) / job_id
+    async def check_run_dir(self, job_id: str, tenant: Tenant) -> None:
+        """404 unless the job exists and `tenant` may see it."""
+        await self.view(job_id, with_spec=False, tenant=tenant)
 
-    def artifacts(self, root: Path, job_id: str, base_url: str) -> list[Artifact]:
-        """Regular files under the run dir; links are neither followed nor listed."""
-        if not root.is_dir():
+    def artifacts(self, job_id: str, base_url: str) -> list[Artifact]:
+        """Regular files under the job's run dir. The run dir is opened without following a link
+        (a run dir that is a link lists nothing), and the tree is walked by descriptor: links are
+        neither followed nor listed."""
+        runs = Path(self.settings.runs_dir)
+        try:
+            top = open_dir_inside(runs, job_id)
+        except UnsafePath:
             return []
         out = []
-        for folder, dirs, files in os.walk(root, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in sorted(files):
-                path = Path(folder) / name
-                info = path.lstat()
-                if name.startswith(".") or not stat.S_ISREG(info.st_mode):
-                    continue
-                rel = path.relative_to(root).as_posix()
-                out.append(
-                    Artifact(path=rel, size=info.st_size, url=f"{base_url}/v1/jobs/{job_id}/artifacts/{rel}")
-                )
+        try:
+            for folder, dirs, files, dir_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    try:
+                        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if name.startswith(".") or not stat.S_ISREG(info.st_mode):
+                        continue
+                    rel = os.path.normpath(os.path.join(folder, name))
+                    url = f"{base_url}/v1/jobs/{job_id}/artifacts/{rel}"
+                    out.append(Artifact(path=rel, size=info.st_size, url=url))
+        finally:
+            os.close(top)
         return sorted(out, key=lambda a: a.path)
 
-    def artifact_path(self, root: Path, job_id: str, rel: str) -> Path:
-        """The file `rel` names under the run dir: a regular file inside it, reached without links.
+    def open_artifact(self, job_id: str, rel: str) -> int:
+        """An open descriptor of the file `rel` names under the job's run dir: a regular file inside
+        it, reached without links. The response is read from this descriptor, never from the path.
 
         Every refusal (absolute, `..`, link, special file, missing) is the same 404, so an
         answer tells nothing about what exists outside the run dir.
         """
         try:
-            return file_inside(root, rel)
+            return open_file_inside(Path(self.settings.runs_dir), f"{job_id}/{rel}")
         except UnsafePath:
             raise ApiError(404, f"no artifact {rel[:200]!r} for job {job_id}", field="path") from None
 
-    def adapters(self) -> list[AdapterView]:
+    async def adapters(self, tenant: Tenant = ANONYMOUS) -> list[AdapterView]:
+        """Adapter versions in the store, of the jobs `tenant` may see."""
+        found = await asyncio.to_thread(self._adapter_dirs)
+        if not tenant.admin:
+            job_ids = sorted({a.job_id for a in found if valid_job_id(a.job_id)})
+            owners = {r["id"]: r["tenant"] for r in await self.store.fields(job_ids, ("tenant",))}
+            found = [a for a in found if a.job_id in owners and tenant.sees(owners[a.job_id])]
+        return found
+
+    def _adapter_dirs(self) -> list[AdapterView]:
         root = Path(self.settings.adapter_dir)
         out = []
         if root.exists():
-            for job_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            for job_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
                 for version_dir in sorted(job_dir.glob("v*")):
                     suffix = version_dir.name[1:]
                     if suffix.isdigit() and (version_dir / "adapter_config.json").exists():

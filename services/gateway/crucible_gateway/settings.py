@@ -8,7 +8,8 @@ from typing import Annotated
 from crucible_shared.jobs import MAX_STEPS
 from crucible_shared.lifecycle import JobKind
 from crucible_shared.paths import PathRoots
-from crucible_shared.settings import check_api_keys, split_csv
+from crucible_shared.settings import split_csv
+from crucible_shared.tenants import TenantTable
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -23,6 +24,23 @@ class Settings(BaseSettings):
     )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted bearer keys; empty = auth off."
+    )
+    tenants_file: Path | None = Field(
+        None, description="Tenants JSON (keys, names, quotas; see docs/deploy.md)."
+    )
+    tenants: str = Field("", description="The same tenants JSON, inline.")
+    tenant_active_jobs: int = Field(
+        100,
+        ge=0,
+        description="Queued + running jobs one tenant may have (its `active_jobs` quota by default).",
+    )
+    tenant_spec_bytes: int = Field(
+        256 * 1024,
+        ge=1,
+        description="Largest job spec (JSON) one tenant may submit (`spec_bytes` by default).",
+    )
+    tenant_event_streams: int = Field(
+        32, ge=0, description="Event streams one tenant may hold open (`event_streams` by default)."
     )
     runs_dir: Path = Field(
         Path("runs/jobs"), description="The trainer's run dirs (artifacts are served from here)."
@@ -72,9 +90,13 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         return split_csv(value)
 
+    def tenant_table(self) -> TenantTable:
+        """Keys -> tenants: `api_keys` (each its own tenant) plus `tenants_file` / `tenants`."""
+        return TenantTable.load(self.api_keys, self.tenants_file, self.tenants, env="CRUCIBLE_GATEWAY")
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        check_api_keys(self.api_keys)
-        if self.production and not self.api_keys:
-            raise ValueError("production: set CRUCIBLE_GATEWAY_API_KEYS")
+        table = self.tenant_table()  # a malformed tenants document or a weak key stops the start
+        if self.production and not table.auth:
+            raise ValueError("production: set CRUCIBLE_GATEWAY_API_KEYS or CRUCIBLE_GATEWAY_TENANTS(_FILE)")
         return self

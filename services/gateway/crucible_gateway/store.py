@@ -8,7 +8,7 @@ gateway never imports the trainer.
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -21,6 +21,7 @@ from crucible_shared.lifecycle import (
     JobKind,
     JobRecord,
     JobStatus,
+    decode,
     encode_fields,
     transition_command,
     transition_result,
@@ -30,7 +31,6 @@ from redis.asyncio import Redis as AsyncRedis
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
-from rq.job import JobStatus as RQStatus
 from rq.serializers import JSONSerializer
 
 _TTL_S = 7 * 24 * 3600
@@ -38,6 +38,14 @@ _TTL_S = 7 * 24 * 3600
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class IdempotencyConflict(Exception):
+    """An `Idempotency-Key` already created job `job_id` from a different spec."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
 
 
 def new_job_id(kind: str) -> str:
@@ -86,9 +94,37 @@ class JobStore:
         ids = await self.redis.zrevrange(index, offset, offset + limit - 1)
         return [_text(i) for i in ids], total
 
-    async def ids(self, status: JobStatus | None) -> list[str]:
+    async def ids(self, status: JobStatus | None, tenant: str | None = None) -> list[str]:
+        """Ids newest first, of all jobs or of one status, of every tenant or of one."""
         index = keys.status_index(status.value) if status else keys.jobs_index()
-        return [_text(i) for i in await self.redis.zrevrange(index, 0, -1)]
+        if tenant is None:
+            return [_text(i) for i in await self.redis.zrevrange(index, 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrevrange(keys.tenant_jobs(tenant), 0, -1)
+        if status:
+            pipe.zrange(index, 0, -1)
+        found = await pipe.execute()
+        own = [_text(i) for i in found[0]]
+        if not status:
+            return own
+        wanted = {_text(i) for i in found[1]}
+        return [i for i in own if i in wanted]
+
+    async def fields(self, ids: list[str], names: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Only the fields `names` of each job (decoded; missing jobs left out): what the reaper,
+        quotas and filtered listings need, without reading and parsing whole specs."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(keys.job(job_id), list(names))
+        out = []
+        for job_id, values in zip(ids, await pipe.execute(), strict=True):
+            if values[0] is None and all(v is None for v in values):
+                continue
+            row: dict[str, Any] = {"id": job_id}
+            for name, value in zip(names, values, strict=True):
+                row[name] = None if value is None else decode(name, _text(value))
+            out.append(row)
+        return out
 
     async def transition(
         self,
@@ -115,18 +151,25 @@ class JobStore:
         name: str | None,
         idempotency_key: str | None,
         max_attempts: int,
+        tenant: str | None = None,
     ) -> tuple[str, bool]:
         """Write the record and its indexes; returns (job id, created). A repeated
-        Idempotency-Key returns the first job. The caller enqueues it."""
+        Idempotency-Key of the same tenant with the same spec returns the first job; with another
+        spec it is an `IdempotencyConflict`. The caller enqueues the job."""
         job_id = new_job_id(kind)
         if idempotency_key:
-            claimed = await self.redis.set(keys.idempotency(idempotency_key), job_id, nx=True, ex=24 * 3600)
+            digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+            key = keys.idempotency(idempotency_key, tenant or "")
+            claimed = await self.redis.set(key, f"{job_id} {digest}", nx=True, ex=24 * 3600)
             if not claimed:
-                existing = await self.redis.get(keys.idempotency(idempotency_key))
-                if existing and await self.redis.exists(keys.job(_text(existing))):
-                    return _text(existing), False
+                existing = _text(await self.redis.get(key) or b"")
+                first, _, first_digest = existing.partition(" ")
+                if first and await self.redis.exists(keys.job(first)):
+                    if first_digest != digest:
+                        raise IdempotencyConflict(first)
+                    return first, False
                 # The first attempt died between claiming and creating: take the key over.
-                await self.redis.set(keys.idempotency(idempotency_key), job_id, ex=24 * 3600)
+                await self.redis.set(key, f"{job_id} {digest}", ex=24 * 3600)
         now = time.time()
         record = JobRecord(
             id=job_id,
@@ -137,12 +180,15 @@ class JobStore:
             queued_at=now,
             spec=spec,
             max_attempts=max_attempts,
+            tenant=tenant,
         )
         pipe = self.redis.pipeline(transaction=True)
         mapping: dict[Any, Any] = encode_fields(record.model_dump(exclude={"id"}))
         pipe.hset(keys.job(job_id), mapping=mapping)
         pipe.zadd(keys.jobs_index(), {job_id: now})
         pipe.zadd(keys.status_index(JobStatus.queued.value), {job_id: now})
+        if tenant:
+            pipe.zadd(keys.tenant_jobs(tenant), {job_id: now})
         await pipe.execute()
         return job_id, True
 
@@ -203,17 +249,16 @@ class JobStore:
             return True
         return False
 
-    def rq_status(self, job_id: str) -> str | None:
-        try:
-            job = Job.fetch(job_id, connection=self.rq_redis, serializer=JSONSerializer)
-            status = job.get_status(refresh=True)
-            # rq's JobStatus is a str-mixin Enum: str() of it is "JobStatus.FINISHED", not its value.
-            return None if status is None else RQStatus(status).value
-        except NoSuchJobError:
-            return None
-
-    async def rq_statuses(self, ids: list[str]) -> dict[str, str | None]:
-        return {i: await asyncio.to_thread(self.rq_status, i) for i in ids}
+    def rq_statuses(self, ids: list[str]) -> dict[str, str | None]:
+        """RQ's status of each job (None: no RQ job), in one round trip (run it in a thread).
+        Read from RQ's job hash (`Job.key_for`), the field `Job.get_status` reads."""
+        pipe = self.rq_redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(Job.key_for(job_id), "status")
+        return {
+            i: _text(raw) or None if raw is not None else None
+            for i, raw in zip(ids, pipe.execute(), strict=True)
+        }
 
     # -- events ---------------------------------------------------------------------------------
     async def emit(self, job_id: str, kind: str, **data: Any) -> None:

@@ -57,19 +57,30 @@ def read_adapter_rank(name: str, path: str) -> int:
     try:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
-        raise BadRequest(f"Loading lora {name} failed: unreadable adapter_config.json ({exc})") from exc
+        what = "not valid JSON" if isinstance(exc, ValueError) else exc.strerror
+        raise BadRequest(f"Loading lora {name} failed: unreadable adapter_config.json ({what})") from None
+    # Messages never quote the file's content: the file is the caller's to choose.
+    if not isinstance(config, dict):
+        raise BadRequest(f"Loading lora {name} failed: adapter_config.json is not a JSON object")
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
-        raise BadRequest(f"Loading lora {name} failed: peft_type is {config.get('peft_type')!r}, not LORA")
+        raise BadRequest(f"Loading lora {name} failed: adapter_config.json's peft_type is not LORA")
     bias = config.get("bias") or "none"
     if bias != "none":
         # PEFT loads such biases into the base model's own layers, shared by every adapter and by
         # the base: serving this adapter would change everyone else's answers.
         raise BadRequest(
-            f"Loading lora {name} failed: the adapter trains the base model's biases (bias={bias!r}), "
-            "which every other adapter and the base model share; train it with bias='none'",
+            f"Loading lora {name} failed: the adapter trains the base model's biases (its bias is not "
+            "'none'), which every other adapter and the base model share; train it with bias='none'",
             param="lora_path",
         )
-    ranks = [int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
+    try:
+        pattern = config.get("rank_pattern") or {}
+        ranks = [int(config.get("r", 8)), *(int(r) for r in dict(pattern).values())]
+    except (TypeError, ValueError):
+        raise BadRequest(
+            f"Loading lora {name} failed: adapter_config.json's r and rank_pattern must be integers",
+            param="lora_path",
+        ) from None
     return max(ranks)
 
 
@@ -108,8 +119,9 @@ class AdapterRegistry:
                 "load new weights under a new name."
             )
 
-    def reserve(self, name: str, path: str) -> Adapter:
-        """Claim `name` for a load of `path`, or raise the error vLLM gives for this request."""
+    def reserve(self, name: str, path: str, source: str | None = None) -> Adapter:
+        """Claim `name` for a load of `path`, or raise the error vLLM gives for this request
+        (`source`: the path the client named, if `path` is a copy of it)."""
         rank = self.validate(name, path)
         with self._lock:
             self._check_new_name(name)  # again: another load may have claimed it meanwhile
@@ -119,7 +131,7 @@ class AdapterRegistry:
                     f"Cannot load lora adapter '{name}': max_loras={self.max_loras} adapters are already "
                     f"loaded and in use ({', '.join(sorted(a.name for a in active))}). Unload one first."
                 )
-            adapter = Adapter(name=name, path=path, rank=rank, slot=f"lora{next(self._slots)}")
+            adapter = Adapter(name=name, path=source or path, rank=rank, slot=f"lora{next(self._slots)}")
             self._adapters[name] = adapter
             return adapter
 

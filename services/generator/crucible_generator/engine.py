@@ -178,8 +178,9 @@ class Engine(ContinuousBatching):
             request.cancelled = True
             raise
 
-    async def load_adapter(self, name: str, path: str) -> None:
+    async def load_adapter(self, name: str, path: str, source: str | None = None) -> None:
         """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would.
+        `source`: the path the client named, shown in the model list (`path` may be a snapshot).
 
         At `max_loras` the least recently used idle adapter goes first (see `adapters.py`)."""
         self.adapters.validate(name, path)  # a load that will fail must not evict anything
@@ -188,7 +189,7 @@ class Engine(ContinuousBatching):
             await asyncio.shield(self._call_in_engine(lambda: self._detach(victim)))
             log.warning("max_loras reached: evicted %s, the least recently used idle adapter", victim)
             self.metrics.adapter_evictions.inc()
-        slot = self.adapters.reserve(name, path).slot
+        slot = self.adapters.reserve(name, path, source).slot
         started = time.perf_counter()
 
         def attach() -> None:
@@ -204,10 +205,19 @@ class Engine(ContinuousBatching):
             await asyncio.shield(self._call_in_engine(attach))
         except GeneratorError:
             raise
-        except (ValueError, KeyError, OSError) as exc:
-            raise BadRequest(f"Loading lora {name} failed: {exc}", param="lora_path") from exc
+        except MemoryError as exc:
+            log.exception("loading LoRA adapter %s from %s failed", name, path)
+            raise ServerError(f"Loading lora {name} failed: out of memory") from exc
         except Exception as exc:
-            raise ServerError(f"Loading lora {name} failed: {exc}") from exc
+            # The adapter's files are the client's: a bad config or a corrupt weights file is a 400.
+            # PEFT's and safetensors' words can quote those files (a config key, a header), so the
+            # log keeps them for the operator and the answer names only the kind of failure.
+            log.warning("loading LoRA adapter %s from %s failed: %r", name, path, exc)
+            raise BadRequest(
+                f"Loading lora {name} failed: PEFT could not load the adapter ({type(exc).__name__}); "
+                "check that it was saved by PEFT for this base model",
+                param="lora_path",
+            ) from exc
         finally:
             self._update_adapter_gauge()
         self.metrics.adapter_load_seconds.observe(time.perf_counter() - started)

@@ -7,8 +7,9 @@ builds the responses with vLLM's field names. Raises `GeneratorError`s; `api.py`
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
+import shutil
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -34,8 +35,8 @@ from crucible_shared.openai_protocol import (
     UnloadLoRAAdapterRequest,
     UsageInfo,
 )
-from crucible_shared.paths import PathOutsideRoots, resolve_inside
 
+from .adapter_files import MAX_NAME_CHARS, check_load_request, snapshot_adapter
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, NotFound
 from .faults import for_json
@@ -97,30 +98,25 @@ class GeneratorService:
                 "load_inplace is not supported: load new weights under a new, versioned name.",
                 param="load_inplace",
             )
-        path = self._adapter_path(request.lora_name, request.lora_path)
-        await self.engine.load_adapter(request.lora_name, path)
-        return f"Success: LoRA adapter '{request.lora_name}' added successfully."
-
-    def _adapter_path(self, name: str, lora_path: str) -> str:
-        """`lora_path` with its links resolved, if it lies inside the adapter roots; a 400 naming
-        `lora_path` if not (absolute paths elsewhere, `..`, links out, `/proc`, NUL). The resolved
-        path is what gets read, so a link swapped after the check is not followed."""
-        if not name or not lora_path:
-            return lora_path  # the registry answers vLLM's "both must be provided"
+        name, lora_path = request.lora_name, request.lora_path
+        check_load_request(name, lora_path, self.model_name)
+        if not name or not lora_path:  # the registry answers vLLM's "both must be provided"
+            await self.engine.load_adapter(name, lora_path)
+            return ""
+        # PEFT loads a private copy read through checked descriptors: a link swapped into the
+        # adapter store after the check is never followed (see `adapter_files`).
+        snapshot = await asyncio.to_thread(
+            snapshot_adapter, name, lora_path, self.adapter_roots, "CRUCIBLE_GENERATOR_ADAPTER_ROOTS"
+        )
         try:
-            path = resolve_inside(
-                "lora_path",
-                lora_path,
-                self.adapter_roots,
-                "adapter",
-                real=True,
-                setting="CRUCIBLE_GENERATOR_ADAPTER_ROOTS",
-            )
-        except PathOutsideRoots as exc:
-            raise BadRequest(f"Loading lora {name} failed: {exc.message}", param="lora_path") from None
-        return os.path.realpath(path)
+            await self.engine.load_adapter(name, str(snapshot), source=lora_path)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, snapshot, True)
+        return f"Success: LoRA adapter '{name}' added successfully."
 
     async def unload_adapter(self, request: UnloadLoRAAdapterRequest) -> str:
+        if len(request.lora_name) > MAX_NAME_CHARS:
+            raise BadRequest(f"lora_name is longer than {MAX_NAME_CHARS} characters", param="lora_name")
         await self.engine.unload_adapter(request.lora_name)
         return f"Success: LoRA adapter '{request.lora_name}' removed successfully."
 

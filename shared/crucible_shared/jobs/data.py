@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from crucible_shared.jobs.base import Seed, _Spec, unused
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 Dataset = Literal["mbpp", "humaneval", "stdio", "jsonl"]
 Split = Literal["prompt", "test", "validation", "train", "all"]
@@ -104,6 +107,15 @@ class ModelSpec(_Spec):
         description="Built-in name, HF model id, or a local path (absolute or ./relative) inside the "
         "model roots (CRUCIBLE_MODEL_ROOTS).",
     )
+
+    @field_validator("base", "init_adapter")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        # A name is shown in logs, reports and terminals: ESC, CR/LF and bidi overrides would forge them.
+        if value is not None and _CONTROL.search(value):
+            raise ValueError("holds a control or bidirectional-override character")
+        return value
+
     chat: bool = Field(
         True, description="Prompt with the chat template (instruct models) or plain completion."
     )

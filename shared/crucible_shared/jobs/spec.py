@@ -55,8 +55,19 @@ def looks_like_path(name: str) -> bool:
     (True, True, False)
     >>> looks_like_path("org/../../etc"), looks_like_path("a/b/c"), looks_like_path("smollm2-135m")
     (True, True, False)
+    >>> looks_like_path("org/model\\n")  # `$` would match before the newline; `fullmatch` does not
+    True
     """
-    return not _HUB_ID.match(name) or ".." in name
+    return not is_hub_id(name)
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+def is_hub_id(name: str) -> bool:
+    """`name` has the shape of a Hugging Face model id, exactly (`org/name` or `name`, no `..`).
+
+    >>> is_hub_id("org/model"), is_hub_id("org/model\\n"), is_hub_id("org/.."), is_hub_id("a/b/c")
+    (True, False, False, False)
+    """
+    return _HUB_ID.fullmatch(name) is not None and ".." not in name
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?\Z")

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Iterator
 from typing import Annotated
 
 import redis
@@ -20,7 +21,7 @@ from crucible_shared.lifecycle import FINAL
 from fastapi import APIRouter, Header, Request
 from sse_starlette.sse import EventSourceResponse
 
-from crucible_gateway.routes.deps import JobId, Service
+from crucible_gateway.routes.deps import Caller, JobId, Service
 from crucible_gateway.service import GatewayService
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ async def events(
     job_id: JobId,
     request: Request,
     service: Service,
+    tenant: Caller,
     last_event_id: Annotated[str | None, Header()] = None,
 ):
     if last_event_id is not None and not STREAM_ID.match(last_event_id):
@@ -46,8 +48,10 @@ async def events(
             "Last-Event-ID must be an event id this stream sent (like 1700000000000-0)",
             field="Last-Event-ID",
         )
-    await service.view(job_id, False)
-    return EventSourceResponse(_stream(service, job_id, request, last_event_id or "0-0"), ping=15)
+    await service.view(job_id, False, tenant)
+    held = service.open_stream(tenant)  # 429 at the tenant's event_streams quota
+    next(held)
+    return EventSourceResponse(_stream(service, job_id, request, last_event_id or "0-0", held), ping=15)
 
 
 async def _stream_over(service: GatewayService, job_id: str, last: str) -> bool:
@@ -60,7 +64,15 @@ async def _stream_over(service: GatewayService, job_id: str, last: str) -> bool:
         return False
 
 
-async def _stream(service: GatewayService, job_id: str, request: Request, last: str):
+async def _stream(service: GatewayService, job_id: str, request: Request, last: str, held: Iterator[None]):
+    try:
+        async for event in _events(service, job_id, request, last):
+            yield event
+    finally:
+        next(held, None)  # the stream no longer counts against the tenant's quota
+
+
+async def _events(service: GatewayService, job_id: str, request: Request, last: str):
     # Polled without blocking: an idle stream holds no Redis connection and no thread
     # between polls, so thousands of watchers cost the other routes nothing.
     store, idle = service.store, 0

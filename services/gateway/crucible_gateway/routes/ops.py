@@ -18,7 +18,7 @@ async def health(service: Service) -> JSONResponse:
         await service.store.ping()
     except redis.exceptions.RedisError as exc:
         return JSONResponse({"status": "degraded", "redis": False, "error": str(exc)[:200]}, status_code=503)
-    return JSONResponse({"status": "ok", "redis": True, "auth": bool(service.settings.api_keys)})
+    return JSONResponse({"status": "ok", "redis": True, "auth": service.tenants.auth})
 
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics")

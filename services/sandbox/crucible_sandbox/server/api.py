@@ -1,19 +1,19 @@
-"""HTTP routes of the sandbox service (thin: the logic lives in `service`)."""
+"""HTTP routes of the sandbox service (thin: the logic lives in `service`).
+
+Middleware, outermost first, wraps every route (those added later too): `TenantAuth` maps the key
+to its tenant before a byte of the body is read (401 otherwise) and leaves it on
+`request.state.tenant` (the dependency `Caller`); `BodyLimit` cuts the body off at
+`max_body_bytes` while it streams in, before anything parses it.
+"""
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from crucible_shared.http import (
-    ERROR_RESPONSES,
-    ApiError,
-    BodyLimit,
-    check_bearer,
-    error_response,
-    install_error_handlers,
-)
+from crucible_shared.http import ERROR_RESPONSES, ApiError, BodyLimit, error_response, install_error_handlers
 from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult, SandboxHealth
-from fastapi import Depends, FastAPI, Request
+from crucible_shared.tenants import TenantAuth
+from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
@@ -21,13 +21,9 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from crucible_sandbox.server import fusion
+from crucible_sandbox.server.fusion import Caller
 from crucible_sandbox.server.service import SandboxService
 from crucible_sandbox.server.settings import Settings
-
-
-def _key(settings: Settings, header: str | None) -> str | None:
-    """The caller's API key (None while auth is off); `ApiError` 401 without a valid one."""
-    return check_bearer(settings.api_keys, header)
 
 
 class SingleRuns:
@@ -35,7 +31,7 @@ class SingleRuns:
 
     FastAPI's routing, dependency solving and body handling cost more server CPU per call than
     everything else this route does. Same checks as the route: pydantic validates the raw body
-    against `RunRequest`, the same key check, the same error envelope. A body that does not
+    against `RunRequest`, the tenant `TenantAuth` found, the same error envelope. A body that does not
     validate, or is not declared JSON, goes on to the router as it was (FastAPI words the 422).
     """
 
@@ -72,8 +68,8 @@ class SingleRuns:
             await self.app(scope, replay, send)
             return
         try:
-            key = _key(self.service.settings, headers.get("authorization"))
-            response = _json(await self.service.run_one(run, key))
+            tenant = scope["state"]["tenant"]  # set by TenantAuth, which runs first
+            response = _json(await self.service.run_one(run, tenant))
         except ApiError as exc:
             response = error_response(exc)
         await response(scope, receive, send)
@@ -102,15 +98,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.tenants = settings.tenant_table()
     install_error_handlers(app)
 
     app.add_middleware(SingleRuns, service=service)
-    # Added last, so outermost: the body limit applies to the fast path too.
+    # Added last, so outermost: the key is checked, then the body capped, before any route reads it.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-
-    # async: a plain `def` dependency would be run in a thread for every request.
-    async def api_key(request: Request) -> str | None:
-        return _key(settings, request.headers.get("authorization"))
+    app.add_middleware(TenantAuth, table=app.state.tenants)
 
     @app.post(
         "/v1/runs",
@@ -118,8 +112,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERROR_RESPONSES,
         summary="Run one program against its tests",
     )
-    async def run(body: RunRequest, key: str | None = Depends(api_key)) -> Response:
-        return _json(await service.run_one(body, key))
+    async def run(body: RunRequest, tenant: Caller) -> Response:
+        return _json(await service.run_one(body, tenant))
 
     @app.post(
         "/v1/runs/batch",
@@ -127,10 +121,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERROR_RESPONSES,
         summary="Run many programs; results in order",
     )
-    async def run_batch(body: BatchRequest, key: str | None = Depends(api_key)) -> Response:
-        return _json(BatchResponse(results=await service.run_batch(body.runs, key)))
+    async def run_batch(body: BatchRequest, tenant: Caller) -> Response:
+        return _json(BatchResponse(results=await service.run_batch(body.runs, tenant)))
 
-    fusion.register(app, service, api_key)  # SandboxFusion's /run_code and /run_jupyter
+    fusion.register(app, service)  # SandboxFusion's /run_code and /run_jupyter
 
     @app.get("/health", response_model=SandboxHealth, summary="Liveness, workers and the isolation in force")
     async def health() -> SandboxHealth:
@@ -138,7 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             workers=settings.workers,
             pending=service.pool.pending,
             isolation=service.isolation,
-            auth=bool(settings.api_keys),
+            auth=app.state.tenants.auth,
             languages=service.languages,
         )
 

@@ -1,7 +1,7 @@
 """SandboxFusion's routes (`POST /run_code`, `POST /run_jupyter`) over the sandbox's own runs.
 
 Thin, like `api`: a request becomes a `RunRequest` without tests (`"kind": "run"`) and goes the
-way every run goes (`SandboxService.run_one`: the same key check, validation, admission, per-key
+way every run goes (`SandboxService.run_one`: the same tenant, validation, admission, per-key
 concurrency and worker slots); the `RunResult` is then worded as SandboxFusion words it
 (`crucible_shared.fusion`; the mapping is in docs/sandbox.md). Runs here skip the result cache:
 a caller of `run_code` asks for an execution, and a program may read the clock or a random source.
@@ -9,8 +9,7 @@ a caller of `run_code` asks for an execution, and a program may read the clock o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated
 
 from crucible_shared.fusion import (
     CellRunResult,
@@ -32,11 +31,13 @@ from crucible_shared.sandbox import (
     RunResult,
     RunStatus,
 )
+from crucible_shared.tenants import Tenant, current_tenant
 from fastapi import Depends, FastAPI
 
 from crucible_sandbox.server.service import SandboxService
 
-ApiKey = Callable[..., Coroutine[Any, Any, str | None]]
+# The caller's tenant (`TenantAuth` checked its key before the body was read): `tenant: Caller`.
+Caller = Annotated[Tenant, Depends(current_tenant)]
 
 
 def _check_most(checks: tuple[tuple[str, float, float], ...]) -> None:
@@ -201,8 +202,8 @@ def as_jupyter(result: RunResult) -> RunJupyterResponse:
     )
 
 
-def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
-    """Add the routes to the app, behind the same key check as `/v1/runs`."""
+def register(app: FastAPI, service: SandboxService) -> None:
+    """Add the routes to the app; the tenant comes as on `/v1/runs`."""
 
     @app.post(
         "/run_code",
@@ -211,9 +212,9 @@ def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
         summary="SandboxFusion's run_code: run one program (compiled first where needed)",
         tags=["SandboxFusion"],
     )
-    async def run_code(body: RunCodeRequest, key: str | None = Depends(api_key)) -> RunCodeResponse:
+    async def run_code(body: RunCodeRequest, tenant: Caller) -> RunCodeResponse:
         _check_timeouts(service, body)
-        return as_fusion(await service.run_one(as_run_request(body), key))
+        return as_fusion(await service.run_one(as_run_request(body), tenant))
 
     @app.post(
         "/run_jupyter",
@@ -222,7 +223,7 @@ def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
         summary="SandboxFusion's run_jupyter: Python cells in order in one isolated process, state kept",
         tags=["SandboxFusion"],
     )
-    async def run_jupyter(body: RunJupyterRequest, key: str | None = Depends(api_key)) -> RunJupyterResponse:
+    async def run_jupyter(body: RunJupyterRequest, tenant: Caller) -> RunJupyterResponse:
         s = service.settings
         _check_most(
             (
@@ -230,4 +231,4 @@ def register(app: FastAPI, service: SandboxService, api_key: ApiKey) -> None:
                 ("cell_timeout", body.cell_timeout, s.max_wall_time_s),
             )
         )
-        return as_jupyter(await service.run_one(as_jupyter_request(body), key))
+        return as_jupyter(await service.run_one(as_jupyter_request(body), tenant))

@@ -11,4 +11,20 @@ RUN_SECONDS = Histogram(
 CACHE = Counter("crucible_sandbox_cache_total", "Result cache lookups.", ["result"])
 QUEUE = Gauge("crucible_sandbox_pending_runs", "Runs admitted and not finished.")
 WORKERS = Gauge("crucible_sandbox_workers", "Zygote worker slots.")
-REJECTED = Counter("crucible_sandbox_rejected_total", "Requests refused with 429 because the queue was full.")
+REJECTED = Counter("crucible_sandbox_rejected_total", "Requests refused with 429 (queue full or a quota).")
+
+# By tenant (`crucible_shared.tenants`); tenant names, never keys.
+TENANT_RUNS = Counter(
+    "crucible_sandbox_tenant_runs_total", "Runs executed, by tenant and status.", ["tenant", "status"]
+)
+TENANT_WORKER_SECONDS = Counter(
+    "crucible_sandbox_tenant_worker_seconds_total", "Seconds a worker spent on the tenant's runs.", ["tenant"]
+)
+TENANT_PENDING = Gauge(
+    "crucible_sandbox_tenant_pending_runs", "Runs admitted and not finished, by tenant.", ["tenant"]
+)
+TENANT_REJECTED = Counter(
+    "crucible_sandbox_tenant_rejected_total",
+    "Requests refused with 429, by tenant and quota.",
+    ["tenant", "quota"],
+)

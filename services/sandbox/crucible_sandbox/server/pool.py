@@ -10,8 +10,11 @@ Each worker serves one run at a time. Slots come in two kinds:
 * **interactive slots** (the rest): kept for single runs, so one submitted during a large batch
   waits for neither the batch nor the CPU.
 
-A single run takes an idle interactive slot, else any idle slot, else waits (FIFO) for the first
-one to come free. A worker that dies is restarted and its run is answered with `sandbox_error`.
+A single run takes an idle interactive slot, else any idle slot, else waits for one to come free.
+Waiting runs queue per tenant, and a freed slot goes to the head of the queue of the tenant served
+least recently (round robin over tenants): however many runs one tenant has queued, another
+tenant's run waits for at most one slot to come free. Within a tenant, runs are served in arrival
+order. A worker that dies is restarted and its run is answered with `sandbox_error`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import os
 import struct
 import sys
+from collections import deque
 from typing import Any, cast
 
 from crucible_sandbox.wire.channel import encode_frame
@@ -98,7 +102,10 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self.idle_batch: list[Worker] = []
         self.idle_interactive: list[Worker] = []
-        self.freed = asyncio.Condition()
+        # Runs waiting for a slot, per tenant: (wants a batch slot, the future the slot is given to).
+        self.waiting: dict[str, deque[tuple[bool, asyncio.Future[Worker]]]] = {}
+        self.served: dict[str, int] = {}  # tenant -> tick of its last slot (round robin order)
+        self.tick = 0
         self.pending = 0  # runs admitted and not finished
         self.restarts = 0
 
@@ -132,22 +139,57 @@ class WorkerPool:
                 return idle.pop()
         return None
 
-    async def _acquire(self, batch: bool) -> Worker:
-        worker = self._take(batch)
+    async def _acquire(self, batch: bool, tenant: str) -> Worker:
+        # An idle interactive slot means no single run waits (a freed slot goes to a waiter first),
+        # and batch runs cannot take it; with no one waiting, any idle slot may be taken.
+        worker = None
+        if not batch and self.idle_interactive:
+            worker = self.idle_interactive.pop()
+        elif not self.waiting:
+            worker = self._take(batch)
         if worker is not None:
+            self._served(tenant)
             return worker
-        async with self.freed:  # waiters are woken in arrival order
-            while (worker := self._take(batch)) is None:
-                await self.freed.wait()
-        return worker
+        future: asyncio.Future[Worker] = asyncio.get_running_loop().create_future()
+        queue = self.waiting.setdefault(tenant, deque())
+        entry = (batch, future)
+        queue.append(entry)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # given a slot just as the caller left
+                await self._release(future.result())
+            raise
+        finally:
+            if entry in queue:
+                queue.remove(entry)
+            if not queue and self.waiting.get(tenant) is queue:
+                del self.waiting[tenant]
+
+    def _served(self, tenant: str) -> None:
+        self.tick += 1
+        self.served[tenant] = self.tick
 
     async def _release(self, worker: Worker) -> None:
+        """Give the freed slot to the next waiting run (round robin over tenants), else idle it."""
+        is_batch_slot = worker.slot < self.batch_slots
+        for tenant in sorted(self.waiting, key=lambda t: self.served.get(t, 0)):
+            queue = self.waiting[tenant]
+            # A batch run takes only batch slots; a single run takes any slot.
+            for entry in queue:
+                wants_batch, future = entry
+                if future.done() or (wants_batch and not is_batch_slot):
+                    continue
+                queue.remove(entry)
+                if not queue:
+                    del self.waiting[tenant]
+                self._served(tenant)
+                future.set_result(worker)
+                return
         self._idle_list(worker).append(worker)
-        async with self.freed:
-            self.freed.notify_all()
 
-    async def run(self, request: PreparedRun, batch: bool = False) -> RunResultData:
-        worker = await self._acquire(batch)
+    async def run(self, request: PreparedRun, batch: bool = False, tenant: str = "") -> RunResultData:
+        worker = await self._acquire(batch, tenant)
         try:
             return await worker.run(request)
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, json.JSONDecodeError) as exc:

@@ -1,4 +1,11 @@
-"""Sandbox logic, independent of HTTP: validation, limits, cache, admission, batching."""
+"""Sandbox logic, independent of HTTP: validation, limits, cache, admission, batching.
+
+Every run belongs to a tenant (`crucible_shared.tenants`): admission counts the tenant's queued
+runs and its worker-seconds over the last minute against its quotas (429 naming the quota, with
+Retry-After), a tenant's runs hold at most its `concurrent_runs` workers, the pool serves tenants
+round robin, and a cached result answers only the tenant whose run filled it (or, for tenants that
+opt in with `share_cache`, every other tenant that opted in).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,13 @@ import hashlib
 import json
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from contextlib import asynccontextmanager
 from typing import Generic, TypeVar, cast
 
 from crucible_shared.http import ApiError
 from crucible_shared.sandbox import RunRequest, RunResult, RunStatus, SandboxIsolation
+from crucible_shared.tenants import ANONYMOUS, Tenant
 
 from crucible_sandbox.isolation import cgroups
 from crucible_sandbox.judging import languages
@@ -83,10 +91,13 @@ class SandboxService:
         )
         self.cache: LRU[RunResultData] = LRU(settings.cache_entries)  # run results by `cache_key`
         self.valid_tests: LRU[bool] = LRU(4096)  # hashes of test suites known to parse
-        self.key_slots: dict[str, asyncio.Semaphore] = {}
         # The toolchains found on the runs' PATH, less those the settings leave out.
         wanted = {"python", *(n.lower() for n in settings.languages)}
         self.languages = [n for n in languages.available() if not settings.languages or n in wanted]
+        self.tenant_slots: dict[str, asyncio.Semaphore] = {}
+        self.tenant_pending: dict[str, int] = {}
+        # Per tenant: (monotonic end time, worker-seconds) of its runs of the last minute.
+        self.tenant_usage: dict[str, deque[tuple[float, float]]] = {}
 
     async def start(self) -> None:
         refusal = unsafe_start(self.settings)
@@ -216,64 +227,122 @@ class SandboxService:
         return hashlib.sha256(json.dumps(prepared, sort_keys=True).encode()).hexdigest()
 
     # -- admission ----------------------------------------------------------------------------
+    def quota(self, tenant: Tenant, name: str) -> float:
+        """The tenant's own quota `name`, else this server's default for every tenant."""
+        own = getattr(tenant.quotas, name)
+        if own is not None:
+            return own
+        s = self.settings
+        return {
+            "concurrent_runs": s.per_key_concurrency or max(1, s.workers - 1),
+            "queued_runs": s.tenant_queued_runs,
+            "cpu_seconds_per_minute": s.tenant_cpu_seconds_per_minute,
+        }[name]
+
+    def used_last_minute(self, tenant: str, now: float) -> tuple[float, float]:
+        """(worker-seconds the tenant's runs took over the last minute, seconds until the oldest of
+        them leaves the window)."""
+        window = self.tenant_usage.get(tenant)
+        if not window:
+            return 0.0, 0.0
+        while window and window[0][0] < now - 60:
+            window.popleft()
+        return sum(seconds for _, seconds in window), (window[0][0] + 60 - now) if window else 0.0
+
+    def _refuse(self, tenant: Tenant, quota: str, message: str, retry_s: float) -> ApiError:
+        metrics.REJECTED.inc()
+        metrics.TENANT_REJECTED.labels(tenant.name, quota).inc()
+        return ApiError(429, message, headers={"Retry-After": str(max(1, int(retry_s + 0.999)))})
+
     @asynccontextmanager
-    async def admit(self, count: int):
-        """Reserve queue room for `count` runs, or answer 429 with Retry-After."""
-        pool = self.pool
+    async def admit(self, count: int, tenant: Tenant = ANONYMOUS):
+        """Reserve queue room for `count` runs of `tenant`, or answer 429 with Retry-After naming
+        the queue or the tenant's quota that is full."""
+        pool, name = self.pool, tenant.name
+        retry = max(1, int(pool.pending / max(self.settings.workers, 1) * 0.05) + 1)
+        mine = self.tenant_pending.get(name, 0)
+        queued = self.quota(tenant, "queued_runs")
+        if mine + count > queued:
+            raise self._refuse(
+                tenant,
+                "queued_runs",
+                f"tenant {name} has {mine} runs pending and {count} more would exceed its queued_runs "
+                f"quota of {int(queued)}; retry later or send smaller batches",
+                retry,
+            )
+        cpu = self.quota(tenant, "cpu_seconds_per_minute")
+        if cpu:
+            used, frees_in = self.used_last_minute(name, time.monotonic())
+            if used >= cpu:
+                raise self._refuse(
+                    tenant,
+                    "cpu_seconds_per_minute",
+                    f"tenant {name} used {used:.1f} worker-seconds in the last minute, its "
+                    f"cpu_seconds_per_minute quota is {cpu:g}; retry later",
+                    frees_in,
+                )
         if pool.pending + count > self.settings.queue_size:
-            metrics.REJECTED.inc()
-            retry = max(1, int(pool.pending / max(self.settings.workers, 1) * 0.05) + 1)
-            raise ApiError(
-                429,
+            raise self._refuse(
+                tenant,
+                "queue_size",
                 f"the sandbox queue is full ({pool.pending} runs pending); retry later",
-                headers={"Retry-After": str(retry)},
+                retry,
             )
         pool.pending += count
+        self.tenant_pending[name] = mine + count
         metrics.QUEUE.set(pool.pending)
+        metrics.TENANT_PENDING.labels(name).set(mine + count)
         try:
             yield
         finally:
             pool.pending -= count
+            left = self.tenant_pending[name] - count
+            if left:
+                self.tenant_pending[name] = left
+            else:
+                del self.tenant_pending[name]
             metrics.QUEUE.set(pool.pending)
+            metrics.TENANT_PENDING.labels(name).set(left)
 
-    def _key_slot(self, key: str | None) -> asyncio.Semaphore | None:
-        if key is None:
-            return None
-        if key not in self.key_slots:
-            self.key_slots[key] = asyncio.Semaphore(self.settings.per_key_concurrency)
-        return self.key_slots[key]
+    def _tenant_slot(self, tenant: Tenant) -> asyncio.Semaphore:
+        if tenant.name not in self.tenant_slots:
+            self.tenant_slots[tenant.name] = asyncio.Semaphore(int(self.quota(tenant, "concurrent_runs")))
+        return self.tenant_slots[tenant.name]
 
     # -- execution ----------------------------------------------------------------------------
     async def execute(
-        self, prepared: PreparedRun, use_cache: bool, key: str | None = None, batch: bool = False
+        self, prepared: PreparedRun, use_cache: bool, tenant: Tenant = ANONYMOUS, batch: bool = False
     ) -> RunResult:
-        cache_key = self.cache_key(prepared)
+        # The cache is partitioned by tenant: a hit must not tell one tenant what another ran.
+        scope = "shared" if tenant.share_cache else f"tenant:{tenant.name}"
+        cache_key = f"{scope}:{self.cache_key(prepared)}"
         if use_cache and self.settings.cache_entries:
             hit = self.cache.get(cache_key)
             if hit is not None:
                 metrics.CACHE.labels("hit").inc()
                 return RunResult.model_validate({**hit, "cached": True})
             metrics.CACHE.labels("miss").inc()
-        slot = self._key_slot(key)
         started = time.perf_counter()
-        if slot is not None:
-            async with slot:
-                raw = await self.pool.run(prepared, batch)
-        else:
-            raw = await self.pool.run(prepared, batch)
+        async with self._tenant_slot(tenant):
+            raw = await self.pool.run(prepared, batch, tenant.name)
         result = RunResult.model_validate(raw)
+        worker_s, now = result.duration_ms / 1000, time.monotonic()
+        self.tenant_usage.setdefault(tenant.name, deque()).append((now, worker_s))
+        self.used_last_minute(tenant.name, now)  # drops what left the window
         metrics.RUNS.labels(result.status.value).inc()
         metrics.RUN_SECONDS.observe(time.perf_counter() - started)
+        metrics.TENANT_RUNS.labels(tenant.name, result.status.value).inc()
+        metrics.TENANT_WORKER_SECONDS.labels(tenant.name).inc(worker_s)
         if result.status not in _UNCACHED:
             self.cache.put(cache_key, raw)
         return result
 
-    async def run_one(self, run: RunRequest, key: str | None = None) -> RunResult:
+    async def run_one(self, run: RunRequest, tenant: Tenant = ANONYMOUS) -> RunResult:
         prepared = self.prepare(run)
-        async with self.admit(1):
-            return await self.execute(prepared, run.use_cache, key)
+        async with self.admit(1, tenant):
+            return await self.execute(prepared, run.use_cache, tenant)
 
-    async def run_batch(self, runs: list[RunRequest], key: str | None = None) -> list[RunResult]:
+    async def run_batch(self, runs: list[RunRequest], tenant: Tenant = ANONYMOUS) -> list[RunResult]:
         if len(runs) > self.settings.max_batch_runs:
             raise ApiError(413, f"a batch holds at most {self.settings.max_batch_runs} runs", field="runs")
         prepared = []
@@ -281,12 +350,12 @@ class SandboxService:
             prepared.append(self.prepare(r, f"runs.{i}."))
             if i % 32 == 31:
                 await asyncio.sleep(0)  # a single run arriving meanwhile is not held behind a large batch
-        async with self.admit(len(runs)):
+        async with self.admit(len(runs), tenant):
             gate = asyncio.Semaphore(self.batch_slots)
 
             async def one(p: PreparedRun, use_cache: bool) -> RunResult:
                 async with gate:
-                    return await self.execute(p, use_cache, key, batch=True)
+                    return await self.execute(p, use_cache, tenant, batch=True)
 
             return list(
                 await asyncio.gather(*(one(p, r.use_cache) for p, r in zip(prepared, runs, strict=True)))

