@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import stat
 import time
 from pathlib import Path
 
+from crucible_shared import keys
 from crucible_shared.distributed import too_many_ranks
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
@@ -39,6 +41,9 @@ def check_job_id(job_id: str) -> None:
         raise ApiError(
             422, f"{job_id[:80]!r} is not a job id (letters, digits, `_`, `.`, `-`)", field="job_id"
         )
+
+
+_VERSION_DIR = re.compile(r"^v(\d+)(?:-r\d+)?$")
 
 
 def training_steps(spec: TrainJob | EvalJob | PipelineJob) -> list[tuple[str, int]]:
@@ -194,6 +199,9 @@ class GatewayService:
             uptime = float("inf")
         if self.reachable_since is None:
             self.reachable_since = now
+        # Running jobs hold their lease for at most half of this (crucible_trainer.channel), so a
+        # run cut off from Redis stops writing before this reaper can re-queue its job.
+        await self.store.redis.set(keys.heartbeat_timeout(), repr(float(self.settings.heartbeat_timeout_s)))
         cutoff = now - self.settings.heartbeat_timeout_s
         changes: list[tuple[str, JobStatus]] = []
         # Within a heartbeat timeout of Redis coming back, silence proves nothing.
@@ -296,13 +304,14 @@ class GatewayService:
         if root.exists():
             for job_dir in sorted(p for p in root.iterdir() if p.is_dir()):
                 for version_dir in sorted(job_dir.glob("v*")):
-                    suffix = version_dir.name[1:]
-                    if suffix.isdigit() and (version_dir / "adapter_config.json").exists():
+                    # `v<step>`, or `v<step>-r<token>` from a later run of the job (docs/jobs.md).
+                    found = _VERSION_DIR.match(version_dir.name)
+                    if found and (version_dir / "adapter_config.json").exists():
                         out.append(
                             AdapterView(
-                                name=f"{job_dir.name}-v{suffix}",
+                                name=f"{job_dir.name}-{version_dir.name}",
                                 job_id=job_dir.name,
-                                version=int(suffix),
+                                version=int(found.group(1)),
                                 path=str(version_dir),
                             )
                         )

@@ -67,6 +67,8 @@ class GeneratorService:
         self.model_root = model_root
         self.max_logprobs = max_logprobs
         self._token_text = lru_cache(maxsize=None)(self._decode_token)
+        # The newest fencing token seen per key (a job id): loads of older runs are refused.
+        self.fences: dict[str, int] = {}
 
     # --- models and adapters -------------------------------------------------------------------
 
@@ -97,9 +99,26 @@ class GeneratorService:
                 "load_inplace is not supported: load new weights under a new, versioned name.",
                 param="load_inplace",
             )
+        self._check_fence(request)
         path = self._adapter_path(request.lora_name, request.lora_path)
         await self.engine.load_adapter(request.lora_name, path)
         return f"Success: LoRA adapter '{request.lora_name}' added successfully."
+
+    def _check_fence(self, request: LoadLoRAAdapterRequest) -> None:
+        """A load from a run older than the newest this server has seen for the same job is
+        refused (400 naming `fence`): that run was superseded and must not take a slot or serve
+        weights under the job's names. A newer token becomes the newest."""
+        fence = request.fence
+        if fence is None:
+            return
+        newest = self.fences.get(fence.key, fence.token)
+        if fence.token < newest:
+            raise BadRequest(
+                f"Loading lora {request.lora_name} refused: its fencing token {fence.token} for "
+                f"{fence.key!r} is older than {newest}, a newer run's",
+                param="fence",
+            )
+        self.fences[fence.key] = fence.token
 
     def _adapter_path(self, name: str, lora_path: str) -> str:
         """`lora_path` with its links resolved, if it lies inside the adapter roots; a 400 naming

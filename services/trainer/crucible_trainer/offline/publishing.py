@@ -33,7 +33,7 @@ class AdapterServer:
     loaded: dict[int, str] = field(default_factory=dict)  # version -> content hash of what it serves
 
     def name(self, version: int) -> str:
-        return f"{self.publisher.job_id}-v{version}"
+        return self.publisher.name(version)
 
     async def serve(self, adapter: Path | None, version: int) -> tuple[str, dict[str, float] | None]:
         """The model name that serves `adapter` (None: the base model), and the publish timings
