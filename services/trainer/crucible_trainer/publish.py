@@ -73,7 +73,7 @@ class Publisher:
         started = time.perf_counter()
         path = self.path(version)
         self.channel.gate()
-        await asyncio.to_thread(policy.save_adapter, path)
+        await asyncio.to_thread(policy.save_adapter, path, self.channel.gate)
         saved = time.perf_counter()
         name = self.name(version)
         await self.load(name, path)

@@ -174,7 +174,7 @@ class TrainRun(OverlappedSteps, JobRun):
                 pool, policy, publisher.model_name, version, probe
             )
         self.channel.gate()
-        final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter")
+        final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter", self.channel.gate)
         self.summary.update(
             steps=spec.optim.steps,
             adapter=str(final_adapter),
@@ -341,6 +341,7 @@ class TrainRun(OverlappedSteps, JobRun):
         for i, s in enumerate(samples):
             rows[i]["sample"] = i
             rows[i]["parent"] = s.parent
+            rows[i]["run"] = self.channel.token  # which run of the job wrote it (None: in-process)
         self.events.rollouts(step, rows)
         every = self.spec.logging.samples_every
         if every and step % every == 0 and rows:

@@ -10,6 +10,7 @@ again in the same job) is unloaded first, so no replica keeps serving stale weig
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from crucible_trainer.publish import Publisher
 class SavedAdapter:
     path: Path
 
-    def save_adapter(self, dest: Path) -> Path:
+    def save_adapter(self, dest: Path, gate: Callable[[], None] | None = None) -> Path:
         with output_dir(dest) as tmp:
             shutil.copytree(self.path, tmp, dirs_exist_ok=True)
+            if gate is not None:
+                gate()  # the run's lease, checked before the copy becomes `dest`
         return dest
 
 
