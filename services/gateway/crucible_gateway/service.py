@@ -31,6 +31,7 @@ from crucible_shared.paths import JobPathError, UnsafePath, file_inside
 
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import JobStore
+from crucible_gateway.work import job_work
 
 log = logging.getLogger(__name__)
 QUEUE_SETTLE_S = 10.0
@@ -77,10 +78,11 @@ class GatewayService:
         self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None
     ) -> tuple[str, bool]:
         try:
-            await asyncio.to_thread(self.roots.check_present, spec)
+            paths = await asyncio.to_thread(self.roots.check_present, spec)
         except JobPathError as exc:
             raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
         self.check_length(spec)
+        await asyncio.to_thread(self.check_work, spec, paths)
         if isinstance(spec, PipelineJob) and spec.reuse:
             await self.check_reuse(spec.reuse)
         if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
@@ -103,6 +105,28 @@ class GatewayService:
                     "ask for fewer, or continue from this job's adapter in a new job (model.init_adapter)",
                     field=f"{spec.kind}.{field}",
                 )
+
+    def check_work(self, spec: TrainJob | EvalJob | PipelineJob, paths: dict[str, Path]) -> None:
+        """Refuse a job asking for more tokens than `max_work_tokens` (`crucible_gateway.work`),
+        naming the field that sets its length."""
+
+        def lines(field: str, _value: str) -> int | None:
+            path = paths.get(field.split(".", 1)[1])
+            if path is None or not path.is_file():
+                return None  # a file only the workers see: counted as `limit`, else one task
+            with path.open("rb") as f:
+                return sum(1 for line in f if line.strip())
+
+        found = job_work(spec, lines)
+        cap = self.settings.max_work_tokens
+        if found is not None and found[1] > cap:
+            field, tokens, how = found
+            raise ApiError(
+                422,
+                f"the job asks for about {tokens:,} tokens ({how}), over this gateway's cap of {cap:,} "
+                "(CRUCIBLE_GATEWAY_MAX_WORK_TOKENS); ask for less, or split it into several jobs",
+                field=field,
+            )
 
     async def check_reuse(self, reuse: str) -> None:
         """`reuse` names an earlier pipeline job whose run dir has its stage records."""

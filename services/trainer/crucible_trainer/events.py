@@ -63,10 +63,16 @@ class EventSink:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
 
-    def metrics(self, step: int, values: dict[str, float]) -> None:
+    def metrics(self, step: int, values: dict[str, float], *, emit: bool = True) -> None:
+        """The step's `metrics.jsonl` row (and W&B), then its event unless `emit` is False (the
+        training loop sends it after the step's checkpoint, `step_event`)."""
         self._append({"step": step, **values})
         if self.wandb_run is not None:
             self.wandb_run.log(values, step=step)
+        if emit:
+            self.step_event(step, values)
+
+    def step_event(self, step: int, values: dict[str, float]) -> None:
         self.emit("metrics", step=step, metrics=values)
 
     def eval_point(self, step: int, label: str, summary: dict[str, Any]) -> None:

@@ -151,14 +151,19 @@ class TrainRun(OverlappedSteps, JobRun):
             version = step if step % spec.publish.every == 0 else version
             if self.channel.superseded():
                 raise Superseded()  # another run holds the job (and its run dir): write nothing
-            self.events.metrics(step, metrics)
-            self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
-            if self.channel.superseded():
-                raise Superseded()
+            # The row, then the checkpoint, then the event: a step's event is in the stream only
+            # once its checkpoint is committed, so a run resumed from an earlier checkpoint never
+            # sends a step twice; one that died between the two sends it again from the row
+            # (`recover_events`).
+            self.events.metrics(step, metrics, emit=False)
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
                 extra = {"version": version, "sampler": drawn, "method": self.method_state}
                 await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra, self.channel)
+            self.events.step_event(step, metrics)
+            self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
+            if self.channel.superseded():
+                raise Superseded()
             if stopping and step < spec.optim.steps:
                 raise Interrupted(step)
             if (

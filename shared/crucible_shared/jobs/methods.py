@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import _Spec, unused
+from crucible_shared.jobs.base import _Spec, invalid, unused
 
 
 class GroupFilter(_Spec):
@@ -49,7 +49,7 @@ def _legacy_filter(data: Any) -> Any:
         data = dict(data)
         on, samples = data.pop("difficulty_filter", False), data.pop("filter_samples", None)
         if "filter" in data and (on or samples is not None):
-            raise ValueError("difficulty_filter: give `filter` alone (difficulty_filter is its old form)")
+            raise invalid("difficulty_filter", "give `filter` alone (difficulty_filter is its old form)")
         if on:
             data["filter"] = {"mode": "pre", **({"pre_samples": samples} if samples is not None else {})}
         elif samples is not None:
@@ -147,7 +147,7 @@ class SRRLConfig(ClippedMethod):
     @model_validator(mode="after")
     def _check(self) -> SRRLConfig:
         if self.c1 >= self.budget:
-            raise ValueError("c1 must be smaller than budget so refinements fit in it")
+            raise invalid("c1", "must be smaller than budget so refinements fit in it")
         return self
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from crucible_shared.distributed import DistributedSpec
-from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
+from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, invalid, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import TrainEvalSpec
 from crucible_shared.jobs.games import SpiralConfig
@@ -72,7 +72,7 @@ class TrainJob(_Spec):
                 f"only GRPO samples groups (method {name} has its own sample counts: see its config)",
             )
         if "group_size" in method and method["group_size"] != size:
-            raise ValueError("rollout.group_size: give method.group_size alone")
+            raise invalid("rollout.group_size", "give method.group_size alone")
         return {**data, "rollout": rollout, "method": {**method, "group_size": size}}
 
     @model_validator(mode="after")
@@ -106,8 +106,8 @@ class TrainJob(_Spec):
             return self
         if not method.path:
             rows = "prompt / completion" if method.name == "sft" else "prompt / chosen / rejected"
-            raise ValueError(
-                f"method.path: {method.name} trains on a JSONL file of {rows} rows; give its path"
+            raise invalid(
+                "method.path", f"{method.name} trains on a JSONL file of {rows} rows; give its path"
             )
         offline = f"{method.name} trains offline on method.path"
         for name, reason in (
