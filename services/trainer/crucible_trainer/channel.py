@@ -125,6 +125,7 @@ class RedisChannel(JobChannel):
         self.lease = uuid.uuid4().hex  # replaced by the fencing token at `start`
         self.lease_s = lease_s
         self.lost = False  # the lease lapsed and Redis did not confirm it within outage_wait_s
+        self._lapsed = False  # the lapse was reported (once per lapse)
         self.outbox = Outbox(redis, job_id, self.lease, limit=STREAM_MAXLEN, maxlen=STREAM_MAXLEN)
 
     def _transition(self, status: JobStatus, allowed: set[JobStatus], **fields: Any) -> bool:
@@ -177,7 +178,19 @@ class RedisChannel(JobChannel):
     def holds_lease(self) -> bool:
         """Whether this run's lease is unexpired by this host's clock (it may still be taken:
         the outbox finds that out at its next delivery)."""
-        return self.outbox.fenced is None and time.monotonic() - self.outbox.confirmed_at < self.lease_s
+        held = self.outbox.fenced is None and time.monotonic() - self.outbox.confirmed_at < self.lease_s
+        if held and self._lapsed:
+            self._lapsed = False
+            log.warning("job %s: lease confirmed again; writing again", self.job_id)
+        return held
+
+    def _note_lapse(self) -> None:
+        if not self._lapsed:
+            self._lapsed = True
+            log.warning(
+                "job %s: lease lapsed (no write accepted for %.1f s); writing nothing until Redis "
+                "confirms it", self.job_id, time.monotonic() - self.outbox.confirmed_at,
+            )  # fmt: skip
 
     def gate(self) -> None:
         if self.outbox.fenced is not None or self.lost:
@@ -186,14 +199,13 @@ class RedisChannel(JobChannel):
             return
         # The lease lapsed (Redis unreachable, or this process was paused): write nothing until
         # Redis says whether the job is still this run's.
-        log.warning("job %s: lease lapsed; writing nothing until Redis confirms it", self.job_id)
+        self._note_lapse()
         deadline = time.monotonic() + self.outage_wait_s
         while True:
             self.outbox.deliver(beat=True)
             if self.outbox.fenced is not None:
                 raise Superseded(f"job {self.job_id} is no longer this run's")
             if self.holds_lease():
-                log.warning("job %s: lease confirmed again", self.job_id)
                 return
             if time.monotonic() > deadline:
                 self.lost = True
@@ -201,9 +213,9 @@ class RedisChannel(JobChannel):
             time.sleep(min(1.0, self.lease_s / 4))
 
     def commit(self, **fields: Any) -> bool:
-        self.gate()
         deadline = time.monotonic() + self.outage_wait_s
         while True:
+            self.gate()  # waits while the lease has lapsed, until Redis confirms or refuses it
             done = self.outbox.commit(fields)
             if done:
                 return True
@@ -278,6 +290,7 @@ class RedisChannel(JobChannel):
         shows up as a silent job (the gateway then retries or fails it) even in the middle of a
         long step, and a superseded run finds out within `every_s`."""
         stop = threading.Event()
+        every_s = min(every_s, self.lease_s / 3)  # several renewals within every lease
 
         def beat() -> None:
             while not stop.wait(every_s) and not self.superseded():
@@ -285,6 +298,8 @@ class RedisChannel(JobChannel):
                     self.outbox.deliver(beat=True)
                 except Exception as exc:  # a Redis blip must not kill the job
                     log.warning("heartbeat failed: %r", exc)
+                if not self.holds_lease() and self.outbox.fenced is None:
+                    self._note_lapse()  # said as it happens; the job's next write waits (`gate`)
 
         thread = threading.Thread(target=beat, name=f"heartbeat-{self.job_id}", daemon=True)
         thread.start()

@@ -56,9 +56,11 @@ def save(
         raise
     if channel is not None:
         channel.commit(checkpoint=final.name)  # Superseded if the job is no longer this run's
-    # Keep this run's two newest; another run's are that run's to prune (or the resume's).
-    own = sorted(p for p in root.glob("step-*") if (m := _NAME.match(p.name)) and (m.group(2) or "") == tag)
-    for old in own[:-2]:
+    # Keep this run's two newest. Another run's are garbage once this run committed (it holds
+    # the job); a superseded run never gets here (its commit is refused), so it deletes nothing.
+    mine = sorted(p for p in root.glob("step-*") if (m := _NAME.match(p.name)) and (m.group(2) or "") == tag)
+    others = [p for p in root.glob("step-*") if _NAME.match(p.name) and p not in mine]
+    for old in [*mine[:-2], *(others if channel is not None and channel.token is not None else [])]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

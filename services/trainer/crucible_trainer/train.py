@@ -179,7 +179,9 @@ class TrainRun(OverlappedSteps, JobRun):
                 pool, policy, publisher.model_name, version, probe
             )
         self.channel.gate()
-        final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter", self.channel.gate)
+        final_adapter = await asyncio.to_thread(
+            policy.save_adapter, self.run_dir / "adapter", self.channel.gate
+        )
         self.summary.update(
             steps=spec.optim.steps,
             adapter=str(final_adapter),
