@@ -73,7 +73,8 @@ class Publisher:
         started = time.perf_counter()
         path = self.path(version)
         self.channel.gate()
-        await asyncio.to_thread(policy.save_adapter, path, self.channel.gate)
+        gated = () if self.channel.token is None else (self.channel.gate,)  # in-process: no lease
+        await asyncio.to_thread(policy.save_adapter, path, *gated)
         saved = time.perf_counter()
         name = self.name(version)
         await self.load(name, path)
