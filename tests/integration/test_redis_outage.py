@@ -255,7 +255,10 @@ def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_
     put_queued_record(redis, job_id)
     channel = channel_for(redis_url, job_id)
     channel.outage_wait_s = 1.0
-    assert channel.start()
+    try:
+        assert channel.start()
+    finally:
+        redis.delete(keys.heartbeat_timeout())  # read at the start only
     assert channel.lease_s == 1.0  # half of the reaper's 2 s
     channel.gate()  # held: no wait
     live = channel.outbox.redis
@@ -270,10 +273,10 @@ def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_
     put_queued_record(redis, job_id + "-2")
     other = channel_for(redis_url, job_id + "-2")
     assert other.start()
+    other.lease_s = 1.0
     other.outbox.redis = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
     time.sleep(1.1)
     assert not other.holds_lease()
     other.outbox.redis = live
     other.gate()
     assert other.holds_lease() and not other.superseded()
-    redis.delete(keys.heartbeat_timeout())
