@@ -91,6 +91,7 @@ class GatewayService:
         payload = spec.model_dump(mode="json")
         job_id, created = await self.store.create(spec.kind, payload, spec.name, idempotency_key, attempts)
         if created:
+            await self.publish_timeout()
             await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
         return job_id, created
 
@@ -212,8 +213,16 @@ class GatewayService:
             raise ApiError(
                 409, f"job {job_id} is {now.value if now else 'gone'}", field="job_id", code="conflict"
             )
+        await self.publish_timeout()
         await asyncio.to_thread(self.store.enqueue, record.kind, job_id, record.spec or {})
         return await self.view(job_id)
+
+    async def publish_timeout(self) -> None:
+        """Running jobs hold their lease for at most half of the reaper's heartbeat timeout
+        (crucible_trainer.channel), so a run cut off from Redis stops writing before this reaper
+        can re-queue its job: the timeout is in Redis before any job can start (at each
+        submission) and stays current (at each reap)."""
+        await self.store.redis.set(keys.heartbeat_timeout(), repr(float(self.settings.heartbeat_timeout_s)))
 
     async def reap(self, now: float | None = None) -> list[tuple[str, JobStatus]]:
         """Move on jobs whose worker is gone; returns (job id, new status) of each change."""
@@ -223,9 +232,7 @@ class GatewayService:
             uptime = float("inf")
         if self.reachable_since is None:
             self.reachable_since = now
-        # Running jobs hold their lease for at most half of this (crucible_trainer.channel), so a
-        # run cut off from Redis stops writing before this reaper can re-queue its job.
-        await self.store.redis.set(keys.heartbeat_timeout(), repr(float(self.settings.heartbeat_timeout_s)))
+        await self.publish_timeout()
         cutoff = now - self.settings.heartbeat_timeout_s
         changes: list[tuple[str, JobStatus]] = []
         # Within a heartbeat timeout of Redis coming back, silence proves nothing.
