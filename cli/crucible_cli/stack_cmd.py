@@ -98,7 +98,7 @@ def up(
         )
         raise typer.Exit(1)
     except KeyboardInterrupt:
-        console.print("stopping: workers first, handing their jobs back (Ctrl-C again: at once)")
+        console.print("stopping: workers first, handing their jobs back (Ctrl-C again: shorter waits)")
     except (RuntimeError, TimeoutError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None

@@ -312,13 +312,19 @@ class GeneratorClient:
 
     # --- adapters --------------------------------------------------------------------------------
 
-    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+    async def load_adapter(
+        self, lora_name: str, lora_path: str, *, fence: dict[str, Any] | None = None
+    ) -> None:
         """Serve the PEFT adapter at `lora_path` (a path the generator can read) as `lora_name`.
 
+        `fence` (`{"key": job id, "token": run's fencing token}`) makes Crucible's generator refuse
+        the load (400, `param: fence`) when it has seen a newer token for that key; vLLM ignores it.
         Raises `GeneratorAPIError` (e.g. 400 already loaded, 404 no adapter at the path). A retry
         that finds the name loaded means an earlier attempt landed, and counts as success.
         """
-        body = {"lora_name": lora_name, "lora_path": lora_path}
+        body: dict[str, Any] = {"lora_name": lora_name, "lora_path": lora_path}
+        if fence is not None:
+            body["fence"] = fence
         for attempt in range(1 + self.retries):
             try:
                 await self._request("POST", "/v1/load_lora_adapter", json_body=body, retries=0)
@@ -381,10 +387,12 @@ class GeneratorPool:
     async def wait_ready(self, timeout: float = 300.0) -> None:
         await asyncio.gather(*(c.wait_ready(timeout) for c in self.clients))
 
-    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+    async def load_adapter(
+        self, lora_name: str, lora_path: str, *, fence: dict[str, Any] | None = None
+    ) -> None:
         """Load on every replica, all-or-nothing: on any failure, unload where it succeeded, then raise."""
         results = await asyncio.gather(
-            *(c.load_adapter(lora_name, lora_path) for c in self.clients), return_exceptions=True
+            *(c.load_adapter(lora_name, lora_path, fence=fence) for c in self.clients), return_exceptions=True
         )
         failures = {
             c.base_url: r for c, r in zip(self.clients, results, strict=True) if isinstance(r, BaseException)

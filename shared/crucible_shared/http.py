@@ -117,6 +117,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's answer when the body is not UTF-8, or Python's JSON parser gives up (an
+            # integer over 4,300 digits, nesting deeper than its recursion limit): malformed JSON
+            # as any other, in the same words and with the field.
+            message = (
+                "malformed JSON: the body could not be parsed (it must be UTF-8, its integers under "
+                "4,300 digits and its nesting within the parser's depth limit)"
+            )
+            return JSONResponse(error_body(422, message, field="body"), status_code=422)
         return JSONResponse(
             error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
         )

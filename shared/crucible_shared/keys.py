@@ -55,3 +55,9 @@ def worker_models() -> str:
 def worker_ranks() -> str:
     """Hash: worker name -> how many ranks it may launch for one job (crucible_shared.distributed)."""
     return f"{PREFIX}:workers:ranks"
+
+
+def heartbeat_timeout() -> str:
+    """String: the gateway reaper's heartbeat timeout in seconds, which a running job's lease must
+    lapse before (the trainer holds it for at most half of it)."""
+    return f"{PREFIX}:settings:heartbeat_timeout_s"

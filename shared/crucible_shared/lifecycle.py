@@ -13,10 +13,12 @@ Statuses move like this (anything else is refused):
     running -> finished | failed | cancelled | queued (worker lost or stopping: it resumes elsewhere)
     failed, cancelled -> queued (retry)
 
-Each start of a job gives the run a lease (a random token in the record's `lease` field). The
-run's writes (heartbeat, progress, events, finish, release) are fenced by it: once the reaper
-re-queued the job, or another run started it, the old run's writes are refused and it stops
-(`crucible_trainer.outbox`). The reaper counts a job as silent only from when Redis time says
+Each start of a job gives the run a lease: its fencing token, the record's `fence` counter
+incremented by the start (`start_command`), so every run of a job holds a larger token than the
+runs before it. The run's writes (heartbeat, progress, events, finish, release, the checkpoint
+pointer) are fenced by it: once the reaper re-queued the job, or another run started it, the old
+run's writes are refused and it stops (`crucible_trainer.outbox`). What a run writes outside
+Redis (run dir, adapter store, generators) is fenced too; docs/jobs.md ("Fencing") has the model. The reaper counts a job as silent only from when Redis time says
 its heartbeat is older than the timeout *and* Redis was reachable all that while
 (`crucible_gateway.service`), so an outage of Redis itself never re-queues a live job.
 """
@@ -126,7 +128,9 @@ class JobRecord(BaseModel):
         return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields} | {"id": job_id})
 
 
-_STRING_FIELDS = frozenset({"kind", "name", "status", "policy_version", "error", "worker", "lease", "tenant"})
+_STRING_FIELDS = frozenset(
+    {"kind", "name", "status", "policy_version", "error", "worker", "lease", "checkpoint", "tenant"}
+)
 
 
 def _text(value: Any) -> str:
@@ -216,6 +220,38 @@ def transition_command(
         fence or "",
         *pairs,
     )
+
+
+# Starting a run: queued -> running with the next fencing token (the record's `fence` + 1), which
+# becomes the run's lease. KEYS[1] the record. ARGV: job id, index key prefix, then field/value
+# pairs. Returns the token, or the current status when the job is not queued (nil: no such job).
+_START = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return false end
+if cur ~= 'queued' then return cur end
+local token = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+redis.call('HSET', KEYS[1], 'status', 'running', 'lease', tostring(token))
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local created = tonumber(redis.call('HGET', KEYS[1], 'created_at') or '0') or 0
+redis.call('ZREM', ARGV[2] .. cur, ARGV[1])
+redis.call('ZADD', ARGV[2] .. 'running', created, ARGV[1])
+return token
+"""
+
+
+def start_command(job_id: str, **fields: Any) -> tuple[Any, ...]:
+    """Arguments of `redis.eval(...)` that start a run of a queued job (see `start_result`)."""
+    pairs = [x for k, v in encode_fields(fields).items() for x in (k, v)]
+    return (_START, 1, keys.job(job_id), job_id, keys.status_index(""), *pairs)
+
+
+def start_result(reply: Any) -> tuple[int | None, JobStatus | None]:
+    """(the run's fencing token, None) when it started; (None, the job's status) when not."""
+    if reply is None:
+        return None, None
+    if isinstance(reply, int):
+        return reply, None
+    return None, JobStatus(_text(reply))
 
 
 def transition_result(reply: Any) -> tuple[bool, JobStatus | None]:

@@ -85,12 +85,23 @@ class ModelList(OpenAIBaseModel):
 # --- LoRA adapters ------------------------------------------------------------------------------
 
 
+class LoadFence(OpenAIBaseModel):
+    """Who loads an adapter: a key (a job id) and that run's fencing token."""
+
+    key: str = Field(min_length=1, max_length=200)
+    token: int = Field(ge=0, le=2**62)
+
+
 class LoadLoRAAdapterRequest(OpenAIBaseModel):
     """`POST /v1/load_lora_adapter`: serve the PEFT adapter at `lora_path` as model `lora_name`."""
 
     lora_name: str
     lora_path: str
     load_inplace: bool = False
+    # Crucible's extension (vLLM keeps unknown fields and ignores them): the fencing token of the
+    # job run loading this adapter. A load whose token is older than the newest the generator has
+    # seen for the same key is refused, so a superseded run cannot load into a live job's slots.
+    fence: LoadFence | None = None
 
 
 class UnloadLoRAAdapterRequest(OpenAIBaseModel):

@@ -205,3 +205,80 @@ def test_printable_names_in_any_script_are_accepted(gw) -> None:
     job_id = accepted(gw, {"kind": "eval", "name": "évaluation — 評価 ✓ (run 2)"})
     r = httpx.get(f"{gw.url}/v1/jobs/{job_id}")
     assert r.json()["name"] == "évaluation — 評価 ✓ (run 2)"
+
+
+# -- accepted once, failing later: refused at submission, naming the field (issue 35) ----------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        ({"kind": "eval", "data": {"ids": [11, 5000]}}, "eval.data.ids.1", "split (ids 1-974)"),
+        ({"kind": "eval", "data": {"split": "train", "ids": [11]}}, "eval.data.ids.0", "train split"),
+        ({"kind": "eval", "data": {"id_range": [900, 1200]}}, "eval.data.id_range", "outside"),
+        ({"kind": "eval", "adapter": ""}, "eval.adapter", "at least 1 character"),
+        ({"kind": "train", "optim": {"steps": True}}, "train.optim.steps", "not true"),
+        ({"kind": "train", "optim": {"steps": "2"}}, "train.optim.steps", 'not "2"'),
+        ({"kind": "train", "optim": {"micro_batch": 0}}, "train.optim.micro_batch", "between 1 and 4096"),
+        ({"kind": "eval", "n": True}, "eval.n", "not true"),
+    ],
+)
+def test_values_accepted_before_and_failing_later_are_refused_naming_the_field(
+    gw, spec, field, words
+) -> None:
+    assert words in refused(gw, spec, field)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (  # 10,000 steps x 4,096 problems x a group of 64
+            {
+                "kind": "train",
+                "method": {"name": "grpo", "group_size": 64},
+                "optim": {"steps": 10_000, "problems_per_step": 4096},
+            },
+            "train.optim.steps",
+        ),
+        (  # n = 1,000 over all of MBPP at 8,192 tokens
+            {"kind": "eval", "n": 1000, "data": {"split": "all"}, "max_tokens": 8192, "ks": [1]},
+            "eval.n",
+        ),
+        (  # SFT: 1,000 epochs of a file of 1,000 rows at 4,096 tokens
+            {
+                "kind": "train",
+                "method": {"name": "sft", "path": "sft-rows.jsonl", "epochs": 1000, "max_length": 4096},
+                "optim": {"lr": 1e-4},
+            },
+            "train.method.epochs",
+        ),
+    ],
+)
+def test_a_job_over_the_work_cap_is_refused(gw, roots, spec: dict, field: str) -> None:
+    (roots["data"] / "sft-rows.jsonl").write_text('{"prompt": "p", "completion": "c"}\n' * 1000)
+    message = refused(gw, spec, field)
+    assert "CRUCIBLE_GATEWAY_MAX_WORK_TOKENS" in message and "tokens" in message
+
+
+def test_a_job_within_the_work_cap_is_accepted(gw) -> None:
+    accepted(gw, {"kind": "eval", "n": 10, "data": {"split": "test"}, "max_tokens": 512, "ks": [1]})
+    accepted(gw, {"kind": "train", "optim": {"steps": 1000, "problems_per_step": 16}})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"kind": "eval", "name": "\xff\xfe"}',  # not UTF-8
+        b'{"kind": "eval", "max_tokens": ' + b"9" * 5000 + b"}",  # a 5,000-digit integer
+        b"[" * 200_000 + b"]" * 200_000,  # 200k deep
+        b'{"kind": "eval",',  # cut short
+    ],
+    ids=["utf8", "huge-int", "deep", "truncated"],
+)
+def test_bodies_that_are_not_json_get_the_envelope_naming_the_body(gw, body: bytes) -> None:
+    r = httpx.post(
+        f"{gw.url}/v1/jobs", content=body, headers={"content-type": "application/json"}, timeout=30
+    )
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["field"] == "body" and error["message"].startswith("malformed JSON"), error

@@ -171,3 +171,26 @@ def test_unloading_frees_adapter_memory(generator, client, lora_dirs):
         assert load(generator.url, f"churn-v{i}", lora_dirs["v3"]).status_code == 200
         assert unload(generator.url, f"churn-v{i}").status_code == 200
     assert rss_kb() - before < 60 * 1024
+
+
+def test_fencing_a_load_from_an_older_run_of_a_job_is_refused(generator, lora_dirs):
+    """`fence` (Crucible's extension of the load request): once a run of job `j` with token 2 has
+    loaded, a load from its token-1 run is refused naming `fence`; other jobs are not affected."""
+
+    def fenced(name: str, key: str, token: int) -> httpx.Response:
+        body = {"lora_name": name, "lora_path": lora_dirs["v1"], "fence": {"key": key, "token": token}}
+        return httpx.post(f"{generator.url}/v1/load_lora_adapter", json=body, timeout=60)
+
+    key = f"fence-job-{os.getpid()}"
+    try:
+        assert fenced(f"{key}-v1", key, 1).status_code == 200
+        assert fenced(f"{key}-v1-r2", key, 2).status_code == 200
+        late = fenced(f"{key}-v2", key, 1)
+        assert late.status_code == 400, late.text
+        error = late.json()["error"]
+        assert error["param"] == "fence" and "older than 2" in error["message"]
+        assert unload(generator.url, f"{key}-v1").status_code == 200  # retiring stays allowed
+        assert fenced(f"{key}-other-v1", f"{key}-other", 1).status_code == 200
+    finally:
+        for name in (f"{key}-v1", f"{key}-v1-r2", f"{key}-v2", f"{key}-other-v1"):
+            unload(generator.url, name)

@@ -206,3 +206,77 @@ def test_the_outbox_keeps_order_says_what_it_dropped_and_delivers_once(redis_url
     outbox.event({"type": "metrics", "step": 9})
     assert outbox.deliver()
     assert [e.get("step") for e in stream(redis_url, job_id)[1:]] == [4, 5, 6, 7, 8, 9]
+
+
+def test_events_a_dead_run_never_delivered_are_recovered_by_the_next_run(redis_url, tmp_path) -> None:
+    """Redis away at step 3: the run writes step 3's row (and its checkpoint) and dies before
+    delivering its event. The next run, resumed from step 3, sends it from `metrics.jsonl` before
+    anything of its own, so the stream has every step once and in order; doing it again adds
+    nothing."""
+    from crucible_trainer.events import EventSink, recover_events
+
+    from tests.servers import free_port
+
+    job_id = f"train-recover-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    first = channel_for(redis_url, job_id)
+    assert first.start() and first.token == 1
+    sink = EventSink(first, tmp_path / job_id)
+    for step in (1, 2):
+        sink.metrics(step, {"reward_mean": step / 10})
+    first.outbox.redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")  # Redis away
+    sink.metrics(3, {"reward_mean": 0.3})  # the row is written; the event waits in memory
+    assert first.outbox.pending == 1
+    del first, sink  # the worker dies (SIGKILL): its outbox is gone
+    # The reaper re-queues the job; the next run starts with a newer token and resumes.
+    redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
+    second = channel_for(redis_url, job_id)
+    assert second.start() and second.token == 2 and second.tag == "-r2"
+    sink = EventSink(second, tmp_path / job_id)
+    assert recover_events(sink, upto=3) == 1
+    assert recover_events(sink, upto=3) == 0
+    sink.metrics(4, {"reward_mean": 0.4})
+    metrics = [e for e in stream(redis_url, job_id) if e["type"] == "metrics"]
+    assert [e["step"] for e in metrics] == [1, 2, 3, 4]
+    assert metrics[2]["metrics"] == {"reward_mean": 0.3}
+
+
+def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_path) -> None:
+    """By design: the lease is at most half the reaper's heartbeat timeout (published by the
+    gateway), counted from when the last accepted write was sent; a run cut off from Redis for
+    longer writes nothing more (`gate` refuses) until Redis confirms the lease, or says the job is
+    another run's."""
+    from crucible_trainer.cancel import Superseded
+
+    job_id = f"train-lapse-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    redis.set(keys.heartbeat_timeout(), "2.0")
+    put_queued_record(redis, job_id)
+    channel = channel_for(redis_url, job_id)
+    channel.outage_wait_s = 1.0
+    try:
+        assert channel.start()
+    finally:
+        redis.delete(keys.heartbeat_timeout())  # read at the start only
+    assert channel.lease_s == 1.0  # half of the reaper's 2 s
+    channel.gate()  # held: no wait
+    live = channel.outbox.redis
+    channel.outbox.redis = channel.redis = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    time.sleep(1.1)
+    assert not channel.holds_lease()
+    started = time.monotonic()
+    with pytest.raises(Superseded):
+        channel.gate()  # Redis never answers within outage_wait_s: the run gives the job up
+    assert time.monotonic() - started >= 1.0 and channel.superseded()
+    # A run whose Redis comes back while it still holds the job goes on.
+    put_queued_record(redis, job_id + "-2")
+    other = channel_for(redis_url, job_id + "-2")
+    assert other.start()
+    other.lease_s = 1.0
+    other.outbox.redis = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    time.sleep(1.1)
+    assert not other.holds_lease()
+    other.outbox.redis = live
+    other.gate()
+    assert other.holds_lease() and not other.superseded()

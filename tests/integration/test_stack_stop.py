@@ -115,3 +115,63 @@ def test_the_stack_leaves_the_w_and_b_mode_to_the_spec(tmp_path: Path, monkeypat
     assert start_wandb("wandb-test", "disabled", "crucible", None, tmp_path, {}) is None
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert start_wandb("wandb-test", None, "crucible", None, tmp_path, {}) is None
+
+
+# `crucible up` in miniature: a stack of stand-ins (a worker that ignores SIGTERM, services that
+# take a moment to exit), stopped in `finally` after Ctrl-C, as `stack_cmd.up` does.
+STACK = """
+import json, sys, time
+from pathlib import Path
+from crucible_cli.stack import Stack
+state, out = Path(sys.argv[1]), sys.argv[2]
+stubborn = "import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nwhile True: time.sleep(0.1)"
+slow = "import signal, sys, time\\nsignal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), sys.exit(0)))\\nwhile True: time.sleep(0.1)"
+stack = Stack(state_dir=state, worker_stop_s=30)
+try:
+    stack._start("worker", [sys.executable, "-c", stubborn], "", {})
+    for name in ("gateway", "generator", "sandbox", "redis"):
+        stack._start(name, [sys.executable, "-c", slow], "", {})
+    Path(out).write_text(json.dumps([p.popen.pid for p in stack.procs]))
+    while True:
+        time.sleep(0.1)
+except KeyboardInterrupt:
+    pass
+finally:
+    stack.stop()
+"""
+
+
+def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
+    """Ctrl-C at 0, 1 and 1.5 s: each later one only shortens a grace period; the stop still
+    ends every process of the stack (none is left running, holding its port)."""
+    import os
+    import signal
+    import subprocess
+
+    pids_file = tmp_path / "pids.json"
+    proc = subprocess.Popen([sys.executable, "-c", STACK, str(tmp_path / "state"), str(pids_file)])
+    deadline = time.monotonic() + 60
+    while not pids_file.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # the stand-ins have set their signal handlers
+    pids = json.loads(pids_file.read_text())
+    started = time.monotonic()
+    for at in (0, 1, 1.5):
+        time.sleep(max(0.0, started + at - time.monotonic()))
+        proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    assert time.monotonic() - started < 40  # the worker's 30 s grace was cut short
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        status = Path(f"/proc/{pid}/status")
+        return status.exists() and "zombie" not in status.read_text()
+
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.killpg(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"

@@ -22,11 +22,13 @@ import asyncio
 import json
 import logging
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from crucible_shared import keys
 from crucible_shared.distributed import too_many_ranks
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
@@ -38,6 +40,7 @@ from prometheus_client import Counter, Gauge
 
 from crucible_gateway.settings import Settings
 from crucible_gateway.store import IdempotencyConflict, JobStore
+from crucible_gateway.work import job_work
 
 log = logging.getLogger(__name__)
 QUEUE_SETTLE_S = 10.0
@@ -54,6 +57,9 @@ def check_job_id(job_id: str) -> None:
         raise ApiError(
             422, f"{job_id[:80]!r} is not a job id (letters, digits, `_`, `.`, `-`)", field="job_id"
         )
+
+
+_VERSION_DIR = re.compile(r"^v(\d+)(?:-r\d+)?$")
 
 
 def training_steps(spec: TrainJob | EvalJob | PipelineJob) -> list[tuple[str, int]]:
@@ -143,10 +149,11 @@ class GatewayService:
         self, spec: TrainJob | EvalJob | PipelineJob, idempotency_key: str | None, tenant: Tenant = ANONYMOUS
     ) -> tuple[str, bool]:
         try:
-            await asyncio.to_thread(self.roots.check_present, spec)
+            paths = await asyncio.to_thread(self.roots.check_present, spec)
         except JobPathError as exc:
             raise ApiError(422, exc.message, field=f"{spec.kind}.{exc.field}") from None
         self.check_length(spec)
+        await asyncio.to_thread(self.check_work, spec, paths)
         if isinstance(spec, PipelineJob) and spec.reuse:
             await self.check_reuse(spec.reuse, tenant)
         if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
@@ -168,6 +175,7 @@ class GatewayService:
                 code="conflict",
             ) from None
         if created:
+            await self.publish_timeout()
             await asyncio.to_thread(self.store.enqueue, spec.kind, job_id, payload)
         return job_id, created
 
@@ -182,6 +190,33 @@ class GatewayService:
                     "ask for fewer, or continue from this job's adapter in a new job (model.init_adapter)",
                     field=f"{spec.kind}.{field}",
                 )
+
+    def check_work(self, spec: TrainJob | EvalJob | PipelineJob, paths: dict[str, Path]) -> None:
+        """Refuse a job asking for more tokens than `max_work_tokens` (`crucible_gateway.work`),
+        naming the field that sets its length."""
+
+        def lines(field: str, _value: str) -> int | None:
+            path = paths.get(field.split(".", 1)[1])
+            root = next((r for r in self.roots.of("data") if path and r in path.parents), None)
+            if path is None or root is None:
+                return None  # a file only the workers see: counted as `limit`, else one task
+            try:  # read through the checked descriptor (links refused), never the path again
+                fd = open_file_inside(root, str(path.relative_to(root)))
+            except UnsafePath:
+                return None
+            with os.fdopen(fd, "rb") as f:
+                return sum(1 for line in f if line.strip())
+
+        found = job_work(spec, lines)
+        cap = self.settings.max_work_tokens
+        if found is not None and found[1] > cap:
+            field, tokens, how = found
+            raise ApiError(
+                422,
+                f"the job asks for about {tokens:,} tokens ({how}), over this gateway's cap of {cap:,} "
+                "(CRUCIBLE_GATEWAY_MAX_WORK_TOKENS); ask for less, or split it into several jobs",
+                field=field,
+            )
 
     async def check_reuse(self, reuse: str, tenant: Tenant = ANONYMOUS) -> None:
         """`reuse` names an earlier pipeline job of the tenant whose run dir has its stage records."""
@@ -296,8 +331,16 @@ class GatewayService:
             raise ApiError(
                 409, f"job {job_id} is {now.value if now else 'gone'}", field="job_id", code="conflict"
             )
+        await self.publish_timeout()
         await asyncio.to_thread(self.store.enqueue, record.kind, job_id, record.spec or {})
         return await self.view(job_id, tenant=tenant)
+
+    async def publish_timeout(self) -> None:
+        """Running jobs hold their lease for at most half of the reaper's heartbeat timeout
+        (crucible_trainer.channel), so a run cut off from Redis stops writing before this reaper
+        can re-queue its job: the timeout is in Redis before any job can start (at each
+        submission) and stays current (at each reap)."""
+        await self.store.redis.set(keys.heartbeat_timeout(), repr(float(self.settings.heartbeat_timeout_s)))
 
     async def reap(self, now: float | None = None) -> list[tuple[str, JobStatus]]:
         """Move on jobs whose worker is gone; returns (job id, new status) of each change.
@@ -311,6 +354,7 @@ class GatewayService:
             uptime = float("inf")
         if self.reachable_since is None:
             self.reachable_since = now
+        await self.publish_timeout()
         cutoff = now - self.settings.heartbeat_timeout_s
         changes: list[tuple[str, JobStatus]] = []
         # Within a heartbeat timeout of Redis coming back, silence proves nothing.
@@ -436,13 +480,14 @@ class GatewayService:
         if root.exists():
             for job_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
                 for version_dir in sorted(job_dir.glob("v*")):
-                    suffix = version_dir.name[1:]
-                    if suffix.isdigit() and (version_dir / "adapter_config.json").exists():
+                    # `v<step>`, or `v<step>-r<token>` from a later run of the job (docs/jobs.md).
+                    found = _VERSION_DIR.match(version_dir.name)
+                    if found and (version_dir / "adapter_config.json").exists():
                         out.append(
                             AdapterView(
-                                name=f"{job_dir.name}-v{suffix}",
+                                name=f"{job_dir.name}-{version_dir.name}",
                                 job_id=job_dir.name,
-                                version=int(suffix),
+                                version=int(found.group(1)),
                                 path=str(version_dir),
                             )
                         )

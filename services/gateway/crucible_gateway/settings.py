@@ -79,6 +79,12 @@ class Settings(BaseSettings):
         "DPO; `train.max_steps` of a pipeline): a job asking for more is refused at submission, so "
         "a typo cannot hold a worker for weeks.",
     )
+    max_work_tokens: int = Field(
+        2_000_000_000,
+        ge=1,
+        description="Most tokens a job may generate or train on, counted from its spec (samples x "
+        "tokens: `crucible_gateway.work`): a job asking for more is refused at submission.",
+    )
     production: bool = Field(False, description="Refuse to start without API keys.")
 
     def path_roots(self) -> PathRoots:

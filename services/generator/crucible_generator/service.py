@@ -68,6 +68,8 @@ class GeneratorService:
         self.model_root = model_root
         self.max_logprobs = max_logprobs
         self._token_text = lru_cache(maxsize=None)(self._decode_token)
+        # The newest fencing token seen per key (a job id): loads of older runs are refused.
+        self.fences: dict[str, int] = {}
 
     # --- models and adapters -------------------------------------------------------------------
 
@@ -100,6 +102,7 @@ class GeneratorService:
             )
         name, lora_path = request.lora_name, request.lora_path
         check_load_request(name, lora_path, self.model_name)
+        self._check_fence(request)
         if not name or not lora_path:  # the registry answers vLLM's "both must be provided"
             await self.engine.load_adapter(name, lora_path)
             return ""
@@ -113,6 +116,22 @@ class GeneratorService:
         finally:
             await asyncio.to_thread(shutil.rmtree, snapshot, True)
         return f"Success: LoRA adapter '{name}' added successfully."
+
+    def _check_fence(self, request: LoadLoRAAdapterRequest) -> None:
+        """A load from a run older than the newest this server has seen for the same job is
+        refused (400 naming `fence`): that run was superseded and must not take a slot or serve
+        weights under the job's names. A newer token becomes the newest."""
+        fence = request.fence
+        if fence is None:
+            return
+        newest = self.fences.get(fence.key, fence.token)
+        if fence.token < newest:
+            raise BadRequest(
+                f"Loading lora {request.lora_name} refused: its fencing token {fence.token} for "
+                f"{fence.key!r} is older than {newest}, a newer run's",
+                param="fence",
+            )
+        self.fences[fence.key] = fence.token
 
     async def unload_adapter(self, request: UnloadLoRAAdapterRequest) -> str:
         if len(request.lora_name) > MAX_NAME_CHARS:

@@ -9,7 +9,9 @@ import inspect
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from crucible_trainer.channel import JobChannel
+from crucible_trainer.channel import JobChannel, Superseded
+
+__all__ = ["CancelToken", "Cancelled", "Interrupted", "Superseded"]
 
 T = TypeVar("T")
 
@@ -24,10 +26,6 @@ class Interrupted(Exception):
     def __init__(self, step: int) -> None:
         super().__init__(f"interrupted after step {step}")
         self.step = step
-
-
-class Superseded(Exception):
-    """The job was taken from this run (re-queued or started elsewhere): stop, writing nothing."""
 
 
 def _discard(work: Awaitable[Any]) -> None:

@@ -10,6 +10,7 @@ callback and Ctrl-C as the cancel flag.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -21,22 +22,63 @@ from contextlib import contextmanager
 from typing import Any
 
 from crucible_shared import events, keys
-from crucible_shared.lifecycle import JobStatus, transition_command, transition_result
+from crucible_shared.lifecycle import (
+    JobStatus,
+    decode,
+    start_command,
+    start_result,
+    transition_command,
+    transition_result,
+)
 from redis.exceptions import RedisError
 
 from crucible_trainer.outbox import Outbox
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
+# The longest a run holds its lease without Redis confirming it; capped at half the reaper's
+# heartbeat timeout (`keys.heartbeat_timeout`, 60 s by default) when the gateway publishes it.
+LEASE_S = 30.0
 # Set when the worker process was asked to stop (SIGTERM: `docker compose restart trainer`, a
 # rolling update): the running job stops at its next step boundary and goes back to the queue.
 WORKER_STOPPING = threading.Event()
+
+
+class Superseded(Exception):
+    """The job was taken from this run (re-queued or started elsewhere), or this run's lease lapsed
+    and Redis never confirmed it again: stop, writing nothing."""
 
 
 class JobChannel:
     """Base: what a job may say about itself. Subclasses say where it goes."""
 
     job_id: str
+    # The run's fencing token (its lease): larger for every run of the job; None in-process.
+    token: int | None = None
+
+    @property
+    def tag(self) -> str:
+        """The suffix of what this run names in shared stores (adapter versions, checkpoints):
+        none for a job's first run or an in-process one, `-r<token>` for each later run, so no two
+        runs of a job ever write the same name."""
+        return f"-r{self.token}" if self.token is not None and self.token > 1 else ""
+
+    def gate(self) -> None:
+        """Before a write outside Redis (run dir, adapter store, generators): raise `Superseded`
+        unless this run still holds the job (in-process: always)."""
+
+    def commit(self, **fields: Any) -> bool:
+        """Set record fields (the checkpoint pointer) only while this run holds the job; False
+        where there is no record (in-process)."""
+        return False
+
+    def committed(self, field: str) -> str | None:
+        """A field `commit` set (by this run or an earlier one); None in-process."""
+        return None
+
+    def delivered_steps(self) -> set[int] | None:
+        """The steps whose `metrics` event is in the job's stream (None: no stream to read)."""
+        return None
 
     def start(self) -> bool:
         """Mark the job running; False when it may not run (cancelled or taken meanwhile)."""
@@ -75,10 +117,15 @@ class RedisChannel(JobChannel):
     """A queued job's channel. Its writes go through an `Outbox`: fenced by the lease this run
     got at `start`, and kept in memory while Redis is unreachable (see `crucible_trainer.outbox`)."""
 
-    def __init__(self, redis: Any, job_id: str, *, outage_wait_s: float = 600.0) -> None:
+    def __init__(
+        self, redis: Any, job_id: str, *, outage_wait_s: float = 600.0, lease_s: float = LEASE_S
+    ) -> None:
         self.redis, self.job_id, self.outage_wait_s = redis, job_id, outage_wait_s
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self.lease = uuid.uuid4().hex
+        self.lease = uuid.uuid4().hex  # replaced by the fencing token at `start`
+        self.lease_s = lease_s
+        self.lost = False  # the lease lapsed and Redis did not confirm it within outage_wait_s
+        self._lapsed = False  # the lapse was reported (once per lapse)
         self.outbox = Outbox(redis, job_id, self.lease, limit=STREAM_MAXLEN, maxlen=STREAM_MAXLEN)
 
     def _transition(self, status: JobStatus, allowed: set[JobStatus], **fields: Any) -> bool:
@@ -102,25 +149,97 @@ class RedisChannel(JobChannel):
 
     def start(self) -> bool:
         now = time.time()
-        changed, current = transition_result(
+        sent_at = time.monotonic()
+        token, current = start_result(
             self.redis.eval(
-                *transition_command(
+                *start_command(
                     self.job_id,
-                    JobStatus.running,
-                    allowed_from={JobStatus.queued},
                     started_at=now,
                     heartbeat_at=now,
                     worker=self.worker,
-                    lease=self.lease,
                     delivered=0,
                     error=None,
                     finished_at=None,
                 )
             )
         )
-        if not changed:
+        if token is None:
             log.warning("job %s: not started, the job is %s", self.job_id, current)
-        return changed
+            return False
+        self.token, self.lease = token, str(token)
+        self.outbox.lease, self.outbox.confirmed_at = self.lease, sent_at
+        # The lease lapses on this host before the reaper may take the job: at most half of the
+        # reaper's heartbeat timeout, counted from when the last accepted write was sent.
+        reaper = self.redis.get(keys.heartbeat_timeout())
+        if reaper is not None:
+            self.lease_s = min(self.lease_s, float(reaper) / 2)
+        return True
+
+    def holds_lease(self) -> bool:
+        """Whether this run's lease is unexpired by this host's clock (it may still be taken:
+        the outbox finds that out at its next delivery)."""
+        held = self.outbox.fenced is None and time.monotonic() - self.outbox.confirmed_at < self.lease_s
+        if held and self._lapsed:
+            self._lapsed = False
+            log.warning("job %s: lease confirmed again; writing again", self.job_id)
+        return held
+
+    def _note_lapse(self) -> None:
+        if not self._lapsed:
+            self._lapsed = True
+            log.warning(
+                "job %s: lease lapsed (no write accepted for %.1f s); writing nothing until Redis "
+                "confirms it", self.job_id, time.monotonic() - self.outbox.confirmed_at,
+            )  # fmt: skip
+
+    def gate(self) -> None:
+        if self.outbox.fenced is not None or self.lost:
+            raise Superseded(f"job {self.job_id} is no longer this run's")
+        if self.holds_lease():
+            return
+        # The lease lapsed (Redis unreachable, or this process was paused): write nothing until
+        # Redis says whether the job is still this run's.
+        self._note_lapse()
+        deadline = time.monotonic() + self.outage_wait_s
+        while True:
+            self.outbox.deliver(beat=True)
+            if self.outbox.fenced is not None:
+                raise Superseded(f"job {self.job_id} is no longer this run's")
+            if self.holds_lease():
+                return
+            if time.monotonic() > deadline:
+                self.lost = True
+                raise Superseded(f"job {self.job_id}: Redis did not confirm this run's lease")
+            time.sleep(min(1.0, self.lease_s / 4))
+
+    def commit(self, **fields: Any) -> bool:
+        deadline = time.monotonic() + self.outage_wait_s
+        while True:
+            self.gate()  # waits while the lease has lapsed, until Redis confirms or refuses it
+            done = self.outbox.commit(fields)
+            if done:
+                return True
+            if done is False:
+                raise Superseded(f"job {self.job_id} is no longer this run's")
+            if time.monotonic() > deadline:
+                self.lost = True
+                raise Superseded(f"job {self.job_id}: Redis did not confirm this run's lease")
+            time.sleep(1.0)
+
+    def committed(self, field: str) -> str | None:
+        value = self.redis.hget(keys.job(self.job_id), field)
+        return None if value is None else decode(field, value.decode()) or None
+
+    def delivered_steps(self) -> set[int] | None:
+        steps: set[int] = set()
+        for _, fields in self.redis.xrange(keys.events(self.job_id)):
+            try:
+                event = json.loads(fields[b"data"])
+            except (KeyError, ValueError):
+                continue
+            if event.get("type") == "metrics" and isinstance(event.get("step"), int):
+                steps.add(event["step"])
+        return steps
 
     def progress(self, step: int, total_steps: int, metrics: dict[str, float], policy_version: str) -> None:
         latest = {k: v for k, v in metrics.items() if not k.startswith("update/ratio")}
@@ -145,7 +264,7 @@ class RedisChannel(JobChannel):
         return WORKER_STOPPING.is_set()
 
     def superseded(self) -> bool:
-        return self.outbox.fenced is not None
+        return self.outbox.fenced is not None or self.lost
 
     def release(self, reason: str) -> None:
         # The gateway's reaper puts a released job back on its RQ queue within seconds.
@@ -171,6 +290,7 @@ class RedisChannel(JobChannel):
         shows up as a silent job (the gateway then retries or fails it) even in the middle of a
         long step, and a superseded run finds out within `every_s`."""
         stop = threading.Event()
+        every_s = min(every_s, self.lease_s / 3)  # several renewals within every lease
 
         def beat() -> None:
             while not stop.wait(every_s) and not self.superseded():
@@ -178,6 +298,8 @@ class RedisChannel(JobChannel):
                     self.outbox.deliver(beat=True)
                 except Exception as exc:  # a Redis blip must not kill the job
                     log.warning("heartbeat failed: %r", exc)
+                if not self.holds_lease() and self.outbox.fenced is None:
+                    self._note_lapse()  # said as it happens; the job's next write waits (`gate`)
 
         thread = threading.Thread(target=beat, name=f"heartbeat-{self.job_id}", daemon=True)
         thread.start()

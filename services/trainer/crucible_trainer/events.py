@@ -59,13 +59,20 @@ class EventSink:
         log.info("%s %s", kind, json.dumps(data, default=str)[:500])
 
     def _append(self, row: dict[str, Any]) -> None:
+        self.channel.gate()  # only the run holding the job writes its run dir
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
 
-    def metrics(self, step: int, values: dict[str, float]) -> None:
+    def metrics(self, step: int, values: dict[str, float], *, emit: bool = True) -> None:
+        """The step's `metrics.jsonl` row (and W&B), then its event unless `emit` is False (the
+        training loop sends it after the step's checkpoint, `step_event`)."""
         self._append({"step": step, **values})
         if self.wandb_run is not None:
             self.wandb_run.log(values, step=step)
+        if emit:
+            self.step_event(step, values)
+
+    def step_event(self, step: int, values: dict[str, float]) -> None:
         self.emit("metrics", step=step, metrics=values)
 
     def eval_point(self, step: int, label: str, summary: dict[str, Any]) -> None:
@@ -78,8 +85,13 @@ class EventSink:
     def rollouts(self, step: int, rows: list[dict[str, Any]]) -> Path:
         self.rollouts_dir.mkdir(parents=True, exist_ok=True)
         path = self.rollouts_dir / f"step-{step:06d}.jsonl"
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = path.with_name(f".{path.name}{self.channel.tag}.tmp")  # no two runs share one
         tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        try:
+            self.channel.gate()
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, path)
         if self.wandb_run is not None and rows:
             import wandb
@@ -93,6 +105,7 @@ class EventSink:
 
     def forget_after(self, step: int) -> None:
         """After a resume from `step`: drop what was logged for later steps (they run again)."""
+        self.channel.gate()
         if self.metrics_path.exists():
             kept = [
                 line
@@ -103,6 +116,24 @@ class EventSink:
         for path in self.rollouts_dir.glob("step-*.jsonl"):
             if int(path.stem.split("-")[1]) > step:
                 path.unlink()
+
+
+def recover_events(sink: EventSink, upto: int) -> int:
+    """After a resume from step `upto`: the `metrics` events of steps up to it that never reached
+    the job's stream (an earlier run checkpointed them during a Redis outage and died before
+    delivering them), sent again from their `metrics.jsonl` rows, in step order. Returns how many."""
+    delivered = sink.channel.delivered_steps()
+    if delivered is None or not sink.metrics_path.exists():
+        return 0
+    rows = {}
+    for line in sink.metrics_path.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        step = row.get("step")
+        if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
+            rows[step] = {k: v for k, v in row.items() if k != "step"}
+    for step in sorted(rows):
+        sink.channel.emit("metrics", step=step, metrics=rows[step])
+    return len(rows)
 
 
 def start_wandb(

@@ -106,6 +106,7 @@ class JobRun:
         checked = {f: p for f, p in roots.check(self.spec).items() if self.loads_model or f != "model.base"}
         self.spec = with_checked_paths(self.spec, checked)
         await self.prepare()
+        self.channel.gate()
         (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=2))
         self.cancel.start()
         try:
@@ -128,6 +129,7 @@ class JobRun:
                 if self.events.wandb_run is not None:
                     self.events.wandb_run.finish()
                 if not self.channel.superseded():  # the run holding the job writes its summary
+                    self.channel.gate()
                     self.write_summary()
         if self.summary["status"] == JobStatus.finished.value:
             self.events.emit("status", status="finished", summary=self.summary)

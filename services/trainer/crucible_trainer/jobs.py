@@ -55,7 +55,7 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
 
 
 def _execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
-    from crucible_trainer.cancel import Cancelled, Interrupted
+    from crucible_trainer.cancel import Cancelled, Interrupted, Superseded
 
     if not channel.start():
         return {"job_id": job_id, "status": "skipped"}
@@ -70,6 +70,9 @@ def _execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) ->
             return superseded
         channel.release(f"the worker stopped after step {stop.step}; the job resumes from its checkpoint")
         return {"job_id": job_id, "status": JobStatus.queued.value}
+    except Superseded as exc:  # found out by a generator (fence) or the gate, maybe before the outbox
+        log.warning("job %s: this run was superseded (%s)", job_id, exc)
+        return superseded
     except SystemExit:  # RQ's cold shutdown raises it in the job
         if not channel.superseded():
             channel.release("the worker was stopped mid-step; the job resumes from its last checkpoint")

@@ -15,7 +15,11 @@ lease (`crucible_shared.lifecycle`). So:
   (`superseded`), writing nothing more.
 
 The heartbeat is stamped with Redis's own clock (`TIME`), the one the gateway's reaper reads, so
-the two agree on how long a job has been silent whatever the hosts' clocks say.
+the two agree on how long a job has been silent whatever the hosts' clocks say. Every accepted
+delivery stamps it and renews the run's lease: `confirmed_at` is the (monotonic) time the last
+accepted delivery was *sent*, so the reaper's view of the heartbeat is never older than it and a
+lease counted from it lapses on this host before the reaper can take the job (`channel.gate`).
+`commit` sets record fields (the checkpoint pointer) atomically with the fence check.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] the record, KEYS[2] the event stream. ARGV: lease, stream maxlen, beat ("1": stamp
-# heartbeat_at with Redis TIME), the number of progress field/value pairs, the first event's
+# KEYS[1] the record, KEYS[2] the event stream. ARGV: lease, stream maxlen, beat (unused: every
+# delivery stamps heartbeat_at with Redis TIME, since each one renews the lease), the number of progress field/value pairs, the first event's
 # sequence number, then the pairs, then the events' data. Returns "ok", or "fenced:<status>".
 _DELIVER = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -54,10 +58,8 @@ for i = 6 + 2 * npairs, #ARGV do
   end
 end
 if last > done then redis.call('HSET', KEYS[1], 'delivered', tostring(last)) end
-if ARGV[3] == '1' then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[1], 'heartbeat_at', string.format('%d.%06d', t[1], t[2]))
-end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'heartbeat_at', string.format('%d.%06d', t[1], t[2]))
 return 'ok'
 """
 _BATCH = 200  # events per script call: a long outage's backlog goes in bounded pieces
@@ -79,6 +81,7 @@ class Outbox:
         self._sending = threading.Lock()  # one delivery at a time, in order
         self.fenced: str | None = None  # the job's status when this run found it taken
         self.down_since: float | None = None  # when Redis last stopped answering (None: it answers)
+        self.confirmed_at = time.monotonic()  # when the last delivery Redis accepted was sent
 
     # -- what the run writes --------------------------------------------------------------------
     def event(self, record: dict[str, Any]) -> None:
@@ -118,6 +121,7 @@ class Outbox:
                 first = batch[0][0] if batch else self._next_seq
                 pairs = [x for k, v in progress.items() for x in (k, v)]
                 args = [self.lease, self.maxlen, "1" if beat else "0", len(progress), first, *pairs]
+                sent_at = time.monotonic()
                 try:
                     reply = self.redis.eval(
                         _DELIVER, 2, keys.job(self.job_id), keys.events(self.job_id),
@@ -130,6 +134,8 @@ class Outbox:
                     return False
                 text = reply.decode() if isinstance(reply, bytes) else str(reply)
                 with self._state:
+                    if text == "ok":
+                        self.confirmed_at = max(self.confirmed_at, sent_at)
                     if text != "ok":
                         self.fenced = text.split(":", 1)[1]
                         self._events.clear()
@@ -155,6 +161,33 @@ class Outbox:
                     )
                     self.down_since = None
                 beat = False
+
+    def commit(self, fields: dict[str, Any]) -> bool | None:
+        """Set record fields only while this run holds the job (one script call, fenced like every
+        delivery): True when set, False when fenced, None when Redis did not answer."""
+        with self._state:
+            if self.fenced is not None:
+                return False
+        pairs = [x for k, v in encode_fields(fields).items() for x in (k, v)]
+        sent_at = time.monotonic()
+        try:
+            reply = self.redis.eval(
+                _DELIVER, 2, keys.job(self.job_id), keys.events(self.job_id),
+                self.lease, self.maxlen, "1", len(fields), self._next_seq, *pairs,
+            )  # fmt: skip
+        except RedisError as exc:
+            log.warning("job %s: commit of %s waits for Redis (%r)", self.job_id, sorted(fields), exc)
+            return None
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        with self._state:
+            if text == "ok":
+                self.confirmed_at = max(self.confirmed_at, sent_at)
+                return True
+            self.fenced = text.split(":", 1)[1]
+            self._events.clear()
+            self._progress.clear()
+        log.warning("job %s: this run no longer holds the job (it is %s)", self.job_id, self.fenced)
+        return False
 
     def drain(self, wait_s: float, poll_s: float = 1.0) -> bool:
         """Deliver everything, waiting up to `wait_s` for Redis to come back; False if fenced or

@@ -38,6 +38,7 @@ class OverlappedSteps:
     _stale_check: Callable[..., Awaitable[dict[str, float]]]
     _log_rollouts: Callable[[int, list[Sample]], None]
     update_policy: Callable[..., dict[str, float]]  # TrainRun's: one process, or the ranks
+    channel: Any
 
     async def _start_ahead(
         self,
@@ -117,6 +118,7 @@ class OverlappedSteps:
         metrics.update(
             await asyncio.to_thread(self.update_policy, policy, got.samples, ucfg, spec.seed + step)
         )
+        self.channel.gate()  # a run paused in its update and superseded meanwhile stops here
         t2 = time.perf_counter()
         self._log_rollouts(step, got.samples)
         metrics.update(await publisher.publish(policy, step))

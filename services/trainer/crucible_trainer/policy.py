@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,12 +199,15 @@ class Policy:
         return float(self.optimizer.param_groups[0]["lr"])
 
     # -- persistence ----------------------------------------------------------------------------
-    def save_adapter(self, path: Path) -> Path:
-        """Write the adapter (PEFT format) to `path` atomically: a temp dir, then a rename."""
+    def save_adapter(self, path: Path, gate: Callable[[], None] | None = None) -> Path:
+        """Write the adapter (PEFT format) to `path` atomically: a temp dir, then a rename, which
+        `gate` (a run's lease check, `JobChannel.gate`) may refuse by raising."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
         try:
             self.write_adapter(tmp)
+            if gate is not None:
+                gate()
             if path.exists():
                 shutil.rmtree(path)
             os.replace(tmp, path)

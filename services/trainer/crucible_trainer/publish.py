@@ -1,7 +1,12 @@
 """Publishing adapter versions to the generator replicas, and the stale-policy check.
 
-Each version gets a new name `<job>-v<step>` (vLLM caches by name: reusing one would serve
-stale weights). After the broadcast load returns on every replica, rollouts switch to the new
+Each version gets a new name `<job>-v<step><tag>` (vLLM caches by name: reusing one would serve
+stale weights), `<tag>` being the run's (`channel.tag`: empty for a job's first run, `-r<token>`
+for a later one), so two runs of a job never load or write the same name: a run resumed after its
+job was taken from another run cannot meet that run's versions. Every save and load is fenced:
+the save is gated by the run's lease (`channel.gate`), and the load carries the run's fencing
+token (`fence`: Crucible's generator refuses a load whose token for the job is older than the
+newest it has seen; vLLM ignores the field). After the broadcast load returns on every replica, rollouts switch to the new
 name and versions older than the staleness window are unloaded, except those a rollout still in
 flight samples from (overlapped rollouts, rl/overlap.py, `pin` / `release`): such a version is
 unloaded when its last rollout ends.
@@ -18,6 +23,7 @@ from pathlib import Path
 
 from crucible_shared.generator_client import AdapterBroadcastError, GeneratorAPIError, GeneratorPool, samples
 
+from crucible_trainer.channel import JobChannel, Superseded
 from crucible_trainer.policy import Policy
 
 
@@ -36,6 +42,27 @@ class Publisher:
     live: list[str] = field(default_factory=list)
     current: str | None = None
     pins: Counter[str] = field(default_factory=Counter)  # rollouts in flight per version name
+    channel: JobChannel = field(default_factory=JobChannel)  # the run's lease (none: in-process)
+
+    def name(self, version: int) -> str:
+        """This run's name of `version` (`<job>-v<step><tag>`)."""
+        return f"{self.job_id}-v{version}{self.channel.tag}"
+
+    def path(self, version: int) -> Path:
+        return self.adapter_dir / self.job_id / f"v{version}{self.channel.tag}"
+
+    async def load(self, name: str, path: Path) -> None:
+        """Load on every replica, fenced by the run's token; `Superseded` when a generator has
+        seen a newer run of this job."""
+        self.channel.gate()
+        token = self.channel.token
+        fenced = {} if token is None else {"fence": {"key": self.job_id, "token": token}}
+        try:
+            await self.pool.load_adapter(name, str(path.resolve()), **fenced)
+        except AdapterBroadcastError as exc:
+            if any(isinstance(e, GeneratorAPIError) and e.param == "fence" for e in exc.failures.values()):
+                raise Superseded(f"a newer run of {self.job_id} loads its versions: {exc}") from exc
+            raise
 
     @property
     def model_name(self) -> str:
@@ -44,11 +71,13 @@ class Publisher:
 
     async def publish(self, policy: Policy, version: int) -> dict[str, float]:
         started = time.perf_counter()
-        path = self.adapter_dir / self.job_id / f"v{version}"
-        await asyncio.to_thread(policy.save_adapter, path)
+        path = self.path(version)
+        self.channel.gate()
+        gated = () if self.channel.token is None else (self.channel.gate,)  # in-process: no lease
+        await asyncio.to_thread(policy.save_adapter, path, *gated)
         saved = time.perf_counter()
-        name = f"{self.job_id}-v{version}"
-        await self.pool.load_adapter(name, str(path.resolve()))
+        name = self.name(version)
+        await self.load(name, path)
         loaded = time.perf_counter()
         self.live.append(name)
         self.current = name
@@ -79,29 +108,38 @@ class Publisher:
             del self.pins[name]
             await self._trim()
 
-    async def adopt(self, version: int) -> None:
-        """After a resume from the checkpoint of `version`: make the generators serve exactly it.
+    async def adopt(self, version: int, policy: Policy | None = None) -> None:
+        """At a run's start: make the generators serve exactly `version` (0: nothing of this job),
+        under this run's own name.
 
-        Versions published after that checkpoint (the job died before checkpointing them) are
-        unloaded, because the resumed job publishes new weights under those step numbers again.
+        Every version of the job the generators serve is unloaded first: versions an earlier run
+        published after its checkpoint (this run publishes new weights for those steps), and every
+        name of an earlier run (this run loads and trims its own). `policy` holds exactly
+        `version`'s weights when the checkpoint is that version's (published from it, as any
+        step's); otherwise the version's saved adapter is loaded under this run's name.
         """
-        pattern = re.compile(rf"^{re.escape(self.job_id)}-v(\d+)$")
+        pattern = re.compile(rf"^{re.escape(self.job_id)}-v\d+(-r\d+)?$")
         for client in self.pool.clients:
             listing = await client.models()
             for card in listing.data:
-                match = pattern.match(card.id)
-                if match and int(match.group(1)) != version:
+                if pattern.match(card.id):
+                    self.channel.gate()
                     await client.unload_adapter(card.id, missing_ok=True)
-        path = self.adapter_dir / self.job_id / f"v{version}"
-        if version == 0 or not path.exists():
+        self.live, self.current = [], None
+        if version == 0:
             return
-        name = f"{self.job_id}-v{version}"
-        try:
-            await self.pool.load_adapter(name, str(path.resolve()))
-        except AdapterBroadcastError as exc:
-            # Still loaded from before the restart: names are immutable, so it is the same weights.
-            if not all(isinstance(e, GeneratorAPIError) and e.already_loaded for e in exc.failures.values()):
-                raise
+        if policy is not None:
+            await self.publish(policy, version)
+            return
+        saved = [
+            p
+            for p in (self.adapter_dir / self.job_id).glob(f"v{version}*")
+            if p.name == f"v{version}" or p.name.startswith(f"v{version}-r")
+        ]
+        if not saved:
+            return
+        name = self.name(version)
+        await self.load(name, max(saved, key=lambda p: p.stat().st_mtime))
         self.live, self.current = [name], name
 
     async def retire_all(self) -> None:

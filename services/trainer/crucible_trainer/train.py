@@ -37,7 +37,7 @@ from crucible_trainer import checkpoint, evaluation, hardware, tasks
 from crucible_trainer.cancel import Interrupted, Superseded
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.events import rollout_row
+from crucible_trainer.events import recover_events, rollout_row
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.methods import method_module
 from crucible_trainer.overlapped import OverlappedSteps
@@ -92,7 +92,12 @@ class TrainRun(OverlappedSteps, JobRun):
         await self.cancel.guard(sandbox.wait_ready(timeout=120))
         base_name = await served_base(pool, spec.model.base)
         publisher = Publisher(
-            pool, Path(settings.adapter_dir), self.job_id, spec.publish.staleness_window, base_name
+            pool,
+            Path(settings.adapter_dir),
+            self.job_id,
+            spec.publish.staleness_window,
+            base_name,
+            channel=self.channel,
         )
         try:
             await self._loop(self.policy, pool, sandbox, publisher)
@@ -101,9 +106,8 @@ class TrainRun(OverlappedSteps, JobRun):
                 await self.ahead.close()
             # A finished, cancelled or failed job frees its generator slots (--max-loras is
             # small); its adapters stay in the store for evaluation or serving.
-            try:
-                if not self.channel.superseded():  # the run holding the job serves them now
-                    await publisher.retire_all()
+            try:  # its own versions only (names of its own: `channel.tag`), superseded or not
+                await publisher.retire_all()
             except Exception as exc:
                 log.warning("could not unload %s's adapters: %r", self.job_id, exc)
 
@@ -147,14 +151,19 @@ class TrainRun(OverlappedSteps, JobRun):
             version = step if step % spec.publish.every == 0 else version
             if self.channel.superseded():
                 raise Superseded()  # another run holds the job (and its run dir): write nothing
-            self.events.metrics(step, metrics)
-            self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
-            if self.channel.superseded():
-                raise Superseded()
+            # The row, then the checkpoint, then the event: a step's event is in the stream only
+            # once its checkpoint is committed, so a run resumed from an earlier checkpoint never
+            # sends a step twice; one that died between the two sends it again from the row
+            # (`recover_events`).
+            self.events.metrics(step, metrics, emit=False)
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
                 extra = {"version": version, "sampler": drawn, "method": self.method_state}
-                await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra)
+                await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra, self.channel)
+            self.events.step_event(step, metrics)
+            self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
+            if self.channel.superseded():
+                raise Superseded()
             if stopping and step < spec.optim.steps:
                 raise Interrupted(step)
             if (
@@ -169,7 +178,10 @@ class TrainRun(OverlappedSteps, JobRun):
             self.summary["stale_check"] = await self._stale_check(
                 pool, policy, publisher.model_name, version, probe
             )
-        final_adapter = await asyncio.to_thread(policy.save_adapter, self.run_dir / "adapter")
+        self.channel.gate()
+        final_adapter = await asyncio.to_thread(
+            policy.save_adapter, self.run_dir / "adapter", self.channel.gate
+        )
         self.summary.update(
             steps=spec.optim.steps,
             adapter=str(final_adapter),
@@ -187,8 +199,9 @@ class TrainRun(OverlappedSteps, JobRun):
     async def _resume(self, policy: Policy, publisher: Publisher, sampler: ProblemSampler) -> tuple[int, int]:
         """The first step to run (1, or the one after the newest checkpoint, restored) and the
         adapter version the generators serve from then on."""
-        found = checkpoint.latest(self.run_dir)
+        found = await asyncio.to_thread(checkpoint.resumable, self.run_dir, self.channel)
         if found is None:
+            await publisher.adopt(0)  # an earlier run's versions, if any, are not this run's
             return 1, 0
         state = await asyncio.to_thread(checkpoint.restore, policy, found)
         extra = state["extra"]
@@ -196,8 +209,11 @@ class TrainRun(OverlappedSteps, JobRun):
             sampler.load(extra["sampler"])
         self.method_state.update(extra.get("method", {}))
         version = extra.get("version", state["step"])
-        await publisher.adopt(version)
+        await publisher.adopt(version, policy if version == state["step"] else None)
         self.events.forget_after(state["step"])
+        # Steps the checkpoint holds whose events an earlier run never delivered (it died during
+        # a Redis outage): from metrics.jsonl, so the stream has every step once.
+        await asyncio.to_thread(recover_events, self.events, state["step"])
         self.events.emit("resumed", step=state["step"], checkpoint=str(found))
         return state["step"] + 1, version
 
@@ -239,6 +255,7 @@ class TrainRun(OverlappedSteps, JobRun):
                 "kept": [self.problems[i].task_id for i in chosen],
                 "of": len(indices),
             }
+            self.channel.gate()
             saved.write_text(json.dumps(record, indent=2))
         sampler.restrict(chosen)
         self.summary["difficulty_filter"] = {"kept": len(chosen), "of": len(indices)}
@@ -282,6 +299,7 @@ class TrainRun(OverlappedSteps, JobRun):
         metrics.update(checked)
         ucfg = self.method.update_config(spec.method, spec)
         metrics.update(await asyncio.to_thread(self.update_policy, policy, samples, ucfg, spec.seed + step))
+        self.channel.gate()  # a run paused in its update and superseded meanwhile stops here
         t3 = time.perf_counter()
         metrics["lr"] = policy.lr
         metrics["time/rollout_s"] = t1 - t0 - waited
@@ -330,6 +348,7 @@ class TrainRun(OverlappedSteps, JobRun):
         for i, s in enumerate(samples):
             rows[i]["sample"] = i
             rows[i]["parent"] = s.parent
+            rows[i]["run"] = self.channel.token  # which run of the job wrote it (None: in-process)
         self.events.rollouts(step, rows)
         every = self.spec.logging.samples_every
         if every and step % every == 0 and rows:

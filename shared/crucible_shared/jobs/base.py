@@ -3,9 +3,10 @@ the errors that name their field (the gateway reports it)."""
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+import json
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_SEED = 2**63 - 1
@@ -15,6 +16,20 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_ints(cls, data: Any) -> Any:
+        """A count is a JSON integer: `true` is not 1 step and `"2"` is not 2 (pydantic's lax
+        mode would take both). Floats with no fraction stay accepted, as JSON has one number."""
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                value = data.get(name)
+                if isinstance(value, bool | str) and _is_int_field(field.annotation):
+                    if isinstance(value, str) and _allows_text(field.annotation, value):
+                        continue
+                    raise invalid(name, f"must be an integer, not {json.dumps(value)}")
+        return data
 
     def _changed(self, name: str) -> bool:
         """Whether `name` differs from its default. (Not "was given": a spec dumped with its
@@ -38,6 +53,22 @@ class _Method(_Spec):
         if self.per_problem is None:
             raise ValueError(f"{type(self).__name__} samples no completions per step")
         return int(getattr(self, self.per_problem)) * problems_per_step
+
+
+def _is_int_field(annotation: Any) -> bool:
+    """`int`, `int | None`, `int | Literal[...]`: a field whose numbers are integers."""
+    if annotation is int:
+        return True
+    args = get_args(annotation)
+    return int in args and float not in args and bool not in args
+
+
+def _allows_text(annotation: Any, value: str) -> bool:
+    """Whether the field also takes this text (`micro_batch: "auto"`, `ids: ["MBPP/11"]`)."""
+    for arg in get_args(annotation):
+        if arg is str or (get_origin(arg) is Literal and value in get_args(arg)):
+            return True
+    return False
 
 
 def unused(field: str, reason: str) -> PydanticCustomError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crucible_shared.jobs.base import unused
+from crucible_shared.jobs.base import invalid, unused
 
 
 def filter_from_difficulty(data: Any) -> Any:
@@ -21,7 +21,7 @@ def filter_from_difficulty(data: Any) -> Any:
         data = dict(data)
         on, samples = data.pop("difficulty_filter", False), data.pop("filter_samples", None)
         if "filter" in data and (on or samples is not None):
-            raise ValueError("difficulty_filter: give `filter` alone (difficulty_filter is its old form)")
+            raise invalid("difficulty_filter", "give `filter` alone (difficulty_filter is its old form)")
         if on:
             data["filter"] = {"mode": "pre", **({"pre_samples": samples} if samples is not None else {})}
         elif samples is not None:
@@ -55,5 +55,5 @@ def group_size_from_rollout(data: Any) -> Any:
             f"only GRPO samples groups (method {name} has its own sample counts: see its config)",
         )
     if "group_size" in method and method["group_size"] != size:
-        raise ValueError("rollout.group_size: give method.group_size alone")
+        raise invalid("rollout.group_size", "give method.group_size alone")
     return {**data, "rollout": rollout, "method": {**method, "group_size": size}}

@@ -7,12 +7,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from crucible_shared.jobs.base import Seed, _Spec, unused
+from crucible_shared.jobs.base import Seed, _Spec, invalid, unused
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 Dataset = Literal["mbpp", "humaneval", "stdio", "jsonl"]
 Split = Literal["prompt", "test", "validation", "train", "all"]
+# MBPP's splits by task id (inclusive), as the MBPP adapter applies them.
+MBPP_SPLITS: dict[str, tuple[int, int]] = {
+    "prompt": (1, 10),
+    "test": (11, 510),
+    "validation": (511, 600),
+    "train": (601, 974),
+    "all": (1, 974),
+}
 # MBPP's standard splits by task id; HumanEval's seeded 131/33 train/test split (docs/evaluation.md).
 SPLITS: dict[str, tuple[str, ...]] = {
     "mbpp": ("prompt", "test", "validation", "train", "all"),
@@ -55,18 +63,20 @@ class DataSpec(_Spec):
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
         if self.dataset in ("stdio", "jsonl") and not self.path:
-            raise ValueError(f"path: a {self.dataset} dataset needs the path of its JSONL file")
+            raise invalid("path", f"a {self.dataset} dataset needs the path of its JSONL file")
         allowed = SPLITS.get(self.dataset, ("all",))
         if self.split not in (None, *allowed):
-            raise ValueError(
-                f"split: {self.dataset} has no split {self.split!r} (it has: {', '.join(allowed)})"
+            raise invalid(
+                "split", f"{self.dataset} has no split {self.split!r} (it has: {', '.join(allowed)})"
             )
         if self.ids is not None and self.id_range is not None:
             raise ValueError("ids and id_range: give one of them, not both")
         if self.ids is not None and not self.ids:
-            raise ValueError("ids: empty list")
+            raise invalid("ids", "empty list")
         if self.id_range is not None and self.id_range[0] > self.id_range[1]:
-            raise ValueError(f"id_range: start {self.id_range[0]} is after end {self.id_range[1]}")
+            raise invalid("id_range", f"start {self.id_range[0]} is after end {self.id_range[1]}")
+        if self.dataset == "mbpp" and self.path is None:
+            self._check_mbpp_ids()
         if self._changed("challenge_tests") and self.dataset != "mbpp":
             raise unused("challenge_tests", f"only MBPP has challenge tests, not {self.dataset}")
         if self.max_cases is not None and self.dataset != "stdio":
@@ -74,6 +84,18 @@ class DataSpec(_Spec):
         if self._changed("seed") and not self.shuffle:
             raise unused("seed", "it seeds the shuffle; set shuffle: true or drop it")
         return self
+
+    def _check_mbpp_ids(self) -> None:
+        """MBPP's own tasks (no `path`): numeric ids inside the split asked for (all 1-974 when
+        none is), so a typo is refused at submission rather than evaluating nothing."""
+        low, high = MBPP_SPLITS[self.effective_split]
+        where = f"MBPP's {self.effective_split} split (ids {low}-{high})"
+        for i, raw in enumerate(self.ids or []):
+            text = str(raw).removeprefix("MBPP/")
+            if not text.isdigit() or not low <= int(text) <= high:
+                raise invalid(f"ids.{i}", f"{raw!r} is not a task of {where}")
+        if self.id_range is not None and (self.id_range[0] < low or self.id_range[1] > high):
+            raise invalid("id_range", f"{list(self.id_range)} reaches outside {where}")
 
     @property
     def effective_split(self) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import _ATTEMPTS, MAX_STEPS, Seed, _Spec, unused
+from crucible_shared.jobs.base import _ATTEMPTS, MAX_STEPS, Seed, _Spec, invalid, unused
 from crucible_shared.jobs.compat import greedy_from_temperature
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.lifecycle import JobKind
@@ -45,13 +45,13 @@ class EvalSpec(EvalSampling):
     @model_validator(mode="after")
     def _check(self) -> EvalSpec:
         if self.n == 0 and not self.greedy:
-            raise ValueError("n: nothing to evaluate (n is 0 and greedy is off)")
+            raise invalid("n", "nothing to evaluate (n is 0 and greedy is off)")
         if self.n == 0:
             for name in ("temperature", "top_p", "ks"):
                 if self._changed(name):
                     raise unused(name, "n is 0 (greedy only); set n > 0 to sample answers")
         if any(k > self.n for k in self.ks) and self.n > 0:
-            raise ValueError(f"ks: every k must be at most n={self.n}")
+            raise invalid("ks", f"every k must be at most n={self.n}")
         return self
 
 
@@ -72,7 +72,10 @@ class EvalJob(EvalSpec):
     name: Label | None = Field(None, max_length=200, description="Label shown in listings (printable text).")
     model: ModelSpec = Field(default_factory=ModelSpec)
     adapter: str | None = Field(
-        None, max_length=4096, description="Evaluate this adapter (PEFT directory inside the adapter roots)."
+        None,
+        min_length=1,  # "" would evaluate the base model while the spec names an adapter
+        max_length=4096,
+        description="Evaluate this adapter (PEFT directory inside the adapter roots).",
     )
     seed: Seed = Field(0, description="Seeds the sampled answers.")
     max_attempts: int | None = _ATTEMPTS

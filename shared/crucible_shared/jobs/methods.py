@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import _Method, _Spec, unused
+from crucible_shared.jobs.base import _Method, _Spec, invalid, unused
 from crucible_shared.jobs.compat import filter_from_difficulty
 
 
@@ -139,7 +139,7 @@ class SRRLConfig(ClippedMethod):
     @model_validator(mode="after")
     def _check(self) -> SRRLConfig:
         if self.c1 >= self.budget:
-            raise ValueError("c1 must be smaller than budget so refinements fit in it")
+            raise invalid("c1", "must be smaller than budget so refinements fit in it")
         return self
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import MAX_STEPS, _Method, unused
+from crucible_shared.jobs.base import MAX_STEPS, _Method, invalid, unused
 from crucible_shared.jobs.sections import OptimSpec
 
 # TRL's DPO loss types (`trl.DPOConfig.loss_type`), and those that read `label_smoothing`.
@@ -90,10 +90,10 @@ class DPOConfig(_OfflineMethod):
     @model_validator(mode="after")
     def _check(self) -> DPOConfig:
         if len(set(self.loss_type)) != len(self.loss_type):
-            raise ValueError("loss_type: each loss type at most once")
+            raise invalid("loss_type", "each loss type at most once")
         if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
-            raise ValueError(
-                f"loss_weights: {len(self.loss_weights)} weights for {len(self.loss_type)} loss types"
+            raise invalid(
+                "loss_weights", f"{len(self.loss_weights)} weights for {len(self.loss_type)} loss types"
             )
         if self.loss_weights is not None and len(self.loss_type) == 1:
             raise unused("loss_weights", "there is one loss type; weights combine several")
@@ -101,7 +101,7 @@ class DPOConfig(_OfflineMethod):
         if self._changed("label_smoothing") and not smoothed:
             raise unused("label_smoothing", f"only the {', '.join(sorted(_SMOOTHED_LOSSES))} losses read it")
         if "exo_pair" in self.loss_type and self.label_smoothing == 0:
-            raise ValueError("label_smoothing: the exo_pair loss needs it > 0 (EXO recommends 1e-3)")
+            raise invalid("label_smoothing", "the exo_pair loss needs it > 0 (EXO recommends 1e-3)")
         return self
 
 

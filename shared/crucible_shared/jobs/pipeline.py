@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, unused
+from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Spec, invalid, unused
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import EvalSpec
 from crucible_shared.jobs.offline import OfflineMethod, SFTConfig, check_offline_optim
@@ -142,7 +142,7 @@ class PipelineJob(_Spec):
     @model_validator(mode="after")
     def _check(self) -> PipelineJob:
         if len(set(self.stages)) != len(self.stages):
-            raise ValueError("stages: each stage at most once")
+            raise invalid("stages", "each stage at most once")
         # Stages run in pipeline order whatever order they are listed in.
         self.stages = [s for s in STAGES if s in self.stages]
         if self.train.path:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from crucible_shared.jobs.base import MAX_STEPS, _Spec, unused
+from crucible_shared.jobs.base import MAX_STEPS, _Spec, invalid, unused
 from crucible_shared.sandbox import Limits
 from crucible_shared.text import Label
 
@@ -63,7 +63,7 @@ class OptimSpec(_Spec):
     @model_validator(mode="after")
     def _check_micro_batch(self) -> OptimSpec:
         if self.micro_batch != "auto" and not 1 <= self.micro_batch <= 4096:
-            raise ValueError("micro_batch: between 1 and 4096, or auto")
+            raise invalid("micro_batch", "between 1 and 4096, or auto")
         return self
 
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")

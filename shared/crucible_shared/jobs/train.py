@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from crucible_shared.distributed import DistributedSpec
-from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Method, _Spec, unused
+from crucible_shared.jobs.base import _ATTEMPTS, Seed, _Method, _Spec, invalid, unused
 from crucible_shared.jobs.compat import group_size_from_rollout
 from crucible_shared.jobs.data import DataSpec, ModelSpec
 from crucible_shared.jobs.evaluation import TrainEvalSpec
@@ -98,8 +98,8 @@ class TrainJob(_Spec):
             return self
         if not method.path:
             rows = "prompt / completion" if method.name == "sft" else "prompt / chosen / rejected"
-            raise ValueError(
-                f"method.path: {method.name} trains on a JSONL file of {rows} rows; give its path"
+            raise invalid(
+                "method.path", f"{method.name} trains on a JSONL file of {rows} rows; give its path"
             )
         offline = f"{method.name} trains offline on method.path"
         for name, reason in (

@@ -107,7 +107,8 @@ async def run_distributed_job(
     with open(log_path, "wb") as log:
         proc = await asyncio.create_subprocess_exec(
             *torchrun_command(asked, job_id, spec_path),
-            env=rank_env(settings),
+            # Rank 0 writes as this run: the same fencing token (its lease), not a run of its own.
+            env={**rank_env(settings), "CRUCIBLE_JOB_LEASE": str(channel.token or "")},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: stopped as one

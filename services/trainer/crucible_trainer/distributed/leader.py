@@ -9,6 +9,7 @@ and the stale-policy check stay on rank 0, as in one process.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,26 @@ class RankChannel(JobChannel):
     def cancel_requested(self) -> bool:
         return self.inner.cancel_requested() or self.stop_file.with_name("cancel").exists()
 
+    # Fencing is the worker's channel's: rank 0 writes the run dir, adapters and generators.
+    @property
+    def token(self) -> int | None:  # type: ignore[override]
+        return self.inner.token
+
+    def gate(self) -> None:
+        self.inner.gate()
+
+    def commit(self, **fields: Any) -> bool:
+        return self.inner.commit(**fields)
+
+    def committed(self, field: str) -> str | None:
+        return self.inner.committed(field)
+
+    def delivered_steps(self) -> set[int] | None:
+        return self.inner.delivered_steps()
+
+    def superseded(self) -> bool:
+        return self.inner.superseded()
+
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
 
@@ -96,7 +117,12 @@ def rank_channel(settings: Settings, job_id: str, stop_file: Path) -> RankChanne
 
         from crucible_trainer.channel import RedisChannel
 
-        return RankChannel(RedisChannel(Redis.from_url(settings.redis_url), job_id), stop_file)
+        inner = RedisChannel(Redis.from_url(settings.redis_url), job_id)
+        lease = os.environ.get("CRUCIBLE_JOB_LEASE", "")
+        if lease.isdigit():  # the worker's run: its fencing token, not one of rank 0's own
+            inner.token, inner.lease = int(lease), lease
+            inner.outbox.lease = lease
+        return RankChannel(inner, stop_file)
     return RankChannel(LocalChannel(job_id, _print_event), stop_file)
 
 

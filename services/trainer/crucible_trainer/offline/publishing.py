@@ -10,6 +10,7 @@ again in the same job) is unloaded first, so no replica keeps serving stale weig
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from crucible_trainer.publish import Publisher
 class SavedAdapter:
     path: Path
 
-    def save_adapter(self, dest: Path) -> Path:
+    def save_adapter(self, dest: Path, gate: Callable[[], None] | None = None) -> Path:
         with output_dir(dest) as tmp:
             shutil.copytree(self.path, tmp, dirs_exist_ok=True)
+            if gate is not None:
+                gate()  # the run's lease, checked before the copy becomes `dest`
         return dest
 
 
@@ -33,7 +36,7 @@ class AdapterServer:
     loaded: dict[int, str] = field(default_factory=dict)  # version -> content hash of what it serves
 
     def name(self, version: int) -> str:
-        return f"{self.publisher.job_id}-v{version}"
+        return self.publisher.name(version)
 
     async def serve(self, adapter: Path | None, version: int) -> tuple[str, dict[str, float] | None]:
         """The model name that serves `adapter` (None: the base model), and the publish timings

@@ -40,7 +40,9 @@ class JobServices:
             await self.cancel.guard(pool.wait_ready(timeout=600))
             base_name = await served_base(pool, self.base)
             adapters = Path(self.run.settings.adapter_dir)
-            self._server = AdapterServer(Publisher(pool, adapters, self.run.job_id, 1, base_name))
+            self._server = AdapterServer(
+                Publisher(pool, adapters, self.run.job_id, 1, base_name, channel=self.run.channel)
+            )
         return pool
 
     async def sandbox(self) -> SandboxClient:
