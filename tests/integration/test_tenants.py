@@ -108,7 +108,10 @@ def test_idempotency_keys_are_per_tenant_and_bound_to_the_body(gw) -> None:
 
 
 def test_quotas_are_429_naming_the_quota(gw) -> None:
-    big = {**TINY_EVAL, "data": {"dataset": "mbpp", "ids": list(range(11, 511))}}  # all of the test split
+    big = {
+        **TINY_EVAL,
+        "data": {"dataset": "mbpp", "ids": [f"MBPP/{i}" for i in range(11, 511)]},
+    }  # the test split
     r = submit(gw, KEY_A, big)
     assert r.status_code == 429 and "spec_bytes" in error(r)["message"] and r.headers["retry-after"]
     ids = [submit(gw, KEY_A).json()["id"] for _ in range(3)]
