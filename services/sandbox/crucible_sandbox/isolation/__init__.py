@@ -57,7 +57,9 @@ Fallbacks, each reported by `GET /health` (`isolation`):
 
 * **No mount namespace** (not root, or mounts refused, or `MOUNT_NAMESPACE=false`): Landlock
   (`landlock`) gives each run read access to the same trees minus the packages, write access to
-  its own directory under `work_root` only (removed after the run), no TCP, and no signals or
+  its own directory under `work_root` only (removed after the run; the zygote samples it every
+  20 ms and ends the run, as over its memory, once it holds more than the full mode's scratch:
+  `tmpfs_mb` MiB or 4096 entries), no TCP, and no signals or
   abstract sockets outside the run (it cannot hide that a path exists). Without Landlock either
   (kernel older than 5.13, or disabled), runs see the host's files as the service's uid does:
   `filesystem: "host"`. An interpreter under a directory the run uid cannot enter (a pyenv in

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS =
 JUDGE_UIDS = 32768  # the judge of slot i runs as uid_base + JUDGE_UIDS + i
 JUDGE_MEMORY_MB = 2048
 SAMPLE_S = 0.02
+SCRATCH_ENTRIES = 4096  # as the full mode's scratch tmpfs (`rootfs.scratch_options`: nr_inodes)
 
 
 def _load_libc() -> ctypes.CDLL:
@@ -129,6 +131,9 @@ class Isolation:
             if caps.filesystem == "minimal root"
             else {}
         )
+        # A run's directory on the work root's file system (no scratch tmpfs of its own): nothing
+        # bounds what it writes there but the zygote's sampling (`scratch_over`).
+        self.sampled_scratch = caps.filesystem != "minimal root" and slot_dir is not None
 
     def workdir(self, pid: int) -> str:
         """The run's working directory: the private /tmp, or a fresh directory in the slot's."""
@@ -216,6 +221,31 @@ class Isolation:
             except (OSError, ValueError, IndexError):
                 continue
         return total
+
+    def scratch_over(self, program: int) -> bool:
+        """Whether the run's directory holds more than the full mode's scratch may: `tmpfs_mb` MiB
+        or `SCRATCH_ENTRIES` entries (the sampled fallback where it is not a tmpfs of its own).
+
+        Walks without following links and stops at the first limit passed; a tree nested too deep
+        to name is over it.
+        """
+        most, left = self.cfg.tmpfs_mb << 20, SCRATCH_ENTRIES
+        todo, used = [self.workdir(program)], 0
+        while todo:
+            try:
+                with os.scandir(todo.pop()) as entries:
+                    for entry in entries:
+                        left -= 1
+                        st = entry.stat(follow_symlinks=False)
+                        used += st.st_blocks * 512
+                        if left < 0 or used > most:
+                            return True
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+            except OSError as exc:
+                if exc.errno == errno.ENAMETOOLONG:
+                    return True
+        return False
 
     def end_run(self, pgids: list[int], workdir_pid: int, spare: int | None) -> int:
         """After the run's processes were reaped: kill what they left behind and empty their scratch.
