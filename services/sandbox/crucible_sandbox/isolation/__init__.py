@@ -75,5 +75,8 @@ Fallbacks, each reported by `GET /health` (`isolation`):
 
 Not isolated, in any mode: the kernel is shared (this is process isolation, not a VM); programs
 use the CPU up to their limits; a HumanEval `check` that calls a helper the prompt defined (e.g.
-`poly`) trusts the program's version of it, and its verdict names it (`program_helpers`).
+`poly`) trusts the program's version of it, and its verdict names it (`program_helpers`); notebook
+cells (`/run_jupyter`) report from the process that runs them, so a cell can write what the cells
+after it report and ignore its own cell time limit (not the session's): they run code, they do not
+judge it.
 """
