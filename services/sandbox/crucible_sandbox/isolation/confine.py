@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
+import resource
 import sys
 import time
 from typing import TYPE_CHECKING, Literal, cast
@@ -226,25 +226,38 @@ class Isolation:
         """Whether the run's directory holds more than the full mode's scratch may: `tmpfs_mb` MiB
         or `SCRATCH_ENTRIES` entries (the sampled fallback where it is not a tmpfs of its own).
 
-        Walks without following links and stops at the first limit passed; a tree nested too deep
-        to name is over it.
+        Walks by descriptor (a run may nest directories thousands of levels down, past what a
+        path can name), following no link, and stops at the first limit passed.
         """
-        most, left = self.cfg.tmpfs_mb << 20, SCRATCH_ENTRIES
-        todo, used = [self.workdir(program)], 0
-        while todo:
-            try:
-                with os.scandir(todo.pop()) as entries:
-                    for entry in entries:
-                        left -= 1
-                        st = entry.stat(follow_symlinks=False)
-                        used += st.st_blocks * 512
-                        if left < 0 or used > most:
-                            return True
-                        if entry.is_dir(follow_symlinks=False):
-                            todo.append(entry.path)
-            except OSError as exc:
-                if exc.errno == errno.ENAMETOOLONG:
-                    return True
+        most, left, used = self.cfg.tmpfs_mb << 20, SCRATCH_ENTRIES, 0
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        # The open directories down to the one being walked, each with its subdirectories left
+        # to visit (None: not listed yet).
+        stack: list[tuple[int, list[str] | None]] = []
+        try:
+            stack.append((os.open(self.workdir(program), flags), None))
+            while stack:
+                fd, names = stack[-1]
+                if names is None:
+                    names = []
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            left -= 1
+                            used += entry.stat(follow_symlinks=False).st_blocks * 512
+                            if left < 0 or used > most:
+                                return True
+                            if entry.is_dir(follow_symlinks=False):
+                                names.append(entry.name)
+                    stack[-1] = (fd, names)
+                if names:
+                    stack.append((os.open(names.pop(), flags, dir_fd=fd), None))
+                else:
+                    os.close(stack.pop()[0])
+        except OSError:  # changed meanwhile: counted at the next sample
+            pass
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
         return False
 
     def end_run(self, pgids: list[int], workdir_pid: int, spare: int | None) -> int:
@@ -311,6 +324,11 @@ def setup_zygote(cfg: IsolationConfig) -> Isolation:
     if caps.filesystem != "minimal root":
         slot_dir = os.path.join(cfg.work_root, f"s{cfg.owner}-{cfg.slot}")
         os.makedirs(slot_dir, mode=0o711, exist_ok=True)
+        # `scratch_over` holds a descriptor per level of a run's directory tree.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = SCRATCH_ENTRIES + 64 if hard == resource.RLIM_INFINITY else min(hard, SCRATCH_ENTRIES + 64)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         if cfg.want_namespaces:
             ruleset = landlock.Ruleset.build(_libc, slot_dir)
             if ruleset is not None:
