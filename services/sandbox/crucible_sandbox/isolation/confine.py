@@ -167,6 +167,8 @@ class Isolation:
         os.umask(0o077)
         if self.ruleset is not None:
             self.ruleset.restrict()
+            if workdir != "/tmp":
+                self.ruleset.restrict_writes(workdir)
 
     def enter_judge(self) -> None:
         """Called in a freshly forked judge process, before its spec is read."""
