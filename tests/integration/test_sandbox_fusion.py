@@ -146,6 +146,7 @@ def test_verl_request_shape(sandbox) -> None:
         ({"code": "print(1)", "language": "python", "files": {"a.txt": "not base64!"}}, "files"),
         ({"code": "print(1)", "language": "python", "files": {"/etc/x": b64("x")}}, "files"),
         ({"code": "print(1)", "language": "python", "files": {"a/../../x": b64("x")}}, "files"),
+        ({"code": "print(1)", "language": "python", "files": {"a": b64("x"), "a/b": b64("y")}}, "files"),
         ({"code": "print(1)", "language": "python", "fetch_files": ["/etc/passwd"]}, "fetch_files"),
         ({"code": "print(1)", "language": "python", "fetch_files": ["../x"]}, "fetch_files"),
         ({"code": "print(1)", "language": "python", "run_timeout": 0}, "run_timeout"),
