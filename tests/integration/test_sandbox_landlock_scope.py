@@ -1,4 +1,5 @@
-"""Where Landlock lets a run write: beneath its own directory, not beside it in the slot's.
+"""Where Landlock lets a run write: beneath its own directory, not beside it in the slot's (and its
+judge nowhere).
 
 Without a uid switch (the unprivileged container) a run shares the service's uid, which owns the
 slot's directory: only Landlock keeps the run's writes in its own directory, which is removed
@@ -46,12 +47,15 @@ def test_a_run_writes_only_beneath_its_own_directory(tmp_path) -> None:
     assert ruleset is not None
     iso = confine.Isolation(cfg, caps, None, ruleset, slot_dir)
     results = {}
-    for what in WRITES:
+    for who, what in [*(("program", w) for w in WRITES), ("judge", "beside, in the slot")]:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             try:
                 confine._libc.prctl(confine.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-                iso.enter_program()
+                if who == "program":
+                    iso.enter_program()
+                else:
+                    iso.enter_judge()
                 _attempt(slot_dir, what)
                 os._exit(0)
             except PermissionError:
@@ -59,7 +63,8 @@ def test_a_run_writes_only_beneath_its_own_directory(tmp_path) -> None:
             except BaseException:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
-        results[what] = os.waitstatus_to_exitcode(status)
+        results[who, what] = os.waitstatus_to_exitcode(status)
     ruleset.close()
-    assert results == {what: 0 if allowed else 13 for what, allowed in WRITES.items()}
+    want = {("program", what): 0 if allowed else 13 for what, allowed in WRITES.items()}
+    assert results == {**want, ("judge", "beside, in the slot"): 13}
     assert all(name.startswith("run-") for name in os.listdir(slot_dir)), os.listdir(slot_dir)

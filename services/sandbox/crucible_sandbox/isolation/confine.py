@@ -179,6 +179,7 @@ class Isolation:
         os.chdir("/")
         if self.ruleset is not None:
             self.ruleset.restrict()
+            self.ruleset.restrict_writes(None)  # the judge writes no file
 
     # -- in the run's processes, once their spec is read --------------------------------------
     def confine_program(self, limits: RunLimits) -> None:

@@ -135,11 +135,12 @@ class Ruleset:
         finally:
             os.close(fd)
 
-    def restrict_writes(self, directory: str) -> None:
+    def restrict_writes(self, directory: str | None) -> None:
         """Confine the calling process's writes further, to beneath `directory` (a run's own, made
-        after this ruleset was) and the device nodes: a second Landlock layer that handles only
-        the rights to change files. Without it a run could write beside its directory, in the
-        slot's, where the service's own uid (no uid switch) may: files that outlive the run."""
+        after this ruleset was; None: nowhere) and the device nodes: a second Landlock layer that
+        handles only the rights to change files. Without it a run could write beside its
+        directory, in the slot's, where the service's own uid (no uid switch) may: files that
+        outlive the run."""
         handled = self.handled & ~(READ_FILE | READ_DIR | EXECUTE)
         attr = _Attr(fs=handled, net=0, scoped=0)
         fd = _syscall(self.libc, _CREATE, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
@@ -148,7 +149,8 @@ class Ruleset:
             raise OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
         layer = Ruleset(self.libc, fd, self.version)
         try:
-            layer._allow(directory, handled, handled)
+            if directory is not None:
+                layer._allow(directory, handled, handled)
             for name in rootfs.DEVICES:
                 layer._allow(f"/dev/{name}", WRITE_FILE | IOCTL_DEV, handled)
             layer.restrict()
