@@ -57,7 +57,8 @@ Fallbacks, each reported by `GET /health` (`isolation`):
 
 * **No mount namespace** (not root, or mounts refused, or `MOUNT_NAMESPACE=false`): Landlock
   (`landlock`) gives each run read access to the same trees minus the packages, write access to
-  its own directory under `work_root` only (removed after the run; the zygote samples it every
+  its own directory under `work_root` only (the judge none; a second layer narrows the slot's
+  ruleset to the run's directory, which is removed after the run; the zygote samples it every
   20 ms and ends the run, as over its memory, once it holds more than the full mode's scratch:
   `tmpfs_mb` MiB or 4096 entries), no TCP, and no signals or
   abstract sockets outside the run (it cannot hide that a path exists). Without Landlock either
