@@ -127,6 +127,11 @@ BASH_FORK_BOMB = "f() { f | f & }; f\n"
 # The run's directory past the full mode's scratch (a 64 MiB tmpfs of 4096 inodes): by size, and
 # by entries. Where it is a directory on the work root's disk, the zygote samples it.
 BASH_DISK_FILL = "for i in $(seq 1 13); do head -c 16000000 /dev/zero > f$i || exit 1; done; echo WROTE-ALL\n"
+# The same, in files it holds open with no name left (no walk of the directory finds them).
+BASH_UNLINKED_FILL = (
+    'for i in $(seq 3 15); do eval "exec $i>f$i" && rm f$i && head -c 16000000 /dev/zero >&$i || exit 1; done\n'
+    "echo WROTE-ALL\n"
+)
 BASH_INODE_FILL = "mkdir d; for i in $(seq 1 5000); do : > d/$i || exit 1; done; echo WROTE-ALL\n"
 
 # name -> (language, program, acceptable statuses)
@@ -150,6 +155,7 @@ HOSTILE: dict[str, tuple[str, str, set[str]]] = {
     "bash_fork_bomb": ("bash", BASH_FORK_BOMB, CONTAINED | {"passed"}),
     "bash_disk_fill": ("bash", BASH_DISK_FILL, CONTAINED),
     "bash_inode_fill": ("bash", BASH_INODE_FILL, CONTAINED),
+    "bash_unlinked_fill": ("bash", BASH_UNLINKED_FILL, CONTAINED),
 }
 BENIGN = [
     {"language": "cpp", "code": '#include <cstdio>\nint main() { puts("benign"); }\n'},

@@ -209,36 +209,52 @@ class Isolation:
     # -- in the zygote --------------------------------------------------------------------------
     def memory_used(self, program: int, exclude: set[int | None]) -> int:
         """Resident bytes of the run's program and everything it started (the sampled fallback)."""
-        todo = [program, *(p for p in _children() if p not in exclude and p != program)]
-        total, seen = 0, set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
+        total = 0
+        for pid in _run_processes(program, exclude):
             try:
                 with open(f"/proc/{pid}/statm", "rb") as f:
                     total += int(f.read().split()[1]) * _PAGE
-                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-                    todo += [int(p) for p in f.read().split()]
             except (OSError, ValueError, IndexError):
                 continue
         return total
 
-    def scratch_over(self, program: int) -> bool:
+    def _held_unlinked(self, program: int, exclude: set[int | None], device: int) -> int:
+        """Bytes of files on the run directory's file system that the run's processes hold open
+        but that have no name any more (written, then unlinked): no walk of the tree sees them."""
+        total, seen = 0, set()
+        for pid in _run_processes(program, exclude):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if st.st_dev == device and st.st_nlink == 0 and st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+        return total
+
+    def scratch_over(self, program: int, exclude: set[int | None]) -> bool:
         """Whether the run's directory holds more than the full mode's scratch may: `tmpfs_mb` MiB
         or `SCRATCH_ENTRIES` entries (the sampled fallback where it is not a tmpfs of its own).
 
         Walks by descriptor (a run may nest directories thousands of levels down, past what a
-        path can name), following no link, and stops at the first limit passed.
+        path can name), following no link, and stops at the first limit passed; files the run's
+        processes hold open after unlinking them count too.
         """
-        most, left, used = self.cfg.tmpfs_mb << 20, SCRATCH_ENTRIES, 0
+        most, left = self.cfg.tmpfs_mb << 20, SCRATCH_ENTRIES
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         # The open directories down to the one being walked, each with its subdirectories left
         # to visit (None: not listed yet).
         stack: list[tuple[int, list[str] | None]] = []
         try:
             stack.append((os.open(self.workdir(program), flags), None))
+            used = self._held_unlinked(program, exclude, os.fstat(stack[0][0]).st_dev)
+            if used > most:
+                return True
             while stack:
                 fd, names = stack[-1]
                 if names is None:
@@ -439,6 +455,25 @@ def _hidden_ancestor(path: str) -> bool:
         return any(not os.stat("/" + "/".join(parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
     except OSError:
         return True
+
+
+def _run_processes(program: int, exclude: set[int | None]) -> list[int]:
+    """The run's program and every process it started (the zygote's other children, orphans it
+    inherited as a subreaper, and their descendants), but those in `exclude`."""
+    todo = [program, *(p for p in _children() if p not in exclude and p != program)]
+    out, seen = [], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(pid)
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                todo += [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _children() -> list[int]:

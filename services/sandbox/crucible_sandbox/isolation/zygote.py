@@ -191,7 +191,7 @@ class Zygote:
                     break
                 # A run's directory on a shared disk past the full mode's scratch size: ended like a
                 # run over its memory (that scratch is a tmpfs, which is memory).
-                if scratch and self.iso.scratch_over(program):
+                if scratch and self.iso.scratch_over(program, others):
                     over_memory = True
                     break
         finally:
