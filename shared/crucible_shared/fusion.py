@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from crucible_shared.sandbox import check_base64, check_relative_path
+from crucible_shared.sandbox import check_base64, check_no_file_holds_another, check_relative_path
 
 
 class FusionRunStatus(StrEnum):
@@ -47,6 +47,7 @@ def _check_files(files: dict[str, str | None]) -> dict[str, str | None]:
         check_relative_path(path)
         if content is not None:
             check_base64(content, path)
+    check_no_file_holds_another(list(files))
     return files
 
 

@@ -45,6 +45,23 @@ def check_relative_path(path: str) -> str:
     return path
 
 
+def check_no_file_holds_another(paths: list[str]) -> None:
+    """No path is a directory another path needs (`a` and `a/b`: a file cannot be both). Raises
+    ValueError.
+
+    >>> check_no_file_holds_another(["a", "a/b"])
+    Traceback (most recent call last):
+    ValueError: 'a' is a file and the directory of 'a/b'
+    """
+    names = set(paths)
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in names:
+                raise ValueError(f"{parent[:80]!r} is a file and the directory of {path[:80]!r}")
+
+
 def check_base64(content: str, path: str) -> bytes:
     """The bytes of a base64 file body. Raises ValueError naming the file."""
     try:
@@ -210,6 +227,7 @@ class RunOnly(BaseModel):
         for path, content in files.items():
             check_relative_path(path)
             check_base64(content, path)
+        check_no_file_holds_another(list(files))
         return files
 
     @field_validator("fetch_files")

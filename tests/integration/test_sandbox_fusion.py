@@ -146,6 +146,7 @@ def test_verl_request_shape(sandbox) -> None:
         ({"code": "print(1)", "language": "python", "files": {"a.txt": "not base64!"}}, "files"),
         ({"code": "print(1)", "language": "python", "files": {"/etc/x": b64("x")}}, "files"),
         ({"code": "print(1)", "language": "python", "files": {"a/../../x": b64("x")}}, "files"),
+        ({"code": "print(1)", "language": "python", "files": {"a": b64("x"), "a/b": b64("y")}}, "files"),
         ({"code": "print(1)", "language": "python", "fetch_files": ["/etc/passwd"]}, "fetch_files"),
         ({"code": "print(1)", "language": "python", "fetch_files": ["../x"]}, "fetch_files"),
         ({"code": "print(1)", "language": "python", "run_timeout": 0}, "run_timeout"),
@@ -164,13 +165,21 @@ def test_bad_input_is_a_4xx_naming_the_field(sandbox, body: dict, field: str) ->
     assert field in (error.get("field") or ""), error
 
 
-def test_python_only_tests_are_refused_for_other_languages(sandbox) -> None:
+@pytest.mark.parametrize(
+    ("tests", "field"),
+    [
+        ({"kind": "asserts", "asserts": ["assert 1"]}, "tests.kind"),
+        # Ignored for another language, these once let the run pass without the call or value.
+        ({"kind": "run", "call": {"function": "f"}}, "tests.call"),
+        ({"kind": "run", "value": "last_expression"}, "tests.value"),
+        ({"kind": "run", "cells": ["1"]}, "tests.cells"),
+    ],
+)
+def test_python_only_tests_are_refused_for_other_languages(sandbox, tests: dict, field: str) -> None:
     r = httpx.post(
-        f"{sandbox.url}/v1/runs",
-        json={"language": "bash", "code": "echo 1", "tests": {"kind": "asserts", "asserts": ["assert 1"]}},
-        timeout=30,
+        f"{sandbox.url}/v1/runs", json={"language": "bash", "code": "echo 1", "tests": tests}, timeout=30
     )
-    assert r.status_code == 400 and r.json()["error"]["field"] == "tests.kind"
+    assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
 
 
 def test_fetch_follows_no_link_out_of_the_run_directory(sandbox) -> None:

@@ -1,6 +1,6 @@
 """Each language's classic attacks, in one batch beside benign runs, in both isolation modes.
 
-Fork and memory bombs, reading files outside the run (the service's secrets, the repository's
+Fork and memory bombs, filling the run's directory, reading files outside the run (the service's secrets, the repository's
 data, the compile cache), sockets, `ptrace` of the process that reports for the run, signals to
 it, forged report frames, and writes to the judge's paths (the compile cache, the repository, the
 system). Zero escapes: every hostile run ends in a verdict about it, the benign runs beside it
@@ -124,6 +124,15 @@ BASH_READ = (
     + "kill -9 $PPID 2>/dev/null; echo still here\n"
 )
 BASH_FORK_BOMB = "f() { f | f & }; f\n"
+# The run's directory past the full mode's scratch (a 64 MiB tmpfs of 4096 inodes): by size, and
+# by entries. Where it is a directory on the work root's disk, the zygote samples it.
+BASH_DISK_FILL = "for i in $(seq 1 13); do head -c 16000000 /dev/zero > f$i || exit 1; done; echo WROTE-ALL\n"
+# The same, in files it holds open with no name left (no walk of the directory finds them).
+BASH_UNLINKED_FILL = (
+    'for i in $(seq 3 15); do eval "exec $i>f$i" && rm f$i && head -c 16000000 /dev/zero >&$i || exit 1; done\n'
+    "echo WROTE-ALL\n"
+)
+BASH_INODE_FILL = "mkdir d; for i in $(seq 1 5000); do : > d/$i || exit 1; done; echo WROTE-ALL\n"
 
 # name -> (language, program, acceptable statuses)
 HOSTILE: dict[str, tuple[str, str, set[str]]] = {
@@ -144,6 +153,9 @@ HOSTILE: dict[str, tuple[str, str, set[str]]] = {
     # The script itself may end at once (its bomb in the background): what must hold is that no
     # process of it outlives the run (checked below).
     "bash_fork_bomb": ("bash", BASH_FORK_BOMB, CONTAINED | {"passed"}),
+    "bash_disk_fill": ("bash", BASH_DISK_FILL, CONTAINED),
+    "bash_inode_fill": ("bash", BASH_INODE_FILL, CONTAINED),
+    "bash_unlinked_fill": ("bash", BASH_UNLINKED_FILL, CONTAINED),
 }
 BENIGN = [
     {"language": "cpp", "code": '#include <cstdio>\nint main() { puts("benign"); }\n'},

@@ -106,6 +106,23 @@ def test_compile_step_has_its_own_time_limit(sandbox) -> None:
     assert fusion.compile_result.execution_time < 5
 
 
+def test_a_cached_compile_keeps_the_requests_own_limits(sandbox) -> None:
+    # Compiled once under the default limits; under a limit no compiler meets, the same program
+    # must not come back compiled from the cache.
+    code = f"// {uuid.uuid4()}\n{SUM['cpp']}"
+    body = {
+        "language": "cpp",
+        "code": code,
+        "tests": {"kind": "stdio", "cases": CASES[:1]},
+        "use_cache": False,
+    }
+    assert runs(sandbox, body)["status"] == "passed"
+    again = runs(sandbox, body)
+    assert again["status"] == "passed" and again["compile"]["cached"], again["compile"]
+    tight = runs(sandbox, {**body, "limits": {"compile_time_s": 0.001}})
+    assert tight["status"] == "timeout" and not tight["compile"]["cached"], tight["compile"]
+
+
 def test_exit_status_signal_and_runtime_limits(sandbox) -> None:
     def fusion(code: str, **extra) -> dict:
         r = httpx.post(

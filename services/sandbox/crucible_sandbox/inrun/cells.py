@@ -7,7 +7,8 @@ ends the run), with `sys.stdout` and
 `sys.stderr` captured per cell, and reports each as a `cell` frame: output, the repr of the final
 expression's value (None is not shown, as in Jupyter), the exception. State (variables, imports)
 carries from cell to cell, as in a kernel; the whole session has the run's wall time, and its
-process ends with the run. Nothing here decides a verdict.
+process ends with the run. Nothing here decides a verdict: the cells' code shares this process, and
+can write the frames of the cells after it, or turn off its own timer.
 """
 
 from __future__ import annotations

@@ -57,7 +57,11 @@ Fallbacks, each reported by `GET /health` (`isolation`):
 
 * **No mount namespace** (not root, or mounts refused, or `MOUNT_NAMESPACE=false`): Landlock
   (`landlock`) gives each run read access to the same trees minus the packages, write access to
-  its own directory under `work_root` only (removed after the run), no TCP, and no signals or
+  its own directory under `work_root` only (the judge none; a second layer narrows the slot's
+  ruleset to the run's directory, which is removed after the run; the zygote samples it every
+  20 ms and ends the run, as over its memory, once it holds more than the full mode's scratch:
+  `tmpfs_mb` MiB or 4096 entries, files its processes hold open after unlinking them included;
+  between two samples a run can write past that, by what it writes meanwhile), no TCP, and no signals or
   abstract sockets outside the run (it cannot hide that a path exists). Without Landlock either
   (kernel older than 5.13, or disabled), runs see the host's files as the service's uid does:
   `filesystem: "host"`. An interpreter under a directory the run uid cannot enter (a pyenv in
@@ -73,5 +77,8 @@ Fallbacks, each reported by `GET /health` (`isolation`):
 
 Not isolated, in any mode: the kernel is shared (this is process isolation, not a VM); programs
 use the CPU up to their limits; a HumanEval `check` that calls a helper the prompt defined (e.g.
-`poly`) trusts the program's version of it, and its verdict names it (`program_helpers`).
+`poly`) trusts the program's version of it, and its verdict names it (`program_helpers`); notebook
+cells (`/run_jupyter`) report from the process that runs them, so a cell can write what the cells
+after it report and ignore its own cell time limit (not the session's): they run code, they do not
+judge it.
 """

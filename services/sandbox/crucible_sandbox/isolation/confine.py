@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import sys
 import time
 from typing import TYPE_CHECKING, Literal, cast
@@ -25,6 +26,7 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS =
 JUDGE_UIDS = 32768  # the judge of slot i runs as uid_base + JUDGE_UIDS + i
 JUDGE_MEMORY_MB = 2048
 SAMPLE_S = 0.02
+SCRATCH_ENTRIES = 4096  # as the full mode's scratch tmpfs (`rootfs.scratch_options`: nr_inodes)
 
 
 def _load_libc() -> ctypes.CDLL:
@@ -129,6 +131,9 @@ class Isolation:
             if caps.filesystem == "minimal root"
             else {}
         )
+        # A run's directory on the work root's file system (no scratch tmpfs of its own): nothing
+        # bounds what it writes there but the zygote's sampling (`scratch_over`).
+        self.sampled_scratch = caps.filesystem != "minimal root" and slot_dir is not None
 
     def workdir(self, pid: int) -> str:
         """The run's working directory: the private /tmp, or a fresh directory in the slot's."""
@@ -162,6 +167,8 @@ class Isolation:
         os.umask(0o077)
         if self.ruleset is not None:
             self.ruleset.restrict()
+            if workdir != "/tmp":
+                self.ruleset.restrict_writes(workdir)
 
     def enter_judge(self) -> None:
         """Called in a freshly forked judge process, before its spec is read."""
@@ -172,6 +179,7 @@ class Isolation:
         os.chdir("/")
         if self.ruleset is not None:
             self.ruleset.restrict()
+            self.ruleset.restrict_writes(None)  # the judge writes no file
 
     # -- in the run's processes, once their spec is read --------------------------------------
     def confine_program(self, limits: RunLimits) -> None:
@@ -201,21 +209,75 @@ class Isolation:
     # -- in the zygote --------------------------------------------------------------------------
     def memory_used(self, program: int, exclude: set[int | None]) -> int:
         """Resident bytes of the run's program and everything it started (the sampled fallback)."""
-        todo = [program, *(p for p in _children() if p not in exclude and p != program)]
-        total, seen = 0, set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
+        total = 0
+        for pid in _run_processes(program, exclude):
             try:
                 with open(f"/proc/{pid}/statm", "rb") as f:
                     total += int(f.read().split()[1]) * _PAGE
-                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-                    todo += [int(p) for p in f.read().split()]
             except (OSError, ValueError, IndexError):
                 continue
         return total
+
+    def _held_unlinked(self, program: int, exclude: set[int | None], device: int) -> int:
+        """Bytes of files on the run directory's file system that the run's processes hold open
+        but that have no name any more (written, then unlinked): no walk of the tree sees them."""
+        total, seen = 0, set()
+        for pid in _run_processes(program, exclude):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if st.st_dev == device and st.st_nlink == 0 and st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+        return total
+
+    def scratch_over(self, program: int, exclude: set[int | None]) -> bool:
+        """Whether the run's directory holds more than the full mode's scratch may: `tmpfs_mb` MiB
+        or `SCRATCH_ENTRIES` entries (the sampled fallback where it is not a tmpfs of its own).
+
+        Walks by descriptor (a run may nest directories thousands of levels down, past what a
+        path can name), following no link, and stops at the first limit passed; files the run's
+        processes hold open after unlinking them count too.
+        """
+        most, left = self.cfg.tmpfs_mb << 20, SCRATCH_ENTRIES
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        # The open directories down to the one being walked, each with its subdirectories left
+        # to visit (None: not listed yet).
+        stack: list[tuple[int, list[str] | None]] = []
+        try:
+            stack.append((os.open(self.workdir(program), flags), None))
+            used = self._held_unlinked(program, exclude, os.fstat(stack[0][0]).st_dev)
+            if used > most:
+                return True
+            while stack:
+                fd, names = stack[-1]
+                if names is None:
+                    names = []
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            left -= 1
+                            used += entry.stat(follow_symlinks=False).st_blocks * 512
+                            if left < 0 or used > most:
+                                return True
+                            if entry.is_dir(follow_symlinks=False):
+                                names.append(entry.name)
+                    stack[-1] = (fd, names)
+                if names:
+                    stack.append((os.open(names.pop(), flags, dir_fd=fd), None))
+                else:
+                    os.close(stack.pop()[0])
+        except OSError:  # changed meanwhile: counted at the next sample
+            pass
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+        return False
 
     def end_run(self, pgids: list[int], workdir_pid: int, spare: int | None) -> int:
         """After the run's processes were reaped: kill what they left behind and empty their scratch.
@@ -281,6 +343,11 @@ def setup_zygote(cfg: IsolationConfig) -> Isolation:
     if caps.filesystem != "minimal root":
         slot_dir = os.path.join(cfg.work_root, f"s{cfg.owner}-{cfg.slot}")
         os.makedirs(slot_dir, mode=0o711, exist_ok=True)
+        # `scratch_over` holds a descriptor per level of a run's directory tree.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = SCRATCH_ENTRIES + 64 if hard == resource.RLIM_INFINITY else min(hard, SCRATCH_ENTRIES + 64)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         if cfg.want_namespaces:
             ruleset = landlock.Ruleset.build(_libc, slot_dir)
             if ruleset is not None:
@@ -388,6 +455,25 @@ def _hidden_ancestor(path: str) -> bool:
         return any(not os.stat("/" + "/".join(parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
     except OSError:
         return True
+
+
+def _run_processes(program: int, exclude: set[int | None]) -> list[int]:
+    """The run's program and every process it started (the zygote's other children, orphans it
+    inherited as a subreaper, and their descendants), but those in `exclude`."""
+    todo = [program, *(p for p in _children() if p not in exclude and p != program)]
+    out, seen = [], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(pid)
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                todo += [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _children() -> list[int]:

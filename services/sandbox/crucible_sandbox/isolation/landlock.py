@@ -7,7 +7,8 @@ the same guarantees to each run's processes and all they start:
 * read and execute only the trees `rootfs` would expose (/usr, /lib*, /bin, /sbin, the
   interpreter's prefix), minus the installed packages' directories, plus a few files of /etc,
   the usual /dev nodes and /proc;
-* write only beneath the slot's own working directory (each run's directory is removed after it);
+* write only beneath the run's own directory (removed after it): the slot's directory in the
+  ruleset, narrowed to the run's by a second layer each run adds (`restrict_writes`);
 * no TCP `bind`/`connect` (ABI 4+), no signals to and no abstract Unix sockets of processes
   outside the run's own domain (ABI 6+): not the server's, the zygote's or another run's.
 
@@ -75,8 +76,8 @@ def _split(root: str, masks: list[str]) -> list[tuple[str, bool]]:
 class Ruleset:
     """A Landlock ruleset, made once by the zygote and applied by each run's process."""
 
-    def __init__(self, libc: ctypes.CDLL, fd: int, version: int) -> None:
-        self.libc, self.fd, self.version = libc, fd, version
+    def __init__(self, libc: ctypes.CDLL, fd: int, version: int, handled: int = 0) -> None:
+        self.libc, self.fd, self.version, self.handled = libc, fd, version, handled
 
     @classmethod
     def build(cls, libc: ctypes.CDLL, writable: str) -> Ruleset | None:
@@ -98,8 +99,8 @@ class Ruleset:
         fd = _syscall(libc, _CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
         if fd < 0:
             return None
-        ruleset = cls(libc, fd, version)
         handled = attr.fs
+        ruleset = cls(libc, fd, version, handled)
         read = READ_FILE | READ_DIR | EXECUTE
         exposed = rootfs._exposed()
         masks = rootfs.masked(exposed)
@@ -133,6 +134,28 @@ class Ruleset:
             )
         finally:
             os.close(fd)
+
+    def restrict_writes(self, directory: str | None) -> None:
+        """Confine the calling process's writes further, to beneath `directory` (a run's own, made
+        after this ruleset was; None: nowhere) and the device nodes: a second Landlock layer that
+        handles only the rights to change files. Without it a run could write beside its
+        directory, in the slot's, where the service's own uid (no uid switch) may: files that
+        outlive the run."""
+        handled = self.handled & ~(READ_FILE | READ_DIR | EXECUTE)
+        attr = _Attr(fs=handled, net=0, scoped=0)
+        fd = _syscall(self.libc, _CREATE, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
+        layer = Ruleset(self.libc, fd, self.version)
+        try:
+            if directory is not None:
+                layer._allow(directory, handled, handled)
+            for name in rootfs.DEVICES:
+                layer._allow(f"/dev/{name}", WRITE_FILE | IOCTL_DEV, handled)
+            layer.restrict()
+        finally:
+            layer.close()
 
     def restrict(self) -> None:
         """Confine the calling process (and all it starts) to the ruleset; it needs no_new_privs."""

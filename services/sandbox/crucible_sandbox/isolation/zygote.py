@@ -6,9 +6,10 @@ and from then on only forks. It keeps a run's processes forked ahead: a *program
 *judge* process (see `inrun.harness`, `inrun.judge`), each confined and waiting for its spec on a socket; the
 worker holds the other ends of their pipes, passed over a Unix socket. When the worker has written
 the specs and says RUN, the zygote waits for the run's processes (killing them at the wall-clock
-deadline, when the worker asks because a cap was hit, or when the sampled memory of the run is
-over its limit), kills whatever the run left behind, empties the scratch directories, forks
-replacements for the processes the run used and answers with their wait statuses.
+deadline, when the worker asks because a cap was hit, or when the sampled memory of the run, or
+what it wrote to a run directory that is not a tmpfs of its own, is over its limit), kills
+whatever the run left behind, empties the scratch directories, forks replacements for the
+processes the run used and answers with their wait statuses.
 
 Why a process of its own: a fork copies the parent's page tables, and every page either side
 writes afterwards costs a copy-on-write fault. Those faults, not the Python work, dominated the
@@ -160,6 +161,7 @@ class Zygote:
         deadline = time.monotonic() + wall_s
         program, others = pids[-1], {*pids[:-1], spare}
         sampled = self.iso.caps.memory == "sampled" and memory_mb > 0
+        scratch = self.iso.sampled_scratch
         timed_out = over_memory = stop = gone = False
         try:
             while running and not stop:
@@ -167,7 +169,9 @@ class Zygote:
                 if remaining <= 0:
                     timed_out = pids[0] in running
                     break
-                events = self.poller.poll(min(remaining, confine.SAMPLE_S if sampled else remaining) * 1000)
+                events = self.poller.poll(
+                    min(remaining, confine.SAMPLE_S if sampled or scratch else remaining) * 1000
+                )
                 for fd, _ in events:
                     pid = pidfds.get(fd)
                     if pid is None:
@@ -183,6 +187,11 @@ class Zygote:
                         if pid == pids[0]:
                             deadline = min(deadline, time.monotonic() + 0.5)
                 if sampled and program in running and self.iso.memory_used(program, others) > memory_mb << 20:
+                    over_memory = True
+                    break
+                # A run's directory on a shared disk past the full mode's scratch size: ended like a
+                # run over its memory (that scratch is a tmpfs, which is memory).
+                if scratch and self.iso.scratch_over(program, others):
                     over_memory = True
                     break
         finally:

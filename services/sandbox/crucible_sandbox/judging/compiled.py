@@ -7,9 +7,9 @@ Python run:
 1. **compile** (compiled languages): the compiler, under the compile limits (`compile_time_s`
    wall and CPU, `compile_memory_mb` for all its processes, a larger process count, the run's
    output cap). What it leaves in `out/` is the artifact, cached (`artifacts`) by a hash of the
-   source, the language and the command. A compiler that fails, times out or runs out of memory
-   ends the run: `syntax_error` (the graded reward's "did not compile"), `timeout` or
-   `memory_exceeded`, with `compile` saying what the compiler said.
+   source, the language, the command and the compile limits. A compiler that fails, times out or
+   runs out of memory ends the run: `syntax_error` (the graded reward's "did not compile"),
+   `timeout` or `memory_exceeded`, with `compile` saying what the compiler said.
 2. **run**: each stdio case a process of its own, judged like Python's (`output.judge_case`), or
    one run without tests (`output.judge_run`), with the request's files written first and
    `fetch_files` read back.
@@ -56,7 +56,9 @@ def compile_step(
     execute: Execute, cache: Artifacts, lang: languages.Language, source: str, limits: RunLimits
 ) -> tuple[dict[str, bytes] | None, CompileResultData]:
     """(the artifact or None, the compile step's result); from the cache when it has the artifact."""
-    key = languages.artifact_key(lang, source)
+    wall = limits.get("compile_time_s", 10.0)
+    memory = limits.get("compile_memory_mb", 1024)
+    key = languages.artifact_key(lang, source, (wall, memory))
     hit = cache.get(key)
     if hit is not None:
         return hit, {
@@ -69,8 +71,6 @@ def compile_step(
         }
     cls = languages.java_class(source)
     name = lang["source"].format(cls=cls)
-    wall = limits.get("compile_time_s", 10.0)
-    memory = limits.get("compile_memory_mb", 1024)
     step: RunLimits = {
         **limits,
         "wall_time_s": wall,

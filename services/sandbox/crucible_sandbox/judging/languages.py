@@ -4,8 +4,8 @@ Python runs in the program's process itself (see `inrun.harness`). Every other l
 command the program's process starts (see `inrun.command`), in the same isolation and under the
 same limits. A compiled language has a compile step of its own: the compiler is a command too, run
 by a process of its own with the compile limits (`compile_time_s`, `compile_memory_mb`); the files
-it leaves in `out/` are the artifact, cached by a hash of the source, the language and the
-command (`judging.artifacts`). A run then gets the artifact: an executable is started from memory
+it leaves in `out/` are the artifact, cached by a hash of the source, the language, the command
+and the compile limits (`judging.artifacts`). A run then gets the artifact: an executable is started from memory
 (`memfd_create` + `execveat`, since the scratch directories are mounted `noexec`); Java's classes
 are written to the run's directory.
 
@@ -188,16 +188,19 @@ def expand(argv: list[str], source_name: str, cls: str, heap_mb: int) -> list[st
     return [a.format(src=source_name, cls=cls, heap=heap_mb, exe="{exe}") for a in argv]
 
 
-def artifact_key(lang: Language, source: str) -> str:
-    """The compile cache's key: source, language, the exact compile command and the toolchain's
-    binary (its real path and modification time: an upgraded compiler misses the cache)."""
+def artifact_key(lang: Language, source: str, limits: tuple[float, int] = (0.0, 0)) -> str:
+    """The compile cache's key: source, language, the exact compile command, the toolchain's
+    binary (its real path and modification time: an upgraded compiler misses the cache) and the
+    compile step's limits (seconds, MiB): a program compiled under generous limits is not served
+    to a request whose limits it would have exceeded, and a compile cannot make its artifact
+    depend on limits (`include_str!("/proc/self/limits")`) that another request did not ask for."""
     tool = tool_path(lang) or ""
     try:
         real = os.path.realpath(tool)
         stamp = [real, os.stat(real).st_mtime_ns]
     except OSError:
         stamp = [tool, 0]
-    text = json.dumps([lang["name"], lang["compile"], lang["env"], stamp, source])
+    text = json.dumps([lang["name"], lang["compile"], lang["env"], stamp, list(limits), source])
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 

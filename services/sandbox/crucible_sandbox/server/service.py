@@ -126,10 +126,20 @@ class SandboxService:
         """Check one run against the server's rules and resolve its limits. Raises ApiError."""
         s = self.settings
         language = self.language(run.language, run.tests.kind, where)
-        if language != "python" and run.tests.kind == "run" and run.tests.cells:
-            raise ApiError(
-                400, "cells are Python cells", field=f"{where}tests.cells", code="unsupported_tests"
-            )
+        if language != "python" and run.tests.kind == "run":
+            # Python's alone: asked of another language they would be ignored, and the run pass.
+            for field, asked in (
+                ("cells", bool(run.tests.cells)),
+                ("call", run.tests.call is not None),
+                ("value", run.tests.value != "none"),
+            ):
+                if asked:
+                    raise ApiError(
+                        400,
+                        f"{field} is for Python programs; a {language} program's output is its stdout",
+                        field=f"{where}tests.{field}",
+                        code="unsupported_tests",
+                    )
         if len(run.code.encode()) > s.max_code_bytes:
             raise ApiError(413, f"code is larger than {s.max_code_bytes} bytes", field=f"{where}code")
         tests = cast(Tests, run.tests.model_dump(mode="json"))
