@@ -172,3 +172,18 @@ def test_later_passes_use_the_first_pass_log_probs_as_p_old(adapter_model) -> No
     assert_close(second, want)
     # The tiny clip range clips some tokens in the second pass: the ratios did move.
     assert any(not math.isclose(float(g.abs().sum()), 0.0) for g in want.values())
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["policy", "reference"])
+def test_scoring_in_length_order_returns_each_sample_its_own_log_probs(reference, adapter_model) -> None:
+    policy = make_policy(*adapter_model)
+    prompts = [s.prompt_ids for s in batch()]
+    comps = [s.completion_ids for s in batch()]
+    together = policy.score(prompts, comps, micro_batch=3, reference=reference)
+    alone = [
+        policy.score([p], [c], micro_batch=1, reference=reference)[0]
+        for p, c in zip(prompts, comps, strict=True)
+    ]
+    assert [len(r) for r in together] == [len(c) for c in comps]
+    for got, want in zip(together, alone, strict=True):
+        assert got == pytest.approx(want, abs=1e-5)

@@ -113,14 +113,14 @@ class DataParallel(Parallel):
         parts = shares(list(range(len(prompts))), self.world)
         count = math.ceil(max(len(p) for p in parts) / micro_batch)
         mine = parts[self.rank]
-        scored: list[list[float]] = []
-        for k in range(count):
-            idx = mine[k * micro_batch : (k + 1) * micro_batch]
-            if idx:
-                scored += policy.score(
-                    [prompts[i] for i in idx], [completions[i] for i in idx], micro_batch, reference
-                )
-            elif self.strategy == "fsdp":  # its forward gathers weights: every rank runs it
+        # The whole share at once: the policy scores it in length-sorted micro-batches.
+        scored = (
+            policy.score([prompts[i] for i in mine], [completions[i] for i in mine], micro_batch, reference)
+            if mine
+            else []
+        )
+        if self.strategy == "fsdp":  # each forward gathers weights: every rank runs as many
+            for _ in range(count - math.ceil(len(mine) / micro_batch)):
                 policy.score([[policy.pad_id]], [[policy.pad_id]], 1, reference)
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, scored)
