@@ -64,7 +64,8 @@ SPLIT = {  # report key -> the job's metric (median over the steps after the fir
     "update_passes_s": "time/update_passes_s",  # forward, backward and optimizer steps
     "update_ref_s": "time/update_ref_s",  # the passes' parts (device time, rl/timing.py):
     "update_old_s": "time/update_old_s",
-    "update_forward_backward_s": "time/update_forward_backward_s",  # DDP's all-reduce inside
+    "update_forward_backward_s": "time/update_forward_backward_s",
+    "update_allreduce_s": "time/update_allreduce_s",  # DDP; FSDP's reduce-scatter is in the backward
     "update_optimizer_s": "time/update_optimizer_s",
     "update_s": "time/train_s",
     "publish_s": "publish/total_s",

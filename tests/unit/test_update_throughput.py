@@ -80,6 +80,9 @@ def test_the_update_reports_its_parts(tmp_path) -> None:
     m = update(policy, batch(), UpdateConfig(micro_batch=3, kl_beta=0.05, iterations=2))
     for part in ("ref", "forward_backward", "optimizer"):
         assert m[f"time/update_{part}_s"] > 0
+    assert (
+        m["time/update_allreduce_s"] < m["time/update_forward_backward_s"]
+    )  # one process: nothing to reduce
     assert m["time/update_old_s"] == 0.0  # p_old from the first pass's forwards (one optimizer step)
     assert "perf/update_old_tflop" not in m
     counts = ModelCounts.of(policy.model)

@@ -164,6 +164,8 @@ def update(
                 ratio_sum = ratio_sum + out.stats[2]
                 ratio_n += 1
                 counts["micro"] += 1
+            with timer.part("allreduce"):
+                parallel.reduce(policy)
             with timer.part("optimizer"):
                 grad_norm = policy.step()  # skipped when not finite (Policy.step)
             if math.isfinite(grad_norm):
@@ -191,7 +193,7 @@ def update(
     metrics["time/update_score_s"] = t1 - t0
     metrics["time/update_passes_s"] = t2 - t1
     parts = timer.seconds()
-    for part in ("ref", "old", "forward_backward", "optimizer"):
+    for part in ("ref", "old", "forward_backward", "allreduce", "optimizer"):
         metrics[f"time/update_{part}_s"] = parts.get(part, 0.0)
     metrics.update(
         throughput.update_figures(
