@@ -16,6 +16,11 @@ split over `S` optimizer steps: the token loss by the whole batch's tokens (TRL'
 Over several data-parallel ranks (`crucible_trainer.distributed`) every rank holds the whole
 batch, so the normaliser is the whole batch's; `parallel` gives each rank its share of every
 optimizer step's micro-batches, and the gradients are summed across ranks before the step.
+
+Since every micro-batch is divided by the whole batch's count, which samples share a micro-batch
+changes no gradient: each optimizer step's micro-batches are filled longest first (`bucketed`),
+so each pads to its own longest sequence. The update times its parts (`rl/timing.py`) and
+reports its model FLOPs, tokens per second and share of the card's peak (`rl/throughput.py`).
 """
 
 from __future__ import annotations
