@@ -20,6 +20,7 @@ import torch
 class PartTimer:
     def __init__(self, device: str) -> None:
         self.cuda = str(device).startswith("cuda") and torch.cuda.is_available()
+        self.device = torch.device(device)
         self.spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
         self.host: dict[str, float] = defaultdict(float)
 
@@ -33,18 +34,19 @@ class PartTimer:
                 self.host[name] += time.perf_counter() - started
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        stream = torch.cuda.current_stream(self.device)  # the policy's card, whichever is current
+        start.record(stream)
         try:
             yield
         finally:
-            end.record()
+            end.record(stream)
             self.spans[name].append((start, end))
 
     def seconds(self) -> dict[str, float]:
         """Every part's total (one synchronisation on a GPU)."""
         out = dict(self.host)
         if self.spans:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
             for name, spans in self.spans.items():
                 out[name] = out.get(name, 0.0) + sum(s.elapsed_time(e) for s, e in spans) / 1000
         return out
