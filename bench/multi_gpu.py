@@ -64,10 +64,21 @@ SPLIT = {  # report key -> the job's metric (median over the steps after the fir
     "update_command_s": "time/update_command_s",  # the update's parts: handing the batch over,
     "update_score_s": "time/update_score_s",  # scoring the reference,
     "update_passes_s": "time/update_passes_s",  # forward, backward and optimizer steps
+    "update_ref_s": "time/update_ref_s",  # the passes' parts (device time, rl/timing.py):
+    "update_old_s": "time/update_old_s",
+    "update_forward_backward_s": "time/update_forward_backward_s",
+    "update_allreduce_s": "time/update_allreduce_s",  # DDP; FSDP's reduce-scatter is in the backward
+    "update_optimizer_s": "time/update_optimizer_s",
     "update_s": "time/train_s",
     "publish_s": "publish/total_s",
     "stale_wait_s": "time/stale_wait_s",
 }
+
+PERF = [
+    f"perf/update{part}_{figure}"
+    for part in ("", "_train", "_ref", "_old")
+    for figure in ("tokens_per_s_per_gpu", "peak_fraction")
+]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -281,6 +292,13 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
         "update_samples_per_s": samples / med["update_s"] if med["update_s"] else None,
         "completion_tokens_mean": statistics.mean(r.get("completion_tokens_mean", 0.0) for r in later),
         "update_sequences": statistics.median(r.get("update/sequences", 0.0) for r in later),
+        # The update's model FLOPs per second per GPU over its time (rl/throughput.py); the fraction
+        # of the card's bf16 peak where the card is listed there.
+        **{
+            key.removeprefix("perf/"): statistics.median(r[key] for r in later)
+            for key in PERF
+            if all(key in r for r in later)
+        },
         "update_ranks": later[-1].get("update/ranks", 1.0),
     }
 

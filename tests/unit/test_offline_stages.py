@@ -154,6 +154,7 @@ def test_annotate_fails_when_the_sandbox_stays_down() -> None:
         ({"kind": "pipeline", "stages": ["publish"]}, "stages"),
         ({"kind": "pipeline", "train": {"name": "sft", "path": "x.jsonl"}}, "train.path"),
         ({"kind": "pipeline", "optim": {"problems_per_step": 3}}, "optim.problems_per_step"),
+        ({"kind": "pipeline", "optim": {"length_buckets": False}}, "optim.length_buckets"),
         ({"kind": "pipeline", "generate": {"k": 0}}, "generate.k"),
         ({"kind": "pipeline", "build": {"min_margin": 2}}, "build.min_margin"),
         ({"kind": "pipeline", "reuse": "../etc"}, "reuse"),

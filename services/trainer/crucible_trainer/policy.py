@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,15 +162,29 @@ class Policy:
         micro_batch: int = 16,
         reference: bool = False,
     ) -> list[list[float]]:
-        """Per-token log-probs of each completion, without gradients."""
-        out: list[list[float]] = []
-        for i in range(0, len(prompts), micro_batch):
-            b = make_batch(
-                prompts[i : i + micro_batch], completions[i : i + micro_batch], self.pad_id, self.device
-            )
-            lp = self.token_logprobs(b, reference=reference).cpu()
-            for row, c in zip(lp, completions[i : i + micro_batch], strict=True):
-                out.append(row[b.tail - len(c) :].tolist() if c else [])
+        """Per-token log-probs of each completion, without gradients, in the order given.
+
+        Scored longest first, so each micro-batch pads to its own longest sequence, and every
+        micro-batch is queued before the first is read back: the device never waits for the host
+        between them."""
+        order = sorted(
+            range(len(prompts)),
+            key=lambda i: (len(prompts[i]) + len(completions[i]), len(completions[i])),
+            reverse=True,
+        )
+        pending = []
+        with self.reference() if reference else nullcontext():
+            for start in range(0, len(order), micro_batch):
+                idx = order[start : start + micro_batch]
+                b = make_batch(
+                    [prompts[i] for i in idx], [completions[i] for i in idx], self.pad_id, self.device
+                )
+                pending.append((idx, b.tail, self._forward(b)))
+        out: list[list[float]] = [[] for _ in prompts]
+        for idx, tail, lp in pending:
+            for row, i in zip(lp.cpu(), idx, strict=True):
+                n = len(completions[i])
+                out[i] = row[tail - n :].tolist() if n else []
         return out
 
     # -- optimisation ---------------------------------------------------------------------------

@@ -116,3 +116,5 @@ def check_offline_optim(optim: OptimSpec, method: str, prefix: str = "optim") ->
         raise unused(
             f"{prefix}.problems_per_step", f"{method} samples no problems (micro_batch is its batch)"
         )
+    if optim._changed("length_buckets"):
+        raise unused(f"{prefix}.length_buckets", f"{method} batches its rows with TRL's own collator")

@@ -78,6 +78,11 @@ class OptimSpec(_Spec):
         None, ge=1, le=4096, description="Micro-batches per optimizer step; default: the whole batch."
     )
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
+    length_buckets: bool = Field(
+        True,
+        description="Fill each optimizer step's micro-batches longest first, so each pads to its own "
+        "longest sequence (the same gradients, less padding); false: in the batch's order.",
+    )
     max_grad_norm: float | None = Field(
         1.0, gt=0, le=1e6, description="Gradient clipping (None disables it)."
     )

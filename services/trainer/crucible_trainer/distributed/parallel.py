@@ -10,8 +10,12 @@ through the whole model.
 
 Each micro-batch's loss is normalised by the whole batch and DDP / FSDP average gradients over
 the ranks, so the loss is scaled by `world` before its backward: the reduced gradient is the sum
-over ranks, the one-process gradient. Only the last micro-batch of an optimizer step
-synchronises (DDP's `no_sync`, FSDP's `set_requires_gradient_sync`).
+over ranks, the one-process gradient. Under FSDP only the last micro-batch of an optimizer step
+synchronises (`set_requires_gradient_sync`). Under DDP no backward does (`no_sync`'s switch
+stays off): after the step's last micro-batch `reduce` all-reduces the adapter's gradients in one
+flat buffer and averages them as DDP would. For a LoRA adapter (a few MB) DDP's overlap of the
+reduction with the backward saves little, and the step's all-reduce becomes a part the update
+times on its own (`time/update_allreduce_s`).
 """
 
 from __future__ import annotations
@@ -90,9 +94,26 @@ class DataParallel(Parallel):
 
     def begin(self, last: bool) -> None:
         if self.strategy == "ddp":
-            self.runner.require_backward_grad_sync = last  # what DDP's no_sync() sets
+            self.runner.require_backward_grad_sync = False  # what DDP's no_sync() sets: see `reduce`
         else:
             self.runner.set_requires_gradient_sync(last)
+
+    def reduce(self, policy: Any) -> None:
+        if self.strategy != "ddp":
+            return  # FSDP reduce-scattered them in the step's last backward
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        for p in params:  # every rank reduces the same buffer, whatever its micro-batches touched
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in params:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():  # one buffer per dtype (an adapter has one, mostly)
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            flat /= self.world
+            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                g.copy_(reduced)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss * self.world).backward()
@@ -113,14 +134,14 @@ class DataParallel(Parallel):
         parts = shares(list(range(len(prompts))), self.world)
         count = math.ceil(max(len(p) for p in parts) / micro_batch)
         mine = parts[self.rank]
-        scored: list[list[float]] = []
-        for k in range(count):
-            idx = mine[k * micro_batch : (k + 1) * micro_batch]
-            if idx:
-                scored += policy.score(
-                    [prompts[i] for i in idx], [completions[i] for i in idx], micro_batch, reference
-                )
-            elif self.strategy == "fsdp":  # its forward gathers weights: every rank runs it
+        # The whole share at once: the policy scores it in length-sorted micro-batches.
+        scored = (
+            policy.score([prompts[i] for i in mine], [completions[i] for i in mine], micro_batch, reference)
+            if mine
+            else []
+        )
+        if self.strategy == "fsdp":  # each forward gathers weights: every rank runs as many
+            for _ in range(count - math.ceil(len(mine) / micro_batch)):
                 policy.score([[policy.pad_id]], [[policy.pad_id]], 1, reference)
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, scored)

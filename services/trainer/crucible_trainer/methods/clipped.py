@@ -18,5 +18,6 @@ def update_config(cfg: ClippedMethod, job: TrainJob) -> UpdateConfig:
         aggregation=cfg.loss,
         micro_batch=job.optim.micro_batch,
         grad_accum=job.optim.grad_accum,
+        length_buckets=job.optim.length_buckets,
         max_tokens=job.rollout.max_tokens,
     )

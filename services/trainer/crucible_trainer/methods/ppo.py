@@ -39,6 +39,7 @@ def update_config(cfg: PPOConfig, job: TrainJob) -> UpdateConfig:
         aggregation="token" if cfg.ratio == "token" else "sequence",
         micro_batch=job.optim.micro_batch,
         grad_accum=job.optim.grad_accum,
+        length_buckets=job.optim.length_buckets,
         max_tokens=job.rollout.max_tokens,
         always_score_old=True,
     )

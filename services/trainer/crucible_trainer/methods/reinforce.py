@@ -36,6 +36,7 @@ def update_config(cfg: ReinforceConfig, job: TrainJob) -> UpdateConfig:
         iterations=1,
         micro_batch=job.optim.micro_batch,
         grad_accum=job.optim.grad_accum,
+        length_buckets=job.optim.length_buckets,
         max_tokens=job.rollout.max_tokens,
     )
 

@@ -20,10 +20,33 @@ import torch
 
 @dataclass
 class LossOut:
+    """A micro-batch's loss and its statistics. The statistics stay where the loss is (`stats`,
+    detached: clip fraction, mean KL, mean ratio), so a loop over micro-batches sums them there
+    and reads them once instead of waiting for the device three times per micro-batch."""
+
     loss: torch.Tensor
-    clip_fraction: float
-    kl: float
-    ratio_mean: float
+    stats: torch.Tensor  # [3]
+
+    @property
+    def clip_fraction(self) -> float:
+        return float(self.stats[0])
+
+    @property
+    def kl(self) -> float:
+        return float(self.stats[1])
+
+    @property
+    def ratio_mean(self) -> float:
+        return float(self.stats[2])
+
+
+def _stats(like: torch.Tensor, clip_fraction, kl, ratio_mean) -> torch.Tensor:
+    """[clip fraction, KL, ratio], each a detached 0-d tensor or a number, on `like`'s device."""
+    parts = [
+        torch.as_tensor(v, dtype=torch.float32, device=like.device).detach()
+        for v in (clip_fraction, kl, ratio_mean)
+    ]
+    return torch.stack(parts)
 
 
 def aggregate(
@@ -89,20 +112,20 @@ def clipped_surrogate(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)
-    kl_value = 0.0
+    kl_value: torch.Tensor | float = 0.0
     if ref_logp is not None and kl_beta > 0:
         diff = ref_logp - logp
         kl = torch.exp(diff) - diff - 1
         per_token = per_token + kl_beta * kl
-        kl_value = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        kl_value = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
     if token_weights is not None:
         per_token = per_token * token_weights
     with torch.no_grad():
         was_clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
-        clip_fraction = float((was_clipped.float() * mask).sum() / mask.sum().clamp(min=1))
-        ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
+        clip_fraction = (was_clipped.float() * mask).sum() / mask.sum().clamp(min=1)
+        ratio_mean = (ratio * mask).sum() / mask.sum().clamp(min=1)
     loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
-    return LossOut(loss, clip_fraction, kl_value, ratio_mean)
+    return LossOut(loss, _stats(loss, clip_fraction, kl_value, ratio_mean))
 
 
 def _sequence_clipped(
@@ -120,8 +143,8 @@ def _sequence_clipped(
     loss = -torch.minimum(ratio * advantages, clipped).sum() / (denominator or ratio.shape[0])
     with torch.no_grad():
         was_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + high) & (advantages > 0))
-        clip_fraction = float(was_clipped.float().mean())
-    return LossOut(loss, clip_fraction, 0.0, float(ratio.detach().mean()))
+        clip_fraction = was_clipped.float().mean()
+    return LossOut(loss, _stats(loss, clip_fraction, 0.0, ratio.detach().mean()))
 
 
 def reinforce(
@@ -130,4 +153,4 @@ def reinforce(
     """-A * log p(completion), summed over sequences / `denominator` (default: their count)."""
     seq_logp = (logp * mask).sum(-1)
     loss = -(advantages * seq_logp).sum() / (denominator or seq_logp.shape[0])
-    return LossOut(loss, 0.0, 0.0, 1.0)
+    return LossOut(loss, _stats(loss, 0.0, 0.0, 1.0))

@@ -3,7 +3,7 @@
 
 `plan` turns the batch's order into optimizer steps of micro-batches (this rank's share of each);
 `begin` opens a micro-batch (`last`: the step's gradients are complete after it); `backward` runs
-its backward;
+its backward; `reduce` sums the step's gradients over the ranks (timed as a part of its own);
 `score` gives log-probs of every sample; `sum` adds figures over the ranks. One process: the
 micro-batches of `grad_accum` each, a plain backward, the policy's own scoring, the figures as
 they are.
@@ -32,6 +32,9 @@ class Parallel:
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def reduce(self, policy: Any) -> None:
+        """The optimizer step's gradients, complete: summed over the ranks where they are not yet."""
 
     def idle_loss(self, policy: Any) -> torch.Tensor:
         """A zero loss through the whole model, for a rank with no share of a micro-batch."""

@@ -16,6 +16,11 @@ split over `S` optimizer steps: the token loss by the whole batch's tokens (TRL'
 Over several data-parallel ranks (`crucible_trainer.distributed`) every rank holds the whole
 batch, so the normaliser is the whole batch's; `parallel` gives each rank its share of every
 optimizer step's micro-batches, and the gradients are summed across ranks before the step.
+
+Since every micro-batch is divided by the whole batch's count, which samples share a micro-batch
+changes no gradient: each optimizer step's micro-batches are filled longest first (`bucketed`),
+so each pads to its own longest sequence. The update times its parts (`rl/timing.py`) and
+reports its model FLOPs, tokens per second and share of the card's peak (`rl/throughput.py`).
 """
 
 from __future__ import annotations
@@ -24,15 +29,16 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from crucible_trainer.policy import Policy, make_batch, right_align
-from crucible_trainer.rl import losses
+from crucible_trainer.rl import losses, throughput
 from crucible_trainer.rl.correction import Correction
 from crucible_trainer.rl.parallel import LOCAL, Parallel
 from crucible_trainer.rl.rollout import Sample
+from crucible_trainer.rl.timing import PartTimer
 
 
 @dataclass
@@ -49,6 +55,7 @@ class UpdateConfig:
     always_score_old: bool = False  # PPO: log p_old from a separate no-grad pass
     ratio: Literal["token", "sequence"] = "token"  # PPO: one ratio per token or per completion
     tis_cap: float | None = None  # overlapped rollouts: truncated importance sampling (rl/correction.py)
+    length_buckets: bool = True  # each optimizer step's micro-batches grouped by length (`bucketed`)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,24 @@ def trainable(batch: list[Sample], kl_beta: float) -> list[Sample]:
     return keep
 
 
+def bucketed(step: list[list[int]], lengths: list[tuple[int, int]]) -> list[list[int]]:
+    """One optimizer step's micro-batches refilled with the same samples, longest first, each
+    keeping its size (so a data-parallel rank runs as many as before): every micro-batch pads to
+    its own longest sequence instead of holding long and short ones together. Each micro-batch's
+    loss is divided by the whole batch's count (`Normaliser`), so which samples share one changes
+    no gradient (tests/unit/test_update_buckets.py). `lengths`: (prompt, completion) tokens.
+
+    >>> bucketed([[0, 1], [2, 3], []], [(5, 1), (1, 1), (9, 2), (3, 1)])
+    [[2, 0], [3, 1], []]
+    """
+    items = sorted((i for m in step for i in m), key=lambda i: (sum(lengths[i]), lengths[i][1]), reverse=True)
+    out, start = [], 0
+    for m in step:
+        out.append(items[start : start + len(m)])
+        start += len(m)
+    return out
+
+
 def update(
     policy: Policy, batch: list[Sample], cfg: UpdateConfig, seed: int = 0, parallel: Parallel = LOCAL
 ) -> dict[str, float]:
@@ -92,64 +117,100 @@ def update(
         return metrics
     prompts = [s.prompt_ids for s in samples]
     comps = [s.completion_ids for s in samples]
+    lengths = [(len(p), len(c)) for p, c in zip(prompts, comps, strict=True)]
+    timer = PartTimer(policy.device)
+    order = list(range(len(samples)))
+    first_plan = parallel.plan(order, cfg.micro_batch, cfg.grad_accum)
+    # log p_old is the policy before the update. When the first pass is one optimizer step in one
+    # process, its forwards run on exactly that policy, so they give log p_old (a ratio of 1, as
+    # TRL does); otherwise (several optimizer steps per pass, or ranks that train other shares in
+    # later passes) a no-grad pass scores every sample first.
+    wants_old = cfg.iterations > 1 or cfg.always_score_old
+    reuse_old = wants_old and parallel.world == 1 and len(first_plan) == 1
     t0 = time.perf_counter()
-    old = (
-        parallel.score(policy, prompts, comps, cfg.micro_batch)
-        if (cfg.iterations > 1 or cfg.always_score_old)
-        else None
-    )
-    ref = parallel.score(policy, prompts, comps, cfg.micro_batch, reference=True) if cfg.kl_beta > 0 else None
+    old: list[Any] | None = None
+    if wants_old and not reuse_old:
+        with timer.part("old"):
+            old = parallel.score(policy, prompts, comps, cfg.micro_batch)
+    ref: list[Any] | None = None
+    if cfg.kl_beta > 0:
+        with timer.part("ref"):
+            ref = parallel.score(policy, prompts, comps, cfg.micro_batch, reference=True)
     t1 = time.perf_counter()
     tis = Correction(cfg.tis_cap) if cfg.tis_cap is not None else None
     if tis is not None and (cfg.objective != "clip" or cfg.ratio != "token"):
         raise ValueError("the importance-sampling correction needs the clipped objective with token ratios")
     rng = random.Random(seed)
-    order = list(range(len(samples)))
-    sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio": 0.0}
+    # Figures stay on the device until the end: reading one waits for every queued kernel.
+    zero = torch.zeros((), dtype=torch.float32, device=policy.device)
+    loss_sum, clip_sum, kl_sum = zero, zero, zero
+    grad_norm_sum = 0.0
     counts = {"micro": 0, "steps": 0, "skipped": 0}
     for iteration in range(cfg.iterations):
         if iteration > 0:
             rng.shuffle(order)
-        ratio_sum, ratio_n = 0.0, 0
-        for micro in parallel.plan(order, cfg.micro_batch, cfg.grad_accum):
+        plan = first_plan if iteration == 0 else parallel.plan(order, cfg.micro_batch, cfg.grad_accum)
+        keep: list[Any] | None = [None] * len(samples) if reuse_old and iteration == 0 else None
+        ratio_sum, ratio_n = zero, 0
+        for micro in plan:
+            if cfg.length_buckets:
+                micro = bucketed(micro, lengths)
             for m, idx in enumerate(micro):
                 parallel.begin(last=m == len(micro) - 1)
-                if not idx:  # no share of this micro-batch on this rank: its collectives still run
-                    parallel.backward(parallel.idle_loss(policy))
-                    continue
-                out = _micro_loss(policy, samples, idx, cfg, norm, old, ref, tis, first=iteration == 0)
-                parallel.backward(out.loss)
-                sums["loss"] += float(out.loss.detach())
-                sums["clip_fraction"] += out.clip_fraction
-                sums["kl"] += out.kl
-                ratio_sum += out.ratio_mean
+                with timer.part("forward_backward"):
+                    if not idx:  # no share of this micro-batch on this rank: its collectives still run
+                        parallel.backward(parallel.idle_loss(policy))
+                        continue
+                    out = _micro_loss(policy, samples, idx, cfg, norm, old, ref, tis, iteration == 0, keep)
+                    parallel.backward(out.loss)
+                loss_sum = loss_sum + out.loss.detach()
+                clip_sum = clip_sum + out.stats[0]
+                kl_sum = kl_sum + out.stats[1]
+                ratio_sum = ratio_sum + out.stats[2]
                 ratio_n += 1
                 counts["micro"] += 1
-            grad_norm = policy.step()  # skipped when not finite (Policy.step)
+            with timer.part("allreduce"):
+                parallel.reduce(policy)
+            with timer.part("optimizer"):
+                grad_norm = policy.step()  # skipped when not finite (Policy.step)
             if math.isfinite(grad_norm):
-                sums["grad_norm"] += grad_norm
+                grad_norm_sum += grad_norm
                 counts["steps"] += 1
             else:
                 counts["skipped"] += 1
-        ratio_sum, ratio_n = parallel.sum([ratio_sum, ratio_n])
-        metrics[f"update/ratio_mean_iter{iteration}"] = ratio_sum / max(ratio_n, 1)
+        if keep is not None:
+            old = keep
+        ratio_total, ratio_count = parallel.sum([ratio_sum, ratio_n])
+        metrics[f"update/ratio_mean_iter{iteration}"] = ratio_total / max(ratio_count, 1)
     t2 = time.perf_counter()
     # Sums over every rank's micro-batches (the gradient norm is the same on every rank).
-    sums["loss"], sums["clip_fraction"], sums["kl"], counts["micro"] = parallel.sum(
-        [sums["loss"], sums["clip_fraction"], sums["kl"], counts["micro"]]
-    )
-    metrics["loss"] = sums["loss"] / cfg.iterations
-    metrics["clip_fraction"] = sums["clip_fraction"] / max(counts["micro"], 1)
-    metrics["kl"] = sums["kl"] / max(counts["micro"], 1)
-    metrics["grad_norm"] = sums["grad_norm"] / max(counts["steps"], 1)
+    loss, clip, kl, micro_count = parallel.sum([loss_sum, clip_sum, kl_sum, counts["micro"]])
+    metrics["loss"] = loss / cfg.iterations
+    metrics["clip_fraction"] = clip / max(micro_count, 1)
+    metrics["kl"] = kl / max(micro_count, 1)
+    metrics["grad_norm"] = grad_norm_sum / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
-    # Where the update's time goes (scoring returns lists and every micro-batch reads its loss,
-    # so these wall times include the device's work): scoring old / reference log-probs (with
-    # the gather of every rank's share), then the passes of forward, backward and optimizer steps
-    # (with the gradients' all-reduce and the wait for the slowest rank).
+    # Where the update's time goes (wall times; each optimizer step reads the gradient norm, so
+    # they include the device's work): scoring old / reference log-probs (with the gather of every
+    # rank's share), then the passes of forward, backward and optimizer steps (with the gradients'
+    # all-reduce and the wait for the slowest rank). The parts: docs/benchmarks.md.
     metrics["time/update_score_s"] = t1 - t0
     metrics["time/update_passes_s"] = t2 - t1
+    parts = timer.seconds()
+    for part in ("ref", "old", "forward_backward", "allreduce", "optimizer"):
+        metrics[f"time/update_{part}_s"] = parts.get(part, 0.0)
+    metrics.update(
+        throughput.update_figures(
+            policy,
+            lengths,
+            iterations=cfg.iterations,
+            seconds={**parts, "total": t2 - t0},
+            gpus=parallel.world,
+            scored_old=wants_old and not reuse_old,
+            scored_ref=ref is not None,
+        )
+    )
     if tis is not None:
         metrics.update(tis.metrics())  # this rank's samples
     return metrics
@@ -165,20 +226,24 @@ def _micro_loss(
     ref: list[list[float]] | None,
     tis: Correction | None = None,
     first: bool = True,
+    keep: list[Any] | None = None,
 ) -> losses.LossOut:
-    """The loss of the micro-batch of samples `idx`, normalised by the whole batch (`norm`)."""
+    """The loss of the micro-batch of samples `idx`, normalised by the whole batch (`norm`).
+    `keep`: where to put each sample's log-probs (detached, on the device), as later passes' p_old."""
     prompts = [samples[i].prompt_ids for i in idx]
     comps = [samples[i].completion_ids for i in idx]
     b = make_batch(prompts, comps, policy.pad_id, policy.device)
     adv = torch.tensor([samples[i].advantage for i in idx], dtype=torch.float32, device=policy.device)
     logp = policy.token_logprobs(b)
+    if keep is not None:
+        detached = logp.detach()
+        for row, i in enumerate(idx):
+            keep[i] = detached[row, b.tail - len(comps[row]) :]
     if cfg.objective == "reinforce":
         out = losses.reinforce(logp, adv, b.tail_mask, norm.sequences)
     else:
-        old_lp = (
-            right_align([old[i] for i in idx], b.tail, policy.device) if old is not None else logp.detach()
-        )
-        ref_lp = right_align([ref[i] for i in idx], b.tail, policy.device) if ref is not None else None
+        old_lp = aligned([old[i] for i in idx], b.tail, policy.device) if old is not None else logp.detach()
+        ref_lp = aligned([ref[i] for i in idx], b.tail, policy.device) if ref is not None else None
         out = losses.clipped_surrogate(
             logp,
             old_lp,
@@ -198,4 +263,16 @@ def _micro_loss(
             if tis is None
             else tis.weights(old_lp, [samples[i] for i in idx], b.tail_mask, b.tail, first),
         )
+    return out
+
+
+def aligned(rows: list[Any], tail: int, device: str) -> torch.Tensor:
+    """Per-token values placed like `Batch.tail_mask`: lists of numbers (scored), or 1-d tensors
+    already on the device (kept from the first pass)."""
+    if not rows or not isinstance(rows[0], torch.Tensor):
+        return right_align(rows, tail, device)
+    out = torch.zeros((len(rows), tail), dtype=torch.float32, device=device)
+    for i, r in enumerate(rows):
+        if r.numel():
+            out[i, tail - r.numel() :] = r
     return out
