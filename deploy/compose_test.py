@@ -306,6 +306,62 @@ def probe_all(url: str, key: str) -> dict[str, Any]:
     return {name: found(r) for name, r in zip(PROBES, results, strict=True)}
 
 
+# One program per language of the image (deploy/toolchains.sh beside Python) for SandboxFusion's
+# `POST /run_code`: each reads two numbers and prints their sum, so a toolchain that is present but
+# cannot compile or run inside a run's isolation (a path outside its root, a refused system call)
+# fails here rather than in a training job.
+SUM = {
+    "python": "a, b = map(int, input().split())\nprint(a + b)\n",
+    "cpp": "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n",
+    "java": (
+        "import java.util.*;\npublic class Main { public static void main(String[] x) {\n"
+        "  Scanner s = new Scanner(System.in); System.out.println(s.nextLong() + s.nextLong()); } }\n"
+    ),
+    "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n",
+    "go": 'package main\nimport "fmt"\nfunc main() { var a, b int64; fmt.Scan(&a, &b); fmt.Println(a + b) }\n',
+    "rust": (
+        "use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap();\n"
+        '  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!("{}", v[0] + v[1]); }\n'
+    ),
+    "bash": "read a b\necho $((a + b))\n",
+}
+
+
+def languages(url: str, key: str) -> dict[str, Any]:
+    """Every language of the image listed by /health and run once through `POST /run_code`; a C++
+    program judged by stdin/stdout cases through `/v1/runs`. Returns each one's status and seconds."""
+    listed = httpx.get(f"{url}/health", timeout=10).json()["languages"]
+    check(set(SUM) <= set(listed), f"/health lists {listed}, not every language of {sorted(SUM)}")
+    headers = {"Authorization": f"Bearer {key}"}
+    out: dict[str, Any] = {}
+    for lang, code in SUM.items():
+        body = {"language": lang, "code": code, "stdin": "20 22", "compile_timeout": 60, "run_timeout": 20}
+        started = time.monotonic()
+        r = httpx.post(f"{url}/run_code", json=body, headers=headers, timeout=300)
+        check(r.status_code == 200, f"/run_code {lang}: {r.status_code} {r.text[:500]}")
+        answer = r.json()
+        stdout = (answer.get("run_result") or {}).get("stdout", "")
+        check(
+            answer["status"] == "Success" and stdout.strip() == "42",
+            f"/run_code {lang}: {json.dumps(answer)[:1500]}",
+        )
+        out[lang] = {"status": answer["status"], "s": round(time.monotonic() - started, 2)}
+    stdio = {
+        "language": "cpp",
+        "code": SUM["cpp"],
+        "tests": {
+            "kind": "stdio",
+            "cases": [{"input": "1 2", "output": "3"}, {"input": "-5 5", "output": "0"}],
+        },
+        "limits": {"compile_time_s": 60},
+        "use_cache": False,
+    }
+    result = run_batch(url, key, [stdio])[0]
+    check(result["status"] == "passed" and result["passed"] == 2, f"/v1/runs cpp stdio: {result}")
+    out["cpp_stdio"] = {"status": result["status"], "passed": result["passed"]}
+    return out
+
+
 def hostile_verdicts(results: list[dict]) -> tuple[dict[str, str], list[str]]:
     """Each hostile program's status, and what is wrong: a hostile program not contained the way
     its entry allows (any containment of a fork bomb), or a benign run beside one that did not pass.
@@ -333,6 +389,8 @@ def sandbox(compose: Compose, summary: dict, env: dict[str, str]) -> None:
     check(not problems, "; ".join(problems))
     summary["sandbox_hostile"] = statuses
     summary["sandbox_reward_hacks"] = reward_hacks(url, key)
+    summary["sandbox_languages"] = languages(url, key)
+    log(f"sandbox languages: {summary['sandbox_languages']}")
     compose.wait_healthy("sandbox", int(env["SANDBOX_REPLICAS"]), timeout=120)
     seen = probe_all(url, key)
     summary["sandbox_inside_container"] = seen
