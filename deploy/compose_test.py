@@ -9,7 +9,8 @@ Phases (each timed; figures go to runs/compose-test/summary.json):
    vllm/vllm-openai base from a registry and is skipped when that cannot be had), image sizes;
 2. up: `docker compose up -d --build --wait`, every service healthy;
 3. sandbox: isolation reported by /health, hostile programs of tests/integration through
-   sandbox-lb, what a run can see inside its container, and the privileged isolation modes of
+   sandbox-lb, every language of the image through `POST /run_code` (and a C++ stdio suite), what
+   a run can see inside its container, and the privileged isolation modes of
    docs/deploy.md started from the same image;
 4. job: the demo GRPO job over the gateway with an API key, followed over SSE; every adapter
    version seen in the generator (GET /v1/models while the job runs, and its log); the
@@ -20,6 +21,9 @@ Phases (each timed; figures go to runs/compose-test/summary.json):
 
 Any failure prints `docker compose ps` and the logs of the containers that are not healthy (or
 of every service), then tears the stack down and exits 1.
+
+`--languages-only URL` runs only phase 3's language checks against one sandbox container started by
+hand (the API key in CRUCIBLE_SANDBOX_API_KEY), for checking an image without the whole stack.
 """
 
 from __future__ import annotations
@@ -718,6 +722,23 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def languages_only(url: str) -> int:
+    """`--languages-only URL`: the language checks against one sandbox, without compose."""
+    key = os.environ.get("CRUCIBLE_SANDBOX_API_KEY", "")
+    if not key:
+        print("--languages-only needs the sandbox's API key in CRUCIBLE_SANDBOX_API_KEY", file=sys.stderr)
+        return 2
+    try:
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        result = {"isolation": health["isolation"], "languages": languages(url, key)}
+    except (Failed, httpx.HTTPError) as exc:
+        print(f"\nlanguages FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    log(f"every language passed ({health['isolation']['mode']} mode)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -728,7 +749,15 @@ def main() -> int:
     parser.add_argument("--no-faults", action="store_true", help="skip the restart and scaling checks")
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     parser.add_argument("--project", default="crucible-compose-test", help="compose project name")
+    parser.add_argument(
+        "--languages-only",
+        metavar="URL",
+        help="only run each language through the sandbox at URL (a container of the image, started "
+        "by hand), with the API key in CRUCIBLE_SANDBOX_API_KEY",
+    )
     args = parser.parse_args()
+    if args.languages_only:
+        return languages_only(args.languages_only.rstrip("/"))
     if shutil.which("docker") is None:
         print("compose-test needs Docker (docs/deploy.md, 'Testing the deployment')", file=sys.stderr)
         return 2
