@@ -62,7 +62,7 @@ def sft_stage(job: dict[str, Any]) -> dict[str, Any]:
     """The `--sft-first` pipeline of the training job `job` (a dumped spec): its model, LoRA
     settings, train problems, token budget, evaluation and seed."""
     lora = {k: job["model"][k] for k in ("lora_r", "lora_alpha", "target_modules")}
-    data = {k: v for k, v in job["data"].items() if k in ("dataset", "split", "limit")}
+    data = {k: v for k, v in job["data"].items() if k not in ("shuffle", "seed")}  # in task-id order
     evaluation = job.get("eval") or {}
     return {
         "kind": "pipeline",
