@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import TRAIN, load_job, run_job, run_pipeline, step_rows  # noqa: E402
+from bench.common import TRAIN, load_job, run_job, run_pipeline, services, step_rows  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 K, MAX_TOKENS, PROMPTS_PER_STEP, GROUP = 8, 256, 8, 8  # GRPO: 8 problems x 8 samples = 64 per step
@@ -72,51 +71,11 @@ def pipeline(seed: int, tasks: int, **fields: Any) -> dict[str, Any]:
     }
 
 
-class Stack:
-    """A sandbox and a generator as subprocesses (`crucible_cli.spawn`)."""
-
-    def __enter__(self) -> Stack:
-        from crucible_cli.spawn import start
-
-        self.logs = Path(tempfile.mkdtemp(prefix="crucible-offline-"))
-        self.sandbox = start(
-            "crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=self.logs / "sandbox.log", timeout=300
-        )
-        self.generator = start(
-            "crucible_generator",
-            {
-                "CRUCIBLE_GENERATOR_MODEL": MODEL,
-                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
-                "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-            },
-            "CRUCIBLE_GENERATOR_PORT",
-            log=self.logs / "generator.log",
-            timeout=600,
-        )
-        self.sandbox_url, self.generator_url = self.sandbox.url, self.generator.url
-        return self
-
-    def settings(self, work: Path):
-        from crucible_trainer.settings import Settings
-
-        return Settings(
-            generator_urls=[self.generator_url],
-            sandbox_url=self.sandbox_url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        self.generator.stop()
-        self.sandbox.stop()
-
-
 def stage_times(summary: dict[str, Any]) -> dict[str, float]:
     return {k: v["seconds"] for k, v in summary["stages"].items() if v["status"] == "ran"}
 
 
-def part_data(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    settings = stack.settings(args.work)
+def part_data(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": {}}
     for seed in args.seeds:
         stages = ["generate", "annotate", "build", "analyze"]
@@ -136,8 +95,7 @@ def part_data(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     return out
 
 
-def part_train(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    settings = stack.settings(args.work)
+def part_train(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for method in ("sft", "dpo"):
         for seed in args.seeds:
@@ -192,8 +150,7 @@ def run_grpo(spec: Any, job_id: str, settings) -> dict[str, Any]:
     return result
 
 
-def part_rl(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    settings = stack.settings(args.work)
+def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     seed = args.seeds[0]
     train = json.loads((args.work / "offline-train.json").read_text())
     sft_adapter = train["sft"][str(seed)]["adapter"]
@@ -293,8 +250,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part != "table":
         started = time.perf_counter()
-        with Stack() as stack:
-            result = {"data": part_data, "train": part_train, "rl": part_rl}[args.part](args, stack)
+        with services(args.work, MODEL) as settings:
+            result = {"data": part_data, "train": part_train, "rl": part_rl}[args.part](args, settings)
         result["part_wall_s"] = time.perf_counter() - started
         (args.work / f"offline-{args.part}.json").write_text(json.dumps(result, indent=1))
         (args.out / f"offline-{args.part}.json").write_text(json.dumps(result, indent=1))

@@ -55,7 +55,7 @@ SERIES = [  # metric patterns kept per step in the JSON (`*`: any role or oppone
 ]  # fmt: skip
 
 
-def job_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The run's job: examples/spiral_<game>.yaml with this benchmark's budget as `--set` overrides."""
     game, baseline = RUNS[name]
     ttt = game == "tictactoe"
@@ -296,7 +296,7 @@ def main() -> None:
     t0 = time.perf_counter()
     deadline = time.time() + args.deadline_s
     work = Path(tempfile.mkdtemp(prefix="crucible-selfplay-"))
-    cuda = _cuda()
+    cuda = card() != "cpu"
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
     generator_env = {
         "CRUCIBLE_GENERATOR_MODEL": args.model,
@@ -328,7 +328,7 @@ def main() -> None:
         generators = {key: future.result() for key, future in futures.items()}
     started_s = time.perf_counter() - t0
     print(f"services up in {started_s:.0f} s (work dir {work})", flush=True)
-    specs = {name: job_spec(name, args) for name in names}
+    specs = {name: spec_of(name, args) for name in names}
     procs: dict[str, subprocess.Popen] = {}
     try:
         before = None
@@ -406,15 +406,6 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str))
     print(f"total {result['total_s']:.0f} s", flush=True)
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 if __name__ == "__main__":
