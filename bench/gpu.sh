@@ -9,7 +9,7 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup (bench/grpo_race.py, recipes/grpo_smollm2.yaml)
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--tag T] [--set FIELD=VALUE ...]  # one learning run, grpo or srrl
 #   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
-#   bash bench/gpu.sh overlap [--steps 100 --seeds 0 1 2 --staleness 0 1 2]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
+#   bash bench/gpu.sh overlap [--seeds 0 1 2 --staleness 0 1 2 --set optim.steps=100]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102

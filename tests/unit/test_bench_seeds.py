@@ -193,3 +193,5 @@ def test_an_override_naming_a_bad_field_fails_naming_it() -> None:
 
     with pytest.raises(SystemExit, match=r"optim\.lr.*from --set optim\.lr=-1"):
         load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.lr=-1"])
+    with pytest.raises(SystemExit, match="--set 'optim': expected FIELD=VALUE"):
+        load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim"])
