@@ -203,6 +203,7 @@ PY
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
     sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval.data.limit="$tasks")
+    [ "$tasks" = 0 ] && sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval=null)
     [ "$method" = srrl ] && sets+=(--set "method={name: srrl, c1: 2, c2: 4, c2_temperature: 0.3, budget: 10}")
     python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
   eval-adapter)  # greedy pass@1 of a saved adapter on the first N MBPP test tasks

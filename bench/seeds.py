@@ -42,15 +42,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RECIPES, recipes  # noqa: E402
+from bench.common import RECIPES, card, recipes  # noqa: E402
 
 RACE = ROOT / "bench" / "grpo_race.py"
 
 
 def card_name() -> str:
     """`gpu-h100`, `gpu-h200`, ... for the visible GPU, else `cpu`."""
-    from bench.common import card
-
     name = card().lower()
     if name == "cpu":
         return name
@@ -69,7 +67,8 @@ def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) 
     """
     sets = [*recipe["set"], f"seed={seed}", f"data.seed={seed}"]
     sets += [f"optim.steps={args.steps}"] if args.steps is not None else []
-    sets += [f"eval.data.limit={args.eval_tasks}"] if args.eval_tasks is not None else []
+    if args.eval_tasks is not None:  # 0: no evaluation
+        sets += [f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null"]
     sets += [f"model.base={args.model}"] if args.model else []
     flags = [f for f in ("sft_first", "humaneval") if recipe.get(f)]
     out = [recipe["spec"]] + [part for s in sets for part in ("--set", s)]
@@ -289,7 +288,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parallel", type=int, default=3, help="runs at once (one card holds 3-6)")
     parser.add_argument("--steps", type=int, help="optim.steps (default: the recipe's)")
-    parser.add_argument("--eval-tasks", type=int, help="eval.data.limit (default: the recipe's)")
+    parser.add_argument("--eval-tasks", type=int, help="eval.data.limit (default: the recipe's; 0: none)")
     parser.add_argument("--model", help="model.base of the runs (default: the recipe's)")
     parser.add_argument("--card", default=None, help="results folder name (default: the GPU's, or cpu)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results"))

@@ -195,3 +195,16 @@ def test_an_override_naming_a_bad_field_fails_naming_it() -> None:
         load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.lr=-1"])
     with pytest.raises(SystemExit, match="--set 'optim': expected FIELD=VALUE"):
         load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim"])
+
+
+def test_no_evaluation_tasks_means_no_evaluation(seeds) -> None:
+    recipe = {"spec": "recipes/grpo_smollm2.yaml", "set": []}
+    args = seeds.argparse.Namespace(steps=3, eval_tasks=0, model="m")
+    race = seeds.race_arguments(recipe, args, 1)
+    assert "eval=null" in race and not any(a.startswith("eval.data") for a in race)
+    sys.path.insert(0, str(ROOT))
+    from bench.common import load_job
+
+    sets = [race[i + 1] for i, a in enumerate(race) if a == "--set"]
+    job = load_job(ROOT / recipe["spec"], sets)
+    assert job.eval is None and (job.optim.steps, job.model.base, job.seed, job.data.seed) == (3, "m", 1, 1)
