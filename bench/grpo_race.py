@@ -179,7 +179,7 @@ def main() -> None:
     args = parse()
     spec = load_job(args.spec, args.overrides)
     if spec.kind != "train":
-        raise SystemExit(f"{args.spec} is a {spec.kind} job: this benchmark times training jobs")
+        raise SystemExit(f"{args.spec} holds a {spec.kind!r} job: this benchmark times training jobs")
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
     job_id = f"race-{spec.method.name}"
     sft: dict[str, Any] = {}
