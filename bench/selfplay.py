@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import card  # noqa: E402
+from bench.common import card, load_job, run_job  # noqa: E402
 
 RUNS = {  # name -> (game, baseline)
     "ttt-role": ("tictactoe", "role"),
@@ -55,46 +55,21 @@ SERIES = [  # metric patterns kept per step in the JSON (`*`: any role or oppone
 ]  # fmt: skip
 
 
-def job_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The run's job: examples/spiral_<game>.yaml with this benchmark's budget as `--set` overrides."""
     game, baseline = RUNS[name]
     ttt = game == "tictactoe"
     steps = args.ttt_steps if ttt else args.code_steps
-    opponents = [{"kind": "random"}, {"kind": "model", "model": "base"}] if ttt else [{"kind": "model"}]
-    spec: dict[str, Any] = {
-        "kind": "train",
-        "name": name,
-        "method": {
-            "name": "spiral",
-            "game": {"name": game},
-            "games_per_step": args.games,
-            "baseline": baseline,
-            "arena": {"every": args.arena_every, "games": args.arena_games, "opponents": opponents},
-        },
-        "model": {
-            "base": args.model,
-            "lora_r": 16,
-            "lora_alpha": 32,
-            "target_modules": "all-linear",
-            "gradient_checkpointing": False,
-        },
-        "rollout": {"temperature": 1.0, "max_tokens": args.ttt_tokens if ttt else args.code_tokens},
-        "optim": {"lr": args.lr, "steps": steps, "micro_batch": args.micro_batch},
-        "publish": {"every": 1, "staleness_window": 1, "stale_tolerance": 0.25},
-        "eval": {
-            "data": {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks},
-            "max_tokens": 256,
-            "before": False,
-            "every": steps // 2,
-        }
-        if args.eval_tasks
-        else None,
-        "checkpoint": {"every": 100_000},
-        "logging": {"wandb_mode": "disabled", "samples_every": 0},
-        "seed": args.seed,
-    }
-    if not ttt:
-        spec["reward"] = {"time_limit_s": 2.0}
-    return spec
+    evaluation = {"data": {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}, "max_tokens": 256}
+    evaluation |= {"before": False, "every": steps // 2}  # before: the base model's eval job, once
+    sets = [f"name={name}", f"method.games_per_step={args.games}", f"method.baseline={baseline}"]
+    sets += [f"method.arena.every={args.arena_every}", f"method.arena.games={args.arena_games}"]
+    sets += [f"model.base={args.model}", "model.gradient_checkpointing=false"]
+    sets += [f"rollout.max_tokens={args.ttt_tokens if ttt else args.code_tokens}", f"optim.lr={args.lr}"]
+    sets += [f"optim.steps={steps}", f"optim.micro_batch={args.micro_batch}", "publish.stale_tolerance=0.25"]
+    sets += ["eval=" + (json.dumps(evaluation) if args.eval_tasks else "null"), "checkpoint.every=100000"]
+    sets += ["logging={wandb_mode: disabled, samples_every: 0}", f"seed={args.seed}"]
+    return load_job(ROOT / "examples" / f"spiral_{game}.yaml", sets).model_dump(mode="json")
 
 
 # -- one run, as its own process ---------------------------------------------------------------------
@@ -128,27 +103,21 @@ def child(args: argparse.Namespace) -> None:
 # -- the set ------------------------------------------------------------------------------------------
 
 
-async def base_eval(generator: str, sandbox: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def base_eval(generator: str, sandbox: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The base model's MBPP-test greedy pass@1, through an eval job (the one evaluation path)."""
     from crucible_shared.jobs import EvalJob
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.evaljob import run_eval_job
     from crucible_trainer.settings import Settings
 
-    spec = EvalJob.model_validate(
-        {
-            "kind": "eval",
-            "model": {"base": args.model},
-            "data": {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks},
-            "max_tokens": 256,
-        }
+    spec = EvalJob(
+        model={"base": args.model},
+        data={"dataset": "mbpp", "split": "test", "limit": args.eval_tasks},
+        max_tokens=256,
     )
     settings = Settings(
         generator_urls=[generator], sandbox_url=sandbox, adapter_dir=work / "adapters", runs_dir=work / "jobs"
     )
-    started = time.perf_counter()
-    summary = await run_eval_job(spec, "before", settings, LocalChannel("before"))
-    return {**summary.get("eval", {}), "wall_s": time.perf_counter() - started}
+    summary = run_job(spec, "before", settings)
+    return {**summary.get("eval", {}), "wall_s": summary["wall_s"]}
 
 
 def collect(name: str, work: Path, out_dir: Path | None, spec: dict[str, Any]) -> dict[str, Any]:
@@ -327,7 +296,7 @@ def main() -> None:
     t0 = time.perf_counter()
     deadline = time.time() + args.deadline_s
     work = Path(tempfile.mkdtemp(prefix="crucible-selfplay-"))
-    cuda = _cuda()
+    cuda = card() != "cpu"
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
     generator_env = {
         "CRUCIBLE_GENERATOR_MODEL": args.model,
@@ -359,7 +328,7 @@ def main() -> None:
         generators = {key: future.result() for key, future in futures.items()}
     started_s = time.perf_counter() - t0
     print(f"services up in {started_s:.0f} s (work dir {work})", flush=True)
-    specs = {name: job_spec(name, args) for name in names}
+    specs = {name: spec_of(name, args) for name in names}
     procs: dict[str, subprocess.Popen] = {}
     try:
         before = None
@@ -382,7 +351,7 @@ def main() -> None:
         while queue and len(procs) < width:
             launch(queue.pop(0))
         if args.eval_tasks:
-            before = asyncio.run(base_eval(generators["eval"].url, sandbox.url, work, args))
+            before = base_eval(generators["eval"].url, sandbox.url, work, args)
             print("before:", json.dumps(before), flush=True)
         while any(p.poll() is None for p in procs.values()) or queue:
             running = sum(p.poll() is None for p in procs.values())
@@ -437,15 +406,6 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str))
     print(f"total {result['total_s']:.0f} s", flush=True)
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 if __name__ == "__main__":

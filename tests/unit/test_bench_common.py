@@ -7,7 +7,10 @@ import ast
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-SHARED = ("free_port", "percentile", "card", "run_pipeline")
+SHARED = (
+    *("free_port", "percentile", "card", "recipes", "load_job", "spawn_generator", "on_device"),
+    *("services", "run_job", "run_pipeline", "step_rows", "step_medians"),
+)
 
 
 def _modules() -> dict[str, ast.Module]:

@@ -28,8 +28,10 @@ def test_the_jobs_differ_only_in_overlap(monkeypatch) -> None:
     race = _module()
     monkeypatch.setattr(sys, "argv", ["overlap_race.py", "--tiny"])
     args = race.parse()
-    assert (args.steps, args.group_size, args.seeds) == (3, 2, [0])
-    jobs = {s: TrainJob.model_validate(race.spec_of(args, s, seed=0)) for s in (0, 1, 2)}
+    assert args.seeds == [0]
+    jobs = {s: race.spec_of(args, s, seed=0) for s in (0, 1, 2)}
+    assert all(isinstance(j, TrainJob) for j in jobs.values())
+    assert (jobs[0].optim.steps, jobs[0].method.group_size, jobs[0].optim.micro_batch) == (3, 2, 64)
     assert jobs[0].overlap.max_staleness == 0
     assert (jobs[2].overlap.max_staleness, jobs[2].overlap.cap) == (2, 2.0)
     same = {k: v for k, v in jobs[0].model_dump().items() if k != "overlap"}
@@ -39,7 +41,11 @@ def test_the_jobs_differ_only_in_overlap(monkeypatch) -> None:
 
 def _result(tmp_path: Path, name: str, runs: list[dict], steps: int = 80) -> Path:
     path = tmp_path / name
-    path.write_text(json.dumps({"setup": {"steps": steps}, "device": "card", "runs": runs, "targets": {}}))
+    path.write_text(
+        json.dumps(
+            {"setup": {"overrides": [f"optim.steps={steps}"]}, "device": "card", "runs": runs, "targets": {}}
+        )
+    )
     return path
 
 

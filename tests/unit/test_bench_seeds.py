@@ -1,6 +1,7 @@
-"""`bench/seeds.py`: one recipe over seeds, one JSON file per run, the summary and the paired
-comparison, with a stand-in for `grpo_race.py` (the real one trains; `bench/seeds.py run tiny`
-runs it end to end on a CPU in minutes)."""
+"""`bench/seeds.py`: one recipe (spec + overrides) over seeds, one JSON file per run, the summary
+and the paired comparison, with a stand-in for `grpo_race.py` that reads the job spec and overrides
+it is given (the real one trains; `bench/seeds.py run tiny` runs it end to end on a CPU in about a
+minute a seed). And every shipped recipe resolves to a valid training job."""
 
 from __future__ import annotations
 
@@ -14,32 +15,50 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_RACE = """
-import argparse, json
+import argparse, json, yaml
 p = argparse.ArgumentParser()
-p.add_argument("--seed", type=int); p.add_argument("--json"); p.add_argument("--steps", type=int)
-p.add_argument("--eval-tasks", type=int); p.add_argument("--filter")
-p.add_argument("--keep-reports"); p.add_argument("--model", default="smollm2-135m-instruct")
+p.add_argument("job"); p.add_argument("--set", action="append", default=[]); p.add_argument("--json")
+p.add_argument("--keep-reports"); p.add_argument("--generator-rows"); p.add_argument("--humaneval", action="store_true")
 a = p.parse_args()
-if a.seed == 13:
+spec = yaml.safe_load(open(a.job))
+for override in a.set:  # flat fields are enough here
+    field, value = override.split("=", 1)
+    spec[field] = yaml.safe_load(value)
+if spec["seed"] == 13:
     raise SystemExit(3)
-after = {"greedy_pass@1": 0.05 + 0.01 * a.seed + (0.02 if a.filter == "pre" else 0), "problems": a.eval_tasks}
-json.dump({"rows": [{"step": i + 1} for i in range(a.steps)],
-           "eval": {"before": {"greedy_pass@1": 0.034, "problems": a.eval_tasks}, "after": after},
-           "model": a.model, "humaneval": {"before": {"greedy_pass@1": 0.5}, "after": {"greedy_pass@1": 0.52}}},
+tasks = spec["eval.data.limit"]
+after = {"greedy_pass@1": 0.05 + 0.01 * spec["seed"] + (0.02 if spec.get("method.filter.mode") == "pre" else 0),
+         "problems": tasks}
+json.dump({"rows": [{"step": i + 1} for i in range(spec["optim.steps"])],
+           "eval": {"before": {"greedy_pass@1": 0.034, "problems": tasks}, "after": after},
+           "model": spec.get("model.base", "smollm2-135m-instruct"),
+           **({"humaneval": {"before": {"greedy_pass@1": 0.5}, "after": {"greedy_pass@1": 0.52}}}
+              if a.humaneval else {})},
           open(a.json, "w"))
 """
+RECIPES = """
+grpo: {about: no filter, spec: SPEC, set: [optim.steps=1, eval.data.limit=4], humaneval: true}
+pre: {about: pre-filter, from: grpo, set: ["method.filter.mode=pre"]}
+"""
+
+
+def load_seeds():
+    spec = importlib.util.spec_from_file_location("bench_seeds", ROOT / "bench" / "seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
 def seeds(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_seeds", ROOT / "bench" / "seeds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_seeds()
     race = tmp_path / "fake_race.py"
     race.write_text(FAKE_RACE)
+    (tmp_path / "job.yaml").write_text("kind: train\n")
+    recipes = tmp_path / "recipes.yaml"
+    recipes.write_text(RECIPES.replace("SPEC", str(tmp_path / "job.yaml")))
     monkeypatch.setattr(module, "RACE", race)
-    monkeypatch.setitem(module.RECIPES, "grpo", ([], "no filter"))
-    monkeypatch.setitem(module.RECIPES, "pre", (["--filter", "pre"], "pre-filter"))
+    monkeypatch.setattr(module, "RECIPES", recipes)
     return module
 
 
@@ -82,12 +101,12 @@ def test_a_recipe_over_seeds_writes_one_file_per_run_and_the_summary(seeds, tmp_
             "recipe": "grpo", "seed": seed, "before": 0.034, "steps": 3, "eval_tasks": 5
         }  # fmt: skip
         assert result["after"] == pytest.approx(0.05 + 0.01 * seed)
-        assert result["model"] == "tiny-m" and "--model tiny-m" in result["command"]
+        assert result["model"] == "tiny-m" and "--set model.base=tiny-m" in result["command"]
         assert (result["humaneval_before"], result["humaneval_after"]) == (0.5, 0.52)
         assert "--keep-reports" not in result["command"]
         assert (
             result["wall_s"] >= 0
-            and f"--seed {seed}" in result["command"]
+            and f"--set seed={seed} --set data.seed={seed}" in result["command"]
             and "--json" not in result["command"]
         )
     summary = json.loads((folder / "grpo-summary.json").read_text())
@@ -116,3 +135,76 @@ def test_two_recipes_compare_on_the_seeds_they_share(seeds, tmp_path, monkeypatc
     result = json.loads((tmp_path / "out" / "card" / "learning" / "compare-grpo-vs-pre.json").read_text())
     assert result["seeds"] == [0, 1] and result["b_better"] == 2
     assert result["difference"]["mean"] == pytest.approx(0.02)
+
+
+def test_a_recipes_own_steps_and_tasks_hold_unless_the_command_says_otherwise(
+    seeds, tmp_path, monkeypatch
+) -> None:
+    assert run(seeds, tmp_path, monkeypatch, "run", "pre", "--seeds", "4") == 0
+    result = json.loads((tmp_path / "out" / "card" / "learning" / "pre-seed4.json").read_text())
+    assert (result["steps"], result["eval_tasks"], result["after"]) == (1, 4, pytest.approx(0.11))
+    assert result["command"].endswith(
+        "--set optim.steps=1 --set eval.data.limit=4 --set method.filter.mode=pre --set seed=4 "
+        "--set data.seed=4 --humaneval --generator-rows 64"
+    )
+    with pytest.raises(SystemExit, match="unknown recipe 'nope': one of grpo, pre"):
+        seeds.cmd_run(seeds.argparse.Namespace(recipe="nope"), [])
+
+
+SHIPPED = load_seeds().recipes()
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_recipe_is_a_valid_training_job(name: str) -> None:
+    """What `bench/grpo_race.py` would run: the recipe's spec file with its overrides, validated."""
+    from crucible_shared.jobs import TrainJob
+
+    sys.path.insert(0, str(ROOT))
+    from bench.common import load_job
+
+    recipe = SHIPPED[name]
+    assert recipe.get("about") and (ROOT / recipe["spec"]).is_file()
+    job = load_job(ROOT / recipe["spec"], recipe["set"])
+    assert isinstance(job, TrainJob) and job.data.shuffle  # `--set data.seed=S` orders the problems
+    assert load_job(ROOT / recipe["spec"], [*recipe["set"], "seed=3", "data.seed=3"]).data.seed == 3
+    if recipe.get("sft_first"):  # the job starts from the SFT adapter, pulled towards it
+        assert job.method.kl_beta > 0 and job.model.lora_r == 16
+
+
+def test_a_recipe_that_builds_on_an_unknown_one_or_names_no_spec_is_refused(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.common import recipes
+
+    bad = tmp_path / "r.yaml"
+    bad.write_text("a: {from: b}\n")
+    with pytest.raises(SystemExit, match="'b' is not defined"):
+        recipes(bad)
+    bad.write_text("a: {about: x, set: [optim.lr=1]}\n")
+    with pytest.raises(SystemExit, match="one of spec/from"):
+        recipes(bad)
+    bad.write_text("a: {from: a}\n")
+    with pytest.raises(SystemExit, match="builds on itself"):
+        recipes(bad)
+
+
+def test_an_override_naming_a_bad_field_fails_naming_it() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.common import load_job
+
+    with pytest.raises(SystemExit, match=r"optim\.lr.*from --set optim\.lr=-1"):
+        load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.lr=-1"])
+    with pytest.raises(SystemExit, match="--set 'optim': expected FIELD=VALUE"):
+        load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim"])
+
+
+def test_no_evaluation_tasks_means_no_evaluation(seeds) -> None:
+    recipe = {"spec": "recipes/grpo_smollm2.yaml", "set": []}
+    args = seeds.argparse.Namespace(steps=3, eval_tasks=0, model="m")
+    race = seeds.race_arguments(recipe, args, 1)
+    assert "eval=null" in race and not any(a.startswith("eval.data") for a in race)
+    sys.path.insert(0, str(ROOT))
+    from bench.common import load_job
+
+    sets = [race[i + 1] for i, a in enumerate(race) if a == "--set"]
+    job = load_job(ROOT / recipe["spec"], sets)
+    assert job.eval is None and (job.optim.steps, job.model.base, job.seed, job.data.seed) == (3, "m", 1, 1)

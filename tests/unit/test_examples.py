@@ -71,22 +71,19 @@ def test_the_attention_kernel_defaults_to_the_familys_and_old_specs_still_parse(
         EvalJob.model_validate(old)
 
 
-def test_the_best_recipe_example_is_the_benchmarks_best_recipe() -> None:
-    """examples/grpo_mbpp_prefilter.yaml is the job `bench/seeds.py run pre-t07` measured."""
+def test_the_best_recipe_example_is_the_pre_filter_recipe_at_temperature_0_7() -> None:
+    """examples/grpo_mbpp_prefilter.yaml is the spec of the learning recipe `pre-t07`
+    (recipes/learning.yaml), and the learning table compares it with `pre` seed by seed: the two
+    jobs differ in the rollout temperature only."""
     import sys
 
     sys.path.insert(0, str(EXAMPLES[0].parents[1]))
-    from bench.grpo_race import job_spec
-    from bench.seeds import RECIPES
+    from bench.common import load_job, recipes
 
-    flags = RECIPES["pre-t07"][0]
-    assert flags[flags.index("--filter") + 1] == "pre" and flags[flags.index("--micro-batch") + 1] == "16"
-    assert flags[flags.index("--temperature") + 1] == "0.7"
-    measured = job_spec(
-        "grpo", 100, 500, "smollm2-135m-instruct", group_filter="pre", micro_batch=16, temperature=0.7
-    )
-    example = yaml.safe_load((EXAMPLES[0].parent / "grpo_mbpp_prefilter.yaml").read_text())
-    differ = {"name", "logging"}  # the example's name; the benchmark turns wandb off
-    assert TrainJob.model_validate(example).model_dump(exclude=differ) == TrainJob.model_validate(
-        measured
-    ).model_dump(exclude=differ)
+    found = recipes()
+    assert found["pre-t07"]["spec"] == "examples/grpo_mbpp_prefilter.yaml"
+    root = EXAMPLES[0].parents[1]
+    best, pre = (load_job(root / found[n]["spec"], found[n]["set"]) for n in ("pre-t07", "pre"))
+    assert (best.rollout.temperature, pre.rollout.temperature) == (0.7, 1.0)
+    assert best.model_dump(exclude={"name", "rollout"}) == pre.model_dump(exclude={"name", "rollout"})
+    assert best.rollout.model_dump(exclude={"temperature"}) == pre.rollout.model_dump(exclude={"temperature"})
