@@ -30,6 +30,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import percentile  # noqa: E402
 
 KEY_A, KEY_B = "bench-tenant-a-0123456789", "bench-tenant-b-0123456789"
 TRIVIAL = {
@@ -41,11 +42,6 @@ FLOODS = {
     "sleep": "import time\ntime.sleep(0.5)\ndef f(x): return x + 1",
     "cpu": "import time\nend = time.perf_counter() + 0.2\nwhile time.perf_counter() < end: pass\ndef f(x): return x + 1",
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def summary(took: list[float]) -> dict:
