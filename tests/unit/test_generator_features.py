@@ -317,7 +317,7 @@ def test_adapters_that_train_the_base_models_biases_are_refused(qwen2, tmp_path,
 
     config = LoraConfig(r=4, target_modules=ATTENTION, bias=bias)
     adapter = perturbed_adapter(qwen2.path, tmp_path / "a", config, seed=8)
-    with pytest.raises(BadRequest, match=f"bias='{bias}'") as info:
+    with pytest.raises(BadRequest, match="trains the base model's biases") as info:
         asyncio.run(qwen2.engine.load_adapter(f"bias-{bias}", adapter))
     assert info.value.param == "lora_path"
     # The served model is untouched: the base still answers as transformers does.
