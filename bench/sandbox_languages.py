@@ -19,22 +19,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from crucible_sandbox.judging.languages import SUM_OF_TWO as SUM
 
-SUM = {
-    "python": "a, b = map(int, input().split())\nprint(a + b)\n",
-    "cpp": "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n",
-    "java": (
-        "import java.util.*;\npublic class Main { public static void main(String[] x) {\n"
-        "  Scanner s = new Scanner(System.in); System.out.println(s.nextLong() + s.nextLong()); } }\n"
-    ),
-    "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n",
-    "go": 'package main\nimport "fmt"\nfunc main() { var a, b int64; fmt.Scan(&a, &b); fmt.Println(a + b) }\n',
-    "rust": (
-        "use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap();\n"
-        '  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!("{}", v[0] + v[1]); }\n'
-    ),
-    "bash": "read a b\necho $((a + b))\n",
-}
 COMMENT = {"python": "#", "bash": "#", "cpp": "//", "java": "//", "nodejs": "//", "go": "//", "rust": "//"}
 
 

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 from crucible_cli.stack_cmd import DEMO_JOB  # noqa: E402
+from crucible_sandbox.judging.languages import SUM_OF_TWO as SUM  # noqa: E402
 from crucible_shared.gateway_client import GatewayClient, GatewayError  # noqa: E402
 
 from tests.integration.test_sandbox_isolation import BENIGN, HOSTILE, LIMITS  # noqa: E402
@@ -310,30 +311,13 @@ def probe_all(url: str, key: str) -> dict[str, Any]:
     return {name: found(r) for name, r in zip(PROBES, results, strict=True)}
 
 
-# One program per language of the image (deploy/toolchains.sh beside Python) for SandboxFusion's
-# `POST /run_code`: each reads two numbers and prints their sum, so a toolchain that is present but
-# cannot compile or run inside a run's isolation (a path outside its root, a refused system call)
-# fails here rather than in a training job.
-SUM = {
-    "python": "a, b = map(int, input().split())\nprint(a + b)\n",
-    "cpp": "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n",
-    "java": (
-        "import java.util.*;\npublic class Main { public static void main(String[] x) {\n"
-        "  Scanner s = new Scanner(System.in); System.out.println(s.nextLong() + s.nextLong()); } }\n"
-    ),
-    "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n",
-    "go": 'package main\nimport "fmt"\nfunc main() { var a, b int64; fmt.Scan(&a, &b); fmt.Println(a + b) }\n',
-    "rust": (
-        "use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap();\n"
-        '  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!("{}", v[0] + v[1]); }\n'
-    ),
-    "bash": "read a b\necho $((a + b))\n",
-}
-
-
 def languages(url: str, key: str) -> dict[str, Any]:
     """Every language of the image listed by /health and run once through `POST /run_code`; a C++
     program judged by stdin/stdout cases through `/v1/runs`. Returns each one's status and seconds."""
+    # One program per language of the image (SUM: each reads two numbers and prints their sum)
+    # through SandboxFusion's `POST /run_code`, so a toolchain that is present but cannot compile or
+    # run inside a run's isolation (a path outside its root, a refused system call) fails here
+    # rather than in a training job.
     listed = httpx.get(f"{url}/health", timeout=10).json()["languages"]
     check(set(SUM) <= set(listed), f"/health lists {listed}, not every language of {sorted(SUM)}")
     headers = {"Authorization": f"Bearer {key}"}

@@ -212,3 +212,22 @@ def environment(lang: Language) -> dict[str, str]:
 def heap_mb(memory_mb: int) -> int:
     """The managed heap of the JVM and V8: most of the run's memory, the rest for the runtime itself."""
     return max(16, memory_mb - min(memory_mb // 4, 128))
+
+
+# A program per language that reads two integers and prints their sum: the smoke test of each
+# toolchain (bench/sandbox_languages.py, the deployment check in deploy/compose_test.py).
+SUM_OF_TWO = {
+    "python": "a, b = map(int, input().split())\nprint(a + b)\n",
+    "cpp": "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n",
+    "java": (
+        "import java.util.*;\npublic class Main { public static void main(String[] x) {\n"
+        "  Scanner s = new Scanner(System.in); System.out.println(s.nextLong() + s.nextLong()); } }\n"
+    ),
+    "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n",
+    "go": 'package main\nimport "fmt"\nfunc main() { var a, b int64; fmt.Scan(&a, &b); fmt.Println(a + b) }\n',
+    "rust": (
+        "use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap();\n"
+        '  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!("{}", v[0] + v[1]); }\n'
+    ),
+    "bash": "read a b\necho $((a + b))\n",
+}
