@@ -251,6 +251,46 @@ def test_jupyter_cell_and_total_timeouts(sandbox) -> None:
     assert len(out.cells) == 1
 
 
+@pytest.fixture(params=["full", "landlock"])
+def sandbox_mode(request, sandbox):
+    """The session's sandbox (full isolation), and one in the Landlock fallback."""
+    if request.param == "full":
+        yield sandbox
+        return
+    env = {
+        "CRUCIBLE_SANDBOX_WORKERS": "1",
+        "CRUCIBLE_SANDBOX_UID_BASE": str(UID_BASE + 60),  # apart from this process's other sandboxes
+        "CRUCIBLE_SANDBOX_MOUNT_NAMESPACE": "false",
+    }
+    with spawn("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT") as service:
+        yield service
+
+
+def test_jupyter_cell_timeout_holds_against_a_cell_that_ignores_its_timer(sandbox_mode) -> None:
+    """The cell's own timer turned off: the worker ends the session at the cell's time, not the total."""
+    cells = [
+        "import os\nx = 1\npid = os.getpid()",
+        "pid",
+        "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass",
+        "x + 1",
+    ]
+    request = RunJupyterRequest(cells=cells, cell_timeout=1, total_timeout=30)
+    started = time.monotonic()
+    out = run_jupyter(request, endpoint=sandbox_mode.url, max_attempts=1)
+    took = time.monotonic() - started
+    assert took < 1 + 1.5, f"the session ran {took:.1f} s past a cell time of 1 s"
+    assert out.status == RunStatus.Failed and out.driver.status == CommandRunStatus.TimeLimitExceeded
+    assert "cell 2" in out.message
+    assert len(out.cells) == 3  # the cell after the one that ran out did not run
+    assert out.cells[1].display and out.cells[1].error == []
+    assert out.cells[2].error[0]["ename"] == "TimeoutError"
+    pid = int(out.cells[1].display[0]["text/plain"])
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the session's process outlived the call"
+
+
 def test_jupyter_session_processes_end_with_the_call(sandbox) -> None:
     cells = [
         "import subprocess\nchild = subprocess.Popen(['sleep', '60'], start_new_session=True)",

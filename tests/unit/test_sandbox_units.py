@@ -12,7 +12,8 @@ import time
 import pytest
 from crucible_sandbox.inrun.link import NotJudged, ProgramObject, ProgramServer
 from crucible_sandbox.judging import plan, verdict
-from crucible_sandbox.judging.output import compare_output
+from crucible_sandbox.judging.cell_clock import CellClock
+from crucible_sandbox.judging.output import compare_output, judge_cells
 from crucible_sandbox.judging.verdict import ProcessOutcome, judge_calls, judge_judged, worst
 from crucible_sandbox.wire import channel, values
 
@@ -398,3 +399,46 @@ def test_compile_cache_keeps_whole_entries_within_its_bounds(tmp_path) -> None:
     assert cache.get("d") == {"main": b"d" * 1000}
     (tmp_path / "compiled" / "junk").write_bytes(b"not marshal")
     assert cache.get("junk") is None
+
+
+def test_cell_clock_follows_the_frames_and_bounds_forged_ones() -> None:
+    clock = CellClock(count=3, cell_time=1.0, grace=0.5)
+    stream = bytearray(channel.encode_frame({"t": "started"}))
+    clock.feed(stream, now=0.0)
+    assert clock.deadline == float("inf")  # the program before the cells has only the wall time
+    stream += channel.encode_frame({"t": "cells"})
+    clock.feed(stream, now=10.0)
+    assert (clock.pending, clock.deadline) == (0, 11.5)
+    assert not clock.expired(11.4) and clock.expired(11.5)
+    whole = channel.encode_frame({"t": "cell", "i": 0})
+    stream += whole[:3]  # a frame in pieces counts once it is whole
+    clock.feed(stream, now=11.0)
+    assert clock.pending == 0
+    stream += whole[3:]
+    clock.feed(stream, now=11.2)
+    assert (clock.pending, clock.deadline) == (1, 12.7)
+    # A stale, bogus or out-of-range index does not move the clock; a forged later one moves it
+    # once, by one cell time, and the indexes it skipped can no longer move it.
+    for frame in ({"t": "cell", "i": 0}, {"t": "cell", "i": "1"}, {"t": "cell", "i": 7}, [1]):
+        stream += channel.encode_frame(frame)
+    clock.feed(stream, now=12.0)
+    assert (clock.pending, clock.deadline) == (1, 12.7)
+    stream += channel.encode_frame({"t": "cell", "i": 1}) + channel.encode_frame({"t": "cells"})
+    clock.feed(stream, now=12.5)
+    assert (clock.pending, clock.deadline) == (2, 14.0)
+    stream += channel.encode_frame({"t": "cell", "i": 2})
+    clock.feed(stream, now=13.0)
+    assert (clock.pending, clock.deadline) == (3, float("inf"))  # every cell reported
+    broken = CellClock(count=2, cell_time=1.0, grace=0.0)
+    garbage = bytearray(channel.encode_frame({"t": "cells"}) + b"\x00\x00\x00\x02{x")
+    broken.feed(garbage + channel.encode_frame({"t": "cell", "i": 0}), now=1.0)
+    assert (broken.pending, broken.deadline) == (0, 2.0)  # nothing after garbage moves it
+
+
+def test_cells_after_the_one_the_worker_ended_are_not_run() -> None:
+    frames = [{"t": "started"}, {"t": "cells"}] + [{"t": "cell", "i": i, "out": str(i)} for i in (0, 2)]
+    proc = ProcessOutcome(frames=frames, killed="timeout", cell_timeout=1)
+    cells = judge_cells(proc, 3)
+    assert [c["status"] for c in cells] == ["ok", "timeout", "not_run"]
+    assert cells[0]["stdout"] == "0" and cells[2]["stdout"] == ""  # a frame past it does not count
+    assert verdict.process_status(proc) == "timeout"

@@ -3,12 +3,16 @@
 The worker compiled each cell (its body, and its final expression when it ends in one) or says why
 it does not compile; this process runs them one after the other, each under its own timer
 (`test_time_s`; a cell that runs out is interrupted and the next one runs; the session's wall time
-ends the run), with `sys.stdout` and
-`sys.stderr` captured per cell, and reports each as a `cell` frame: output, the repr of the final
+ends the run), with `sys.stdout` and `sys.stderr` captured per cell. It writes a `cells` frame
+before the first cell and reports each as a `cell` frame: output, the repr of the final
 expression's value (None is not shown, as in Jupyter), the exception. State (variables, imports)
 carries from cell to cell, as in a kernel; the whole session has the run's wall time, and its
 process ends with the run. Nothing here decides a verdict: the cells' code shares this process, and
-can write the frames of the cells after it, or turn off its own timer.
+can write the frames of the cells after it, or turn off its own timer. That timer is only the
+clean way out for cooperative code: the worker keeps each cell's time from outside as well
+(`judging.cell_clock`), from these frames as they arrive, and ends the whole run when the cell in
+progress has not reported in its time (plus a grace); that cell is then timed out and the cells
+after it are not run.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def run_cells(
     """Run the cells; `deadline` (monotonic): the session's end, where the zygote ends the process."""
     for i, (_, _, _, source) in enumerate(cells):
         runtime.SOURCES[cell_name(i)] = source
+    write_frame(report_fd, {"t": "cells"})  # the worker's clock for the first cell starts here
     for i, (body, last, syntax, _) in enumerate(cells):
         frame: dict[str, Any] = {"t": "cell", "i": i}
         out, err = io.StringIO(), io.StringIO()

@@ -204,7 +204,8 @@ def judge_run(proc: ProcessOutcome) -> RunResultData:
 
 
 def judge_cells(proc: ProcessOutcome, count: int) -> list[CellResultData]:
-    """Each cell of a run with cells, from the frames its process wrote (untrusted: read as data)."""
+    """Each cell of a run with cells, from the frames its process wrote (untrusted: read as data),
+    and the cell the worker ended the run in when one ran past its time (`cell_timeout`)."""
     frames = {f.get("i"): f for f in proc.frames if f.get("t") == "cell" and type(f.get("i")) is int}
     out: list[CellResultData] = []
     for i in range(count):
@@ -220,7 +221,12 @@ def judge_cells(proc: ProcessOutcome, count: int) -> list[CellResultData]:
             "traceback": None,
             "duration_ms": 0.0,
         }
-        if frame is not None:
+        if proc.cell_timeout is not None and i >= proc.cell_timeout:
+            # The worker ended the run in this cell (it ran past its time without reporting):
+            # it timed out, the cells after it did not run, whatever frames claim otherwise.
+            if i == proc.cell_timeout:
+                cell.update({"status": "timeout", "message": "time limit exceeded"})
+        elif frame is not None:
             error = frame.get("error")
             ms = frame.get("ms")
             cell.update(

@@ -54,6 +54,7 @@ class ProcessOutcome:
     stderr: str = ""
     truncated: bool = False
     duration_ms: float = 0.0
+    cell_timeout: int | None = None  # the cell the worker ended the run in, past its time (not a frame)
 
     @classmethod
     def of(

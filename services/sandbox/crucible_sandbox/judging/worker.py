@@ -39,6 +39,7 @@ from crucible_sandbox.isolation.zygote import DONE, DONE_MSG, JUDGE_FDS, KILL, P
 from crucible_sandbox.judging import compiled as compiled_runs
 from crucible_sandbox.judging import output, verdict
 from crucible_sandbox.judging.artifacts import Artifacts
+from crucible_sandbox.judging.cell_clock import CellClock
 from crucible_sandbox.judging.compile import (
     PlanCache,
     SyntaxFrame,
@@ -128,11 +129,13 @@ class Worker:
         wall_s: float,
         caps: tuple[int, int],
         tests: int = 0,
+        cells: CellClock | None = None,
     ) -> tuple[ProcessOutcome, ProcessOutcome | None]:
         """Run the prepared processes with these specs; collect what they write until they are over.
 
-        `caps`: (output bytes, report bytes); `tests`: how many the run has. Returns the program's
-        outcome and the judge's.
+        `caps`: (output bytes, report bytes); `tests`: how many the run has; `cells`: the clock of
+        a run with cells (the run is ended when a cell has not reported in its time). Returns the
+        program's outcome and the judge's.
         """
         if self.awaiting_done:  # the previous run's processes are reaped and cleaned up first
             self._done()
@@ -160,7 +163,9 @@ class Worker:
             # A run without tests is judged from the program's own frames: answer only once its
             # real exit status is known (it could write the final frame itself, then crash).
             exit_known = program["kind"] in ("run", "command")
-            return self._collect(streams, wall_s, caps, started, judge is not None, tests + 8, exit_known)
+            return self._collect(
+                streams, wall_s, caps, started, judge is not None, tests + 8, exit_known, cells
+            )
         finally:
             for fd in [*program_fds, *judge_fds]:
                 with contextlib.suppress(OSError):
@@ -194,6 +199,7 @@ class Worker:
         judged: bool,
         frames: int,
         exit_known: bool = False,
+        cells: CellClock | None = None,
     ) -> tuple[ProcessOutcome, ProcessOutcome | None]:
         output_cap, report_cap = caps
         by_fd = {s.fd: s for s in streams}
@@ -206,6 +212,7 @@ class Worker:
         output = 0
         killed: str | None = None
         done: tuple[int, int, bool, bool] | None = None
+        cell_timeout: int | None = None  # the cell in progress when its clock ran out
         give_up = time.monotonic() + wall_s + _ZYGOTE_GRACE_S
         try:
             while open_fds or done is None:
@@ -215,7 +222,15 @@ class Worker:
                     self.awaiting_done = True
                     done = (0, 0, False, False)
                     break
-                timeout = give_up - time.monotonic()
+                now = time.monotonic()
+                if cells is not None and done is None and not killed and cells.expired(now):
+                    # A cell that did not report in its time (it may have turned its own timer
+                    # off): end the whole run from here, as its process cannot be trusted to.
+                    killed, cell_timeout = "timeout", cells.pending
+                    self.sock.send(KILL)
+                timeout = give_up - now
+                if cells is not None and done is None and not killed:
+                    timeout = min(timeout, cells.deadline - now)
                 if timeout <= 0:
                     if done is None:
                         raise ZygoteLost("the zygote did not end a run past its wall time")
@@ -245,6 +260,8 @@ class Worker:
                     else:
                         stream.data += data[: max(0, report_cap - len(stream.data))]
                         over = stream.size > report_cap and "report"
+                        if cells is not None and stream.role == "report":
+                            cells.feed(stream.data, time.monotonic())
                     if over and not killed:
                         killed = over
                         if done is None:
@@ -260,6 +277,7 @@ class Worker:
         program.stdout = roles["out"].data.decode("utf-8", "replace")
         program.stderr = roles["err"].data.decode("utf-8", "replace")
         program.truncated = output > output_cap
+        program.cell_timeout = cell_timeout
         judge = None
         if judged:
             judge = ProcessOutcome.of(judge_status, roles["judge"].data, killed, duration, frames)
@@ -374,14 +392,21 @@ class Worker:
         if call:
             spec["call"] = (call["function"], tuple(call.get("args", [])), dict(call.get("kwargs", {})))
         cells = options.get("cells") or []
+        clock = None
         if cells:
             spec["cells"] = compile_cells(cells)
-        program, _ = self.execute(spec, None, limits["wall_time_s"] + 0.05, caps, len(cells))
+            if limits["test_time_s"] < limits["wall_time_s"]:  # else the wall time comes first
+                clock = CellClock(len(cells), limits["test_time_s"])
+        program, _ = self.execute(spec, None, limits["wall_time_s"] + 0.05, caps, len(cells), clock)
         result = output.judge_run(program)
         result["exit_code"] = compiled_runs.exit_code(program)
         result["files"] = compiled_runs.files_of(program)
         if cells:
             result["cells"] = output.judge_cells(program, len(cells))
+        if program.cell_timeout is not None:
+            result["message"] = (
+                f"cell {program.cell_timeout} did not end within its time limit; the session was ended"
+            )
         return result
 
     def serve(self) -> None:
