@@ -93,8 +93,11 @@ def test_mbpp_random_subset_is_seeded() -> None:
 
 
 def test_mbpp_ids_outside_the_split_are_named() -> None:
+    with pytest.raises(ValidationError, match=r"ids\.1: 601 is not a task of MBPP's test split"):
+        DataSpec(split="test", ids=[11, 601])  # refused with the spec, before any loading
+    # A spec built without validation (an older record) still meets the loader's check.
     with pytest.raises(DatasetError, match="601"):
-        load_tasks(DataSpec(split="test", ids=[11, 601]))
+        load_tasks(DataSpec.model_construct(**{**DataSpec().__dict__, "split": "test", "ids": [11, 601]}))
 
 
 def test_mbpp_missing_file_is_named(tmp_path: Path) -> None:

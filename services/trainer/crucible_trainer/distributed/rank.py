@@ -50,6 +50,13 @@ def main() -> None:
         # Not a normal exit: the process group's threads may still wait on a peer that hangs, and
         # joining them would hold this rank (and the job) as long. torchrun stops the others.
         os._exit(1)
+    # The outcome is written and the process group destroyed: leave without the interpreter's
+    # teardown, where the collectives' C++ threads can still abort the process ("terminate called
+    # without an active exception", seen on a loaded machine after a finished job), which torchrun
+    # would report as this rank failing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, Any] | None:
