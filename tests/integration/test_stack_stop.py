@@ -124,9 +124,10 @@ import json, sys, time
 from pathlib import Path
 from crucible_cli.stack import Stack
 state, out, marks = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-stubborn = (  # ignores SIGTERM, noting each one in `marks`
+stubborn = (  # ignores SIGTERM, noting each one in `marks` (and R once it does)
     "import signal, sys, time\\n"
     "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'a').write('T'))\\n"
+    "open(sys.argv[1], 'a').write('R')\\n"
     "while True: time.sleep(0.1)"
 )
 slow = "import signal, sys, time\\nsignal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), sys.exit(0)))\\nwhile True: time.sleep(0.1)"
@@ -161,7 +162,10 @@ def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
     while not pids_file.exists():
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(0.5)  # the stand-ins have set their signal handlers
+    while "R" not in (marks.read_text() if marks.exists() else ""):  # the worker's handler is set
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # the other stand-ins' too (one that has not just exits at its SIGTERM)
     pids = json.loads(pids_file.read_text())
     started = time.monotonic()
     # Each Ctrl-C once the stop has answered the one before (the worker's next SIGTERM): signals
