@@ -15,9 +15,9 @@ the field (timeouts above the server's maximum too, checked by the server).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from crucible_shared.sandbox import check_base64, check_no_file_holds_another, check_relative_path
 
@@ -57,6 +57,11 @@ def _check_fetch(paths: list[str]) -> list[str]:
     return paths
 
 
+# The two file fields of both requests, checked the same way.
+Files = Annotated[dict[str, str | None], AfterValidator(_check_files)]
+FetchFiles = Annotated[list[str], AfterValidator(_check_fetch)]
+
+
 class RunCodeRequest(BaseModel):
     """`POST /run_code`: one program, run once (compiled first where its language is compiled)."""
 
@@ -70,22 +75,12 @@ class RunCodeRequest(BaseModel):
     compile_timeout: float = Field(default=10, gt=0, description="Seconds for the compile step.")
     run_timeout: float = Field(default=10, gt=0, description="Seconds for the run.")
     memory_limit_MB: int = Field(default=-1, description="MiB for the run; -1: the server's default.")
-    files: dict[str, str | None] = Field(
+    files: Files = Field(
         default_factory=dict, description="Relative path -> base64 content, written before the run."
     )
-    fetch_files: list[str] = Field(
+    fetch_files: FetchFiles = Field(
         default_factory=list, description="Relative paths read back after the run."
     )
-
-    @field_validator("files")
-    @classmethod
-    def _files(cls, files: dict[str, str | None]) -> dict[str, str | None]:
-        return _check_files(files)
-
-    @field_validator("fetch_files")
-    @classmethod
-    def _fetch(cls, paths: list[str]) -> list[str]:
-        return _check_fetch(paths)
 
 
 class RunCodeResponse(BaseModel):
@@ -106,18 +101,8 @@ class RunJupyterRequest(BaseModel):
     cell_timeout: float = Field(default=0, ge=0, description="Seconds per cell; 0: only the total applies.")
     total_timeout: float = Field(default=45, gt=0, description="Seconds for all the cells.")
     kernel: Literal["python3"] = "python3"
-    files: dict[str, str | None] = Field(default_factory=dict)
-    fetch_files: list[str] = Field(default_factory=list)
-
-    @field_validator("files")
-    @classmethod
-    def _files(cls, files: dict[str, str | None]) -> dict[str, str | None]:
-        return _check_files(files)
-
-    @field_validator("fetch_files")
-    @classmethod
-    def _fetch(cls, paths: list[str]) -> list[str]:
-        return _check_fetch(paths)
+    files: Files = Field(default_factory=dict)
+    fetch_files: FetchFiles = Field(default_factory=list)
 
 
 class CellRunResult(BaseModel):
