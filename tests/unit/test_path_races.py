@@ -5,6 +5,7 @@ of the secret; the old check-then-reopen code read it hundreds of times in the s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -131,3 +132,80 @@ def test_the_trainer_reads_dataset_files_through_the_checked_descriptor(world, m
     assert leaks == 0 and reads > 0, (leaks, reads)
     with pytest.raises(DatasetError, match="file not found"):
         list(read_jsonl(world["root"] / "nope.jsonl"))
+
+
+class _Stop(Exception):
+    """Ends the attacked run once its loader has read what it was given."""
+
+
+def test_the_trainer_loads_the_model_and_adapter_it_checked(tmp_path, monkeypatch) -> None:
+    """The attacker swaps, after the worker's check, every file of the local `model.base` and of
+    `model.init_adapter` for a link to a secret outside the roots, and then the directories
+    themselves: the loaders must still read the files the check saw."""
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer import train
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.settings import Settings
+
+    models, adapters, outside = tmp_path / "models", tmp_path / "adapters", tmp_path / "outside"
+    for folder in (models / "m", adapters / "a", outside):
+        folder.mkdir(parents=True)
+    (outside / "config.json").write_text(json.dumps({"secret": SECRET}))
+    (outside / "adapter_config.json").write_text(json.dumps({"secret": SECRET}))
+    (models / "m" / "config.json").write_text('{"model": "checked"}')
+    (adapters / "a" / "adapter_config.json").write_text('{"adapter": "checked"}')
+    (adapters / "a" / "adapter_model.safetensors").write_bytes(b"weights")
+    monkeypatch.setenv("CRUCIBLE_MODEL_ROOTS", str(models))
+    monkeypatch.setenv("CRUCIBLE_ADAPTER_ROOTS", str(adapters))
+    spec = TrainJob.model_validate(
+        {
+            "model": {"base": str(models / "m"), "init_adapter": str(adapters / "a")},
+            "logging": {"wandb_mode": "disabled"},
+        }
+    )
+    read: dict[str, str] = {}
+
+    class Loader:  # stands in for `Policy`: reads the files as `from_pretrained` would, by path
+        def __init__(self, model, optim, seed) -> None:
+            read["base"] = (Path(model.base) / "config.json").read_text()
+            read["adapter"] = (Path(model.init_adapter) / "adapter_config.json").read_text()
+
+    class Attacked(train.TrainRun):
+        async def setup(self) -> None:
+            for folder, name in ((models / "m", "config.json"), (adapters / "a", "adapter_config.json")):
+                (folder / name).unlink()
+                (folder / name).symlink_to(outside / name)
+            self.make_policy()
+            for folder in (models / "m", adapters / "a"):  # then the whole directories
+                folder.rename(folder.with_name("old"))
+                folder.symlink_to(outside, target_is_directory=True)
+            self.make_policy()
+            raise _Stop
+
+    monkeypatch.setattr(train, "Policy", Loader)
+    settings = Settings(runs_dir=tmp_path / "runs", cancel_poll_s=0.01)
+    run = Attacked(spec, "job-1", settings, LocalChannel("job-1"))
+    with pytest.raises(_Stop):
+        asyncio.run(run.run())
+    assert read == {"base": '{"model": "checked"}', "adapter": '{"adapter": "checked"}'}
+    assert not any(p.exists() for p in run.loaded.values()), "the snapshots outlive the run"
+    assert json.loads((tmp_path / "runs" / "job-1" / "spec.json").read_text())["model"]["base"] == str(
+        models / "m"
+    )
+
+
+def test_the_trainer_refuses_a_link_in_a_checked_model_directory(tmp_path, monkeypatch) -> None:
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.settings import Settings
+    from crucible_trainer.train import TrainRun
+
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "secret.json").write_text(SECRET)
+    (tmp_path / "models" / "m" / "config.json").symlink_to(tmp_path / "secret.json")
+    monkeypatch.setenv("CRUCIBLE_MODEL_ROOTS", str(tmp_path / "models"))
+    spec = TrainJob.model_validate({"model": {"base": str(tmp_path / "models" / "m")}})
+    run = TrainRun(spec, "job-1", Settings(runs_dir=tmp_path / "runs"), LocalChannel("job-1"))
+    with pytest.raises(PathOutsideRoots, match=r"config\.json is a symbolic link") as caught:
+        asyncio.run(run.run())
+    assert SECRET not in str(caught.value)

@@ -36,8 +36,10 @@ def bytes_per_sequence(config: Any, tokens: int, completion: int, dtype_bytes: i
     return activations + logits
 
 
-def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
-    """The spec with every `auto` replaced, and the choices made (for the job's log)."""
+def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str, Any]]:
+    """The spec with every `auto` replaced, and the choices made (for the job's log). `base`: where
+    the model's files are read (the run's snapshot of a local `model.base`; default the spec's)."""
+    base = base or spec.model.base
     import torch
     from crucible_models import pick_attention, pick_device, pick_dtype, resolve_model_path
     from transformers import AutoConfig
@@ -48,11 +50,11 @@ def resolve(spec: TrainJob) -> tuple[TrainJob, dict[str, Any]]:
     chosen: dict[str, Any] = {
         "device": device,
         "dtype": str(dtype).removeprefix("torch."),
-        "attn_implementation": pick_attention(spec.model.attn_implementation, spec.model.base),
+        "attn_implementation": pick_attention(spec.model.attn_implementation, base),
     }
     if device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        config = AutoConfig.from_pretrained(resolve_model_path(spec.model.base))
+        config = AutoConfig.from_pretrained(resolve_model_path(base))
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
         per_sequence = bytes_per_sequence(config, tokens, spec.rollout.max_tokens, dtype.itemsize)
         fits = max(1, int(MEMORY_SHARE * free // per_sequence))

@@ -5,10 +5,15 @@ The base owns the run directory (`runs/<job id>`, the checked spec in `spec.json
 `summary.json`), the cancel token, the event sink, W&B, the services and the summary. `run()` is
 the same for every job:
 
-    paths checked -> prepare() -> spec.json -> status starting -> setup() -> W&B -> body()
+    paths checked, local models snapshotted -> prepare() -> spec.json -> status starting -> setup() -> W&B -> body()
     -> finished (status event with the summary) | cancelled (status event) | the error raised
     and in every case: the cancel poller stopped, close() (what the runner holds), the services
     closed, W&B finished, summary.json written.
+
+What the run loads from disk is what was checked: a local `model.base` (a job that loads its
+model) and `model.init_adapter` are copied, through the descriptors the containment check opened,
+into private snapshots (`crucible_shared.snapshot`) that the loaders are given
+(`loaded_model()`), removed when the run ends; the spec keeps the names the job gave.
 
 The services are the generator replicas (`pool`) and the sandbox (`sandbox`) the settings name,
 each connected on first use: a runner that never touches one (a pipeline running only `build`
@@ -23,14 +28,18 @@ the job runs and is returned as `crucible_shared.lifecycle.JobSummary` validates
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
 from crucible_shared.generator_client import GeneratorPool
+from crucible_shared.jobs import ModelSpec, job_paths
 from crucible_shared.lifecycle import JobStatus, JobSummary
-from crucible_shared.paths import with_checked_paths
+from crucible_shared.paths import PathMissing, PathOutsideRoots, PathRoots, with_checked_paths
 from crucible_shared.sandbox_client import SandboxClient
+from crucible_shared.snapshot import SnapshotRefused, snapshot_inside
 
 from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
@@ -51,6 +60,7 @@ class JobRun:
         self.cancel = CancelToken(channel, settings.cancel_poll_s)
         self.events = EventSink(channel, self.run_dir)
         self.paths: dict[str, Path] = {}
+        self.loaded: dict[str, Path] = {}  # spec field -> the private snapshot the loaders read
         self.summary: dict[str, Any] = {"job_id": job_id, "run_dir": str(self.run_dir)}
         self._pool: GeneratorPool | None = None
         self._sandbox: SandboxClient | None = None
@@ -80,6 +90,31 @@ class JobRun:
             if sandbox is not None:
                 await sandbox.close()
 
+    # -- what is loaded from disk -------------------------------------------------------------
+    def loaded_model(self) -> ModelSpec:
+        """`spec.model` as the loaders take it: a local `base` or `init_adapter` names the run's
+        snapshot of the checked directory, never the path again."""
+        update = {field.removeprefix("model."): str(path) for field, path in self.loaded.items()}
+        return self.spec.model.model_copy(update=update)
+
+    def _snapshot(self, roots: PathRoots) -> None:
+        fields = {"model.init_adapter", *(("model.base",) if self.loads_model else ())}
+        for field, value, kind in job_paths(self.spec):
+            if field not in fields:
+                continue
+            try:
+                self.loaded[field] = snapshot_inside(
+                    field, str(self.paths[field]), roots.of(kind), kind, prefix=f"crucible-{kind}-"
+                )
+            except SnapshotRefused as exc:
+                raise PathOutsideRoots(field, f"{value}: {exc.entry} {exc.reason}") from None
+            except NotADirectoryError:
+                raise PathMissing(field, f"{value} is not a directory") from None
+
+    def _drop_snapshots(self) -> None:
+        for path in self.loaded.values():
+            shutil.rmtree(path, ignore_errors=True)
+
     # -- what a runner fills in -------------------------------------------------------------------
     async def prepare(self) -> None:
         """Before spec.json and the starting event (checks that need no services)."""
@@ -105,6 +140,13 @@ class JobRun:
         # The job reads what was checked; an eval keeps model.base, the name its generator serves.
         checked = {f: p for f, p in roots.check(self.spec).items() if self.loads_model or f != "model.base"}
         self.spec = with_checked_paths(self.spec, checked)
+        try:
+            await asyncio.to_thread(self._snapshot, roots)
+            return await self._run()
+        finally:
+            await asyncio.to_thread(self._drop_snapshots)
+
+    async def _run(self) -> dict[str, Any]:
         await self.prepare()
         self.channel.gate()
         (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=2))

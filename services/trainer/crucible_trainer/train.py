@@ -66,7 +66,7 @@ class TrainRun(OverlappedSteps, JobRun):
 
     # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
     def make_policy(self) -> Policy:
-        return Policy(self.spec.model, self.spec.optim, self.spec.seed)
+        return Policy(self.loaded_model(), self.spec.optim, self.spec.seed)
 
     def update_policy(
         self, policy: Policy, samples: list[Sample], cfg: UpdateConfig, seed: int
@@ -76,7 +76,7 @@ class TrainRun(OverlappedSteps, JobRun):
     # -- the job ------------------------------------------------------------------------------
     async def setup(self) -> None:
         """The machine's settings, the tasks and the policy (W&B logs the resolved spec)."""
-        self.spec, chosen = await asyncio.to_thread(hardware.resolve, self.spec)
+        self.spec, chosen = await asyncio.to_thread(hardware.resolve, self.spec, self.loaded_model().base)
         spec = self.spec
         self.summary["settings"] = chosen
         self.events.emit("settings", **chosen)

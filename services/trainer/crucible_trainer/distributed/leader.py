@@ -47,7 +47,7 @@ class LeaderRun(TrainRun):
         self.control, self.parallel = control, parallel
 
     def make_policy(self) -> RankPolicy:  # type: ignore[override]
-        spec_json = self.spec.model_dump_json()
+        spec_json = self.spec.model_copy(update={"model": self.loaded_model()}).model_dump_json()
         self.control.send("init", spec_json)
         return make_rank_policy(spec_json, str(self.spec.model.device), self.parallel, self.control)
 

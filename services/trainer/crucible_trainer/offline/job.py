@@ -95,14 +95,14 @@ class OfflineTrainRun(JobRun):
                 before = await self._evaluate(self.init, 0, "before")
         run = OfflineRun(
             method=self.method,
-            model=spec.model,
+            model=self.loaded_model(),
             optim=spec.optim,
             rows=self.rows,
             work_dir=run_dir / "trainer",
             adapter_dir=run_dir / "adapter",
             seed=spec.seed,
             checkpoint_every=spec.checkpoint.every,
-            start_adapter=str(self.init) if self.init else None,  # resolved inside the adapter roots
+            start_adapter=str(self.loaded["model.init_adapter"]) if self.init else None,
             identity=self.identity,
         )
         hooks = Hooks(

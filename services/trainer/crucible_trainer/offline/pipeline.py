@@ -324,14 +324,17 @@ class PipelineRun(JobRun):
             offset = self._step_offset(r)
             run = OfflineRun(
                 method=method,
-                model=spec.model,
+                model=self.loaded_model(),
                 optim=spec.optim,
                 rows=read_rows(data),
                 work_dir=self.round_dir(r) / "trainer",
                 adapter_dir=self.adapter(r),
                 seed=spec.seed,
                 checkpoint_every=spec.checkpoint.every,
-                start_adapter=str(start.path) if start else None,
+                # Round 1 loads the snapshot of the checked init adapter, later ones the run's own.
+                start_adapter=str(self.loaded["model.init_adapter"] if r == 1 else start.path)
+                if start
+                else None,
                 identity=json_hash(self._signature),
                 step_offset=offset,
             )
@@ -359,7 +362,9 @@ class PipelineRun(JobRun):
         async def body() -> dict[str, Any]:
             from crucible_trainer.offline.merge import merge_adapter
 
-            await asyncio.to_thread(merge_adapter, spec.model.base, self.adapter(last), out, spec.merge.dtype)
+            await asyncio.to_thread(
+                merge_adapter, self.loaded_model().base, self.adapter(last), out, spec.merge.dtype
+            )
             return {"path": str(out)}
 
         return plan, body
