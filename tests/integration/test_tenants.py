@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -196,6 +197,20 @@ def test_the_result_cache_is_per_tenant(sandbox_tenants) -> None:
     assert not first.get("cached") and again["cached"] is True
     other = httpx.post(f"{sandbox_tenants.url}/v1/runs", json=run, headers=auth(KEY_B), timeout=60).json()
     assert other["cached"] is False
+
+
+def test_the_compile_cache_is_per_tenant(sandbox_tenants) -> None:
+    """Tenant B submits the program A compiled (the result cache bypassed): were the compile cache
+    shared, B's compile would come back `cached` and ~0 ms, telling B that A compiled it."""
+    code = f'// {uuid.uuid4()}\n#include <cstdio>\nint main() {{ puts("hi"); }}\n'
+    run = {"language": "cpp", "code": code, "tests": {"kind": "run"}, "use_cache": False}
+    url = f"{sandbox_tenants.url}/v1/runs"
+    first, again = (httpx.post(url, json=run, headers=auth(KEY_A), timeout=120).json() for _ in range(2))
+    assert first["status"] == "passed" and not first["compile"]["cached"], first
+    assert again["compile"]["cached"] is True  # A's own compile is cached for A
+    other = httpx.post(url, json=run, headers=auth(KEY_ADMIN), timeout=120).json()
+    assert other["status"] == "passed" and other["compile"]["cached"] is False, other["compile"]
+    assert other["compile"]["duration_ms"] > 0
 
 
 def test_by_default_a_tenant_leaves_a_worker_to_the_others(sandbox_tenants) -> None:

@@ -2,7 +2,7 @@
 
 Shared by the slots of a server (a directory of its own under `work_root`, mode 0700): an RL
 batch sends many runs of one program (verl sends each stdin case as a request of its own), and
-any slot may get them. Written by the trusted worker only, to a temporary name then renamed, so a
+any slot may get them. Not shared by tenants: the key holds the request's `cache_scope`. Written by the trusted worker only, to a temporary name then renamed, so a
 reader sees a whole entry or none; runs cannot reach it (outside their root, or outside what
 Landlock lets them write). Entries are marshalled `{name: bytes}`; past `entries` files or
 `max_bytes` in all (the work root is often a small tmpfs that runs need too) the least recently

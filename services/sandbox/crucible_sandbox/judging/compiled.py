@@ -7,7 +7,8 @@ Python run:
 1. **compile** (compiled languages): the compiler, under the compile limits (`compile_time_s`
    wall and CPU, `compile_memory_mb` for all its processes, a larger process count, the run's
    output cap). What it leaves in `out/` is the artifact, cached (`artifacts`) by a hash of the
-   source, the language, the command and the compile limits. A compiler that fails, times out or
+   source, the language, the command, the compile limits and the request's `cache_scope` (its
+   tenant: a tenant never gets, or times, a compile another tenant's run left). A compiler that fails, times out or
    runs out of memory ends the run: `syntax_error` (the graded reward's "did not compile"),
    `timeout` or `memory_exceeded`, with `compile` saying what the compiler said.
 2. **run**: each stdio case a process of its own, judged like Python's (`output.judge_case`), or
@@ -53,12 +54,18 @@ def files_of(proc: ProcessOutcome) -> dict[str, str]:
 
 
 def compile_step(
-    execute: Execute, cache: Artifacts, lang: languages.Language, source: str, limits: RunLimits
+    execute: Execute,
+    cache: Artifacts,
+    lang: languages.Language,
+    source: str,
+    limits: RunLimits,
+    scope: str = "",
 ) -> tuple[dict[str, bytes] | None, CompileResultData]:
-    """(the artifact or None, the compile step's result); from the cache when it has the artifact."""
+    """(the artifact or None, the compile step's result); from the cache when it has the artifact
+    in `scope` (the tenant's part of the cache)."""
     wall = limits.get("compile_time_s", 10.0)
     memory = limits.get("compile_memory_mb", 1024)
-    key = languages.artifact_key(lang, source, (wall, memory))
+    key = languages.artifact_key(lang, source, (wall, memory), scope)
     hit = cache.get(key)
     if hit is not None:
         return hit, {
@@ -149,7 +156,9 @@ def run_program(execute: Execute, cache: Artifacts, request: PreparedRun) -> Run
     files: dict[str, bytes] = {}
     exe: bytes | None = None
     if lang["compile"] is not None:
-        artifact, compiled = compile_step(execute, cache, lang, source, limits)
+        artifact, compiled = compile_step(
+            execute, cache, lang, source, limits, request.get("cache_scope", "")
+        )
         if artifact is None:
             return _compile_failed(compiled, [c["input"][:200] for c in cases])
         if "{exe}" in lang["run"]:

@@ -188,19 +188,20 @@ def expand(argv: list[str], source_name: str, cls: str, heap_mb: int) -> list[st
     return [a.format(src=source_name, cls=cls, heap=heap_mb, exe="{exe}") for a in argv]
 
 
-def artifact_key(lang: Language, source: str, limits: tuple[float, int] = (0.0, 0)) -> str:
+def artifact_key(lang: Language, source: str, limits: tuple[float, int] = (0.0, 0), scope: str = "") -> str:
     """The compile cache's key: source, language, the exact compile command, the toolchain's
     binary (its real path and modification time: an upgraded compiler misses the cache) and the
     compile step's limits (seconds, MiB): a program compiled under generous limits is not served
     to a request whose limits it would have exceeded, and a compile cannot make its artifact
-    depend on limits (`include_str!("/proc/self/limits")`) that another request did not ask for."""
+    depend on limits (`include_str!("/proc/self/limits")`) that another request did not ask for;
+    and the cache scope (the tenant): one tenant's compile is never another's cache hit."""
     tool = tool_path(lang) or ""
     try:
         real = os.path.realpath(tool)
         stamp = [real, os.stat(real).st_mtime_ns]
     except OSError:
         stamp = [tool, 0]
-    text = json.dumps([lang["name"], lang["compile"], lang["env"], stamp, list(limits), source])
+    text = json.dumps([lang["name"], lang["compile"], lang["env"], stamp, list(limits), source, scope])
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 

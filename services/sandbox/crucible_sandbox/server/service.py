@@ -334,7 +334,8 @@ class SandboxService:
             metrics.CACHE.labels("miss").inc()
         started = time.perf_counter()
         async with self._tenant_slot(tenant):
-            raw = await self.pool.run(prepared, batch, tenant.name)
+            # The worker's compile cache is partitioned as the result cache is.
+            raw = await self.pool.run({**prepared, "cache_scope": scope}, batch, tenant.name)
         result = RunResult.model_validate(raw)
         worker_s, now = result.duration_ms / 1000, time.monotonic()
         self.tenant_usage.setdefault(tenant.name, deque()).append((now, worker_s))

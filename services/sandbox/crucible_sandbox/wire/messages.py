@@ -111,6 +111,10 @@ class PreparedRun(TypedDict):
     tests: Tests
     limits: RunLimits
     language: NotRequired[str]  # absent: Python; else a name of `judging.languages.LANGUAGES`
+    # Whose compile cache entries the run may use (the tenant's, or the sharing tenants'): the
+    # server's result cache scope. A compile served from another tenant's entry would tell that
+    # tenant's program (`compile.cached`, the time it saved).
+    cache_scope: NotRequired[str]
 
 
 # -- worker -> server -------------------------------------------------------------------------------
