@@ -46,6 +46,18 @@ def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:jobs"
 
 
+def tenant_lock(tenant: str) -> str:
+    """String: held (a random token, with an expiry) by the gateway replica checking a submission
+    of the tenant against its `active_jobs` quota, until the job is created."""
+    return f"{PREFIX}:tenant:{tenant}:lock"
+
+
+def tenant_streams(tenant: str) -> str:
+    """Sorted set of the tenant's open event streams (a lease id each, scored by when the lease
+    lapses unless its gateway renews it), shared by every gateway replica."""
+    return f"{PREFIX}:tenant:{tenant}:streams"
+
+
 def worker_models() -> str:
     """Hash: worker name -> JSON {"installed": [...], "missing": [...]}, the installable models
     (`crucible models install`) the worker has or lacks, for the gateway's check of `model.base`."""

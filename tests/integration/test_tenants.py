@@ -142,6 +142,67 @@ def test_quotas_are_429_naming_the_quota(gw) -> None:
         raise AssertionError("a closed event stream still counts against the quota")
 
 
+def _two_gateways(redis_url: str, stack_dirs, tenants: dict) -> list:
+    """Two gateway apps (two replicas) on one Redis."""
+    from crucible_gateway.api import create_app
+    from crucible_gateway.settings import Settings
+
+    settings = Settings(
+        redis_url=redis_url,
+        runs_dir=stack_dirs["runs"],
+        adapter_dir=stack_dirs["adapters"],
+        tenants=json.dumps(tenants),
+    )
+    return [create_app(settings) for _ in range(2)]
+
+
+def test_quotas_hold_across_gateway_replicas(redis_url, stack_dirs) -> None:
+    """A tenant sends its submissions and event streams to two replicas at once: it gets its quota,
+    not twice it (per-process counts, or a check-then-create race, let every request in)."""
+    import asyncio
+
+    from crucible_shared.http import ApiError
+
+    name = f"replicas-{uuid.uuid4().hex[:8]}"
+    key = f"{name}-key-0123456789"
+    tenants = {"tenants": [{"name": name, "keys": [key], "quotas": {"active_jobs": 3, "event_streams": 2}}]}
+    apps = _two_gateways(redis_url, stack_dirs, tenants)
+    tenant = apps[0].state.service.tenants.lookup(f"Bearer {key}")
+
+    async def attack() -> None:
+        clients = [
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=auth(key))
+            for app in apps
+        ]
+        ids: list[str] = []
+        try:
+            answers = await asyncio.gather(
+                *(clients[i % 2].post("/v1/jobs", json=TINY_EVAL) for i in range(10))
+            )
+            ids = [r.json()["id"] for r in answers if r.status_code == 202]
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [202] * 3 + [429] * 7, codes
+            services = [app.state.service for app in apps]
+            streams = [await services[0].open_stream(tenant), await services[1].open_stream(tenant)]
+            for service in services:  # both replicas see the two streams the tenant holds
+                with pytest.raises(ApiError) as refused:
+                    await service.open_stream(tenant)
+                assert refused.value.status == 429 and "event_streams" in refused.value.message
+            await streams[0].release()  # a stream that ends gives its slot back to every replica
+            streams[0] = await services[1].open_stream(tenant)
+            for lease in streams:
+                await lease.release()
+        finally:
+            for job in ids:
+                await clients[0].post(f"/v1/jobs/{job}/cancel")
+            for client in clients:
+                await client.aclose()
+            for app in apps:
+                await app.state.service.store.close()
+
+    asyncio.run(attack())
+
+
 # -- sandbox ---------------------------------------------------------------------------------------
 SANDBOX_TENANTS = {
     "tenants": [

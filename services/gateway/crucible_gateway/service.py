@@ -13,7 +13,9 @@ was cut off from Redis alone) is fenced by its lease and stops (`crucible_shared
 Every job belongs to the tenant that submitted it (`crucible_shared.tenants`): every method that
 names a job takes the caller's tenant, and a job of another tenant is answered exactly like one
 that does not exist (404). An admin tenant sees every job. Quotas (active jobs, spec size) are
-checked at submission: a 429 naming the quota, with Retry-After.
+checked at submission: a 429 naming the quota, with Retry-After. They hold across gateway
+replicas: active jobs are counted from Redis, and a tenant's submissions are checked and created
+one at a time under a Redis lock; open event streams are leases in Redis (`StreamLease`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from crucible_shared import keys
@@ -49,7 +53,37 @@ REJECTED = Counter(
     "Requests refused with 429, by tenant and quota.",
     ["tenant", "quota"],
 )
-STREAMS = Gauge("crucible_gateway_tenant_event_streams", "Event streams open, by tenant.", ["tenant"])
+STREAMS = Gauge(
+    "crucible_gateway_tenant_event_streams", "Event streams open on this gateway, by tenant.", ["tenant"]
+)
+# An open stream renews its lease this often; a gateway that dies stops renewing, and its
+# streams stop counting against their tenants' quotas once their leases lapse.
+LEASE_S = 60.0
+RENEW_S = LEASE_S / 3
+
+
+class StreamLease:
+    """One open event stream's slot of its tenant's `event_streams` quota, held in Redis so that
+    every gateway replica counts the same streams (`GatewayService.open_stream`)."""
+
+    def __init__(self, service: GatewayService, tenant: str, lease: str) -> None:
+        self.service, self.tenant, self.lease = service, tenant, lease
+        self.renewed = time.monotonic()
+
+    async def keep(self) -> None:
+        """Renew the lease when it is due (called from the stream's poll loop)."""
+        if time.monotonic() - self.renewed >= RENEW_S:
+            self.renewed = time.monotonic()
+            await self.service.store.renew_lease(self.tenant, self.lease, LEASE_S)
+
+    async def release(self) -> None:
+        """Give the slot back (a Redis blip leaves it to lapse)."""
+        self.service.streams[self.tenant] -= 1
+        STREAMS.labels(self.tenant).set(self.service.streams[self.tenant])
+        try:
+            await self.service.store.drop_lease(self.tenant, self.lease)
+        except Exception as exc:
+            log.warning("could not give back an event stream of %s: %r", self.tenant, exc)
 
 
 def check_job_id(job_id: str) -> None:
@@ -84,7 +118,7 @@ class GatewayService:
         self.tenants = settings.tenant_table()
         # Redis time since which every reap reached Redis (None: the last one did not).
         self.reachable_since: float | None = float("-inf")
-        self.streams: dict[str, int] = {}  # tenant -> event streams open on this gateway
+        self.streams: dict[str, int] = {}  # tenant -> event streams open on this gateway (the gauge)
 
     def redis_lost(self) -> None:
         """The reaper could not reach Redis: heartbeats may be failing too."""
@@ -113,6 +147,21 @@ class GatewayService:
             headers={"Retry-After": str(retry_s)},
         )
 
+    @asynccontextmanager
+    async def quota_checked(self, tenant: Tenant, payload: dict) -> AsyncIterator[None]:
+        """`check_quotas`, with the tenant's Redis lock held until the block (which creates or
+        re-queues the job) ends: two replicas cannot both let the tenant's last job in."""
+        async with self.store.tenant_lock(tenant.name) as held:
+            if not held:
+                raise ApiError(
+                    503,
+                    f"tenant {tenant.name}: another submission is being checked; try again",
+                    code="unavailable",
+                    headers={"Retry-After": "1"},
+                )
+            await self.check_quotas(tenant, payload)
+            yield
+
     async def check_quotas(self, tenant: Tenant, payload: dict) -> None:
         size, cap = len(json.dumps(payload)), self.quota(tenant, "spec_bytes")
         if size > cap:
@@ -126,23 +175,18 @@ class GatewayService:
                 tenant, "active_jobs", f"{active} jobs queued or running, the most allowed is {cap}", 60
             )
 
-    def open_stream(self, tenant: Tenant) -> Iterator[None]:
-        """Count an event stream against the tenant's quota while it is open (429 when full)."""
-        cap, now = self.quota(tenant, "event_streams"), self.streams.get(tenant.name, 0)
-        if now >= cap:
+    async def open_stream(self, tenant: Tenant) -> StreamLease:
+        """A slot of the tenant's `event_streams` quota, counted across replicas in Redis, for as
+        long as the stream is open (429 when full); the stream releases it when it ends."""
+        cap, lease = self.quota(tenant, "event_streams"), uuid.uuid4().hex
+        taken, now = await self.store.take_lease(tenant.name, lease, cap, LEASE_S)
+        if not taken:
             raise self.over_quota(
                 tenant, "event_streams", f"{now} event streams open, the most allowed is {cap}", 5
             )
-        self.streams[tenant.name] = now + 1
-        STREAMS.labels(tenant.name).set(now + 1)
-        return self._close_stream(tenant.name)
-
-    def _close_stream(self, name: str) -> Iterator[None]:
-        try:
-            yield
-        finally:
-            self.streams[name] -= 1
-            STREAMS.labels(name).set(self.streams[name])
+        self.streams[tenant.name] = self.streams.get(tenant.name, 0) + 1
+        STREAMS.labels(tenant.name).set(self.streams[tenant.name])
+        return StreamLease(self, tenant.name, lease)
 
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(
@@ -161,11 +205,11 @@ class GatewayService:
         await self._check_installed(spec.model.base, f"{spec.kind}.model.base")
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
-        await self.check_quotas(tenant, payload)
         try:
-            job_id, created = await self.store.create(
-                spec.kind, payload, spec.name, idempotency_key, attempts, tenant.name
-            )
+            async with self.quota_checked(tenant, payload):
+                job_id, created = await self.store.create(
+                    spec.kind, payload, spec.name, idempotency_key, attempts, tenant.name
+                )
         except IdempotencyConflict as exc:
             raise ApiError(
                 409,
@@ -315,18 +359,18 @@ class GatewayService:
                 field="job_id",
                 code="conflict",
             )
-        await self.check_quotas(tenant, record.spec or {})
-        await self.store.clear_cancel(job_id)
-        changed, now = await self.store.transition(
-            job_id,
-            JobStatus.queued,
-            allowed_from={JobStatus.failed, JobStatus.cancelled},
-            attempts=record.attempts + 1,
-            max_attempts=max(record.max_attempts, record.attempts + 1),
-            error=None,
-            finished_at=None,
-            queued_at=time.time(),
-        )
+        async with self.quota_checked(tenant, record.spec or {}):
+            await self.store.clear_cancel(job_id)
+            changed, now = await self.store.transition(
+                job_id,
+                JobStatus.queued,
+                allowed_from={JobStatus.failed, JobStatus.cancelled},
+                attempts=record.attempts + 1,
+                max_attempts=max(record.max_attempts, record.attempts + 1),
+                error=None,
+                finished_at=None,
+                queued_at=time.time(),
+            )
         if not changed:
             raise ApiError(
                 409, f"job {job_id} is {now.value if now else 'gone'}", field="job_id", code="conflict"

@@ -8,10 +8,13 @@ gateway never imports the trainer.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from crucible_shared import events, keys
@@ -34,6 +37,31 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 _TTL_S = 7 * 24 * 3600
+
+# Leases of open event streams, on Redis's clock (every replica reads the same one): drop the
+# lapsed, count, and take a slot only below the cap, in one step so that two replicas cannot both
+# take the last one. Returns [taken (0/1), streams open before].
+_TAKE_LEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local open = redis.call('ZCARD', KEYS[1])
+if open >= tonumber(ARGV[1]) then return {0, open} end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 1)
+return {1, open}
+"""
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# A stream still open keeps (or, after a Redis blip let its lease lapse, takes back) its slot.
+_RENEW_LEASE = """
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2]), ARGV[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 1)
+return 1
+"""
 
 
 def _text(value: Any) -> str:
@@ -259,6 +287,40 @@ class JobStore:
             i: _text(raw) or None if raw is not None else None
             for i, raw in zip(ids, pipe.execute(), strict=True)
         }
+
+    # -- per-tenant lock (the active_jobs quota, across replicas) --------------------------------
+    @asynccontextmanager
+    async def tenant_lock(
+        self, tenant: str, wait_s: float = 10.0, hold_s: float = 30.0
+    ) -> AsyncIterator[bool]:
+        """Hold the tenant's submission lock (one replica at a time checks and creates its jobs);
+        yields False if it could not be had within `wait_s`. It lapses after `hold_s` should the
+        holder die."""
+        key, token = keys.tenant_lock(tenant), uuid.uuid4().hex
+        deadline = time.monotonic() + wait_s
+        held = False
+        while not (held := bool(await self.redis.set(key, token, nx=True, px=int(hold_s * 1000)))):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        try:
+            yield held
+        finally:
+            if held:
+                await self.redis.eval(_UNLOCK, 1, key, token)
+
+    # -- event stream leases (the event_streams quota, across replicas) --------------------------
+    async def take_lease(self, tenant: str, lease: str, cap: int, ttl_s: float) -> tuple[bool, int]:
+        """(taken, streams the tenant had open): a slot of `cap` for `ttl_s` unless renewed."""
+        taken, open_ = await self.redis.eval(_TAKE_LEASE, 1, keys.tenant_streams(tenant), cap, lease, ttl_s)
+        return bool(taken), int(open_)
+
+    async def renew_lease(self, tenant: str, lease: str, ttl_s: float) -> None:
+        """Keep the slot `ttl_s` longer."""
+        await self.redis.eval(_RENEW_LEASE, 1, keys.tenant_streams(tenant), lease, ttl_s)
+
+    async def drop_lease(self, tenant: str, lease: str) -> None:
+        await self.redis.zrem(keys.tenant_streams(tenant), lease)
 
     # -- events ---------------------------------------------------------------------------------
     async def emit(self, job_id: str, kind: str, **data: Any) -> None:

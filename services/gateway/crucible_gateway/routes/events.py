@@ -11,9 +11,9 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Iterator
 from typing import Annotated
 
+import anyio
 import redis
 from crucible_shared.events import sse_openapi
 from crucible_shared.http import ApiError
@@ -22,7 +22,7 @@ from fastapi import APIRouter, Header, Request
 from sse_starlette.sse import EventSourceResponse
 
 from crucible_gateway.routes.deps import Caller, JobId, Service
-from crucible_gateway.service import GatewayService
+from crucible_gateway.service import GatewayService, StreamLease
 
 log = logging.getLogger(__name__)
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -49,9 +49,8 @@ async def events(
             field="Last-Event-ID",
         )
     await service.view(job_id, False, tenant)
-    held = service.open_stream(tenant)  # 429 at the tenant's event_streams quota
-    next(held)
-    return EventSourceResponse(_stream(service, job_id, request, last_event_id or "0-0", held), ping=15)
+    lease = await service.open_stream(tenant)  # 429 at the tenant's event_streams quota
+    return EventSourceResponse(_stream(service, job_id, request, last_event_id or "0-0", lease), ping=15)
 
 
 async def _stream_over(service: GatewayService, job_id: str, last: str) -> bool:
@@ -64,15 +63,18 @@ async def _stream_over(service: GatewayService, job_id: str, last: str) -> bool:
         return False
 
 
-async def _stream(service: GatewayService, job_id: str, request: Request, last: str, held: Iterator[None]):
+async def _stream(service: GatewayService, job_id: str, request: Request, last: str, lease: StreamLease):
     try:
-        async for event in _events(service, job_id, request, last):
+        async for event in _events(service, job_id, request, last, lease):
             yield event
     finally:
-        next(held, None)  # the stream no longer counts against the tenant's quota
+        # The stream no longer counts against the tenant's quota; shielded, since a client that
+        # went away cancels the stream's task and every await in it would be cancelled too.
+        with anyio.CancelScope(shield=True):
+            await lease.release()
 
 
-async def _events(service: GatewayService, job_id: str, request: Request, last: str):
+async def _events(service: GatewayService, job_id: str, request: Request, last: str, lease: StreamLease):
     # Polled without blocking: an idle stream holds no Redis connection and no thread
     # between polls, so thousands of watchers cost the other routes nothing.
     store, idle = service.store, 0
@@ -80,6 +82,7 @@ async def _events(service: GatewayService, job_id: str, request: Request, last: 
         if await request.is_disconnected():
             return
         try:
+            await lease.keep()
             found = await store.events_after(job_id, last)
         except redis.exceptions.RedisError as exc:  # a Redis blip must not end the stream
             log.warning("event stream of %s: %r; retrying", job_id, exc)
