@@ -209,6 +209,20 @@ def test_gateway_is_published_with_keys_required() -> None:
     assert all(ro for _, ro in mounts(svc).values()), "the gateway only reads run dirs and adapters"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tenants_documents_are_mounted_where_the_services_look(variant: str) -> None:
+    stack = compose_stack(variant)
+    for name, prefix in (("gateway", "CRUCIBLE_GATEWAY"), ("sandbox", "CRUCIBLE_SANDBOX")):
+        svc = stack["services"][name]
+        (secret,) = [s for s in svc.get("secrets", []) if s["source"] == f"{name}-tenants"]
+        target = secret.get("target") or f"/run/secrets/{secret['source']}"
+        assert svc["environment"][f"{prefix}_TENANTS_FILE"] == target, name
+        # None by default: an empty document (each key a tenant of its own), never a missing file.
+        assert stack["secrets"][f"{name}-tenants"]["file"] == "/dev/null"
+    custom = compose.config(COMPOSE_FILES[variant], {**SECRETS, "GATEWAY_TENANTS_FILE": "/etc/t.json"})
+    assert custom["secrets"]["gateway-tenants"]["file"] == "/etc/t.json"
+
+
 def test_redis_persists_its_data() -> None:
     svc = services("gpu")["redis"]
     command = svc["command"]

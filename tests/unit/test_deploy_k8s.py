@@ -18,7 +18,13 @@ from tests.deploy.stack import OVERLAYS, ROOT, find, k8s_objects, workloads
 K8S_VERSION = "1.33"
 VARIANTS = ["gpu", "cpu"]
 SECRET = "crucible-api-keys"
-REQUIRED_SECRET_KEYS = {"gateway-api-keys", "sandbox-api-keys", "trainer-sandbox-key"}
+REQUIRED_SECRET_KEYS = {
+    "gateway-api-keys",
+    "sandbox-api-keys",
+    "trainer-sandbox-key",
+    "gateway-tenants",
+    "sandbox-tenants",
+}
 OPTIONAL_SECRET_KEYS = {"hf-token", "wandb-api-key"}
 
 
@@ -263,11 +269,30 @@ def test_keys_come_from_one_secret(variant: str) -> None:
                     used[ref["key"]] = bool(ref.get("optional"))
                 elif "KEY" in env["name"] or "TOKEN" in env["name"]:
                     pytest.fail(f"{env['name']} must come from the Secret")
+        for volume in spec.get("volumes", []):
+            if "secret" in volume and volume["secret"]["secretName"] != "crucible-tls":
+                assert volume["secret"]["secretName"] == SECRET
+                for item in volume["secret"]["items"]:
+                    used[item["key"]] = bool(volume["secret"].get("optional"))
     assert {k for k, optional in used.items() if not optional} == REQUIRED_SECRET_KEYS
     assert {k for k, optional in used.items() if optional} <= OPTIONAL_SECRET_KEYS
     docs = (ROOT / "docs/deploy.md").read_text()
     for key in REQUIRED_SECRET_KEYS | OPTIONAL_SECRET_KEYS:
         assert f"{key}=" in docs, f"docs/deploy.md does not show how to set {key}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tenants_documents_are_mounted_where_the_services_look(variant: str) -> None:
+    for name, prefix in (("gateway", "CRUCIBLE_GATEWAY"), ("sandbox", "CRUCIBLE_SANDBOX")):
+        spec = find(variant, "Deployment", name)["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "tenants"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tenants"]
+        (item,) = volume["secret"]["items"]
+        assert item["key"] == f"{name}-tenants" and mount["readOnly"]
+        assert env[f"{prefix}_TENANTS_FILE"] == f"{mount['mountPath']}/{item['path']}"
+        assert volume["secret"]["defaultMode"] & 0o007 == 0, "not readable by other users"
 
 
 def test_ingress_routes_to_the_gateway_and_the_sandbox() -> None:
