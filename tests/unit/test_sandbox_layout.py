@@ -106,8 +106,9 @@ def test_capabilities_name_what_health_reports() -> None:
 def test_prepared_runs_have_the_typed_shape(tests, typed) -> None:
     prepared = SandboxService(Settings(workers=1)).prepare(protocol.RunRequest(code="x = 1", tests=tests))
     # A Python run has no `language` (its cache keys stay what they were), nor the limits of a
-    # compile step or of runtimes that reserve address space.
-    assert set(prepared) == _keys(messages.PreparedRun) - {"language"}
+    # compile step or of runtimes that reserve address space; `cache_scope` (the tenant's part of
+    # the compile cache) is added when the run goes to a worker, outside the result cache's key.
+    assert set(prepared) == _keys(messages.PreparedRun) - {"language", "cache_scope"}
     assert set(prepared["tests"]) == _keys(typed)
     compiled = {"compile_time_s", "compile_memory_mb", "address_space_mb"}
     assert _keys(messages.RunLimits) - compiled == set(prepared["limits"])
