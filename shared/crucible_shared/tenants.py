@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from crucible_shared.settings import check_api_keys
 
@@ -57,8 +57,13 @@ class Quotas(BaseModel):
     event_streams: int | None = Field(None, ge=0, description="Gateway: open event streams.")
     concurrent_runs: int | None = Field(None, ge=1, description="Sandbox: runs holding a worker.")
     queued_runs: int | None = Field(None, ge=0, description="Sandbox: runs admitted and not finished.")
-    cpu_seconds_per_minute: float | None = Field(
-        None, gt=0, description="Sandbox: worker-seconds used over the last minute."
+    # Worker-seconds (each run's time holding a worker: wall time, which bounds its CPU time), not
+    # CPU time: once named `cpu_seconds_per_minute`, a name still accepted.
+    worker_seconds_per_minute: float | None = Field(
+        None,
+        gt=0,
+        validation_alias=AliasChoices("worker_seconds_per_minute", "cpu_seconds_per_minute"),
+        description="Sandbox: worker-seconds (time holding a worker) used over the last minute.",
     )
 
 

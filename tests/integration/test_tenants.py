@@ -207,7 +207,7 @@ def test_quotas_hold_across_gateway_replicas(redis_url, stack_dirs) -> None:
 SANDBOX_TENANTS = {
     "tenants": [
         {"name": "flood", "keys": [KEY_A], "quotas": {"queued_runs": 40, "concurrent_runs": 2}},
-        {"name": "quiet", "keys": [KEY_B], "quotas": {"queued_runs": 4, "cpu_seconds_per_minute": 1.0}},
+        {"name": "quiet", "keys": [KEY_B], "quotas": {"queued_runs": 4, "worker_seconds_per_minute": 1.0}},
         {"name": "fair", "keys": [KEY_ADMIN]},
     ]
 }
@@ -299,10 +299,13 @@ def test_sandbox_quotas_are_429_naming_the_quota(sandbox_tenants) -> None:
         == 200
     )
     r = httpx.post(f"{sandbox_tenants.url}/v1/runs", json=PASSING, headers=auth(KEY_B), timeout=60)
-    assert r.status_code == 429 and "cpu_seconds_per_minute" in error(r)["message"], r.text
+    # What it counts is named: a run that sleeps uses no CPU, but holds a worker.
+    assert r.status_code == 429 and "worker_seconds_per_minute" in error(r)["message"], r.text
     assert int(r.headers["retry-after"]) >= 1
     metrics = httpx.get(f"{sandbox_tenants.url}/metrics").text
-    assert 'crucible_sandbox_tenant_rejected_total{quota="cpu_seconds_per_minute",tenant="quiet"}' in metrics
+    assert (
+        'crucible_sandbox_tenant_rejected_total{quota="worker_seconds_per_minute",tenant="quiet"}' in metrics
+    )
     assert 'crucible_sandbox_tenant_runs_total{status="passed",tenant="quiet"}' in metrics
 
 
@@ -327,6 +330,23 @@ def test_one_tenants_backlog_delays_another_by_one_run_slot(sandbox_tenants) -> 
         assert r.status_code == 200 and r.json()["status"] == "passed"
         assert all(f.result().status_code == 200 for f in flood)
     assert waited < 4.5, f"fair's run waited {waited:.1f} s behind flood's backlog"
+
+
+def test_the_worker_seconds_quota_keeps_its_old_name(monkeypatch) -> None:
+    from crucible_sandbox.server.service import SandboxService
+    from crucible_sandbox.server.settings import Settings
+    from crucible_shared.tenants import TenantTable
+
+    for key in ("cpu_seconds_per_minute", "worker_seconds_per_minute"):
+        doc = {"tenants": [{"name": "t", "keys": [KEY_A], "quotas": {key: 7}}]}
+        (tenant,) = TenantTable.load([], inline=json.dumps(doc)).names.values()
+        assert SandboxService(Settings(workers=2)).quota(tenant, "worker_seconds_per_minute") == 7
+    for env in ("CPU", "WORKER"):
+        monkeypatch.delenv("CRUCIBLE_SANDBOX_TENANT_CPU_SECONDS_PER_MINUTE", raising=False)
+        monkeypatch.setenv(f"CRUCIBLE_SANDBOX_TENANT_{env}_SECONDS_PER_MINUTE", "9")
+        assert Settings().tenant_worker_seconds_per_minute == 9
+        monkeypatch.delenv(f"CRUCIBLE_SANDBOX_TENANT_{env}_SECONDS_PER_MINUTE")
+    assert Settings(tenant_worker_seconds_per_minute=3).tenant_worker_seconds_per_minute == 3
 
 
 def test_a_tenant_file_and_plain_keys_load_together(tmp_path) -> None:

@@ -246,7 +246,7 @@ class SandboxService:
         return {
             "concurrent_runs": s.per_key_concurrency or max(1, s.workers - 1),
             "queued_runs": s.tenant_queued_runs,
-            "cpu_seconds_per_minute": s.tenant_cpu_seconds_per_minute,
+            "worker_seconds_per_minute": s.tenant_worker_seconds_per_minute,
         }[name]
 
     def used_last_minute(self, tenant: str, now: float) -> tuple[float, float]:
@@ -280,15 +280,15 @@ class SandboxService:
                 f"quota of {int(queued)}; retry later or send smaller batches",
                 retry,
             )
-        cpu = self.quota(tenant, "cpu_seconds_per_minute")
-        if cpu:
+        seconds = self.quota(tenant, "worker_seconds_per_minute")
+        if seconds:
             used, frees_in = self.used_last_minute(name, time.monotonic())
-            if used >= cpu:
+            if used >= seconds:
                 raise self._refuse(
                     tenant,
-                    "cpu_seconds_per_minute",
+                    "worker_seconds_per_minute",
                     f"tenant {name} used {used:.1f} worker-seconds in the last minute, its "
-                    f"cpu_seconds_per_minute quota is {cpu:g}; retry later",
+                    f"worker_seconds_per_minute quota is {seconds:g}; retry later",
                     frees_in,
                 )
         if pool.pending + count > self.settings.queue_size:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from crucible_shared.settings import split_csv
 from crucible_shared.tenants import TenantTable
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -70,11 +70,17 @@ class Settings(BaseSettings):
         ge=1,
         description="Runs one tenant may have admitted and not finished (`queued_runs` by default).",
     )
-    tenant_cpu_seconds_per_minute: float = Field(
+    tenant_worker_seconds_per_minute: float = Field(
         0.0,
         ge=0,
-        description="Worker-seconds one tenant's runs may take over a sliding minute (`cpu_seconds_per_minute` "
-        "by default); 0 = no limit.",
+        # ..._CPU_SECONDS_PER_MINUTE: the name it had, still accepted.
+        validation_alias=AliasChoices(
+            "tenant_worker_seconds_per_minute",
+            "CRUCIBLE_SANDBOX_TENANT_WORKER_SECONDS_PER_MINUTE",
+            "CRUCIBLE_SANDBOX_TENANT_CPU_SECONDS_PER_MINUTE",
+        ),
+        description="Worker-seconds (time holding a worker, which bounds CPU time) one tenant's runs may "
+        "take over a sliding minute (`worker_seconds_per_minute` by default); 0 = no limit.",
     )
 
     # Request size limits.
