@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from crucible_shared.errors import ErrorDetail, ErrorEnvelope
 
@@ -91,51 +91,66 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Route validation errors, HTTP errors, `ApiError` and crashes into the envelope."""
-    from fastapi.exceptions import RequestValidationError
+async def api_error(request, exc: Exception):
+    """`ApiError` -> the envelope."""
+    return error_response(cast(ApiError, exc))
+
+
+async def validation_error(request, exc):
+    """FastAPI's `RequestValidationError` -> a 422 envelope naming the first field, all in `details`."""
     from fastapi.responses import JSONResponse
+
+    errors = exc.errors()
+    details = [
+        {"field": error_field(e), "message": e.get("msg", ""), "type": e.get("type", "")} for e in errors
+    ]
+    first = details[0] if details else {"field": "body", "message": "invalid request"}
+    if first.get("type") == "json_invalid":
+        first["field"] = "body"
+        message = f"malformed JSON: {first['message']}"
+    else:
+        message = f"{first['field']}: {first['message']}"
+    return JSONResponse(error_body(422, message, field=first["field"], details=details), status_code=422)
+
+
+async def http_error(request, exc):
+    """Starlette's `HTTPException` (404 for an unknown path, 405, ...) -> the envelope."""
+    from fastapi.responses import JSONResponse
+
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        # FastAPI's answer when the body is not UTF-8, or Python's JSON parser gives up (an
+        # integer over 4,300 digits, nesting deeper than its recursion limit): malformed JSON
+        # as any other, in the same words and with the field.
+        message = (
+            "malformed JSON: the body could not be parsed (it must be UTF-8, its integers under "
+            "4,300 digits and its nesting within the parser's depth limit)"
+        )
+        return JSONResponse(error_body(422, message, field="body"), status_code=422)
+    return JSONResponse(
+        error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def crash(request, exc: Exception):
+    """Anything else -> a logged 500 envelope that shows nothing of the error."""
+    from fastapi.responses import JSONResponse
+
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(
+        error_body(500, "internal error; see the service log", code="internal"), status_code=500
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route validation errors, HTTP errors, `ApiError` and crashes into the envelope (the
+    handlers above)."""
+    from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request, exc: ApiError):
-        return error_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request, exc: RequestValidationError):
-        errors = exc.errors()
-        details = [
-            {"field": error_field(e), "message": e.get("msg", ""), "type": e.get("type", "")} for e in errors
-        ]
-        first = details[0] if details else {"field": "body", "message": "invalid request"}
-        if first.get("type") == "json_invalid":
-            first["field"] = "body"
-            message = f"malformed JSON: {first['message']}"
-        else:
-            message = f"{first['field']}: {first['message']}"
-        return JSONResponse(error_body(422, message, field=first["field"], details=details), status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request, exc: StarletteHTTPException):
-        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
-            # FastAPI's answer when the body is not UTF-8, or Python's JSON parser gives up (an
-            # integer over 4,300 digits, nesting deeper than its recursion limit): malformed JSON
-            # as any other, in the same words and with the field.
-            message = (
-                "malformed JSON: the body could not be parsed (it must be UTF-8, its integers under "
-                "4,300 digits and its nesting within the parser's depth limit)"
-            )
-            return JSONResponse(error_body(422, message, field="body"), status_code=422)
-        return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
-        )
-
-    @app.exception_handler(Exception)
-    async def _crash(request, exc: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            error_body(500, "internal error; see the service log", code="internal"), status_code=500
-        )
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, crash)
 
 
 async def send_error(

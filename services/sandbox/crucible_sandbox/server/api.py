@@ -1,4 +1,5 @@
-"""HTTP routes of the sandbox service (thin: the logic lives in `service`).
+"""The sandbox's app: the service, its middleware and error handlers, and the routes of `routes`
+and `fusion` (thin: the logic lives in `service`).
 
 Middleware, outermost first, wraps every route (those added later too): `TenantAuth` maps the key
 to its tenant before a byte of the body is read (401 otherwise) and leaves it on
@@ -10,18 +11,16 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from crucible_shared.http import ERROR_RESPONSES, ApiError, BodyLimit, error_response, install_error_handlers
-from crucible_shared.sandbox import BatchRequest, BatchResponse, RunRequest, RunResult, SandboxHealth
+from crucible_shared.http import ApiError, BodyLimit, error_response, install_error_handlers
+from crucible_shared.sandbox import RunRequest
 from crucible_shared.tenants import TenantAuth
 from fastapi import FastAPI
-from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from crucible_sandbox.server import fusion
-from crucible_sandbox.server.fusion import Caller
+from crucible_sandbox.server import fusion, routes
+from crucible_sandbox.server.routes import as_json
 from crucible_sandbox.server.service import SandboxService
 from crucible_sandbox.server.settings import Settings
 
@@ -69,16 +68,10 @@ class SingleRuns:
             return
         try:
             tenant = scope["state"]["tenant"]  # set by TenantAuth, which runs first
-            response = _json(await self.service.run_one(run, tenant))
+            response = as_json(await self.service.run_one(run, tenant))
         except ApiError as exc:
             response = error_response(exc)
         await response(scope, receive, send)
-
-
-def _json(model: BaseModel) -> Response:
-    """A result, already validated, serialised once by pydantic (FastAPI would check it again
-    against `response_model`, which stays for the OpenAPI schema)."""
-    return Response(model.model_dump_json(), media_type="application/json")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -106,38 +99,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(TenantAuth, table=app.state.tenants)
 
-    @app.post(
-        "/v1/runs",
-        response_model=RunResult,
-        responses=ERROR_RESPONSES,
-        summary="Run one program against its tests",
-    )
-    async def run(body: RunRequest, tenant: Caller) -> Response:
-        return _json(await service.run_one(body, tenant))
-
-    @app.post(
-        "/v1/runs/batch",
-        response_model=BatchResponse,
-        responses=ERROR_RESPONSES,
-        summary="Run many programs; results in order",
-    )
-    async def run_batch(body: BatchRequest, tenant: Caller) -> Response:
-        return _json(BatchResponse(results=await service.run_batch(body.runs, tenant)))
-
-    fusion.register(app, service)  # SandboxFusion's /run_code and /run_jupyter
-
-    @app.get("/health", response_model=SandboxHealth, summary="Liveness, workers and the isolation in force")
-    async def health() -> SandboxHealth:
-        return SandboxHealth(
-            workers=settings.workers,
-            pending=service.pool.pending,
-            isolation=service.isolation,
-            auth=app.state.tenants.auth,
-            languages=service.languages,
-        )
-
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
+    for router in (routes.runs, fusion.router, routes.ops):  # the OpenAPI document's order
+        app.include_router(router)
     return app

@@ -1,6 +1,6 @@
 """SandboxFusion's routes (`POST /run_code`, `POST /run_jupyter`) over the sandbox's own runs.
 
-Thin, like `api`: a request becomes a `RunRequest` without tests (`"kind": "run"`) and goes the
+Thin, like `routes` (`router`, included by `api.create_app`): a request becomes a `RunRequest` without tests (`"kind": "run"`) and goes the
 way every run goes (`SandboxService.run_one`: the same tenant, validation, admission, per-key
 concurrency and worker slots); the `RunResult` is then worded as SandboxFusion words it
 (`crucible_shared.fusion`; the mapping is in docs/sandbox.md). Runs here skip the result cache:
@@ -8,8 +8,6 @@ a caller of `run_code` asks for an execution, and a program may read the clock o
 """
 
 from __future__ import annotations
-
-from typing import Annotated
 
 from crucible_shared.fusion import (
     CellRunResult,
@@ -31,13 +29,10 @@ from crucible_shared.sandbox import (
     RunResult,
     RunStatus,
 )
-from crucible_shared.tenants import Tenant, current_tenant
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter
 
+from crucible_sandbox.server.routes import Caller, Service
 from crucible_sandbox.server.service import SandboxService
-
-# The caller's tenant (`TenantAuth` checked its key before the body was read): `tenant: Caller`.
-Caller = Annotated[Tenant, Depends(current_tenant)]
 
 
 def _check_most(checks: tuple[tuple[str, float, float], ...]) -> None:
@@ -202,33 +197,34 @@ def as_jupyter(result: RunResult) -> RunJupyterResponse:
     )
 
 
-def register(app: FastAPI, service: SandboxService) -> None:
-    """Add the routes to the app; the tenant comes as on `/v1/runs`."""
+router = APIRouter()
 
-    @app.post(
-        "/run_code",
-        response_model=RunCodeResponse,
-        responses=ERROR_RESPONSES,
-        summary="SandboxFusion's run_code: run one program (compiled first where needed)",
-        tags=["SandboxFusion"],
-    )
-    async def run_code(body: RunCodeRequest, tenant: Caller) -> RunCodeResponse:
-        _check_timeouts(service, body)
-        return as_fusion(await service.run_one(as_run_request(body), tenant))
 
-    @app.post(
-        "/run_jupyter",
-        response_model=RunJupyterResponse,
-        responses=ERROR_RESPONSES,
-        summary="SandboxFusion's run_jupyter: Python cells in order in one isolated process, state kept",
-        tags=["SandboxFusion"],
-    )
-    async def run_jupyter(body: RunJupyterRequest, tenant: Caller) -> RunJupyterResponse:
-        s = service.settings
-        _check_most(
-            (
-                ("total_timeout", body.total_timeout, s.max_wall_time_s),
-                ("cell_timeout", body.cell_timeout, s.max_wall_time_s),
-            )
+@router.post(
+    "/run_code",
+    response_model=RunCodeResponse,
+    responses=ERROR_RESPONSES,
+    summary="SandboxFusion's run_code: run one program (compiled first where needed)",
+    tags=["SandboxFusion"],
+)
+async def run_code(body: RunCodeRequest, tenant: Caller, service: Service) -> RunCodeResponse:
+    _check_timeouts(service, body)
+    return as_fusion(await service.run_one(as_run_request(body), tenant))
+
+
+@router.post(
+    "/run_jupyter",
+    response_model=RunJupyterResponse,
+    responses=ERROR_RESPONSES,
+    summary="SandboxFusion's run_jupyter: Python cells in order in one isolated process, state kept",
+    tags=["SandboxFusion"],
+)
+async def run_jupyter(body: RunJupyterRequest, tenant: Caller, service: Service) -> RunJupyterResponse:
+    s = service.settings
+    _check_most(
+        (
+            ("total_timeout", body.total_timeout, s.max_wall_time_s),
+            ("cell_timeout", body.cell_timeout, s.max_wall_time_s),
         )
-        return as_jupyter(await service.run_one(as_jupyter_request(body), tenant))
+    )
+    return as_jupyter(await service.run_one(as_jupyter_request(body), tenant))
