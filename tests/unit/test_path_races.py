@@ -209,3 +209,31 @@ def test_the_trainer_refuses_a_link_in_a_checked_model_directory(tmp_path, monke
     with pytest.raises(PathOutsideRoots, match=r"config\.json is a symbolic link") as caught:
         asyncio.run(run.run())
     assert SECRET not in str(caught.value)
+
+
+def test_a_follower_rank_loads_its_own_snapshot_of_the_checked_model(tmp_path, monkeypatch) -> None:
+    """A rank on another node gets rank 0's checked paths, not its snapshots: it checks and
+    snapshots them itself, and a link planted in the model directory is refused there too."""
+    from crucible_shared.jobs import TrainJob
+    from crucible_shared.paths import PathRoots
+    from crucible_trainer.distributed import leader
+
+    models = tmp_path / "models"
+    (models / "m").mkdir(parents=True)
+    (models / "m" / "config.json").write_text('{"model": "checked"}')
+    (tmp_path / "secret.json").write_text(SECRET)
+    roots = PathRoots(model_roots=[models])
+    seen: dict[str, str] = {}
+
+    def loader(model, optim, seed, parallel, control) -> None:
+        seen["path"], seen["text"] = model.base, (Path(model.base) / "config.json").read_text()
+
+    monkeypatch.setattr(leader, "RankPolicy", loader)
+    spec = TrainJob.model_validate({"model": {"base": str(models / "m")}}).model_dump_json()
+    leader.make_rank_policy(spec, "cpu", None, None, roots)  # type: ignore[arg-type]
+    assert seen["text"] == '{"model": "checked"}' and seen["path"] != str(models / "m")
+    assert not Path(seen["path"]).exists(), "the follower's snapshot outlives its load"
+    (models / "m" / "config.json").unlink()
+    (models / "m" / "config.json").symlink_to(tmp_path / "secret.json")
+    with pytest.raises(PathOutsideRoots, match="symbolic link"):
+        leader.make_rank_policy(spec, "cpu", None, None, roots)  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,6 +46,43 @@ from crucible_trainer.cancel import Cancelled, CancelToken
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.events import EventSink, start_wandb
 from crucible_trainer.settings import Settings
+
+MODEL_FIELDS = frozenset({"model.base", "model.init_adapter"})
+
+
+def take_snapshots(spec: Any, roots: PathRoots, fields: Iterable[str] = MODEL_FIELDS) -> dict[str, Path]:
+    """Spec field -> a private snapshot of the local directory it names (of `fields`; a hub name is
+    no path and has none), read through the descriptor of the containment check. The caller drops
+    them (`drop_snapshots`). A link or a special file in the directory is `PathOutsideRoots`."""
+    wanted, loaded = set(fields), {}
+    try:
+        for field, value, kind in job_paths(spec):
+            if field not in wanted:
+                continue
+            try:
+                loaded[field] = snapshot_inside(
+                    field, value, roots.of(kind), kind, prefix=f"crucible-{kind}-"
+                )
+            except SnapshotRefused as exc:
+                raise PathOutsideRoots(field, f"{value}: {exc.entry} {exc.reason}") from None
+            except NotADirectoryError:
+                raise PathMissing(field, f"{value} is not a directory") from None
+    except BaseException:
+        drop_snapshots(loaded)
+        raise
+    return loaded
+
+
+def drop_snapshots(loaded: dict[str, Path]) -> None:
+    for path in loaded.values():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def loaded_model(model: ModelSpec, loaded: dict[str, Path]) -> ModelSpec:
+    """`model` with each field of `loaded` naming its snapshot."""
+    return model.model_copy(
+        update={field.removeprefix("model."): str(path) for field, path in loaded.items()}
+    )
 
 
 class JobRun:
@@ -94,26 +132,14 @@ class JobRun:
     def loaded_model(self) -> ModelSpec:
         """`spec.model` as the loaders take it: a local `base` or `init_adapter` names the run's
         snapshot of the checked directory, never the path again."""
-        update = {field.removeprefix("model."): str(path) for field, path in self.loaded.items()}
-        return self.spec.model.model_copy(update=update)
+        return loaded_model(self.spec.model, self.loaded)
 
     def _snapshot(self, roots: PathRoots) -> None:
         fields = {"model.init_adapter", *(("model.base",) if self.loads_model else ())}
-        for field, value, kind in job_paths(self.spec):
-            if field not in fields:
-                continue
-            try:
-                self.loaded[field] = snapshot_inside(
-                    field, str(self.paths[field]), roots.of(kind), kind, prefix=f"crucible-{kind}-"
-                )
-            except SnapshotRefused as exc:
-                raise PathOutsideRoots(field, f"{value}: {exc.entry} {exc.reason}") from None
-            except NotADirectoryError:
-                raise PathMissing(field, f"{value} is not a directory") from None
+        self.loaded = take_snapshots(self.spec, roots, fields)
 
     def _drop_snapshots(self) -> None:
-        for path in self.loaded.values():
-            shutil.rmtree(path, ignore_errors=True)
+        drop_snapshots(self.loaded)
 
     # -- what a runner fills in -------------------------------------------------------------------
     async def prepare(self) -> None:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from crucible_shared.jobs import TrainJob
+from crucible_shared.paths import PathRoots
 
 from crucible_trainer.channel import JobChannel, LocalChannel
 from crucible_trainer.distributed.parallel import DataParallel
 from crucible_trainer.distributed.ranks import Control, RankPolicy
+from crucible_trainer.jobrun import drop_snapshots, loaded_model, take_snapshots
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 from crucible_trainer.settings import Settings
@@ -25,12 +27,24 @@ from crucible_trainer.train import TrainRun
 
 
 def make_rank_policy(
-    spec_json: str, device: str, parallel: DataParallel, control: Control | None
+    spec_json: str,
+    device: str,
+    parallel: DataParallel,
+    control: Control | None,
+    roots: PathRoots | None = None,
 ) -> RankPolicy:
-    """This rank's policy from rank 0's resolved spec, on this rank's device."""
+    """This rank's policy from rank 0's resolved spec, on this rank's device. With `roots` (a
+    follower, perhaps on another node), the spec's local model directories are checked and
+    snapshotted here, loaded from the snapshots, and the snapshots dropped once loaded."""
     spec = TrainJob.model_validate_json(spec_json)
     model = spec.model.model_copy(update={"device": device})
-    return RankPolicy(model, spec.optim, spec.seed, parallel, control)
+    if roots is None:
+        return RankPolicy(model, spec.optim, spec.seed, parallel, control)
+    loaded = take_snapshots(spec, roots)
+    try:
+        return RankPolicy(loaded_model(model, loaded), spec.optim, spec.seed, parallel, control)
+    finally:
+        drop_snapshots(loaded)
 
 
 class LeaderRun(TrainRun):
@@ -47,8 +61,10 @@ class LeaderRun(TrainRun):
         self.control, self.parallel = control, parallel
 
     def make_policy(self) -> RankPolicy:  # type: ignore[override]
+        # The followers get the checked paths (a follower on another node has no access to this
+        # node's snapshots) and snapshot them themselves; rank 0 loads its own snapshots.
+        self.control.send("init", self.spec.model_dump_json())
         spec_json = self.spec.model_copy(update={"model": self.loaded_model()}).model_dump_json()
-        self.control.send("init", spec_json)
         return make_rank_policy(spec_json, str(self.spec.model.device), self.parallel, self.control)
 
     def update_policy(  # type: ignore[override]
