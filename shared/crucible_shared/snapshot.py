@@ -93,20 +93,28 @@ def _copy(dir_fd: int, entry: str, target: Path) -> bool:
 
 
 def snapshot_inside(
-    field: str, value: str, roots: Sequence[Path], kind: str, *, setting: str = "", prefix: str = "crucible-"
+    field: str,
+    value: str,
+    roots: Sequence[Path],
+    kind: str,
+    *,
+    setting: str = "",
+    prefix: str = "crucible-",
+    into: Path | None = None,
 ) -> Path:
-    """A private snapshot (a new temporary directory; the caller removes it) of the directory
+    """A private snapshot (a new temporary directory, in `into` or the temp dir; the caller removes
+    it) of the directory
     `value` names inside `roots`, taken through the descriptor the containment check opened.
     `PathOutsideRoots` / `PathMissing` as `open_inside` raises them, `SnapshotRefused` for a link
     or a special file in the directory, `NotADirectoryError` when `value` names a file."""
     _, dir_fd = open_inside(field, value, roots, kind, setting=setting)
     try:
-        into = Path(tempfile.mkdtemp(prefix=prefix))
+        snapshot = Path(tempfile.mkdtemp(prefix=prefix, dir=into))
         try:
-            snapshot_dir(dir_fd, into)
+            snapshot_dir(dir_fd, snapshot)
         except BaseException:
-            shutil.rmtree(into, ignore_errors=True)
+            shutil.rmtree(snapshot, ignore_errors=True)
             raise
-        return into
+        return snapshot
     finally:
         os.close(dir_fd)

@@ -183,10 +183,13 @@ def test_the_trainer_loads_the_model_and_adapter_it_checked(tmp_path, monkeypatc
             raise _Stop
 
     monkeypatch.setattr(train, "Policy", Loader)
-    settings = Settings(runs_dir=tmp_path / "runs", cancel_poll_s=0.01)
+    (tmp_path / "snapshots").mkdir()
+    settings = Settings(runs_dir=tmp_path / "runs", cancel_poll_s=0.01, snapshot_dir=tmp_path / "snapshots")
     run = Attacked(spec, "job-1", settings, LocalChannel("job-1"))
     with pytest.raises(_Stop):
         asyncio.run(run.run())
+    assert sorted(run.loaded) == ["model.base", "model.init_adapter"]
+    assert all(p.parent == tmp_path / "snapshots" for p in run.loaded.values())
     assert read == {"base": '{"model": "checked"}', "adapter": '{"adapter": "checked"}'}
     assert not any(p.exists() for p in run.loaded.values()), "the snapshots outlive the run"
     assert json.loads((tmp_path / "runs" / "job-1" / "spec.json").read_text())["model"]["base"] == str(
@@ -237,3 +240,23 @@ def test_a_follower_rank_loads_its_own_snapshot_of_the_checked_model(tmp_path, m
     (models / "m" / "config.json").symlink_to(tmp_path / "secret.json")
     with pytest.raises(PathOutsideRoots, match="symbolic link"):
         leader.make_rank_policy(spec, "cpu", None, None, roots)  # type: ignore[arg-type]
+
+
+def test_a_snapshot_links_or_copies_regular_files_only(tmp_path) -> None:
+    from crucible_shared.snapshot import SnapshotRefused, snapshot_dir
+
+    source, into = tmp_path / "m", tmp_path / "snap"
+    (source / "sub").mkdir(parents=True)
+    into.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "sub" / "x").write_text("left out")
+    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert snapshot_dir(fd, into) == ["config.json"]  # subdirectories are left out
+        # Same file system: linked, not copied (a large checkpoint costs no copy).
+        assert (into / "config.json").stat().st_ino == (source / "config.json").stat().st_ino
+        os.mkfifo(source / "pipe")
+        with pytest.raises(SnapshotRefused, match="pipe"):
+            snapshot_dir(fd, tmp_path)
+    finally:
+        os.close(fd)

@@ -50,10 +50,13 @@ from crucible_trainer.settings import Settings
 MODEL_FIELDS = frozenset({"model.base", "model.init_adapter"})
 
 
-def take_snapshots(spec: Any, roots: PathRoots, fields: Iterable[str] = MODEL_FIELDS) -> dict[str, Path]:
-    """Spec field -> a private snapshot of the local directory it names (of `fields`; a hub name is
-    no path and has none), read through the descriptor of the containment check. The caller drops
-    them (`drop_snapshots`). A link or a special file in the directory is `PathOutsideRoots`."""
+def take_snapshots(
+    spec: Any, roots: PathRoots, fields: Iterable[str] = MODEL_FIELDS, into: Path | None = None
+) -> dict[str, Path]:
+    """Spec field -> a private snapshot, in `into` (default the temp dir), of the local directory it
+    names (of `fields`; a hub name is no path and has none), read through the descriptor of the
+    containment check. The caller drops them (`drop_snapshots`). A link or a special file in the
+    directory is `PathOutsideRoots`."""
     wanted, loaded = set(fields), {}
     try:
         for field, value, kind in job_paths(spec):
@@ -61,7 +64,7 @@ def take_snapshots(spec: Any, roots: PathRoots, fields: Iterable[str] = MODEL_FI
                 continue
             try:
                 loaded[field] = snapshot_inside(
-                    field, value, roots.of(kind), kind, prefix=f"crucible-{kind}-"
+                    field, value, roots.of(kind), kind, prefix=f"crucible-{kind}-", into=into
                 )
             except SnapshotRefused as exc:
                 raise PathOutsideRoots(field, f"{value}: {exc.entry} {exc.reason}") from None
@@ -136,7 +139,7 @@ class JobRun:
 
     def _snapshot(self, roots: PathRoots) -> None:
         fields = {"model.init_adapter", *(("model.base",) if self.loads_model else ())}
-        self.loaded = take_snapshots(self.spec, roots, fields)
+        self.loaded = take_snapshots(self.spec, roots, fields, self.settings.snapshot_dir)
 
     def _drop_snapshots(self) -> None:
         drop_snapshots(self.loaded)

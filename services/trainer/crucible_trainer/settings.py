@@ -39,6 +39,11 @@ class Settings(BaseSettings):
         "GPU count, 1 without GPUs.",
     )
     cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks its cancel flag.")
+    snapshot_dir: Path | None = Field(
+        None,
+        description="Where a run snapshots a local model.base / model.init_adapter it loads (files "
+        "hard-linked on the same file system, else copied); default: the temp dir. Outside the roots.",
+    )
 
     def path_roots(self) -> PathRoots:
         """Where jobs may read files (`CRUCIBLE_*_ROOTS`, plus the adapter store and run dirs)."""

@@ -32,6 +32,7 @@ def make_rank_policy(
     parallel: DataParallel,
     control: Control | None,
     roots: PathRoots | None = None,
+    into: Path | None = None,
 ) -> RankPolicy:
     """This rank's policy from rank 0's resolved spec, on this rank's device. With `roots` (a
     follower, perhaps on another node), the spec's local model directories are checked and
@@ -40,7 +41,7 @@ def make_rank_policy(
     model = spec.model.model_copy(update={"device": device})
     if roots is None:
         return RankPolicy(model, spec.optim, spec.seed, parallel, control)
-    loaded = take_snapshots(spec, roots)
+    loaded = take_snapshots(spec, roots, into=into)
     try:
         return RankPolicy(loaded_model(model, loaded), spec.optim, spec.seed, parallel, control)
     finally:

@@ -81,7 +81,12 @@ def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, A
     parallel = DataParallel(spec.distributed.strategy, rank, world)
     if rank != 0:
         roots = settings.path_roots()
-        follow(control, lambda spec_json: make_rank_policy(spec_json, device, parallel, None, roots))
+        follow(
+            control,
+            lambda spec_json: make_rank_policy(
+                spec_json, device, parallel, None, roots, settings.snapshot_dir
+            ),
+        )
         dist.destroy_process_group()
         return None
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"device": device})})
