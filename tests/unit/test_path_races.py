@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from crucible_shared.paths import (
@@ -260,3 +261,34 @@ def test_a_snapshot_links_or_copies_regular_files_only(tmp_path) -> None:
             snapshot_dir(fd, tmp_path)
     finally:
         os.close(fd)
+
+
+def test_an_adapter_trained_from_a_snapshot_names_the_jobs_model(tmp_path, monkeypatch) -> None:
+    """The snapshot is gone once the run ends: a saved adapter's base_model_name_or_path must be
+    the path the job named, as before snapshots."""
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.settings import Settings
+    from crucible_trainer.train import TrainRun
+
+    from tests.families import build_family
+
+    model = build_family("llama", tmp_path / "models")
+    monkeypatch.setenv("CRUCIBLE_MODEL_ROOTS", str(tmp_path / "models"))
+    spec = TrainJob.model_validate(
+        {"model": {"base": str(model), "device": "cpu", "dtype": "float32", "lora_r": 4}}
+    )
+    saved: dict[str, Any] = {}
+
+    class Saving(TrainRun):
+        async def setup(self) -> None:
+            policy = self.make_policy()
+            assert "model.base" in self.loaded
+            policy.write_adapter(tmp_path / "adapter")
+            saved.update(json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()))
+            raise _Stop
+
+    run = Saving(spec, "job-1", Settings(runs_dir=tmp_path / "runs"), LocalChannel("job-1"))
+    with pytest.raises(_Stop):
+        asyncio.run(run.run())
+    assert saved["base_model_name_or_path"] == str(model)

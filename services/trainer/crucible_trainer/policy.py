@@ -246,3 +246,14 @@ class Policy:
         set_peft_model_state_dict(self.model, load_file(str(weights), device=self.device))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def name_base(model: torch.nn.Module, base: str) -> None:
+    """Record `base`, the path the job named, as the base model's name where the path it was
+    loaded from (the run's private snapshot, removed when the run ends) would be: the config's
+    `_name_or_path` and each adapter's `base_model_name_or_path`, which `save_pretrained` writes."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        config._name_or_path = base
+    for adapter in (getattr(model, "peft_config", None) or {}).values():
+        adapter.base_model_name_or_path = base

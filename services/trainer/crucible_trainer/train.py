@@ -41,7 +41,7 @@ from crucible_trainer.events import recover_events, rollout_row
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.methods import method_module
 from crucible_trainer.overlapped import OverlappedSteps
-from crucible_trainer.policy import Policy
+from crucible_trainer.policy import Policy, name_base
 from crucible_trainer.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
 from crucible_trainer.rl.overlap import Ahead
@@ -66,7 +66,10 @@ class TrainRun(OverlappedSteps, JobRun):
 
     # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
     def make_policy(self) -> Policy:
-        return Policy(self.loaded_model(), self.spec.optim, self.spec.seed)
+        policy = Policy(self.loaded_model(), self.spec.optim, self.spec.seed)
+        if "model.base" in self.loaded:  # saved adapters name the job's model, not the snapshot
+            name_base(policy.model, self.spec.model.base)
+        return policy
 
     def update_policy(
         self, policy: Policy, samples: list[Sample], cfg: UpdateConfig, seed: int

@@ -20,6 +20,7 @@ from crucible_trainer.channel import JobChannel, LocalChannel
 from crucible_trainer.distributed.parallel import DataParallel
 from crucible_trainer.distributed.ranks import Control, RankPolicy
 from crucible_trainer.jobrun import drop_snapshots, loaded_model, take_snapshots
+from crucible_trainer.policy import name_base
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 from crucible_trainer.settings import Settings
@@ -66,7 +67,10 @@ class LeaderRun(TrainRun):
         # node's snapshots) and snapshot them themselves; rank 0 loads its own snapshots.
         self.control.send("init", self.spec.model_dump_json())
         spec_json = self.spec.model_copy(update={"model": self.loaded_model()}).model_dump_json()
-        return make_rank_policy(spec_json, str(self.spec.model.device), self.parallel, self.control)
+        policy = make_rank_policy(spec_json, str(self.spec.model.device), self.parallel, self.control)
+        if "model.base" in self.loaded:  # saved adapters name the job's model, not the snapshot
+            name_base(policy.model, self.spec.model.base)
+        return policy
 
     def update_policy(  # type: ignore[override]
         self, policy: RankPolicy, samples: list[Sample], cfg: UpdateConfig, seed: int

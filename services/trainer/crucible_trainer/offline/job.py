@@ -96,6 +96,7 @@ class OfflineTrainRun(JobRun):
         run = OfflineRun(
             method=self.method,
             model=self.loaded_model(),
+            base_name=spec.model.base if "model.base" in self.loaded else None,
             optim=spec.optim,
             rows=self.rows,
             work_dir=run_dir / "trainer",

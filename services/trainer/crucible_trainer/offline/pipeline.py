@@ -325,6 +325,7 @@ class PipelineRun(JobRun):
             run = OfflineRun(
                 method=method,
                 model=self.loaded_model(),
+                base_name=spec.model.base if "model.base" in self.loaded else None,
                 optim=spec.optim,
                 rows=read_rows(data),
                 work_dir=self.round_dir(r) / "trainer",

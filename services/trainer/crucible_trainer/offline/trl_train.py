@@ -63,6 +63,7 @@ class OfflineRun:
     start_adapter: str | None = None  # LoRA to continue from: the resolved init adapter, or a round's
     identity: str = ""  # hash of the inputs; checkpoints of other inputs are discarded
     step_offset: int = 0  # added to step numbers in metrics (the pipeline's later rounds)
+    base_name: str | None = None  # the base the saved adapter names, when `model.base` is a snapshot
     result: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,6 +119,10 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
         raise Cancelled()
     with output_dir(run.adapter_dir) as tmp:
         # Only the trained adapter: DPO from a starting adapter also holds its frozen `ref` copy.
+        if run.base_name:
+            from crucible_trainer.policy import name_base
+
+            name_base(trainer.model, run.base_name)
         trainer.model.save_pretrained(tmp, selected_adapters=["default"])
     state = trainer.state
     run.result = {
