@@ -170,6 +170,7 @@ def test_the_trainer_loads_the_model_and_adapter_it_checked(tmp_path, monkeypatc
         def __init__(self, model, optim, seed) -> None:
             read["base"] = (Path(model.base) / "config.json").read_text()
             read["adapter"] = (Path(model.init_adapter) / "adapter_config.json").read_text()
+            self.model = None  # nothing to name
 
     class Attacked(train.TrainRun):
         async def setup(self) -> None:
