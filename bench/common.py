@@ -1,5 +1,5 @@
 """What the benchmarks share: a free port, percentiles, the name of the card they ran on, the
-offline training recipes, the learning recipes (recipes/learning.yaml), a job spec from a file plus
+learning recipes (recipes/learning.yaml), a job spec from a file plus
 `--set` overrides, the services a job needs (a sandbox and generators, spawned), and running a job
 in-process through the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible
 train --local` runs), timed, with its per-step metrics.
@@ -46,22 +46,6 @@ def card() -> str:
     except ImportError:
         return "cpu"
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
-# The offline training recipes (`bench/offline_figures.py`; `bench/grpo_race.py --sft-first` trains
-# its SFT stage with the first).
-TRAIN = {
-    # SFT on the distinct passing candidates (shortest first), a few epochs: the set is small.
-    "sft": {
-        "train": {"name": "sft", "epochs": 3, "max_length": 1024},
-        "optim": {"lr": 1e-4, "micro_batch": 8, "warmup_steps": 5},
-    },
-    # DPO on pass/fail pairs, the base model as reference.
-    "dpo": {
-        "train": {"name": "dpo", "beta": 0.1, "epochs": 2, "max_length": 1024},
-        "optim": {"lr": 5e-5, "micro_batch": 8, "warmup_steps": 5},
-    },
-}
 
 
 def recipes(path: Path = RECIPES) -> dict[str, dict[str, Any]]:
@@ -191,19 +175,20 @@ def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
     return summary
 
 
-def run_pipeline(spec: dict[str, Any], job_id: str, settings: Any) -> dict[str, Any]:
-    """A pipeline job given as a dict (`run_job`), its stages printed."""
-    from crucible_shared.jobs import PipelineJob
-
-    summary = run_job(PipelineJob.model_validate(spec), job_id, settings)
-    print(f"{job_id}: stages " + json.dumps(summary["stages"]), flush=True)
-    return summary
-
-
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     """A training job's per-step metrics rows (its `metrics.jsonl`, evaluations left out)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [row for line in lines if "eval_label" not in (row := json.loads(line))]
+
+
+def samples_per_s(rows: list[dict]) -> float | None:
+    """Samples trained per second of the loop's own time (summed `time/step_s`, evaluations out).
+
+    >>> samples_per_s([{"samples": 8, "time/step_s": 2.0}, {"samples": 8, "time/step_s": 2.0}])
+    4.0
+    """
+    seconds = sum(r.get("time/step_s", 0.0) for r in rows)
+    return round(sum(r.get("samples", 0.0) for r in rows) / seconds, 4) if seconds > 0 else None
 
 
 def step_medians(rows: list[dict]) -> dict:
