@@ -1,4 +1,4 @@
-"""What the benchmarks share: a free port, percentiles, the name of the card they ran on, the
+"""What the benchmarks share: percentiles, the name of the card they ran on, the
 learning recipes (recipes/learning.yaml), a job spec from a file plus
 `--set` overrides, the services a job needs (a sandbox and generators, spawned), and running a job
 in-process through the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible
@@ -11,7 +11,6 @@ or as `common` when run as `python bench/<script>.py` beside it.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,13 +19,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "learning.yaml"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -120,9 +112,12 @@ def spawn_generator(
     return start("crucible_generator", settings, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
 
 
-def on_device(device: str | None) -> dict[str, str]:
-    """The environment that puts a spawned service on `device` (a CUDA_VISIBLE_DEVICES value)."""
-    return {"CUDA_VISIBLE_DEVICES": device} if device else {}
+def replica_env(i: int, replicas: int, device: str | None) -> dict[str, str]:
+    """Where generator replica `i` of `replicas` runs: on `device` when one, on GPU i when there are
+    several replicas and a GPU, else on the CPU with one thread (replicas sharing a CPU)."""
+    if replicas == 1:
+        return {"CUDA_VISIBLE_DEVICES": device} if device else {}
+    return {"CUDA_VISIBLE_DEVICES": str(i)} if card() != "cpu" else {"CRUCIBLE_GENERATOR_THREADS": "1"}
 
 
 @contextmanager
@@ -134,28 +129,41 @@ def services(
     generator_url: str | None = None,
     device: str | None = None,
     max_loras: int = 4,
+    replicas: int = 1,
     **settings: Any,
 ) -> Iterator[Any]:
-    """A sandbox and a generator of `model` (or the one at `generator_url`) spawned for the jobs of
-    a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them, with the
-    adapters and run dirs under `work` (and any other `settings`)."""
+    """A sandbox and `replicas` generators of `model` (or the one at `generator_url`) spawned for
+    the jobs of a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them,
+    with the adapters and run dirs under `work` (and any other `settings`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from crucible_cli.spawn import start
     from crucible_trainer.settings import Settings
 
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = None
+    generators: list[Any] = []
+
+    def one(i: int) -> Any:
+        log = "generator.log" if replicas == 1 else f"generator-{i}.log"
+        env = replica_env(i, replicas, device)
+        generators.append(
+            spawn_generator(work, model, rows, max_loras=max_loras, env=env, log=log, timeout=900)
+        )
+
     try:
         if not generator_url:
-            generator = spawn_generator(work, model, rows, max_loras=max_loras, env=on_device(device))
+            with ThreadPoolExecutor(replicas) as pool:  # at once; any that came up are stopped below
+                list(pool.map(one, range(replicas)))
+        urls = [generator_url] if generator_url else [g.url for g in generators]
         yield Settings(
-            generator_urls=[generator_url or generator.url],
+            generator_urls=urls,
             sandbox_url=sandbox.url,
             adapter_dir=work / "adapters",
             runs_dir=work / "jobs",
             **settings,
         )
     finally:
-        if generator is not None:
+        for generator in generators:
             generator.stop()
         sandbox.stop()
 
