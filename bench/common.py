@@ -168,6 +168,41 @@ def services(
         sandbox.stop()
 
 
+@contextmanager
+def gateway(work: Path, **env: str) -> Iterator[Any]:
+    """A Redis of its own (no persistence) and a gateway on it, quiet, its runs under `work`, `env`
+    added to its settings; stopped at the end."""
+    import subprocess
+
+    from crucible_cli.spawn import free_port, start
+    from crucible_cli.stack import redis_server_binary
+
+    port = free_port()
+    flags = [
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--maxclients",
+        "10000",
+    ]
+    redis = subprocess.Popen([redis_server_binary(), *flags], stdout=subprocess.DEVNULL)
+    settings = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "CRUCIBLE_GATEWAY_RUNS_DIR": str(work / "runs")}
+    settings |= {"CRUCIBLE_GATEWAY_LOG_LEVEL": "warning", **env}
+    try:
+        server = start("crucible_gateway", settings, "CRUCIBLE_GATEWAY_PORT", log=work / "gateway.log")
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        redis.terminate()
+
+
 def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
     """A parsed job (train, eval or pipeline) through the worker's own entry point, in this process;
     its summary plus `wall_s`. Raises when the job does not finish."""
