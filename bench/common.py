@@ -1,8 +1,8 @@
-"""What the benchmarks share: percentiles, the name of the card they ran on, the
-learning recipes (recipes/learning.yaml), a job spec from a file plus
-`--set` overrides, the services a job needs (a sandbox and generators, spawned), and running a job
-in-process through the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible
-train --local` runs), timed, with its per-step metrics.
+"""What the benchmarks share: percentiles, the card they ran on, the learning recipes
+(recipes/learning.yaml), a job spec from a file plus `--set` overrides, the services a job needs
+(a sandbox and generators, or a gateway and its Redis, spawned), and a job run in-process through
+the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible train --local` runs),
+timed, with its per-step metrics.
 
 Benchmarks import it as `bench.common` (the repository root on `sys.path`, as each script puts it)
 or as `common` when run as `python bench/<script>.py` beside it.
@@ -87,29 +87,16 @@ def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) 
         raise SystemExit(f"{where}: invalid job spec:\n" + "\n".join(f"  {line}" for line in lines)) from None
 
 
-def spawn_generator(
-    work: Path,
-    model: str,
-    rows: int | str,
-    *,
-    max_loras: int = 4,
-    env: dict[str, str] | None = None,
-    log: str = "generator.log",
-    timeout: float = 600,
-) -> Any:
+def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int = 4, env: dict | None = None,
+                    log: str = "generator.log", timeout: float = 600) -> Any:  # fmt: skip
     """A Crucible generator for a benchmark's job: `rows` at once, quiet, loading the adapters the
     job publishes under `work`; `env` adds settings (e.g. CUDA_VISIBLE_DEVICES)."""
     from crucible_cli.spawn import start
 
-    settings = {
-        "CRUCIBLE_GENERATOR_MODEL": model,
-        "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(rows),
-        "CRUCIBLE_GENERATOR_MAX_LORAS": str(max_loras),
-        "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-        "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),
-        **(env or {}),
-    }
-    return start("crucible_generator", settings, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
+    settings = {"MODEL": model, "MAX_BATCH_SIZE": rows, "MAX_LORAS": max_loras, "LOG_LEVEL": "warning"}
+    settings = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in (settings | {"ADAPTER_ROOTS": work}).items()}
+    env = settings | (env or {})
+    return start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
 
 
 def replica_env(i: int, replicas: int, device: str | None) -> dict[str, str]:
@@ -121,17 +108,9 @@ def replica_env(i: int, replicas: int, device: str | None) -> dict[str, str]:
 
 
 @contextmanager
-def services(
-    work: Path,
-    model: str,
-    rows: int | str = 128,
-    *,
-    generator_url: str | None = None,
-    device: str | None = None,
-    max_loras: int = 4,
-    replicas: int = 1,
-    **settings: Any,
-) -> Iterator[Any]:
+def services(work: Path, model: str, rows: int | str = 128, *, generator_url: str | None = None,
+             device: str | None = None, max_loras: int = 4, replicas: int = 1,
+             **settings: Any) -> Iterator[Any]:  # fmt: skip
     """A sandbox and `replicas` generators of `model` (or the one at `generator_url`) spawned for
     the jobs of a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them,
     with the adapters and run dirs under `work` (and any other `settings`)."""
@@ -155,13 +134,8 @@ def services(
             with ThreadPoolExecutor(replicas) as pool:  # at once; any that came up are stopped below
                 list(pool.map(one, range(replicas)))
         urls = [generator_url] if generator_url else [g.url for g in generators]
-        yield Settings(
-            generator_urls=urls,
-            sandbox_url=sandbox.url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-            **settings,
-        )
+        paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}
+        yield Settings(generator_urls=urls, sandbox_url=sandbox.url, **paths, **settings)
     finally:
         for generator in generators:
             generator.stop()
@@ -178,18 +152,7 @@ def gateway(work: Path, **env: str) -> Iterator[Any]:
     from crucible_cli.stack import redis_server_binary
 
     port = free_port()
-    flags = [
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--maxclients",
-        "10000",
-    ]
+    flags = [*f"--port {port} --bind 127.0.0.1 --appendonly no --maxclients 10000".split(), "--save", ""]
     redis = subprocess.Popen([redis_server_binary(), *flags], stdout=subprocess.DEVNULL)
     settings = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "CRUCIBLE_GATEWAY_RUNS_DIR": str(work / "runs")}
     settings |= {"CRUCIBLE_GATEWAY_LOG_LEVEL": "warning", **env}
@@ -248,8 +211,9 @@ def step_medians(rows: list[dict]) -> dict:
 
     later = rows[1:] or rows
     updated = [r for r in later if r.get("update/sequences", 0.0) > 0]
-    return {
-        "median_step_s": statistics.median(r["time/step_s"] for r in later),
-        "median_updated_step_s": statistics.median(r["time/step_s"] for r in updated) if updated else None,
+    median_updated = statistics.median(r["time/step_s"] for r in updated) if updated else None
+    out = {"median_step_s": statistics.median(r["time/step_s"] for r in later)}
+    return out | {
+        "median_updated_step_s": median_updated,
         "updated_steps": sum(1 for r in rows if r.get("update/sequences", 0.0) > 0),
     }
