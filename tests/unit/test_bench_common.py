@@ -8,8 +8,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SHARED = (
-    *("free_port", "percentile", "card", "recipes", "load_job", "spawn_generator", "on_device"),
-    *("services", "run_job", "step_rows", "step_medians", "samples_per_s"),
+    *("free_port", "percentile", "card", "recipes", "load_job", "spawn_generator", "replica_env"),
+    *("services", "gateway", "run_job", "step_rows", "step_medians", "samples_per_s"),
 )
 
 
@@ -55,6 +55,19 @@ def test_shared_helpers_are_defined_once() -> None:
         assert name == "common" or not copied, (
             f"bench/{name}.py defines {sorted(copied)}: use bench/common.py"
         )
+
+
+def test_no_function_is_copied_between_benchmarks() -> None:
+    """The same function body (names and docstrings aside) in two modules is a copy: share it."""
+    seen: dict[str, str] = {}
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and len(node.body) > 2:
+                body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+                key = "".join(ast.dump(stmt) for stmt in body)
+                assert seen.setdefault(key, f"{name}.{node.name}") == f"{name}.{node.name}", (
+                    f"bench/{name}.py's {node.name} repeats {seen[key]}: move it to bench/common.py"
+                )
 
 
 def test_every_job_spec_under_recipes_is_valid() -> None:
