@@ -40,14 +40,8 @@ def prompts(count: int) -> list[str]:
 
 async def service_round(http: httpx.AsyncClient, model: str, batch: list[str], max_tokens: int) -> int:
     async def one(prompt: str) -> int:
-        body = {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        response = await http.post("/v1/completions", json=body)
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        response = await http.post("/v1/completions", json=body | {"ignore_eos": True})
         response.raise_for_status()
         return response.json()["usage"]["completion_tokens"]
 
@@ -55,7 +49,7 @@ async def service_round(http: httpx.AsyncClient, model: str, batch: list[str], m
 
 
 async def measure(
-    url: str, model_name: str, model, tokenizer, batch: list[str], max_tokens: int, rounds: int
+    url: str, name: str, model, tokenizer, batch: list[str], max_tokens: int, rounds: int
 ) -> dict:
     """Alternate service rounds and in-process rounds, so that load from other processes on the
     host hits both sides alike; the ratio is the median of the per-round ratios."""
@@ -63,12 +57,8 @@ async def measure(
 
     tokenizer.padding_side = "left"
     inputs = tokenizer(batch, return_tensors="pt", padding=True).to(model.device)
-    kwargs = dict(
-        max_new_tokens=max_tokens,
-        min_new_tokens=max_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+    kwargs["pad_token_id"] = tokenizer.pad_token_id
 
     def inprocess_round() -> tuple[int, float]:
         with torch.inference_mode():
@@ -82,7 +72,7 @@ async def measure(
 
         async def service() -> tuple[int, float]:
             started = time.perf_counter()
-            tokens = await service_round(http, model_name, batch, max_tokens)
+            tokens = await service_round(http, name, batch, max_tokens)
             return tokens, time.perf_counter() - started
 
         await service()  # warm-up
@@ -91,15 +81,11 @@ async def measure(
         for _ in range(rounds):
             service_runs.append(await service())
             inprocess_runs.append(inprocess_round())
-    ratios = [
-        (st / ss) / (it / is_) for (st, ss), (it, is_) in zip(service_runs, inprocess_runs, strict=True)
-    ]
-    return {
-        "service_tps": sum(t for t, _ in service_runs) / sum(s for _, s in service_runs),
-        "inprocess_tps": sum(t for t, _ in inprocess_runs) / sum(s for _, s in inprocess_runs),
-        "ratio": statistics.median(ratios),
-        "round_ratios": ratios,
-    }
+    pairs = zip(service_runs, inprocess_runs, strict=True)
+    ratios = [(st / ss) / (it / is_) for (st, ss), (it, is_) in pairs]
+    out = {"service_tps": sum(t for t, _ in service_runs) / sum(s for _, s in service_runs)}
+    out["inprocess_tps"] = sum(t for t, _ in inprocess_runs) / sum(s for _, s in inprocess_runs)
+    return out | {"ratio": statistics.median(ratios), "round_ratios": ratios}
 
 
 def sync(model) -> None:
@@ -130,10 +116,8 @@ def hot_swap(url: str, model, swaps: int, rank: int, job: str) -> dict[str, list
                 "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}
             ).raise_for_status()
             t_loaded = time.perf_counter()
-            http.post(
-                "/v1/completions",
-                json={"model": name, "prompt": "def f(x):", "max_tokens": 1, "temperature": 0},
-            ).raise_for_status()
+            one_token = {"model": name, "prompt": "def f(x):", "max_tokens": 1, "temperature": 0}
+            http.post("/v1/completions", json=one_token).raise_for_status()
             t_first = time.perf_counter()
             timings["save"].append(t_saved - t0)
             timings["load_returned"].append(t_loaded - t0)
@@ -201,6 +185,7 @@ def main() -> None:
         settings = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "MAX_LORAS": "4"}
         settings |= {"MAX_BATCH_SIZE": max(args.concurrency), "BATCH_WAIT_MS": args.batch_wait_ms}
         settings |= {"MAX_LORA_RANK": max(64, args.rank), "LOG_LEVEL": "warning"}
+        settings["ADAPTER_ROOTS"] = tempfile.gettempdir()  # where hot_swap saves its versions
         env = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in settings.items()}
         server = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", timeout=600)
     url = args.url.rstrip("/") if args.url else server.url

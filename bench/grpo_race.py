@@ -10,7 +10,7 @@ all (what bench/seeds.py reads).
   python bench/grpo_race.py pre-t07 --set seed=1 --set data.seed=1 --json out.json   # a recipe
 
 `--sft-first`: a pipeline first (baseline evaluation, 8 candidates per train problem at T=1, SFT on
-up to 4 distinct passing ones: recipes/offline.yaml's `sft`), then the job from that adapter; the
+up to 4 distinct passing ones: recipes/offline_smollm2.yaml), then the job from that adapter; the
 run's "before" is the base model's, the job's own is reported as "sft". `--humaneval`: greedy
 pass@1 on HumanEval's 164 tasks before and after, as two evaluation jobs.
 """
