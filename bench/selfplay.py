@@ -1,18 +1,15 @@
-"""Self-play figures (SPIRAL) in a fixed budget: tic-tac-toe and the code-output game, each with
-role-conditioned advantages (RAE) and with one shared baseline (the ablation).
+"""Self-play figures (SPIRAL) in a fixed budget: the runs of recipes/selfplay.yaml, tic-tac-toe and the
+code-output game, each with role-conditioned advantages (RAE) and with one shared baseline.
 
-Each run is `crucible train --local` of examples/spiral_<game>.yaml with this benchmark's budget as
-`--set` overrides, `--parallel` at a time, each with a generator of its own (the runs share one GPU;
-sharing one generator would queue their short turns behind each other's batches), interrupted like a
-Ctrl-C at `--deadline-s` (its figures so far kept, marked partial). Meanwhile an evaluation job gives
-the base model's MBPP-test greedy pass@1. The jobs evaluate halfway and at the end, and log per-role
-returns, arena win rates, illegal moves, predictor accuracy and the squared advantage under both
-baselines. Writes `--json` (every run's metric series, MBPP before / halfway / after, RAE against
-shared) and into `--out-dir` each run's metrics.jsonl, games.md and curve, and `selfplay.png`.
+Each run is `crucible train --local` of its recipe (plus `--set` overrides for all), `--parallel` at a
+time, each with a generator of its own (the runs share one GPU; one shared generator would queue their
+short turns behind each other's batches), interrupted like a Ctrl-C at `--deadline-s` (its figures so
+far kept, marked partial). Meanwhile an evaluation job gives the base model's MBPP-test greedy pass@1.
+Writes `--json` (every run's metric series, MBPP before / halfway / after, RAE against shared) and into
+`--out-dir` each run's metrics.jsonl, games.md and curve, and `selfplay.png`.
 
-Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared] [--ttt-steps 36]
-           [--code-steps 26] [--games 32] [--arena-every 5] [--eval-tasks 500] [--deadline-s 720]
-           [--parallel 2] [--json out.json] [--out-dir dir]
+Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared] [--set FIELD=VALUE ...]
+           [--eval-tasks 500] [--deadline-s 720] [--parallel 2] [--json out.json] [--out-dir dir]
        python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
 """
 
@@ -36,14 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import card, load_job, run_job, services, spawn_generator  # noqa: E402
+from bench.common import card, load_job, recipes, run_job, services, spawn_generator  # noqa: E402
 
-RUNS = {  # name -> (game, baseline)
-    "ttt-role": ("tictactoe", "role"),
-    "ttt-shared": ("tictactoe", "shared"),
-    "code-role": ("code_output", "role"),
-    "code-shared": ("code_output", "shared"),
-}
+RUNS = ROOT / "recipes" / "selfplay.yaml"
+TINY = ["optim.steps=2", "method.games_per_step=2", "method.arena.every=1", "method.arena.games=2"]
+TINY += ["optim.micro_batch=8", "eval.every=1"]
 SERIES = [  # metric patterns kept per step in the JSON (`*`: any role or opponent)
     "role/", "arena/", "game/", "rae/", "reward_mean", "samples", "completion_tokens_mean",
     "update/sequences", "time/step_s", "time/generate_s", "time/train_s", "eval/greedy_pass@1",
@@ -61,20 +55,14 @@ PANELS = {
 
 
 def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The run's job: examples/spiral_<game>.yaml with this benchmark's budget as `--set` overrides."""
-    game, baseline = RUNS[name]
-    ttt = game == "tictactoe"
-    steps = args.ttt_steps if ttt else args.code_steps
-    evaluation = {"data": {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}, "max_tokens": 256}
-    evaluation |= {"before": False, "every": steps // 2}  # before: the base model's eval job, once
-    sets = [f"name={name}", f"method.games_per_step={args.games}", f"method.baseline={baseline}"]
-    sets += [f"method.arena.every={args.arena_every}", f"method.arena.games={args.arena_games}"]
-    sets += [f"model.base={args.model}", "model.gradient_checkpointing=false"]
-    sets += [f"rollout.max_tokens={args.ttt_tokens if ttt else args.code_tokens}", f"optim.lr={args.lr}"]
-    sets += [f"optim.steps={steps}", f"optim.micro_batch={args.micro_batch}", "publish.stale_tolerance=0.25"]
-    sets += ["eval=" + (json.dumps(evaluation) if args.eval_tasks else "null"), "checkpoint.every=100000"]
-    sets += ["logging={wandb_mode: disabled, samples_every: 0}", f"seed={args.seed}"]
-    return load_job(ROOT / "examples" / f"spiral_{game}.yaml", sets).model_dump(mode="json")
+    """The run's job: its recipe, then `--tiny`'s budget, the model, the evaluation tasks, `--set`."""
+    recipe, tokens = recipes(RUNS)[name], 8 if name.startswith("ttt") else 48
+    sets = [*recipe["set"], *([*TINY, f"rollout.max_tokens={tokens}"] if args.tiny else [])]
+    sets += [
+        f"model.base={args.model}",
+        f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null",
+    ]
+    return load_job(ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
 
 
 def collect(
@@ -224,19 +212,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: " + ", ".join(RUNS))
-    parser.add_argument("--ttt-steps", type=int, default=36)
-    parser.add_argument("--code-steps", type=int, default=26)
-    parser.add_argument("--games", type=int, default=32, help="games per training step")
-    parser.add_argument("--arena-every", type=int, default=5)
-    parser.add_argument("--arena-games", type=int, default=32, help="games per fixed opponent")
-    parser.add_argument("--ttt-tokens", type=int, default=32, help="max new tokens of a tic-tac-toe turn")
-    parser.add_argument("--code-tokens", type=int, default=160, help="max new tokens of a code-output turn")
+    names = ", ".join(recipes(RUNS))
+    parser.add_argument("--runs", default=names.replace(" ", ""), help=f"comma-separated: {names}")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--eval-tasks", type=int, default=500, help="MBPP test tasks (0: no MBPP evaluation)")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--seed", type=int, default=0)
     # Four trainers beside five generators overfill an 80 GB card.
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (0: all)")
     parser.add_argument("--deadline-s", type=float, default=720, help="interrupt runs going this long")
@@ -247,12 +227,10 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path)
     args = parser.parse_args()
     if args.tiny:
-        args.ttt_steps = args.code_steps = 2
-        args.games, args.arena_every, args.arena_games = 2, 1, 2
-        args.ttt_tokens, args.code_tokens, args.eval_tasks, args.micro_batch = 8, 48, 2, 8
+        args.eval_tasks = 2
     names = [n for n in args.runs.split(",") if n]
-    if unknown := set(names) - set(RUNS):
-        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
+    if unknown := set(names) - set(recipes(RUNS)):
+        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(recipes(RUNS))}")
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
     t0, work, cuda = time.perf_counter(), Path(tempfile.mkdtemp(prefix="crucible-selfplay-")), card() != "cpu"

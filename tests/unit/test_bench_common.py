@@ -70,19 +70,22 @@ def test_no_function_is_copied_between_benchmarks() -> None:
                 )
 
 
-def test_every_job_spec_under_recipes_is_valid() -> None:
+def test_every_job_spec_and_recipe_under_recipes_is_valid() -> None:
+    """A file under recipes/ is a job spec (`kind`) or a table of recipes (a spec plus overrides each)."""
     import sys
 
     import yaml
 
     sys.path.insert(0, str(BENCH.parent))
-    from bench.common import load_job
+    from bench.common import load_job, recipes
 
-    specs = [
-        p
-        for p in sorted((BENCH.parent / "recipes").glob("*.yaml"))
-        if "kind" in yaml.safe_load(p.read_text())
-    ]
-    assert len(specs) >= 2
+    files = sorted((BENCH.parent / "recipes").glob("*.yaml"))
+    specs = [p for p in files if "kind" in yaml.safe_load(p.read_text())]
+    assert len(specs) >= 2 and len(files) > len(specs)
     for path in specs:
         assert load_job(path).kind == yaml.safe_load(path.read_text())["kind"]
+    for path in set(files) - set(specs):
+        for name, recipe in recipes(path).items():
+            assert (
+                recipe.get("about") and load_job(BENCH.parent / recipe["spec"], recipe["set"]).kind == "train"
+            ), name
