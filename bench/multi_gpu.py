@@ -6,12 +6,12 @@ update (docs/benchmarks.md, "One job over several GPUs").
     python bench/multi_gpu.py --tiny --gpus 1,2 --out /tmp/multi_gpu.json       # CPU, gloo: a check
 
 Per GPU count N: one sandbox, N generator replicas (replica i on GPU i) and the race's job
-(recipes/grpo_smollm2.yaml) with `distributed.train_gpus: N`, through the worker's entry point
-(N > 1: its torchrun launcher). Figures: medians over the steps after the first of the job's own
-metrics, samples/s and the speed-up over N = 1 against issue 26's targets. 64 problems x 8 samples
-by default: replicas only help once one replica holds more rows than it decodes at once (128);
-`kl_beta` 0.01 keeps every sequence in the update (random-weight shapes earn every answer the same
-reward, and run every completion to `--max-tokens`).
+(recipes/grpo_smollm2.yaml, then JOB below, then `--set` overrides) with `distributed.train_gpus: N`,
+through the worker's entry point (N > 1: its torchrun launcher). Figures: medians over the steps after
+the first of the job's own metrics, samples/s and the speed-up over N = 1 against issue 26's targets.
+64 problems x 8 samples: replicas only help once one replica holds more rows than it decodes at once
+(128); `kl_beta` 0.01 keeps every sequence in the update (random-weight shapes earn every answer the
+same reward, and run every completion to the token limit).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 
 TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
+JOB = ["optim.problems_per_step=64", "optim.steps=4", "eval=null", "method.kl_beta=0.01"]  # 3 timed steps
+TINY = ["optim.problems_per_step=2", "method.group_size=4", "rollout.max_tokens=8", "optim.steps=2"]
+TINY += ["optim.micro_batch=4", "data.limit=4"]
 SPLIT = {  # report key -> the job's metric (median over the steps after the first)
     "generate_s": "time/generate_s",
     "rollout_s": "time/rollout_s",
@@ -61,18 +64,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts (ranks = replicas = N)")
     p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy (N > 1)")
-    p.add_argument("--prompts", type=int, default=64, help="problems per step (see above)")
-    p.add_argument("--group", type=int, default=8, help="GRPO samples per problem")
-    p.add_argument("--max-tokens", type=int, default=256, help="rollout.max_tokens")
-    p.add_argument("--steps", type=int, default=3, help="timed steps (+1 warm-up)")
-    p.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch (per rank)")
-    p.add_argument("--kl-beta", type=float, default=0.01, help="method.kl_beta (> 0: every sequence trains)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--generator-batch", type=int, default=128, help="rows each replica decodes at once")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.tiny:
-        args.prompts, args.group, args.max_tokens = 2, 4, 8
-        args.steps, args.micro_batch, args.generator_batch = min(args.steps, 1), 4, 4
+    args.generator_batch = 4 if args.tiny else args.generator_batch
     return args
 
 
@@ -88,18 +84,22 @@ def main(argv: list[str] | None = None) -> None:
             work = Path(tmp) / f"n{n}"
             work.mkdir()
             try:
+                spec = job(args, model, n)
                 with common.services(work, model, args.generator_batch, replicas=n, max_ranks=n) as settings:
-                    summary = common.run_job(job(args, model, n), f"multi-gpu-{n}", settings)
+                    summary = common.run_job(spec, f"multi-gpu-{n}", settings)
                 rows = common.step_rows(work / "jobs" / f"multi-gpu-{n}")
                 timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
-                runs.append(figures(rows, n, args.prompts * args.group) | {"device": common.card()})
+                runs.append(
+                    figures(rows, n, spec.optim.problems_per_step * spec.method.group_size)
+                    | {"device": common.card()}
+                )
                 runs[-1] |= {"wall_s": round(summary["wall_s"], 1), "per_step": timing}  # the first step too
             except Exception as exc:  # the other counts still run: one failure costs one figure
                 for log in sorted(work.rglob("*.log")):  # the folder goes with the temporary directory
                     tail = log.read_text(errors="replace").splitlines()[-40:]
                     print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
-    report = summarise(args, runs)
+    report = summarise(args, job(args, model, 1), runs)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
     for r in report["runs"]:
@@ -141,12 +141,8 @@ def tiny_model(out: Path) -> str:
 
 
 def job(args: argparse.Namespace, model: str, n: int) -> Any:
-    """The GRPO job of every N: the race's (recipes/grpo_smollm2.yaml) at this batch, over N ranks."""
-    sets = [f"model.base={model}", f"optim.steps={args.steps + 1}", "eval=null"]
-    sets += [f"optim.problems_per_step={args.prompts}", f"rollout.max_tokens={args.max_tokens}"]
-    sets += [f"optim.micro_batch={args.micro_batch}", f"method.group_size={args.group}"]
-    sets += [f"method.kl_beta={args.kl_beta}"]
-    sets += [f"data.limit={max(args.prompts * (args.steps + 1), 4)}"] if args.tiny else []
+    """The job of every N: the race's with JOB (and `--tiny`'s) overrides, then `--set`, over N ranks."""
+    sets = [f"model.base={model}", *JOB, *(TINY if args.tiny else []), *args.overrides]
     # One process at N = 1 whatever the strategy (fsdp needs two ranks or more).
     sets += ["distributed=" + json.dumps({"train_gpus": n, "strategy": args.strategy if n > 1 else "ddp"})]
     return common.load_job(ROOT / "recipes" / "grpo_smollm2.yaml", sets)
@@ -182,17 +178,17 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     return out | {"update_ranks": later[-1].get("update/ranks", 1.0)}
 
 
-def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report: every N's figures, their speed-ups over N = 1 and the targets met or not.
+def summarise(args: argparse.Namespace, spec: Any, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report: the job, every N's figures, their speed-ups over N = 1 and the targets met or not.
 
-    >>> a = argparse.Namespace(shape=None, tiny=False, model="m", strategy="ddp", prompts=2, group=4,
-    ...                        max_tokens=8, micro_batch=4, kl_beta=0.01, generator_batch=8)
-    >>> r = summarise(a, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
+    >>> a = argparse.Namespace(shape=None, tiny=True, model="m", strategy="ddp", generator_batch=4, overrides=[])
+    >>> spec = job(a, "m", 1)
+    >>> r = summarise(a, spec, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
     ...                    "update_samples_per_s": 4.0}, {"gpus": 2, "samples_per_s": 3.8,
     ...                    "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}])
-    >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"]
-    (1.9, 1.8, True)
-    >>> summarise(a, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])["runs"][1]["target_met"] is None
+    >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"], r["batch"]
+    (1.9, 1.8, True, 8)
+    >>> summarise(a, spec, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])["runs"][1]["target_met"] is None
     True
     """
     one = next((r for r in runs if r["gpus"] == 1 and "error" not in r), {})
@@ -201,9 +197,16 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
             r[f"speedup_{key}"] = round(r[key] / one[key], 3) if one.get(key) and r.get(key) else None
         r["target"], speedup = TARGETS.get(r["gpus"]), r["speedup_samples_per_s"]
         r["target_met"] = None if r["target"] is None or speedup is None else speedup >= r["target"]
-    keys = ("strategy", "prompts", "group", "max_tokens", "micro_batch", "kl_beta", "generator_batch")
-    out = {"model": args.shape or ("tiny" if args.tiny else args.model), "batch": args.prompts * args.group}
-    out |= {k: getattr(args, k) for k in keys}
+    prompts, group = spec.optim.problems_per_step, spec.method.group_size
+    out = {"model": args.shape or ("tiny" if args.tiny else args.model), "batch": prompts * group}
+    out |= {
+        "strategy": args.strategy,
+        "prompts": prompts,
+        "group": group,
+        "max_tokens": spec.rollout.max_tokens,
+    }
+    out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": spec.method.kl_beta, "steps": spec.optim.steps}
+    out |= {"generator_batch": args.generator_batch, "overrides": args.overrides}
     return out | {"targets": {str(k): v for k, v in TARGETS.items()}, "runs": runs}
 
 

@@ -86,10 +86,11 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
     from bench.multi_gpu import job
 
+    sets = [f"optim.problems_per_step={args.prompts}", f"method.group_size={args.group}"]
+    sets += [f"rollout.max_tokens={args.max_tokens}", f"optim.micro_batch={args.micro_batch}"]
     shape = argparse.Namespace(
-        steps=1, prompts=args.prompts, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
-        group=args.group, kl_beta=args.kl_beta, tiny=True, strategy="ddp",
-    )  # fmt: skip
+        tiny=False, strategy="ddp", overrides=[*sets, f"method.kl_beta={args.kl_beta}"]
+    )
     spec, chosen = hardware.resolve(TrainJob.model_validate(job(shape, model, 1)))
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
