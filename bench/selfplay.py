@@ -159,7 +159,8 @@ def plot(runs: dict[str, Any], path: Path, before: dict[str, Any] | None) -> Non
 def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, generators: dict) -> dict:
     """Every run as `crucible train --local`, `--parallel` at a time; the base model's evaluation
     meanwhile; a run still going at the deadline is interrupted (SIGINT), and stopped 45 s later."""
-    deadline, specs, procs, started, ended, interrupted = time.time() + args.deadline_s, {}, {}, {}, {}, set()
+    deadline, interrupted = time.time() + args.deadline_s, set()
+    specs, procs, started, ended = {}, {}, {}, {}  # by run name
     env = {**os.environ, "CRUCIBLE_TRAINER_ADAPTER_DIR": str(work / "adapters")}
     queue, width, before = list(names), args.parallel or len(names), None
     try:
@@ -167,16 +168,8 @@ def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, 
             if queue and len(procs) - len(ended) < width:
                 name = queue.pop(0)
                 specs[name] = spec_of(name, args)
-                (work / f"{name}.json").write_text(json.dumps(specs[name]))
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "crucible_cli",
-                    "train",
-                    "--local",
-                    "-c",
-                    str(work / f"{name}.json"),
-                ]
+                (spec_file := work / f"{name}.json").write_text(json.dumps(specs[name]))
+                cmd = [sys.executable, "-m", "crucible_cli", "train", "--local", "-c", str(spec_file)]
                 cmd += ["--generator", generators[name].url, "--sandbox", settings.sandbox_url]
                 cmd += ["--runs-dir", str(work / "jobs"), "--job-id", name]
                 log = (work / f"{name}.log").open("w")
@@ -240,10 +233,8 @@ def main() -> None:
     with services(work, args.model, 128 if cuda else 32, max_loras=8) as settings:
 
         def game_generator(name: str) -> Any:
-            rows = 64 if cuda else 32
-            return spawn_generator(
-                work, args.model, rows, max_loras=8, env=game_env, log=f"generator-{name}.log"
-            )
+            log = f"generator-{name}.log"
+            return spawn_generator(work, args.model, 64 if cuda else 32, max_loras=8, env=game_env, log=log)
 
         with ThreadPoolExecutor(len(names)) as pool:  # side by side
             generators = dict(zip(names, pool.map(game_generator, names), strict=True))
@@ -259,9 +250,7 @@ def main() -> None:
         print(f"{name}: {run['status']}, {run['steps_done']} steps, median {median}, MBPP greedy pass@1 "
               f"{run['mbpp_greedy_pass@1']}", flush=True)  # fmt: skip
         for key, value in sorted(run["final_5_steps"].items()):
-            if key.endswith(("win_rate", "illegal_rate", "accuracy", "invalid_rate")) or key.startswith(
-                "rae/"
-            ):
+            if key.endswith(("win_rate", "illegal_rate", "accuracy", "invalid_rate")) or "rae/" in key:
                 print(f"  {key}: {value:.3f}", flush=True)
     result = {"device": card(), "total_s": time.perf_counter() - t0, "services_s": started_s}
     result["args"] = {k: v for k, v in vars(args).items() if k not in ("json", "out_dir")}
