@@ -65,8 +65,8 @@ format: dev
 	$(BIN)/ruff check --fix .
 
 bench: setup toolchains
-	$(BIN)/python bench/sandbox_throughput.py
-	$(BIN)/python bench/sandbox_languages.py
+	$(BIN)/python bench/sandbox.py throughput
+	$(BIN)/python bench/sandbox.py languages
 	$(BIN)/python bench/generator.py
 	$(BIN)/python bench/decode_attention.py
 	$(BIN)/python bench/gateway_streams.py

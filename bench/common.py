@@ -1,8 +1,8 @@
-"""What the benchmarks share: a free port, percentiles, the name of the card they ran on, the
-offline training recipes, the learning recipes (recipes/learning.yaml), a job spec from a file plus
-`--set` overrides, the services a job needs (a sandbox and generators, spawned), and running a job
-in-process through the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible
-train --local` runs), timed, with its per-step metrics.
+"""What the benchmarks share: percentiles, the card they ran on, the learning recipes
+(recipes/learning.yaml), a job spec from a file plus `--set` overrides, the services a job needs
+(a sandbox and generators, or a gateway and its Redis, spawned), and a job run in-process through
+the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible train --local` runs),
+timed, with its per-step metrics.
 
 Benchmarks import it as `bench.common` (the repository root on `sys.path`, as each script puts it)
 or as `common` when run as `python bench/<script>.py` beside it.
@@ -11,7 +11,6 @@ or as `common` when run as `python bench/<script>.py` beside it.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,13 +19,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "learning.yaml"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -46,22 +38,6 @@ def card() -> str:
     except ImportError:
         return "cpu"
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
-# The offline training recipes (`bench/offline_figures.py`; `bench/grpo_race.py --sft-first` trains
-# its SFT stage with the first).
-TRAIN = {
-    # SFT on the distinct passing candidates (shortest first), a few epochs: the set is small.
-    "sft": {
-        "train": {"name": "sft", "epochs": 3, "max_length": 1024},
-        "optim": {"lr": 1e-4, "micro_batch": 8, "warmup_steps": 5},
-    },
-    # DPO on pass/fail pairs, the base model as reference.
-    "dpo": {
-        "train": {"name": "dpo", "beta": 0.1, "epochs": 2, "max_length": 1024},
-        "optim": {"lr": 5e-5, "micro_batch": 8, "warmup_steps": 5},
-    },
-}
 
 
 def recipes(path: Path = RECIPES) -> dict[str, dict[str, Any]]:
@@ -111,69 +87,83 @@ def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) 
         raise SystemExit(f"{where}: invalid job spec:\n" + "\n".join(f"  {line}" for line in lines)) from None
 
 
-def spawn_generator(
-    work: Path,
-    model: str,
-    rows: int | str,
-    *,
-    max_loras: int = 4,
-    env: dict[str, str] | None = None,
-    log: str = "generator.log",
-    timeout: float = 600,
-) -> Any:
+def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int = 4, env: dict | None = None,
+                    log: str = "generator.log", timeout: float = 600) -> Any:  # fmt: skip
     """A Crucible generator for a benchmark's job: `rows` at once, quiet, loading the adapters the
     job publishes under `work`; `env` adds settings (e.g. CUDA_VISIBLE_DEVICES)."""
     from crucible_cli.spawn import start
 
-    settings = {
-        "CRUCIBLE_GENERATOR_MODEL": model,
-        "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(rows),
-        "CRUCIBLE_GENERATOR_MAX_LORAS": str(max_loras),
-        "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-        "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": str(work),
-        **(env or {}),
-    }
-    return start("crucible_generator", settings, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
+    settings = {"MODEL": model, "MAX_BATCH_SIZE": rows, "MAX_LORAS": max_loras, "LOG_LEVEL": "warning"}
+    settings = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in (settings | {"ADAPTER_ROOTS": work}).items()}
+    env = settings | (env or {})
+    return start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
 
 
-def on_device(device: str | None) -> dict[str, str]:
-    """The environment that puts a spawned service on `device` (a CUDA_VISIBLE_DEVICES value)."""
-    return {"CUDA_VISIBLE_DEVICES": device} if device else {}
+def replica_env(i: int, replicas: int, device: str | None) -> dict[str, str]:
+    """Where generator replica `i` of `replicas` runs: on `device` when one, on GPU i when there are
+    several replicas and a GPU, else on the CPU with one thread (replicas sharing a CPU)."""
+    if replicas == 1:
+        return {"CUDA_VISIBLE_DEVICES": device} if device else {}
+    return {"CUDA_VISIBLE_DEVICES": str(i)} if card() != "cpu" else {"CRUCIBLE_GENERATOR_THREADS": "1"}
 
 
 @contextmanager
-def services(
-    work: Path,
-    model: str,
-    rows: int | str = 128,
-    *,
-    generator_url: str | None = None,
-    device: str | None = None,
-    max_loras: int = 4,
-    **settings: Any,
-) -> Iterator[Any]:
-    """A sandbox and a generator of `model` (or the one at `generator_url`) spawned for the jobs of
-    a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them, with the
-    adapters and run dirs under `work` (and any other `settings`)."""
+def services(work: Path, model: str, rows: int | str = 128, *, generator_url: str | None = None,
+             device: str | None = None, max_loras: int = 4, replicas: int = 1,
+             **settings: Any) -> Iterator[Any]:  # fmt: skip
+    """A sandbox and `replicas` generators of `model` (or the one at `generator_url`) spawned for
+    the jobs of a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them,
+    with the adapters and run dirs under `work` (and any other `settings`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from crucible_cli.spawn import start
     from crucible_trainer.settings import Settings
 
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = None
+    generators: list[Any] = []
+
+    def one(i: int) -> Any:
+        log = "generator.log" if replicas == 1 else f"generator-{i}.log"
+        env = replica_env(i, replicas, device)
+        generators.append(
+            spawn_generator(work, model, rows, max_loras=max_loras, env=env, log=log, timeout=900)
+        )
+
     try:
         if not generator_url:
-            generator = spawn_generator(work, model, rows, max_loras=max_loras, env=on_device(device))
-        yield Settings(
-            generator_urls=[generator_url or generator.url],
-            sandbox_url=sandbox.url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-            **settings,
-        )
+            with ThreadPoolExecutor(replicas) as pool:  # at once; any that came up are stopped below
+                list(pool.map(one, range(replicas)))
+        urls = [generator_url] if generator_url else [g.url for g in generators]
+        paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}
+        yield Settings(generator_urls=urls, sandbox_url=sandbox.url, **paths, **settings)
     finally:
-        if generator is not None:
+        for generator in generators:
             generator.stop()
         sandbox.stop()
+
+
+@contextmanager
+def gateway(work: Path, **env: str) -> Iterator[Any]:
+    """A Redis of its own (no persistence) and a gateway on it, quiet, its runs under `work`, `env`
+    added to its settings; stopped at the end."""
+    import subprocess
+
+    from crucible_cli.spawn import free_port, start
+    from crucible_cli.stack import redis_server_binary
+
+    port = free_port()
+    flags = [*f"--port {port} --bind 127.0.0.1 --appendonly no --maxclients 10000".split(), "--save", ""]
+    redis = subprocess.Popen([redis_server_binary(), *flags], stdout=subprocess.DEVNULL)
+    settings = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "CRUCIBLE_GATEWAY_RUNS_DIR": str(work / "runs")}
+    settings |= {"CRUCIBLE_GATEWAY_LOG_LEVEL": "warning", **env}
+    try:
+        server = start("crucible_gateway", settings, "CRUCIBLE_GATEWAY_PORT", log=work / "gateway.log")
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        redis.terminate()
 
 
 def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
@@ -191,19 +181,20 @@ def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
     return summary
 
 
-def run_pipeline(spec: dict[str, Any], job_id: str, settings: Any) -> dict[str, Any]:
-    """A pipeline job given as a dict (`run_job`), its stages printed."""
-    from crucible_shared.jobs import PipelineJob
-
-    summary = run_job(PipelineJob.model_validate(spec), job_id, settings)
-    print(f"{job_id}: stages " + json.dumps(summary["stages"]), flush=True)
-    return summary
-
-
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     """A training job's per-step metrics rows (its `metrics.jsonl`, evaluations left out)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [row for line in lines if "eval_label" not in (row := json.loads(line))]
+
+
+def samples_per_s(rows: list[dict]) -> float | None:
+    """Samples trained per second of the loop's own time (summed `time/step_s`, evaluations out).
+
+    >>> samples_per_s([{"samples": 8, "time/step_s": 2.0}, {"samples": 8, "time/step_s": 2.0}])
+    4.0
+    """
+    seconds = sum(r.get("time/step_s", 0.0) for r in rows)
+    return round(sum(r.get("samples", 0.0) for r in rows) / seconds, 4) if seconds > 0 else None
 
 
 def step_medians(rows: list[dict]) -> dict:
@@ -220,8 +211,9 @@ def step_medians(rows: list[dict]) -> dict:
 
     later = rows[1:] or rows
     updated = [r for r in later if r.get("update/sequences", 0.0) > 0]
-    return {
-        "median_step_s": statistics.median(r["time/step_s"] for r in later),
-        "median_updated_step_s": statistics.median(r["time/step_s"] for r in updated) if updated else None,
+    median_updated = statistics.median(r["time/step_s"] for r in updated) if updated else None
+    out = {"median_step_s": statistics.median(r["time/step_s"] for r in later)}
+    return out | {
+        "median_updated_step_s": median_updated,
         "updated_steps": sum(1 for r in rows if r.get("update/sequences", 0.0) > 0),
     }

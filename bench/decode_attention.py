@@ -30,10 +30,11 @@ WINDOWS = [(64, 256), (128, 256), (256, 512), (256, 768)]
 
 
 def expanded(module, query, key, value, mask, scaling=None):
-    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling).transpose(
-        1, 2
-    ), None
+    """transformers' SDPA path: the key/value heads repeated for every query head."""
+    groups = module.num_key_value_groups
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    return out.transpose(1, 2), None
 
 
 def step(attend, query, keys, values, mask) -> None:
@@ -44,10 +45,8 @@ def step(attend, query, keys, values, mask) -> None:
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
+    """Seconds per call of `fn` after two warm-up calls."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     for _ in range(2):
         fn()
     sync()

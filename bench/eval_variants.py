@@ -1,34 +1,51 @@
-"""Where an evaluation's generation time goes: the same greedy MBPP-test evaluation through servers
-given by URL and through Crucible generators started here with different settings, one after the
-other, with the generator's own counters read before and after each run (decode steps, rows per
-step, admissions into running batches, prompt and generated tokens).
+"""Evaluations of the base model (docs/benchmarks.md, "Evaluation baselines"): named evaluations
+(`--runs`) through `crucible eval` (the path every evaluation takes) against generators, one after
+the other, each report kept and summed up in one table (`<out>/summary.{md,json}`, `--json`).
 
-Usage (GPU machine; `bash bench/gpu.sh eval-variants N` runs the standard set):
-    python bench/eval_variants.py --limit 500 --server vllm=http://127.0.0.1:8101 \
-        --variant default --variant rows128=MAX_BATCH_SIZE=128 --variant join2ms=JOIN_WAIT_MS=2 \
-        --json out.json
-A variant is NAME[=KEY=VALUE[,KEY=VALUE...]], each KEY a generator setting without its
-`CRUCIBLE_GENERATOR_` prefix. Prints one table row per run; `--json` keeps every figure, `--out DIR`
-each run's report (`bash bench/gpu.sh eval-servers N`: the two servers alone).
+  mbpp-greedy       MBPP test split (tasks 11-510), one greedy answer each: greedy pass@1
+  humaneval-greedy  HumanEval (164 problems), greedy pass@1
+  mbpp-sampled      MBPP test split, n=10 samples at T=0.8 (top_p 0.95): pass@1 and pass@10
+
+The generators: running servers (`--server NAME=URL`), Crucible generators started here with other
+settings (`--variant NAME[=KEY=VALUE,...]`, KEY a generator setting without `CRUCIBLE_GENERATOR_`),
+else one started here (`MAX_BATCH_SIZE` `--batch-size`). A Crucible generator's own counters are read
+before and after each evaluation: decode steps, rows per step, admissions into running batches.
+
+    python bench/eval_variants.py --runs mbpp-greedy,humaneval-greedy --concurrency 64 --out runs/baselines
+    python bench/eval_variants.py --limit 500 --server vllm=http://127.0.0.1:8101 --variant rows128=MAX_BATCH_SIZE=128
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+RUNS = {  # name -> `crucible eval` arguments
+    "mbpp-greedy": ["--dataset", "mbpp", "--split", "test", "--n", "0"],
+    "humaneval-greedy": ["--dataset", "humaneval", "--n", "0"],
+    "mbpp-sampled": [
+        "--dataset",
+        "mbpp",
+        "--split",
+        "test",
+        "--n",
+        "10",
+        "--temperature",
+        "0.8",
+        "--no-greedy",
+    ],
+}
 COUNTERS = {
     "steps": "crucible_generator_batch_size_count",
     "rows_sum": "crucible_generator_batch_size_sum",
@@ -37,6 +54,9 @@ COUNTERS = {
     "joined": "crucible_generator_joined_sequences_total",
     "captures": "crucible_generator_graph_captures_total",
 }
+TABLE = ["server", "run", "tasks", "sampling", "greedy_pass@1", "pass@1", "pass@10", "mean_tokens", "wall_s"]
+TABLE += ["generation_s", "execution_s", "execution_hidden", "decode_steps", "rows_per_step", "ms_per_step"]
+TABLE += ["joined"]
 
 
 def scrape(url: str) -> dict[str, float] | None:
@@ -45,97 +65,114 @@ def scrape(url: str) -> dict[str, float] | None:
         text = httpx.get(f"{url}/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
-    out = {}
-    for key, name in COUNTERS.items():
-        match = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
-        if match:
-            out[key] = float(match.group(1))
-    return out or None
+    found = {k: re.search(rf"^{n}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M) for k, n in COUNTERS.items()}
+    return {k: float(m.group(1)) for k, m in found.items() if m} or None
 
 
-def evaluate(name: str, url: str, sandbox: str, limit: int, work: Path) -> dict[str, Any]:
-    before = scrape(url)
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "crucible_cli", "eval", "--split", "test", "--limit", str(limit), "--n", "0",
-         "--max-tokens", "256", "--concurrency", "256", "--quiet", "--generator", url, "--sandbox", sandbox,
-         "--out", str(work / name)],
-        check=True,
-    )  # fmt: skip
-    wall = time.perf_counter() - started
-    after = scrape(url)
-    report = json.loads((work / name / "report.json").read_text())
-    row: dict[str, Any] = {
-        "name": name,
-        "wall_s": round(wall, 2),
-        "generation_s": round(report["timing"]["generation_s"], 2),
-        "greedy_pass@1": report["greedy_pass_at_1"],
-        "mean_generated_tokens": report["mean_generated_tokens"],
-    }
+def evaluate(server: str, url: str, run: str, args: argparse.Namespace, sandbox: str, out: Path) -> dict:
+    """One named evaluation through `crucible eval` against `url`: its report's figures, the
+    generator's counters over it."""
+    from crucible_trainer.evaluation import load_report
+
+    limit = args.sampled_limit if run == "mbpp-sampled" and args.sampled_limit else args.limit
+    cmd = [sys.executable, "-m", "crucible_cli", "eval", *RUNS[run], "--max-tokens", str(args.max_tokens)]
+    cmd += ["--seed", str(args.seed), "--concurrency", str(args.concurrency), "--generator", url]
+    cmd += ["--sandbox", sandbox, "--out", str(out), "--quiet"] + (["--limit", str(limit)] if limit else [])
+    cmd += ["--model", args.model] if args.model else []
+    before, started = scrape(url), time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall, after, report = time.perf_counter() - started, scrape(url), load_report(out / "report.json")
+    t = report.timing
+    row = {"server": server, "run": run, "tasks": report.num_problems, "wall_s": round(wall, 2)}
+    row["data"] = report.data.describe() if report.data else None
+    row["sampling"] = "greedy" if "--no-greedy" not in RUNS[run] else "n=10, T=0.8, top_p 0.95"
+    row |= {k: v for k, v in report.summary().items() if v is not None}
+    row |= {"mean_tokens": report.mean_generated_tokens, "truncated": report.truncated_fraction}
+    row |= {"failures": report.failures, "generation_s": t.generation_s, "execution_s": t.execution_s}
+    row |= {"execution_hidden": t.execution_hidden, "execution_exposed_s": t.execution_exposed_s}
+    row |= {"fingerprint": report.fingerprint, "report": str(out / "report.md")}
     if before and after:
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS}
         steps = delta["steps"] or 1.0
-        row.update(
-            decode_steps=int(delta["steps"]),
-            rows_per_step=round(delta["rows_sum"] / steps, 1),
-            ms_per_step=round(1000 * report["timing"]["generation_s"] / steps, 2),
-            generated_tokens=int(delta["generated"]),
-            prompt_tokens=int(delta["prompt"]),
-            joined=int(delta["joined"]),
-            captures=int(delta["captures"]),
-        )
+        row |= {"decode_steps": int(delta["steps"]), "rows_per_step": round(delta["rows_sum"] / steps, 1)}
+        row |= {"ms_per_step": round(1000 * t.generation_s / steps, 2)}
+        row |= {f"{k}_tokens": int(delta[k]) for k in ("generated", "prompt")}
+        row |= {k: int(delta[k]) for k in ("joined", "captures")}
     return row
+
+
+def cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if isinstance(value, float):
+        return f"{100 * value:.1f}%" if "pass@" in key or key == "execution_hidden" else f"{value:.2f}"
+    return "—" if value is None else str(value)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--limit", type=int, default=500)
+    parser.add_argument("--runs", default="mbpp-greedy", help="comma-separated: " + ", ".join(RUNS))
+    parser.add_argument("--limit", type=int, help="every run: only the first N tasks")
+    parser.add_argument("--sampled-limit", type=int, help="mbpp-sampled: only the first N tasks")
     parser.add_argument("--server", action="append", default=[], help="NAME=URL of a running server")
-    parser.add_argument("--variant", action="append", default=[], help="NAME[=KEY=VALUE,...]")
+    parser.add_argument("--variant", action="append", default=[], help="NAME[=KEY=VALUE,...] (above)")
+    parser.add_argument("--sandbox", help="sandbox URL (default: start one here)")
+    parser.add_argument("--model", help="model or adapter name on the generator (default: its base)")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=256, help="generation requests in flight")
+    parser.add_argument("--batch-size", type=int, default=64, help="MAX_BATCH_SIZE of the default generator")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--out", type=Path, help="keep each run's report here (NAME/report.json, ...)")
+    parser.add_argument("--out", type=Path, help="keep each run's report here (SERVER/RUN/report.json, ...)")
     args = parser.parse_args()
+    runs = [n for n in args.runs.split(",") if n]
+    if unknown := set(runs) - set(RUNS):
+        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
+    variants = args.variant or ([] if args.server else [f"crucible=MAX_BATCH_SIZE={args.batch_size}"])
 
     from crucible_cli.spawn import start
 
-    work = args.out or Path(tempfile.mkdtemp(prefix="crucible-eval-variants-"))
+    work = args.out or Path(tempfile.mkdtemp(prefix="crucible-evals-"))
     work.mkdir(parents=True, exist_ok=True)
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    rows = []
-    try:
-        for spec in args.server:
-            name, url = spec.split("=", 1)
-            rows.append(evaluate(name, url.rstrip("/"), sandbox.url, args.limit, work))
-            print(json.dumps(rows[-1]), flush=True)
-        for spec in args.variant:
-            name, _, settings = spec.partition("=")
-            env = {"CRUCIBLE_GENERATOR_LOG_LEVEL": "warning"}
-            for pair in filter(None, settings.split(",")):
-                key, value = pair.split("=", 1)
-                env[f"CRUCIBLE_GENERATOR_{key.upper()}"] = value
-            generator = start(
-                "crucible_generator",
-                env,
-                "CRUCIBLE_GENERATOR_PORT",
-                log=work / f"generator-{name}.log",
-                timeout=600,
+    rows: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        sandbox_url = args.sandbox
+        if not sandbox_url:
+            sandbox = start(
+                "crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300
             )
+            stack.callback(sandbox.stop)
+            sandbox_url = sandbox.url
+        servers = [(*spec.split("=", 1), None) for spec in args.server]
+        servers += [(name, None, settings) for name, _, settings in (v.partition("=") for v in variants)]
+        for name, url, settings in servers:
+            generator = None
+            if settings is not None:
+                pairs = [p.split("=", 1) for p in settings.split(",") if p]
+                env = {"CRUCIBLE_GENERATOR_LOG_LEVEL": "warning"} | {
+                    f"CRUCIBLE_GENERATOR_{k.upper()}": v for k, v in pairs
+                }
+                log = work / f"generator-{name}.log"
+                generator = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=log, timeout=600)
             try:
-                rows.append(
-                    {**evaluate(name, generator.url, sandbox.url, args.limit, work), "settings": settings}
-                )
+                for run in runs:
+                    folder = work / (
+                        name if len(runs) == 1 else run if len(servers) == 1 else f"{name}/{run}"
+                    )
+                    found = evaluate(name, (url or generator.url).rstrip("/"), run, args, sandbox_url, folder)
+                    rows.append(found | {"settings": settings})
+                    print(json.dumps(rows[-1]), flush=True)
             finally:
-                generator.stop()
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        sandbox.stop()
-    keys = ["name", "wall_s", "generation_s", "greedy_pass@1", "decode_steps", "rows_per_step", "ms_per_step",
-            "generated_tokens", "joined"]  # fmt: skip
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for row in rows:
-        print("| " + " | ".join(str(row.get(k, "-")) for k in keys) + " |")
+                if generator is not None:
+                    generator.stop()
+    where = f"{platform.node()}: {platform.processor() or platform.machine()}"
+    table = [f"Machine: {where}. Command: `python bench/eval_variants.py {' '.join(sys.argv[1:])}`.\n"]
+    table += ["| " + " | ".join(TABLE) + " |", "|" + "---|" * len(TABLE)]
+    table += ["| " + " | ".join(cell(row, k) for k in TABLE) + " |" for row in rows]
+    (work / "summary.md").write_text("\n".join(table) + "\n")
+    (work / "summary.json").write_text(json.dumps({"command": sys.argv, "runs": rows}, indent=1))
+    print("\n".join(table))
     if args.json:
         args.json.write_text(json.dumps({"limit": args.limit, "runs": rows}, indent=1))
 

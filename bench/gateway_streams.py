@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile  # noqa: E402
+from bench.common import gateway, percentile  # noqa: E402
 
 
 async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dict:
@@ -67,32 +66,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    from crucible_cli.spawn import free_port, start
-    from crucible_cli.stack import redis_server_binary
-
-    work = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    port = free_port()
-    redis = subprocess.Popen(
-        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--maxclients", "10000"],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    env = {
-        "REDIS_URL": f"redis://127.0.0.1:{port}/0",
-        "CRUCIBLE_GATEWAY_RUNS_DIR": str(work / "runs"),
-        "CRUCIBLE_GATEWAY_LOG_LEVEL": "warning",
-    }
-    gateway = start("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT", log=work / "gateway.log")
-    try:
+    with gateway(Path(tempfile.mkdtemp(prefix="gw-bench-"))) as server:
         spec = {"kind": "eval", "data": {"dataset": "mbpp", "ids": [11]}, "max_tokens": 16}
-        ids = [
-            httpx.post(f"{gateway.url}/v1/jobs", json={**spec, "name": f"b{i}"}).json()["id"]
-            for i in range(16)
-        ]
-        rows = [asyncio.run(measure(gateway.url, ids, int(n), args.calls)) for n in args.streams.split(",")]
-    finally:
-        gateway.stop()
-        redis.terminate()
+        jobs = [httpx.post(f"{server.url}/v1/jobs", json={**spec, "name": f"b{i}"}) for i in range(16)]
+        ids = [r.json()["id"] for r in jobs]
+        rows = [asyncio.run(measure(server.url, ids, int(n), args.calls)) for n in args.streams.split(",")]
     base = rows[0]["p99_ms"]
     for row in rows:
         row["p99_vs_no_streams"] = row["p99_ms"] / base if base else None

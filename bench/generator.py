@@ -1,17 +1,10 @@
 """Generator benchmark: what the service costs over plain `model.generate`, and LoRA hot-swap latency.
 
-1. Throughput: 1, 8 and 32 concurrent clients, each sending one completion at a time (greedy,
-   `ignore_eos`, fixed `max_tokens`), against the generator; then the same prompts as one batch
-   through an in-process `model.generate` on the same device and dtype, rounds alternating. The
-   ratio service/in-process at equal batch shows what the HTTP layer, batching and the decode loop add.
-2. Hot-swap: 20 times, perturb a rank-16 LoRA adapter, `save_pretrained` it, `POST
-   /v1/load_lora_adapter` under a new versioned name, then ask that name for one token. Reports p50
-   and p90 of save, load-returned and first-token-served, all measured from the start of the save.
-
-    python bench/generator.py                       # spawns the generator on the auto device
-    python bench/generator.py --url http://host:8001 --served-name smollm2-135m-instruct   # an external one
-
-Prints a Markdown table (for docs/benchmarks.md) and writes the raw numbers with `--json`.
+Throughput: 1, 8 and 32 concurrent clients sending one greedy `ignore_eos` completion at a time,
+against the same prompts as one batch through an in-process `model.generate` (same device and
+dtype), rounds alternating. Hot-swap: 20 times, perturb a rank-16 LoRA, save it, load it under a new
+name, ask it for one token: p50/p90 of each, from the start of the save. `--url`: a running generator.
+Prints a Markdown table (docs/benchmarks.md); `--json` keeps the raw numbers.
 """
 
 from __future__ import annotations
@@ -22,14 +15,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from common import free_port, percentile  # beside this script
+from common import percentile  # beside this script
 
 PROMPT_STARTS = [
     "def fibonacci(n):",
@@ -47,62 +38,10 @@ def prompts(count: int) -> list[str]:
     return [f"{PROMPT_STARTS[i % len(PROMPT_STARTS)]}  # variant {i}" for i in range(count)]
 
 
-class Server:
-    """The generator as a subprocess (or an external URL)."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.proc: subprocess.Popen | None = None
-        if args.url:
-            self.url = args.url.rstrip("/")
-            return
-        port = free_port()
-        env = {
-            **os.environ,
-            "CRUCIBLE_GENERATOR_MODEL": args.model,
-            "CRUCIBLE_GENERATOR_DEVICE": args.device,
-            "CRUCIBLE_GENERATOR_DTYPE": args.dtype,
-            "CRUCIBLE_GENERATOR_PORT": str(port),
-            "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(max(args.concurrency)),
-            "CRUCIBLE_GENERATOR_BATCH_WAIT_MS": str(args.batch_wait_ms),
-            "CRUCIBLE_GENERATOR_MAX_LORAS": "4",
-            "CRUCIBLE_GENERATOR_MAX_LORA_RANK": str(max(64, args.rank)),
-            "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-        }
-        self.proc = subprocess.Popen([sys.executable, "-m", "crucible_generator"], env=env)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError("the generator exited during start-up")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the generator did not become ready")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(30)
-
-
 async def service_round(http: httpx.AsyncClient, model: str, batch: list[str], max_tokens: int) -> int:
     async def one(prompt: str) -> int:
-        response = await http.post(
-            "/v1/completions",
-            json={
-                "model": model,
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-            },
-        )
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        response = await http.post("/v1/completions", json=body | {"ignore_eos": True})
         response.raise_for_status()
         return response.json()["usage"]["completion_tokens"]
 
@@ -110,7 +49,7 @@ async def service_round(http: httpx.AsyncClient, model: str, batch: list[str], m
 
 
 async def measure(
-    url: str, model_name: str, model, tokenizer, batch: list[str], max_tokens: int, rounds: int
+    url: str, name: str, model, tokenizer, batch: list[str], max_tokens: int, rounds: int
 ) -> dict:
     """Alternate service rounds and in-process rounds, so that load from other processes on the
     host hits both sides alike; the ratio is the median of the per-round ratios."""
@@ -118,12 +57,8 @@ async def measure(
 
     tokenizer.padding_side = "left"
     inputs = tokenizer(batch, return_tensors="pt", padding=True).to(model.device)
-    kwargs = dict(
-        max_new_tokens=max_tokens,
-        min_new_tokens=max_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+    kwargs["pad_token_id"] = tokenizer.pad_token_id
 
     def inprocess_round() -> tuple[int, float]:
         with torch.inference_mode():
@@ -137,7 +72,7 @@ async def measure(
 
         async def service() -> tuple[int, float]:
             started = time.perf_counter()
-            tokens = await service_round(http, model_name, batch, max_tokens)
+            tokens = await service_round(http, name, batch, max_tokens)
             return tokens, time.perf_counter() - started
 
         await service()  # warm-up
@@ -146,15 +81,11 @@ async def measure(
         for _ in range(rounds):
             service_runs.append(await service())
             inprocess_runs.append(inprocess_round())
-    ratios = [
-        (st / ss) / (it / is_) for (st, ss), (it, is_) in zip(service_runs, inprocess_runs, strict=True)
-    ]
-    return {
-        "service_tps": sum(t for t, _ in service_runs) / sum(s for _, s in service_runs),
-        "inprocess_tps": sum(t for t, _ in inprocess_runs) / sum(s for _, s in inprocess_runs),
-        "ratio": statistics.median(ratios),
-        "round_ratios": ratios,
-    }
+    pairs = zip(service_runs, inprocess_runs, strict=True)
+    ratios = [(st / ss) / (it / is_) for (st, ss), (it, is_) in pairs]
+    out = {"service_tps": sum(t for t, _ in service_runs) / sum(s for _, s in service_runs)}
+    out["inprocess_tps"] = sum(t for t, _ in inprocess_runs) / sum(s for _, s in inprocess_runs)
+    return out | {"ratio": statistics.median(ratios), "round_ratios": ratios}
 
 
 def sync(model) -> None:
@@ -185,10 +116,8 @@ def hot_swap(url: str, model, swaps: int, rank: int, job: str) -> dict[str, list
                 "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}
             ).raise_for_status()
             t_loaded = time.perf_counter()
-            http.post(
-                "/v1/completions",
-                json={"model": name, "prompt": "def f(x):", "max_tokens": 1, "temperature": 0},
-            ).raise_for_status()
+            one_token = {"model": name, "prompt": "def f(x):", "max_tokens": 1, "temperature": 0}
+            http.post("/v1/completions", json=one_token).raise_for_status()
             t_first = time.perf_counter()
             timings["save"].append(t_saved - t0)
             timings["load_returned"].append(t_loaded - t0)
@@ -203,34 +132,25 @@ def hot_swap(url: str, model, swaps: int, rank: int, job: str) -> dict[str, list
 
 
 def markdown(results: dict) -> str:
-    env = results["environment"]
+    env, swap = results["environment"], results["hot_swap"]
     lines = [
-        f"Device: {env['device']} ({env['dtype']}), {env['cpus']} CPU cores, torch {env['torch']}, "
-        f"model `{env['model']}`, {results['max_tokens']} new tokens per request (greedy, `ignore_eos`), "
+        f"Device: {env['device']} ({env['dtype']}), {env['cpus']} CPU cores, torch {env['torch']}, model "
+        f"`{env['model']}`, {results['max_tokens']} new tokens per request (greedy, `ignore_eos`), "
         f"{results['rounds']} rounds after a warm-up, service and in-process rounds alternating (the ratio "
-        "is the median of the per-round ratios).",
-        "",
+        "is the median of the per-round ratios).\n",
         "| concurrent clients | service tokens/s | in-process `generate` tokens/s (same batch) | ratio |",
         "|---:|---:|---:|---:|",
     ]
-    for row in results["throughput"]:
+    for r in results["throughput"]:
         lines.append(
-            f"| {row['concurrency']} | {row['service_tps']:.1f} | {row['inprocess_tps']:.1f} | {row['ratio']:.2f} |"
+            f"| {r['concurrency']} | {r['service_tps']:.1f} | {r['inprocess_tps']:.1f} | {r['ratio']:.2f} |"
         )
-    swap = results["hot_swap"]
     lines += [
-        "",
-        f"Hot-swap of a rank-{results['rank']} all-linear LoRA adapter, {len(swap['first_token'])} swaps "
-        "(seconds from the start of `save_pretrained`):",
-        "",
-        "| step | p50 | p90 |",
-        "|---|---:|---:|",
+        f"\nHot-swap of a rank-{results['rank']} all-linear LoRA adapter, {len(swap['first_token'])} swaps "
     ]
-    for key, label in (
-        ("save", "adapter saved"),
-        ("load_returned", "`load_lora_adapter` returned"),
-        ("first_token", "first token served by it"),
-    ):
+    lines[-1] += "(seconds from the start of `save_pretrained`):\n\n| step | p50 | p90 |\n|---|---:|---:|"
+    steps = {"save": "adapter saved", "load_returned": "`load_lora_adapter` returned"}
+    for key, label in (steps | {"first_token": "first token served by it"}).items():
         lines.append(f"| {label} | {percentile(swap[key], 0.5):.3f} | {percentile(swap[key], 0.9):.3f} |")
     return "\n".join(lines)
 
@@ -254,43 +174,40 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from crucible_cli.spawn import start
     from crucible_models import load_model, pick_device, pick_dtype
 
     device = pick_device(args.device)
     model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
     served = args.served_name or args.model
-    server = Server(args)
+    server = None
+    if not args.url:
+        settings = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "MAX_LORAS": "4"}
+        settings |= {"MAX_BATCH_SIZE": max(args.concurrency), "BATCH_WAIT_MS": args.batch_wait_ms}
+        settings |= {"MAX_LORA_RANK": max(64, args.rank), "LOG_LEVEL": "warning"}
+        settings["ADAPTER_ROOTS"] = tempfile.gettempdir()  # where hot_swap saves its versions
+        env = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in settings.items()}
+        server = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", timeout=600)
+    url = args.url.rstrip("/") if args.url else server.url
     try:
-        server.wait_ready()
         throughput = []
         for concurrency in args.concurrency:
-            batch = prompts(concurrency)
             row = {"concurrency": concurrency}
             row |= asyncio.run(
-                measure(server.url, served, model, tokenizer, batch, args.max_tokens, args.rounds)
+                measure(url, served, model, tokenizer, prompts(concurrency), args.max_tokens, args.rounds)
             )
             print(json.dumps(row), flush=True)
             throughput.append(row)
-        swaps = hot_swap(server.url, model, args.swaps, args.rank, job="bench")
+        swaps = hot_swap(url, model, args.swaps, args.rank, job="bench")
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
-    results = {
-        "environment": {
-            "device": torch.cuda.get_device_name()
-            if device.startswith("cuda")
-            else platform.processor() or "cpu",
-            "dtype": str(pick_dtype(device, args.dtype)).removeprefix("torch."),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "model": args.model,
-        },
-        "max_tokens": args.max_tokens,
-        "rounds": args.rounds,
-        "rank": args.rank,
-        "throughput": throughput,
-        "hot_swap": swaps,
-    }
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
+    dtype = str(pick_dtype(device, args.dtype)).removeprefix("torch.")
+    environment = {"device": name, "dtype": dtype, "cpus": os.cpu_count(), "torch": torch.__version__}
+    results = {"environment": environment | {"model": args.model}, "max_tokens": args.max_tokens}
+    results |= {"rounds": args.rounds, "rank": args.rank, "throughput": throughput, "hot_swap": swaps}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(markdown(results))

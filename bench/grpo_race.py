@@ -1,29 +1,18 @@
-"""One training job, timed: a job spec (or a recipe of recipes/learning.yaml) plus `--set`
-overrides, run in-process through the worker's entry point against a sandbox and a generator
-spawned for it (CUDA + bf16 when present), with seconds per step split into generate / execute /
-train / publish, the median over steps 2+ and over the steps 2+ that updated the policy (a step
-whose groups all had equal rewards skips its update), greedy pass@1 before and after from the job's
-own evaluation, and the trainer's peak GPU memory.
+"""One training job, timed: a job spec (or a recipe of recipes/learning.yaml) plus `--set` overrides,
+run in-process through the worker's entry point against a sandbox and a generator spawned for it
+(or `--generator-url`, e.g. vLLM). Prints every step's time split (generate / execute / train /
+publish), the medians over steps 2+ (all of them, and those that updated the policy), greedy pass@1
+before and after from the job's own evaluation and the trainer's peak GPU memory; `--json` keeps it
+all (what bench/seeds.py reads).
 
   python bench/grpo_race.py recipes/grpo_smollm2.yaml --set optim.steps=8 --set optim.micro_batch=64 \\
       --set eval=null                        # the GRPO race (bash bench/gpu.sh race 8)
   python bench/grpo_race.py pre-t07 --set seed=1 --set data.seed=1 --json out.json   # a recipe
-  python bench/grpo_race.py examples/grpo_qwen1p5b.yaml --set model.base=DIR --set method.kl_beta=0.01
 
-Two steps of the benchmark around the job (a recipe may ask for them):
-- `--sft-first`: a pipeline job first (its baseline evaluation when the job evaluates, then K=8
-  candidates per train problem at T=1, run, up to 4 distinct passing ones per problem trained on
-  with SFT: bench/common.py's recipe); the job then starts from that adapter (`model.init_adapter`,
-  its LoRA settings going to the SFT stage). The run's "before" is the base model's (the pipeline's
-  baseline), and the job's own "before" is reported as "sft".
-- `--humaneval`: greedy pass@1 on HumanEval's 164 tasks of the base model and of the trained
-  adapter, as two evaluation jobs through the same entry point (the job's prompts and max tokens).
-
-With `--generator-url URL` the job uses that generator instead (e.g. vLLM serving the same weights
-under the job's `model.base` name): adapters are published to it and the stale-policy check
-compares against its logprobs. Random-weight checkpoints (bench/model_shapes.py) earn every answer
-the same reward, so no group would train: `--set method.kl_beta=0.01` keeps every sequence in the
-update (at the cost of one reference pass). `bench/seeds.py` runs a recipe over several seeds.
+`--sft-first`: a pipeline first (baseline evaluation, 8 candidates per train problem at T=1, SFT on
+up to 4 distinct passing ones: recipes/offline_smollm2.yaml), then the job from that adapter; the
+run's "before" is the base model's, the job's own is reported as "sft". `--humaneval`: greedy
+pass@1 on HumanEval's 164 tasks before and after, as two evaluation jobs.
 """
 
 from __future__ import annotations
@@ -41,74 +30,38 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import TRAIN, load_job, recipes, run_job, services, step_medians, step_rows  # noqa: E402
+from bench.common import load_job, recipes, run_job, services, step_medians, step_rows  # noqa: E402
 
-# Printed per step; the first seven also as medians over steps 2+ (the time split).
-KEYS = [
-    "time/step_s",
-    "time/generate_s",
-    "time/execute_tail_s",
-    "time/train_s",
-    "publish/total_s",
-    "time/stale_wait_s",  # the part of the stale-policy check the rollouts did not hide
-    "reward_mean",
-    "zero_signal_fraction",
-    "completion_tokens_mean",
-    "filter/groups_drawn",
-]
+OFFLINE = ROOT / "recipes" / "offline_smollm2.yaml"
+# Printed per step; the first six also as medians over steps 2+ (the time split).
+KEYS = ["time/step_s", "time/generate_s", "time/execute_tail_s", "time/train_s", "publish/total_s"]
+KEYS += ["time/stale_wait_s", "reward_mean", "zero_signal_fraction", "completion_tokens_mean"]
+KEYS += ["filter/groups_drawn"]
 
 
-def sft_stage(job: dict[str, Any]) -> dict[str, Any]:
+def sft_stage(job: dict[str, Any]) -> Any:
     """The `--sft-first` pipeline of the training job `job` (a dumped spec): its model, LoRA
-    settings, train problems, token budget, evaluation and seed."""
+    settings, train problems (in task-id order), token budget, evaluation and seed."""
     lora = {k: job["model"][k] for k in ("lora_r", "lora_alpha", "target_modules")}
-    data = {k: v for k, v in job["data"].items() if k not in ("shuffle", "seed")}  # in task-id order
-    evaluation = job.get("eval") or {}
-    return {
-        "kind": "pipeline",
-        "stages": (["baseline"] if evaluation else []) + ["generate", "annotate", "build", "train"],
-        "model": {"base": job["model"]["base"], **lora},
-        "data": data,
-        "generate": {"k": 8, "temperature": 1.0, "top_p": 1.0, "max_tokens": job["rollout"]["max_tokens"]}
-        | {"concurrency": 32},
-        "build": {"n_best": 4, "pairing": "pass_fail", "max_pairs": 4},
-        "eval": {
-            "data": evaluation.get("data") or {"dataset": "mbpp", "split": "test", "limit": 1},
-            "greedy": True,
-            "max_tokens": evaluation.get("max_tokens", 256),
-        },
-        "checkpoint": {"every": 1000},
-        "logging": {"wandb_mode": "disabled"},
-        "seed": job["seed"],
-        **TRAIN["sft"],
-    }
-
-
-def from_adapter(job: dict[str, Any], adapter: str) -> dict[str, Any]:
-    """`job` starting from `adapter`: its LoRA settings are the adapter's."""
-    lora = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
-    model = {k: v for k, v in job["model"].items() if k not in lora}
-    return {**job, "model": {**model, "init_adapter": adapter}}
+    data = {k: v for k, v in job["data"].items() if k not in ("shuffle", "seed")}
+    evaluation = job.get("eval") or {"data": {"dataset": "mbpp", "split": "test", "limit": 1}}
+    stages = (["baseline"] if job.get("eval") else []) + ["generate", "annotate", "build", "train"]
+    sets = [f"model={json.dumps({'base': job['model']['base'], **lora})}", f"data={json.dumps(data)}"]
+    sets += [f"generate.max_tokens={job['rollout']['max_tokens']}", f"stages={json.dumps(stages)}"]
+    sets += [f"eval.data={json.dumps(evaluation['data'])}"]
+    sets += [f"eval.max_tokens={evaluation.get('max_tokens', 256)}"]
+    return load_job(OFFLINE, [*sets, f"seed={job['seed']}"])
 
 
 def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
     """Greedy pass@1 on HumanEval (164) of the job's base model and of `adapter`, each an evaluation
     job with the job's prompts and max tokens."""
-    from crucible_shared.jobs import EvalJob
-
     max_tokens = job.eval.max_tokens if job.eval else job.rollout.max_tokens
     scores: dict[str, Any] = {}
-    for label, loaded in (("before", None), ("after", adapter)):
-        if label == "after" and not adapter:
-            break
-        spec = EvalJob(
-            model={"base": job.model.base, "chat": job.model.chat},
-            adapter=loaded,
-            data={"dataset": "humaneval"},
-            greedy=True,
-            max_tokens=max_tokens,
-        )
-        found = run_job(spec, f"humaneval-{label}", settings)["eval"]["eval"]
+    for label, loaded in (("before", None), ("after", adapter)) if adapter else (("before", None),):
+        spec = {"kind": "eval", "model": {"base": job.model.base, "chat": job.model.chat}, "adapter": loaded}
+        spec |= {"data": {"dataset": "humaneval"}, "greedy": True, "max_tokens": max_tokens}
+        found = run_job(load_job(spec), f"humaneval-{label}", settings)["eval"]["eval"]
         scores[label] = {"greedy_pass@1": found.get("greedy_pass@1"), "problems": found.get("problems")}
     return scores
 
@@ -124,19 +77,15 @@ def keep_reports(runs: Path, job_id: str, out: Path) -> None:
 
 
 def gpu_memory() -> dict[str, float]:
-    """The trainer's peak GPU memory (this process) and the card's use after the jobs (the
-    generator's, and what the trainer still holds once the job has given its memory back)."""
+    """The trainer's peak GPU memory (this process) and the card's use after the jobs."""
     import torch
 
     if not torch.cuda.is_available():
         return {}
     free, total = torch.cuda.mem_get_info()
-    return {
-        "trainer_peak_allocated_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "trainer_peak_reserved_gb": round(torch.cuda.max_memory_reserved() / 2**30, 2),
-        "card_used_gb": round((total - free) / 2**30, 2),
-        "card_total_gb": round(total / 2**30, 2),
-    }
+    gb = {"trainer_peak_allocated_gb": torch.cuda.max_memory_allocated(), "card_total_gb": total}
+    gb |= {"trainer_peak_reserved_gb": torch.cuda.max_memory_reserved(), "card_used_gb": total - free}
+    return {k: round(v / 2**30, 2) for k, v in gb.items()}
 
 
 def parse() -> argparse.Namespace:
@@ -144,9 +93,7 @@ def parse() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("job", help="a job spec file (YAML/JSON) or a recipe of recipes/learning.yaml")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help="override a field"
-    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--sft-first", action="store_true", help="SFT on passing candidates first (above)")
     parser.add_argument("--humaneval", action="store_true", help="greedy HumanEval pass@1 before and after")
     parser.add_argument("--keep-reports", type=Path, help="copy the evaluation reports (every answer) here")
@@ -155,23 +102,21 @@ def parse() -> argparse.Namespace:
         "--generator-rows",
         type=lambda v: v if v == "auto" else int(v),
         default=128,
-        help="rows of the spawned generator (runs sharing a card: 64); auto: from memory, or from "
-        "CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION when set",
+        help="rows of the spawned generator (runs sharing a card: 64); auto: from memory",
     )
     parser.add_argument("--generator-device", help="CUDA_VISIBLE_DEVICES of the spawned generator")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    path = Path(args.job)
-    if not path.is_file():
+    args.spec = Path(args.job)
+    if not args.spec.is_file():
         known = recipes()
         if args.job not in known:
             raise SystemExit(f"{args.job}: neither a spec file nor a recipe ({', '.join(known)})")
         recipe = known[args.job]
-        path = ROOT / recipe["spec"]
+        args.spec = ROOT / recipe["spec"]
         args.overrides = [*recipe["set"], *args.overrides]
         args.sft_first = args.sft_first or bool(recipe.get("sft_first"))
         args.humaneval = args.humaneval or bool(recipe.get("humaneval"))
-    args.spec = path
     return args
 
 
@@ -181,27 +126,21 @@ def main() -> None:
     if spec.kind != "train":
         raise SystemExit(f"{args.spec} holds a {spec.kind!r} job: this benchmark times training jobs")
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
-    job_id = f"race-{spec.method.name}"
-    sft: dict[str, Any] = {}
-    scores: dict[str, Any] = {}
-    with services(
-        work,
-        spec.model.base,
-        args.generator_rows,
-        generator_url=args.generator_url,
-        device=args.generator_device,
-        max_loras=max(4, spec.overlap.max_staleness + 2),
-    ) as settings:
+    job_id, sft, scores = f"race-{spec.method.name}", {}, {}
+    where = {"generator_url": args.generator_url, "device": args.generator_device}
+    loras = max(4, spec.overlap.max_staleness + 2)
+    with services(work, spec.model.base, args.generator_rows, max_loras=loras, **where) as settings:
         started = time.perf_counter()
-        if args.sft_first:
+        if args.sft_first:  # then the job from the SFT adapter, whose LoRA settings it takes
             job = spec.model_dump(mode="json")
-            done = run_job(load_job(sft_stage(job)), f"sft-s{spec.seed}", settings)
+            done = run_job(sft_stage(job), f"sft-s{spec.seed}", settings)
             sft = {"adapter": done["adapter"], "seconds": done["wall_s"], "rounds": done.get("rounds")}
             sft["base_eval"] = done.get("eval", {}).get("before")
-            spec = load_job(from_adapter(job, done["adapter"]))
+            lora = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
+            model = {k: v for k, v in job["model"].items() if k not in lora}
+            spec = load_job({**job, "model": {**model, "init_adapter": done["adapter"]}})
         summary = run_job(spec, job_id, settings)
-        total = time.perf_counter() - started
-        memory = gpu_memory()
+        total, memory = time.perf_counter() - started, gpu_memory()
         if args.humaneval:
             t = time.perf_counter()
             scores = humaneval(spec, summary.get("adapter"), settings)
@@ -209,8 +148,7 @@ def main() -> None:
             print("humaneval:", json.dumps(scores), flush=True)
         if args.keep_reports:
             keep_reports(settings.runs_dir, job_id, args.keep_reports)
-    rows = step_rows(work / "jobs" / job_id)
-    report(args, spec, summary, rows, total, memory, sft, scores)
+    report(args, spec, summary, step_rows(work / "jobs" / job_id), total, memory, sft, scores)
 
 
 def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict], total: float,
@@ -218,65 +156,36 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
     """The run's lines on stdout and, with `--json`, its figures (what bench/seeds.py reads)."""
     print(f"{spec.method.name}: {len(rows)} steps in {total:.1f} s ({summary.get('status')})")
     for r in rows:
+        figures = " ".join(f"{k.split('/')[-1]} {r.get(k, float('nan')):.2f}" for k in KEYS)
         extra = f" c2_rescue {r['c2_rescue_rate']:.2f}" if "c2_rescue_rate" in r else ""
-        print(
-            f"step {r['step']}: "
-            + " ".join(f"{k.split('/')[-1]} {r.get(k, float('nan')):.2f}" for k in KEYS)
-            + f" stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}"
-        )
+        print(f"step {r['step']}: {figures} stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}")
     timing = step_medians(rows)
-    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in KEYS[:7]}
-    print(
-        f"median step (steps 2+): {timing['median_step_s']:.2f} s; split: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
-    )
+    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in KEYS[:6]}
+    print(f"median step (steps 2+): {timing['median_step_s']:.2f} s; split: " + json.dumps(split))
     updated = timing["median_updated_step_s"]
-    print(
-        f"steps that updated the policy: {timing['updated_steps']} of {len(rows)}; their median "
-        + (f"(steps 2+): {updated:.2f} s" if updated is not None else "-")
-    )
-    if memory:
-        print("memory:", json.dumps(memory))
-    if summary.get("difficulty_filter"):
-        print("difficulty filter:", json.dumps(summary["difficulty_filter"]))
+    print(f"steps that updated the policy: {timing['updated_steps']} of {len(rows)}; their median: {updated}")
     evals = dict(summary.get("eval") or {})
     if sft and evals:  # the job's "before" is the SFT adapter; the run's is the base model
-        evals["sft"] = evals.pop("before", None)
-        evals["before"] = sft.get("base_eval")
-    if evals:
-        print("eval:", json.dumps(evals))
+        evals["sft"], evals["before"] = evals.pop("before", None), sft.get("base_eval")
+    lines = {"memory": memory, "difficulty filter": summary.get("difficulty_filter"), "eval": evals}
+    for name, value in lines.items():
+        if value:
+            print(f"{name}:", json.dumps(value))
     if not args.json:
         return
     job = spec.model_dump(mode="json")
-    args.json.write_text(
-        json.dumps(
-            {
-                "method": spec.method.name,
-                "rows": rows,
-                **timing,
-                "steps": len(rows),
-                "split": split,
-                "eval": evals or None,
-                "seed": spec.seed,
-                "staleness": spec.overlap.max_staleness,
-                "wall_s": total,
-                "job": job,
-                "sft": sft or None,
-                "difficulty_filter": summary.get("difficulty_filter"),
-                "filter": job["method"].get("filter", {}).get("mode", "none"),
-                "reward": spec.reward.kind,
-                "generator": args.generator_url or "crucible",
-                "stale_check_final": summary.get("stale_check"),
-                "memory": memory,
-                "settings": summary.get("settings"),
-                "spec": str(args.spec),
-                "overrides": args.overrides,
-                "model": spec.model.base,
-                "humaneval": scores or None,
-            },
-            indent=1,
-        )
-    )
+    figures = {"method": spec.method.name, "rows": rows, **timing, "steps": len(rows), "split": split}
+    figures |= {"eval": evals or None, "seed": spec.seed, "staleness": spec.overlap.max_staleness}
+    figures |= {"wall_s": total, "memory": memory, "settings": summary.get("settings")}
+    figures |= {"job": job, "sft": sft or None, "difficulty_filter": summary.get("difficulty_filter")}
+    figures |= {"filter": job["method"].get("filter", {}).get("mode", "none"), "reward": spec.reward.kind}
+    figures |= {
+        "generator": args.generator_url or "crucible",
+        "stale_check_final": summary.get("stale_check"),
+    }
+    figures |= {"spec": str(args.spec), "overrides": args.overrides, "model": spec.model.base}
+    figures |= {"humaneval": scores or None}
+    args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,25 +2,13 @@
 
     python bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes [--device cuda]
 
-Each model is built from its published config (`SHAPES`: the numbers of the model's `config.json`
-on the Hugging Face hub) with random weights (`from_config`, seeded, bf16 by default, initialised on
-the GPU when there is one: a 7B model initialises in seconds there and in minutes on a CPU) and
-saved with `save_pretrained` to `OUT/<name>`, ready for Crucible's generator
-(`CRUCIBLE_GENERATOR_MODEL=OUT/<name>`), vLLM and a job's `model.base`.
-
-**The tokenizer.** The built-in model's tokenizer (SmolLM2's, 49,152 tokens, with its chat template)
-is saved beside the weights, its vocabulary padded to the model's (151,936 for Qwen2.5-Coder-1.5B,
-152,064 for -7B) with placeholder tokens `<|pad_NNNNNN|>` that no text encodes to. So the
-checkpoint keeps the real embedding and output-layer shapes (a sixth of the 1.5B model's
-parameters, and the size of every step's logits), prompts encode with SmolLM2's vocabulary, and
-every id the random model samples decodes to text (a server or vLLM detokenizing an id its
-tokenizer lacks may drop it or fail). BOS/EOS/PAD are the tokenizer's. (transformers loads the
-tokenizer of a `qwen2` directory as its `Qwen2Tokenizer`, whose pre-tokenizer splits a little
-differently from SmolLM2's: a prompt may take a token more or less; every server loading the
-directory sees the same.) Random weights write garbage: measure with `ignore_eos` and fixed
-lengths, and never report learning from them.
-
-`--tiny` shrinks a shape to 2 layers (a quick check of the script on a CPU).
+Each model is its published config (`SHAPES`, from its `config.json` on the hub) with seeded random
+weights (bf16, initialised on the GPU when there is one), saved to `OUT/<name>` for Crucible's
+generator, vLLM and a job's `model.base`. The tokenizer is the built-in model's (SmolLM2's 49,152
+tokens and chat template), its vocabulary padded to the model's with placeholder tokens
+`<|pad_NNNNNN|>` that no text encodes to: the embedding and output shapes (and every step's logits)
+are the real ones, and every id the model samples decodes. Random weights write garbage: measure
+with `ignore_eos` and fixed lengths, never learning. `--tiny`: 2 layers (a quick check on a CPU).
 """
 
 from __future__ import annotations
@@ -32,44 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-# From the models' config.json on the hub (Qwen/Qwen2.5-Coder-1.5B-Instruct, Qwen/Qwen2.5-Coder-7B-Instruct;
-# the base models share them). Both: SiLU MLP, q/k/v biases (Qwen2), no sliding window.
+# From Qwen/Qwen2.5-Coder-1.5B-Instruct's and -7B-Instruct's config.json (the base models share them).
+QWEN2 = {"model_type": "qwen2", "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "hidden_act": "silu"}
+QWEN2 |= {"max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": None}
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-coder-1.5b": {
-        "model_type": "qwen2",
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-06,
-        "max_position_embeddings": 32768,
-        "max_window_layers": 21,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "hidden_act": "silu",
-    },
-    "qwen2.5-coder-7b": {
-        "model_type": "qwen2",
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "vocab_size": 152064,
-        "tie_word_embeddings": False,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-06,
-        "max_position_embeddings": 32768,
-        "max_window_layers": 28,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "hidden_act": "silu",
-    },
-}
+    "qwen2.5-coder-1.5b": QWEN2 | {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                                   "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                                   "tie_word_embeddings": True, "max_window_layers": 21},
+    "qwen2.5-coder-7b": QWEN2 | {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                                 "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                                 "tie_word_embeddings": False, "max_window_layers": 28},
+}  # fmt: skip
 PLACEHOLDER = "<|pad_{:06d}|>"
 
 
@@ -81,11 +42,7 @@ def config_for(name: str, tokenizer: Any, tiny: bool = False) -> Any:
     model_type = values.pop("model_type")
     if tiny:
         values["num_hidden_layers"] = 2
-    values.update(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    values |= {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
     return AutoConfig.for_model(model_type, **values)
 
 
@@ -121,9 +78,7 @@ def build(name: str, out: Path, device: str, dtype: str, seed: int, tiny: bool) 
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     params = sum(p.numel() for p in model.parameters())
     model.generation_config.update(
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **{k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     )
     model.save_pretrained(target)
     del model
@@ -134,11 +89,8 @@ def build(name: str, out: Path, device: str, dtype: str, seed: int, tiny: bool) 
     assert len(saved) == config.vocab_size, (len(saved), config.vocab_size)
     assert max(saved(text * 20).input_ids) < config.vocab_size - added, "text encoded to a placeholder"
     assert saved.decode([config.vocab_size - 1]) == PLACEHOLDER.format(config.vocab_size - 1)
-    return {
-        "name": name,
-        "path": str(target),
-        "parameters": params,
-        "vocab_size": config.vocab_size,
+    built = {"name": name, "path": str(target), "parameters": params, "vocab_size": config.vocab_size}
+    return built | {
         "placeholder_tokens": added,
         "dtype": dtype,
         "seconds": round(time.perf_counter() - started, 1),

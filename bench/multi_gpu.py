@@ -1,41 +1,17 @@
-"""Samples/s and s/step of the same GRPO job on 1, 2, 4 GPUs, with the split between generation and update.
+"""Samples/s and s/step of the same GRPO job on 1, 2, 4 GPUs, with the split between generation and
+update (docs/benchmarks.md, "One job over several GPUs").
 
     python bench/multi_gpu.py --gpus 1,2,4 --out multi_gpu.json                 # SmolLM2-135M
     python bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus 1,2,4 --out multi_gpu_1p5b.json
     python bench/multi_gpu.py --tiny --gpus 1,2 --out /tmp/multi_gpu.json       # CPU, gloo: a check
 
-For each GPU count N this runs the real job the way a user runs it on an N-GPU host: one sandbox,
-N Crucible generator replicas (one per GPU, `CUDA_VISIBLE_DEVICES=i`, as `crucible up
---generator-gpus` places a generator) sharing the cards with the trainer's N ranks, and the GRPO
-train job with `distributed.train_gpus: N` run by `crucible_trainer.jobs.execute` (what
-`crucible train --local` and a worker call): N > 1 goes through the worker's launcher
-(`torchrun`, DDP or FSDP2, rank 0 leading), N = 1 is the ordinary one-process job. The trainer
-gets every replica's URL (`generator_urls`), so its generator pool spreads the rollouts over them
-and publishes every adapter version to all. Events go to a local channel: no Redis.
-
-Figures come from the job's own `metrics.jsonl`: per N the median over the steps after the
-first (start-up, first compilations) of `time/step_s`, and the same medians of the split:
-generation (`time/generate_s`; `time/rollout_s` adds the sandbox's tail), the update
-(`time/train_s`), publishing to every replica (`publish/total_s`), the stale-policy check the
-rollouts did not hide (`time/stale_wait_s`) and the rest. Samples/s is `prompts x group` over
-the median s/step; the speed-up is over N = 1, checked against issue 26's targets (>= 1.8x on 2
-GPUs, >= 3.2x on 4).
-
-The work per step is made constant: `method.kl_beta` (default 0.01) keeps every sequence in the
-update (otherwise a group whose samples all earn the same reward, every group of a random-weight
-shape, trains nothing), and random weights sample EOS about once in 50,000 tokens, so `--shape`
-completions run to `--max-tokens` (the rollout spec has no `ignore_eos`; SmolLM2's real weights
-stop at EOS, hence `completion_tokens_mean` in the report).
-
-Why 64 problems x 8 samples by default: generation only scales with replicas once one replica
-is throughput-bound, i.e. holds more rows than it decodes at once. Each replica decodes at most
-`--generator-batch` rows together (128, the race's setting), so 512 rows take one replica four
-rounds of decoding, two replicas two and four replicas one. At 8 x 8 (the race's batch) one
-replica decodes the whole batch at once, decoding is latency-bound (one forward per token
-whatever the rows), and more replicas cannot shorten it.
-
-`--shape` builds a random-weight checkpoint of a real model's exact shape (bench/model_shapes.py).
-`--tiny` is a check of the script on a CPU: a tiny random Qwen2, gloo, few tokens.
+Per GPU count N: one sandbox, N generator replicas (replica i on GPU i) and the race's job
+(recipes/grpo_smollm2.yaml, then JOB below, then `--set` overrides) with `distributed.train_gpus: N`,
+through the worker's entry point (N > 1: its torchrun launcher). Figures: medians over the steps after
+the first of the job's own metrics, samples/s and the speed-up over N = 1 against issue 26's targets.
+64 problems x 8 samples: replicas only help once one replica holds more rows than it decodes at once
+(128); `kl_beta` 0.01 keeps every sequence in the update (random-weight shapes earn every answer the
+same reward, and run every completion to the token limit).
 """
 
 from __future__ import annotations
@@ -46,8 +22,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 
 TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
+JOB = ["optim.problems_per_step=64", "optim.steps=4", "eval=null", "method.kl_beta=0.01"]  # 3 timed steps
+TINY = ["optim.problems_per_step=2", "method.group_size=4", "rollout.max_tokens=8", "optim.steps=2"]
+TINY += ["optim.micro_batch=4", "data.limit=4"]
 SPLIT = {  # report key -> the job's metric (median over the steps after the first)
     "generate_s": "time/generate_s",
     "rollout_s": "time/rollout_s",
@@ -73,12 +50,9 @@ SPLIT = {  # report key -> the job's metric (median over the steps after the fir
     "publish_s": "publish/total_s",
     "stale_wait_s": "time/stale_wait_s",
 }
-
-PERF = [
-    f"perf/update{part}_{figure}"
-    for part in ("", "_train", "_ref", "_old")
-    for figure in ("tokens_per_s_per_gpu", "peak_fraction")
-]
+# The update's model FLOPs per second per GPU (rl/throughput.py) and the fraction of the card's peak.
+FIGURES = ("tokens_per_s_per_gpu", "peak_fraction")
+PERF = [f"perf/update{p}_{f}" for p in ("", "_train", "_ref", "_old") for f in FIGURES]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,45 +64,42 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts (ranks = replicas = N)")
     p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy (N > 1)")
-    p.add_argument("--prompts", type=int, default=64, help="problems per step (see above)")
-    p.add_argument("--group", type=int, default=8, help="GRPO samples per problem")
-    p.add_argument("--max-tokens", type=int, default=256, help="rollout.max_tokens")
-    p.add_argument("--steps", type=int, default=3, help="timed steps (+1 warm-up)")
-    p.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch (per rank)")
-    p.add_argument("--kl-beta", type=float, default=0.01, help="method.kl_beta (> 0: every sequence trains)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--generator-batch", type=int, default=128, help="rows each replica decodes at once")
     p.add_argument("--out", type=Path, required=True)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.generator_batch = 4 if args.tiny else args.generator_batch
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.tiny:
-        args.prompts, args.group, args.max_tokens = 2, 4, 8
-        args.steps, args.micro_batch, args.generator_batch = min(args.steps, 1), 4, 4
-    # The job talks to its generators and sandbox directly and writes events locally.
-    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
+    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):  # events go to a local channel
         os.environ.pop(name, None)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    runs = []
     with tempfile.TemporaryDirectory(prefix="crucible-multi-gpu-") as tmp:
-        model = args.model
-        if args.tiny:
-            model = tiny_model(Path(tmp) / "tiny")
-        elif args.shape:
-            from bench.model_shapes import build
-
-            model = build(args.shape, Path(tmp), device(), "bfloat16", 0, False)["path"]
-        if model != args.model:  # a local checkpoint: let the trainer and the generators read it
-            roots = [tmp, str(ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
-            os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
-        runs = []
+        model = local_model(args, Path(tmp)) if args.tiny or args.shape else args.model
         for n in (int(x) for x in args.gpus.split(",")):
+            work = Path(tmp) / f"n{n}"
+            work.mkdir()
             try:
-                runs.append(run_one(args, model, n, Path(tmp) / f"n{n}"))
+                spec = job(args, model, n)
+                with common.services(work, model, args.generator_batch, replicas=n, max_ranks=n) as settings:
+                    summary = common.run_job(spec, f"multi-gpu-{n}", settings)
+                rows = common.step_rows(work / "jobs" / f"multi-gpu-{n}")
+                timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
+                runs.append(
+                    figures(rows, n, spec.optim.problems_per_step * spec.method.group_size)
+                    | {"device": common.card()}
+                )
+                runs[-1] |= {"wall_s": round(summary["wall_s"], 1), "per_step": timing}  # the first step too
             except Exception as exc:  # the other counts still run: one failure costs one figure
-                show_logs(Path(tmp) / f"n{n}")
+                for log in sorted(work.rglob("*.log")):  # the folder goes with the temporary directory
+                    tail = log.read_text(errors="replace").splitlines()[-40:]
+                    print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
-    report = summarise(args, runs)
+    report = summarise(args, job(args, model, 1), runs)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
     for r in report["runs"]:
@@ -137,10 +108,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def device() -> str:
-    import torch
+def local_model(args: argparse.Namespace, tmp: Path) -> str:
+    """A random-weight checkpoint (`--tiny` or `--shape`) that the trainer and the generators may read."""
+    if args.tiny:
+        model = tiny_model(tmp / "tiny")
+    else:
+        from bench.model_shapes import build
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if common.card() != "cpu" else "cpu"
+        model = build(args.shape, tmp, device, "bfloat16", 0, False)["path"]
+    roots = [str(tmp), str(ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
+    os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
+    return model
 
 
 def tiny_model(out: Path) -> str:
@@ -150,18 +129,11 @@ def tiny_model(out: Path) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = crucible_models.load_tokenizer()
+    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
     config = AutoConfig.for_model(
-        "qwen2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+        "qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(tokenizer), **ids,
+    )  # fmt: skip
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -169,88 +141,11 @@ def tiny_model(out: Path) -> str:
 
 
 def job(args: argparse.Namespace, model: str, n: int) -> Any:
-    """The GRPO job of every N: the race's (recipes/grpo_smollm2.yaml) at this batch, over N ranks."""
-    sets = [f"model.base={model}", f"optim.steps={args.steps + 1}", "eval=null"]
-    sets += [f"optim.problems_per_step={args.prompts}", f"rollout.max_tokens={args.max_tokens}"]
-    sets += [f"optim.micro_batch={args.micro_batch}", f"method.group_size={args.group}"]
-    sets += [f"method.kl_beta={args.kl_beta}"]
-    sets += [f"data.limit={max(args.prompts * (args.steps + 1), 4)}"] if args.tiny else []
+    """The job of every N: the race's with JOB (and `--tiny`'s) overrides, then `--set`, over N ranks."""
+    sets = [f"model.base={model}", *JOB, *(TINY if args.tiny else []), *args.overrides]
     # One process at N = 1 whatever the strategy (fsdp needs two ranks or more).
     sets += ["distributed=" + json.dumps({"train_gpus": n, "strategy": args.strategy if n > 1 else "ddp"})]
     return common.load_job(ROOT / "recipes" / "grpo_smollm2.yaml", sets)
-
-
-def start_generators(args: argparse.Namespace, model: str, n: int, work: Path) -> list[Any]:
-    """N generator replicas, replica i on GPU i (CPU: N processes of one thread each), at once."""
-    cuda = device() == "cuda"
-
-    def one(i: int) -> Any:
-        where = {"CUDA_VISIBLE_DEVICES": str(i)} if cuda else {"CRUCIBLE_GENERATOR_THREADS": "1"}
-        return common.spawn_generator(
-            work, model, args.generator_batch, env=where, log=f"generator-{i}.log", timeout=900
-        )
-
-    with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(one, i) for i in range(n)]
-    started, errors = [], []
-    for f in futures:
-        try:
-            started.append(f.result())
-        except Exception as exc:  # stop the ones that came up, then say why
-            errors.append(exc)
-    if errors:
-        for g in started:
-            g.stop()
-        raise errors[0]
-    return started
-
-
-def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[str, Any]:
-    """Run the job on N GPUs (N ranks, N replicas, one sandbox); its figures."""
-    from crucible_cli.spawn import start
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute
-    from crucible_trainer.settings import Settings
-
-    work.mkdir(parents=True)
-    spec = job(args, model, n)
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generators: list[Any] = []
-    try:
-        generators = start_generators(args, model, n, work)
-        settings = Settings(
-            generator_urls=[g.url for g in generators],
-            sandbox_url=sandbox.url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-            max_ranks=n,
-        )
-        job_id = f"multi-gpu-{n}"
-        started = time.perf_counter()
-        summary = execute(spec, job_id, settings, LocalChannel(job_id))
-        wall = time.perf_counter() - started
-    finally:
-        for g in generators:
-            g.stop()
-        sandbox.stop()
-    if summary.get("status") != "finished":
-        ranks = work / "jobs" / job_id / "ranks" / "torchrun.log"
-        raise RuntimeError(f"the job on {n} GPU(s) ended {summary.get('status')}: {summary} (see {ranks})")
-    lines = (work / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()
-    rows = [r for line in lines if "eval_label" not in (r := json.loads(line))]
-    timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
-    return figures(rows, n, args.prompts * args.group) | {
-        "wall_s": round(wall, 1),
-        "device": common.card(),
-        "per_step": timing,  # every step's timings, the first included (the medians skip it)
-    }
-
-
-def show_logs(work: Path, lines: int = 40) -> None:
-    """The end of every log of a failed run (its folder goes with the temporary directory)."""
-    for log in sorted(work.rglob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
 
 
 def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
@@ -265,66 +160,54 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     0.25
     """
     later = rows[1:] or rows
-    med = {k: statistics.median(r.get(m, 0.0) for r in later) for k, m in SPLIT.items()}
-    step = statistics.median(r["time/step_s"] for r in later)
+
+    def median(key: str) -> float:
+        return statistics.median(r.get(key, 0.0) for r in later)
+
+    med = {k: median(m) for k, m in SPLIT.items()}
+    step = median("time/step_s")
     rollout = med["rollout_s"] or med["generate_s"]
     other = step - rollout - med["update_s"] - med["publish_s"] - med["stale_wait_s"]
-    return {
-        "gpus": n,
-        "steps": len(later),
-        "s_per_step": step,
-        **med,
-        "other_s": round(other, 6),
-        "samples_per_s": samples / step,
-        "generate_samples_per_s": samples / med["generate_s"] if med["generate_s"] else None,
-        "update_samples_per_s": samples / med["update_s"] if med["update_s"] else None,
-        "completion_tokens_mean": statistics.mean(r.get("completion_tokens_mean", 0.0) for r in later),
-        "update_sequences": statistics.median(r.get("update/sequences", 0.0) for r in later),
-        # The update's model FLOPs per second per GPU over its time (rl/throughput.py); the fraction
-        # of the card's bf16 peak where the card is listed there.
-        **{
-            key.removeprefix("perf/"): statistics.median(r[key] for r in later)
-            for key in PERF
-            if all(key in r for r in later)
-        },
-        "update_ranks": later[-1].get("update/ranks", 1.0),
-    }
+    out = {"gpus": n, "steps": len(later), "s_per_step": step, **med, "other_s": round(other, 6)}
+    out["samples_per_s"] = samples / step
+    out["generate_samples_per_s"] = samples / med["generate_s"] if med["generate_s"] else None
+    out["update_samples_per_s"] = samples / med["update_s"] if med["update_s"] else None
+    out["completion_tokens_mean"] = statistics.mean(r.get("completion_tokens_mean", 0.0) for r in later)
+    out["update_sequences"] = median("update/sequences")
+    out |= {key.removeprefix("perf/"): median(key) for key in PERF if all(key in r for r in later)}
+    return out | {"update_ranks": later[-1].get("update/ranks", 1.0)}
 
 
-def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report: every N's figures, their speed-ups over N = 1 and the targets met or not.
+def summarise(args: argparse.Namespace, spec: Any, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report: the job, every N's figures, their speed-ups over N = 1 and the targets met or not.
 
-    >>> a = argparse.Namespace(shape=None, tiny=False, model="m", strategy="ddp", prompts=2, group=4,
-    ...                        max_tokens=8, micro_batch=4, kl_beta=0.01, generator_batch=8)
-    >>> r = summarise(a, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
+    >>> a = argparse.Namespace(shape=None, tiny=True, model="m", strategy="ddp", generator_batch=4, overrides=[])
+    >>> spec = job(a, "m", 1)
+    >>> r = summarise(a, spec, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
     ...                    "update_samples_per_s": 4.0}, {"gpus": 2, "samples_per_s": 3.8,
     ...                    "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}])
-    >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"]
-    (1.9, 1.8, True)
-    >>> summarise(a, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])["runs"][1]["target_met"] is None
+    >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"], r["batch"]
+    (1.9, 1.8, True, 8)
+    >>> summarise(a, spec, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])["runs"][1]["target_met"] is None
     True
     """
-    one = next((r for r in runs if r["gpus"] == 1 and "error" not in r), None)
+    one = next((r for r in runs if r["gpus"] == 1 and "error" not in r), {})
     for r in (r for r in runs if "error" not in r):
         for key in ("samples_per_s", "generate_samples_per_s", "update_samples_per_s"):
-            base = one.get(key) if one else None
-            r[f"speedup_{key}"] = round(r[key] / base, 3) if base and r.get(key) else None
-        r["target"] = TARGETS.get(r["gpus"])
-        speedup = r["speedup_samples_per_s"]
+            r[f"speedup_{key}"] = round(r[key] / one[key], 3) if one.get(key) and r.get(key) else None
+        r["target"], speedup = TARGETS.get(r["gpus"]), r["speedup_samples_per_s"]
         r["target_met"] = None if r["target"] is None or speedup is None else speedup >= r["target"]
-    return {
-        "model": args.shape or ("tiny" if args.tiny else args.model),
+    prompts, group = spec.optim.problems_per_step, spec.method.group_size
+    out = {"model": args.shape or ("tiny" if args.tiny else args.model), "batch": prompts * group}
+    out |= {
         "strategy": args.strategy,
-        "batch": args.prompts * args.group,
-        "prompts": args.prompts,
-        "group": args.group,
-        "max_tokens": args.max_tokens,
-        "micro_batch": args.micro_batch,
-        "kl_beta": args.kl_beta,
-        "generator_batch": args.generator_batch,
-        "targets": {str(k): v for k, v in TARGETS.items()},
-        "runs": runs,
+        "prompts": prompts,
+        "group": group,
+        "max_tokens": spec.rollout.max_tokens,
     }
+    out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": spec.method.kl_beta, "steps": spec.optim.steps}
+    out |= {"generator_batch": args.generator_batch, "overrides": args.overrides}
+    return out | {"targets": {str(k): v for k, v in TARGETS.items()}, "runs": runs}
 
 
 def row_text(r: dict[str, Any]) -> str:

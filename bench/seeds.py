@@ -1,28 +1,13 @@
-"""Every learning figure over seeds: one recipe, N seeds, one JSON file per run and a summary.
+"""Every learning figure over seeds: a recipe of recipes/learning.yaml (a job spec plus `--set`
+overrides), run once per seed by `bench/grpo_race.py` (`--parallel K` at once, each with its own
+sandbox and 64-row generator), one JSON file per run under `<out>/<card>/learning/`, then a summary
+(mean ± standard deviation over seeds) and paired comparisons of two recipes by seed.
 
-A recipe is a job spec plus `--set` overrides (recipes/learning.yaml: `python bench/seeds.py list`
-prints each with the command it runs). `run` starts one `bench/grpo_race.py` process per seed with
-the recipe's spec and overrides, `--set seed=S --set data.seed=S` and those of `--steps`,
-`--eval-tasks` and `--model` when given (each run with its own sandbox and 64-row generator;
-`--parallel K` of them at once, which one GPU holds: see docs/benchmarks.md), and writes, as each
-run ends, `<out>/<card>/learning/<recipe>-seed<S>.json`: an object with `recipe`, `seed`, `before`
-and `after` (greedy pass@1 on the evaluated MBPP test tasks, as fractions, from the job's own
-evaluation), `humaneval_before`/`humaneval_after` (recipes with `humaneval`), `steps`, `wall_s`,
-`model`, `command`, and what `grpo_race.py --json` wrote (per-step metrics, timing, the job spec);
-every evaluation report (each answer with its verdict) under `reports/<recipe>-seed<S>/`. Then
-`<recipe>-summary.json` and `.md`: mean +- standard deviation (n - 1) and the per-seed values.
-`compare A B` pairs two recipes' runs by seed (the same seeds give both recipes the same problems
-in the same order) and writes `compare-<A>-vs-<B>.json`.
-
-Usage:
   python bench/seeds.py list
-  python bench/seeds.py run RECIPE [--seeds 0 1 2] [--parallel 3] [--card gpu-h100] [--out docs/results]
-                        [--steps N] [--eval-tasks N] [--model NAME] [-- more grpo_race.py arguments]
-  python bench/seeds.py summary RECIPE [--card ...] [--out ...]
-  python bench/seeds.py compare RECIPE_A RECIPE_B [--card ...] [--out ...]
-
-On the GPU machine: `bash bench/gpu.sh seeds RECIPE ...` (results under $OUT/results/).
-A tiny CPU run (about a minute a seed): `python bench/seeds.py run tiny --seeds 0 1 --card cpu --out /tmp/seeds`.
+  python bench/seeds.py run RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [--eval-tasks N]
+                        [--model NAME] [--card gpu-h100] [--out docs/results] [-- grpo_race.py arguments]
+  python bench/seeds.py summary RECIPE
+  python bench/seeds.py compare RECIPE_A RECIPE_B   # e.g. overlap-s0 overlap-s1: samples/s and pass@1
 """
 
 from __future__ import annotations
@@ -42,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RECIPES, card, recipes  # noqa: E402
+from bench.common import RECIPES, card, recipes, samples_per_s  # noqa: E402
 
 RACE = ROOT / "bench" / "grpo_race.py"
 
@@ -50,10 +35,12 @@ RACE = ROOT / "bench" / "grpo_race.py"
 def card_name() -> str:
     """`gpu-h100`, `gpu-h200`, ... for the visible GPU, else `cpu`."""
     name = card().lower()
-    if name == "cpu":
-        return name
-    known = next((model for model in ("h100", "h200", "a100", "l40s") if model in name), None)
-    return f"gpu-{known}" if known else "gpu-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
+    known = next((m for m in ("h100", "h200", "a100", "l40s") if m in name), None)
+    return (
+        name
+        if name == "cpu"
+        else "gpu-" + (known or "".join(c if c.isalnum() else "-" for c in name).strip("-"))
+    )
 
 
 def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) -> list[str]:
@@ -70,44 +57,37 @@ def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) 
     if args.eval_tasks is not None:  # 0: no evaluation
         sets += [f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null"]
     sets += [f"model.base={args.model}"] if args.model else []
-    flags = [f for f in ("sft_first", "humaneval") if recipe.get(f)]
-    out = [recipe["spec"]] + [part for s in sets for part in ("--set", s)]
-    return out + ["--" + f.replace("_", "-") for f in flags] + ["--generator-rows", "64"]
+    flags = ["--" + f.replace("_", "-") for f in ("sft_first", "humaneval") if recipe.get(f)]
+    return [recipe["spec"], *(part for s in sets for part in ("--set", s)), *flags, "--generator-rows", "64"]
 
 
 def record(recipe: str, seed: int, race: dict[str, Any], command: list[str], wall_s: float) -> dict[str, Any]:
     """One run's result file from what `grpo_race.py --json` wrote.
 
-    >>> race = {"rows": [{"step": 1}, {"step": 2}], "eval": {"before": {"greedy_pass@1": 0.036},
-    ...         "after": {"greedy_pass@1": 0.07}}}
+    >>> race = {"rows": [{"step": 1, "samples": 8, "time/step_s": 2.0}, {"step": 2, "samples": 8,
+    ...         "time/step_s": 2.0}], "eval": {"before": {"greedy_pass@1": 0.036}, "after": {"greedy_pass@1": 0.07}}}
     >>> r = record("pre", 1, race, ["python", "bench/grpo_race.py"], 12.5)
-    >>> r["recipe"], r["seed"], r["before"], r["after"], r["steps"], r["wall_s"], r["command"]
-    ('pre', 1, 0.036, 0.07, 2, 12.5, 'python bench/grpo_race.py')
+    >>> r["recipe"], r["seed"], r["before"], r["after"], r["steps"], r["samples_per_s"], r["command"]
+    ('pre', 1, 0.036, 0.07, 2, 4.0, 'python bench/grpo_race.py')
     """
     evals = race.get("eval") or {}
-
-    def score(label: str) -> float | None:
-        found = evals.get(label) or {}
-        return found.get("greedy_pass@1")
-
-    after = evals.get("after") or {}
+    score = {label: (evals.get(label) or {}).get("greedy_pass@1") for label in evals}
     out = {
         "recipe": recipe,
         "seed": seed,
-        "before": score("before"),
-        "after": score("after"),
-        "eval_tasks": after.get("problems"),
+        "before": score.get("before"),
+        "after": score.get("after"),
+        "eval_tasks": (evals.get("after") or {}).get("problems"),
         "steps": len(race.get("rows", [])),
+        "samples_per_s": samples_per_s(race.get("rows", [])),
         "wall_s": round(wall_s, 1),
         "command": shlex.join(command),
+        **({"sft": score["sft"]} if "sft" in evals else {}),
+        "model": race.get("model") or (race.get("job") or {}).get("model", {}).get("base"),
     }
-    if "sft" in evals:
-        out["sft"] = score("sft")
-    out["model"] = race.get("model") or (race.get("job") or {}).get("model", {}).get("base")
-    humaneval = race.get("humaneval") or {}
-    for label in ("before", "after"):
-        if label in humaneval:
-            out[f"humaneval_{label}"] = humaneval[label].get("greedy_pass@1")
+    for label, found in (race.get("humaneval") or {}).items():
+        if label in ("before", "after"):
+            out[f"humaneval_{label}"] = found.get("greedy_pass@1")
     return out | {"race": race}
 
 
@@ -117,9 +97,11 @@ def mean_std(values: list[float]) -> dict[str, float | None]:
     >>> mean_std([0.04, 0.06, 0.08])
     {'mean': 0.06, 'std': 0.02, 'n': 3}
     """
-    mean = round(statistics.fmean(values), 6)
     std = round(statistics.stdev(values), 6) if len(values) > 1 else None
-    return {"mean": mean, "std": std, "n": len(values)}
+    return {"mean": round(statistics.fmean(values), 6), "std": std, "n": len(values)}
+
+
+FIELDS = ["before", "sft", "after", "humaneval_before", "humaneval_after", "samples_per_s", "wall_s"]
 
 
 def summarise(recipe: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,65 +117,43 @@ def summarise(recipe: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"recipe": recipe, "seeds": [r["seed"] for r in done]}
     if not done:
         return out
-    fields = {
-        "before": [r["before"] for r in done if r["before"] is not None],
-        "after": [r["after"] for r in done],
-        "gain": [r["after"] - r["before"] for r in done if r["before"] is not None],
-        "ratio": [r["after"] / r["before"] for r in done if r["before"]],
-        "wall_s": [r["wall_s"] for r in done],
-        "humaneval_before": [r["humaneval_before"] for r in done if r.get("humaneval_before") is not None],
-        "humaneval_after": [r["humaneval_after"] for r in done if r.get("humaneval_after") is not None],
-    }
-    if any("sft" in r for r in done):
-        fields["sft"] = [r["sft"] for r in done if r.get("sft") is not None]
-    for name, values in fields.items():
-        if values:
-            out[name] = mean_std(values)
-    out["per_seed"] = [
-        {
-            k: r.get(k)
-            for k in (
-                "seed",
-                "before",
-                "sft",
-                "after",
-                "humaneval_before",
-                "humaneval_after",
-                "steps",
-                "wall_s",
-            )
-        }
-        for r in done
-    ]
+    values = {k: [r[k] for r in done if r.get(k) is not None] for k in FIELDS}
+    values["gain"] = [r["after"] - r["before"] for r in done if r["before"] is not None]
+    values["ratio"] = [r["after"] / r["before"] for r in done if r["before"]]
+    out |= {name: mean_std(v) for name, v in values.items() if v}
+    out["per_seed"] = [{k: r.get(k) for k in ("seed", *FIELDS[:5], "steps", "wall_s")} for r in done]
     out["model"] = sorted({str(r.get("model")) for r in done})
     out["eval_tasks"] = sorted({r.get("eval_tasks") for r in done}, key=str)
-    out["single_seed"] = len(done) == 1
-    return out
+    return out | {"single_seed": len(done) == 1}
 
 
 def compare(a: str, runs_a: list[dict[str, Any]], b: str, runs_b: list[dict[str, Any]]) -> dict[str, Any]:
-    """`b` against `a`, paired by seed: the per-seed differences of `after` and their mean +- std.
+    """`b` against `a`, paired by seed: the per-seed differences of `after` and ratios of samples/s.
 
-    >>> pa = [{"seed": 0, "after": 0.05}, {"seed": 1, "after": 0.06}, {"seed": 2, "after": 0.05}]
-    >>> pb = [{"seed": 0, "after": 0.07}, {"seed": 1, "after": 0.07}, {"seed": 3, "after": 0.2}]
+    >>> pa = [{"seed": 0, "after": 0.05, "samples_per_s": 10.0}, {"seed": 1, "after": 0.06}]
+    >>> pb = [{"seed": 0, "after": 0.07, "samples_per_s": 14.0}, {"seed": 1, "after": 0.07}, {"seed": 3, "after": 0.2}]
     >>> c = compare("grpo", pa, "pre", pb)
-    >>> c["seeds"], c["difference"]["mean"], c["b_better"]
-    ([0, 1], 0.015, 2)
+    >>> c["seeds"], c["difference"]["mean"], c["b_better"], c["samples_per_s_ratio"]
+    ([0, 1], 0.015, 2, {'mean': 1.4, 'std': None, 'n': 1})
     """
     by_a = {r["seed"]: r for r in runs_a if r.get("after") is not None}
     by_b = {r["seed"]: r for r in runs_b if r.get("after") is not None}
     seeds = sorted(by_a.keys() & by_b.keys())
     diffs = [round(by_b[s]["after"] - by_a[s]["after"], 6) for s in seeds]
+    speeds = [(by_a[s].get("samples_per_s"), by_b[s].get("samples_per_s")) for s in seeds]
+    ratios = [round(vb / va, 6) for va, vb in speeds if va and vb]
+    per_seed = [
+        {"seed": s, "a": by_a[s]["after"], "b": by_b[s]["after"], "b_minus_a": d}
+        for s, d in zip(seeds, diffs, strict=True)
+    ]
     return {
         "a": a,
         "b": b,
         "seeds": seeds,
-        "per_seed": [
-            {"seed": s, "a": by_a[s]["after"], "b": by_b[s]["after"], "b_minus_a": d}
-            for s, d in zip(seeds, diffs, strict=True)
-        ],
+        "per_seed": per_seed,
         "difference": mean_std(diffs) if diffs else None,
         "b_better": sum(d > 0 for d in diffs),
+        "samples_per_s_ratio": mean_std(ratios) if ratios else None,
     }
 
 
@@ -204,21 +164,16 @@ def markdown(summary: dict[str, Any], described: str) -> str:
         v = summary.get(key)
         if not v:
             return "-"
-        std = f" ± {100 * v['std']:.1f}" if v["std"] is not None else " (1 seed)"
-        return f"{100 * v['mean']:.1f}%{std}"
+        return f"{100 * v['mean']:.1f}%" + (
+            f" ± {100 * v['std']:.1f}" if v["std"] is not None else " (1 seed)"
+        )
 
-    per_seed = ", ".join(f"{100 * r['after']:.1f}" for r in summary.get("per_seed", []))
     wall = summary.get("wall_s", {}).get("mean")
-    return (
-        f"| {summary['recipe']} ({described}) | {len(summary['seeds'])} | {pm('before')} | {pm('after')} | "
-        f"{pm('gain')} | {per_seed} | {wall:.0f} s |\n"
-        if wall is not None
-        else f"| {summary['recipe']} ({described}) | 0 | - | - | - | - | - |\n"
-    )
-
-
-def results_dir(args: argparse.Namespace) -> Path:
-    return Path(args.out) / (args.card or card_name()) / "learning"
+    if wall is None:
+        return f"| {summary['recipe']} ({described}) | 0 | - | - | - | - | - |\n"
+    per_seed = ", ".join(f"{100 * r['after']:.1f}" for r in summary.get("per_seed", []))
+    cells = [str(len(summary["seeds"])), pm("before"), pm("after"), pm("gain"), per_seed, f"{wall:.0f} s"]
+    return f"| {summary['recipe']} ({described}) | " + " | ".join(cells) + " |\n"
 
 
 def load_runs(folder: Path, recipe: str) -> list[dict[str, Any]]:
@@ -233,17 +188,15 @@ def write_summary(folder: Path, recipe: str) -> dict[str, Any]:
     return summary
 
 
-def run_one(recipe: str, seed: int, race: list[str], folder: Path, log_dir: Path) -> dict[str, Any] | None:
+def run_one(recipe: str, seed: int, race: list[str], folder: Path) -> dict[str, Any] | None:
     """One seed of the recipe through grpo_race.py; its result file, or None if the run failed."""
     out = Path(tempfile.mkdtemp(prefix=f"seeds-{recipe}-{seed}-")) / "race.json"
-    script = RACE.relative_to(ROOT) if RACE.is_relative_to(ROOT) else RACE
-    keep = folder / "reports" / f"{recipe}-seed{seed}"
-    command = [sys.executable, str(script), *race]
-    log = log_dir / f"{recipe}-seed{seed}.log"
+    command = [sys.executable, str(RACE.relative_to(ROOT) if RACE.is_relative_to(ROOT) else RACE), *race]
+    keep = ["--keep-reports", str(folder / "reports" / f"{recipe}-seed{seed}"), "--json", str(out)]
+    log = folder / "logs" / f"{recipe}-seed{seed}.log"
     started = time.perf_counter()
     with log.open("w") as handle:
-        run = [*command, "--keep-reports", str(keep), "--json", str(out)]
-        done = subprocess.run(run, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        done = subprocess.run([*command, *keep], cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
     if done.returncode != 0 or not out.exists():
         print(f"{recipe} seed {seed}: failed (exit {done.returncode}); log: {log}", flush=True)
@@ -260,14 +213,11 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     known = recipes(RECIPES)
     if args.recipe not in known:
         raise SystemExit(f"unknown recipe {args.recipe!r}: one of {', '.join(known)} ({RECIPES})")
-    folder = results_dir(args)
-    folder.mkdir(parents=True, exist_ok=True)
-    logs = folder / "logs"
-    logs.mkdir(exist_ok=True)
+    folder = args.folder
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
 
     def one(seed: int) -> dict[str, Any] | None:
-        race = race_arguments(known[args.recipe], args, seed) + extra
-        return run_one(args.recipe, seed, race, folder, logs)
+        return run_one(args.recipe, seed, race_arguments(known[args.recipe], args, seed) + extra, folder)
 
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
         results = list(pool.map(one, args.seeds))
@@ -293,27 +243,23 @@ def main() -> None:
     parser.add_argument("--card", default=None, help="results folder name (default: the GPU's, or cpu)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     args = parser.parse_args(argv)
+    args.folder = Path(args.out) / (args.card or card_name()) / "learning"
     if args.verb == "list":
         for name, recipe in recipes(RECIPES).items():
-            race = race_arguments(recipe, args, 0)
-            print(
-                f"{name:18} {recipe.get('about', '')}\n{'':18} python bench/grpo_race.py {shlex.join(race)}"
-            )
+            race = shlex.join(race_arguments(recipe, args, 0))
+            print(f"{name:18} {recipe.get('about', '')}\n{'':18} python bench/grpo_race.py {race}")
         return
+    if len(args.recipe) != (2 if args.verb == "compare" else 1):
+        raise SystemExit(f"{args.verb} takes {'two recipes' if args.verb == 'compare' else 'one recipe'}")
     if args.verb == "compare":
-        if len(args.recipe) != 2:
-            raise SystemExit("compare takes two recipes")
-        folder = results_dir(args)
         a, b = args.recipe
-        result = compare(a, load_runs(folder, a), b, load_runs(folder, b))
-        (folder / f"compare-{a}-vs-{b}.json").write_text(json.dumps(result, indent=1))
+        result = compare(a, load_runs(args.folder, a), b, load_runs(args.folder, b))
+        (args.folder / f"compare-{a}-vs-{b}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
         return
-    if len(args.recipe) != 1:
-        raise SystemExit(f"{args.verb} takes one recipe")
     args.recipe = args.recipe[0]
     if args.verb == "summary":
-        print(json.dumps(write_summary(results_dir(args), args.recipe), indent=1))
+        print(json.dumps(write_summary(args.folder, args.recipe), indent=1))
         return
     raise SystemExit(cmd_run(args, extra))
 

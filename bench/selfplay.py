@@ -1,38 +1,30 @@
-"""Self-play figures (SPIRAL) on one GPU in a fixed budget: the code-output game and tic-tac-toe,
-each with role-conditioned advantages (RAE) and with one shared baseline (the ablation).
+"""Self-play figures (SPIRAL) in a fixed budget: the runs of recipes/selfplay.yaml, tic-tac-toe and the
+code-output game, each with role-conditioned advantages (RAE) and with one shared baseline.
 
-Starts one sandbox, and one generator per game job and one for the evaluation (a 135M model leaves
-an H100 mostly idle, so the runs share it concurrently; sharing one generator, five streams of short
-game turns of different adapters queued behind each other's batches), runs every game job as its
-own process, and evaluates the base model's MBPP-test greedy pass@1 meanwhile through the one
-evaluation path (an eval job). Each
-job plays arena games against fixed opponents every `--arena-every` steps (tic-tac-toe: the random
-player and the frozen base; code-output: the frozen base), evaluates MBPP-test greedy pass@1 halfway
-and after training (transfer), and logs per-role returns, win and illegal-move rates, predictor
-accuracy, writer invalid rate and the mean squared advantage under both baselines.
+Each run is `crucible train --local` of its recipe (plus `--set` overrides for all), `--parallel` at a
+time, each with a generator of its own (the runs share one GPU; one shared generator would queue their
+short turns behind each other's batches), interrupted like a Ctrl-C at `--deadline-s` (its figures so
+far kept, marked partial). Meanwhile an evaluation job gives the base model's MBPP-test greedy pass@1.
+Writes `--json` (every run's metric series, MBPP before / halfway / after, RAE against shared) and into
+`--out-dir` each run's metrics.jsonl, games.md and curve, and `selfplay.png`.
 
-Writes `--json` (every run's metric series, the MBPP figures before / halfway / after, the RAE vs
-shared comparison, timings) and, into `--out-dir`, each run's metrics.jsonl, games.md and
-learning curve plus `selfplay.png` (the runs side by side). A run still going at `--deadline-s`
-is cancelled (its figures so far are kept, marked partial), so the JSON is always written.
-
-Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared]
-           [--ttt-steps 36] [--code-steps 26] [--games 32] [--arena-every 5] [--eval-tasks 500]
-           [--deadline-s 720] [--parallel 2] [--json out.json] [--out-dir dir]
+Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared] [--set FIELD=VALUE ...]
+           [--eval-tasks 500] [--deadline-s 720] [--parallel 2] [--json out.json] [--out-dir dir]
        python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,125 +33,70 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import card, load_job, run_job  # noqa: E402
+from bench.common import card, load_job, recipes, run_job, services, spawn_generator  # noqa: E402
 
-RUNS = {  # name -> (game, baseline)
-    "ttt-role": ("tictactoe", "role"),
-    "ttt-shared": ("tictactoe", "shared"),
-    "code-role": ("code_output", "role"),
-    "code-shared": ("code_output", "shared"),
-}
+RUNS = ROOT / "recipes" / "selfplay.yaml"
+TINY = ["optim.steps=2", "method.games_per_step=2", "method.arena.every=1", "method.arena.games=2"]
+TINY += ["optim.micro_batch=8", "eval.every=1"]
 SERIES = [  # metric patterns kept per step in the JSON (`*`: any role or opponent)
     "role/", "arena/", "game/", "rae/", "reward_mean", "samples", "completion_tokens_mean",
     "update/sequences", "time/step_s", "time/generate_s", "time/train_s", "eval/greedy_pass@1",
 ]  # fmt: skip
+PANELS = {
+    "role/*/win_rate": "self-play win rate per role",
+    "role/*/illegal_rate": "illegal answers per role",
+    "arena/*/win_rate": "win rate vs fixed opponents",
+    "arena/base/*/win_rate": "vs frozen base, per learner role",
+    "game/predictor_accuracy": "predictor accuracy (self-play)",
+    "game/writer_invalid_rate": "writer invalid rate",
+    "rae/advantage_sq_*": "mean squared advantage",
+    "eval/greedy_pass@1": "MBPP-test greedy pass@1",
+}
 
 
 def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The run's job: examples/spiral_<game>.yaml with this benchmark's budget as `--set` overrides."""
-    game, baseline = RUNS[name]
-    ttt = game == "tictactoe"
-    steps = args.ttt_steps if ttt else args.code_steps
-    evaluation = {"data": {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}, "max_tokens": 256}
-    evaluation |= {"before": False, "every": steps // 2}  # before: the base model's eval job, once
-    sets = [f"name={name}", f"method.games_per_step={args.games}", f"method.baseline={baseline}"]
-    sets += [f"method.arena.every={args.arena_every}", f"method.arena.games={args.arena_games}"]
-    sets += [f"model.base={args.model}", "model.gradient_checkpointing=false"]
-    sets += [f"rollout.max_tokens={args.ttt_tokens if ttt else args.code_tokens}", f"optim.lr={args.lr}"]
-    sets += [f"optim.steps={steps}", f"optim.micro_batch={args.micro_batch}", "publish.stale_tolerance=0.25"]
-    sets += ["eval=" + (json.dumps(evaluation) if args.eval_tasks else "null"), "checkpoint.every=100000"]
-    sets += ["logging={wandb_mode: disabled, samples_every: 0}", f"seed={args.seed}"]
-    return load_job(ROOT / "examples" / f"spiral_{game}.yaml", sets).model_dump(mode="json")
+    """The run's job: its recipe, then `--tiny`'s budget, the model, the evaluation tasks, `--set`."""
+    recipe, tokens = recipes(RUNS)[name], 8 if name.startswith("ttt") else 48
+    sets = [*recipe["set"], *([*TINY, f"rollout.max_tokens={tokens}"] if args.tiny else [])]
+    sets += [
+        f"model.base={args.model}",
+        f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null",
+    ]
+    return load_job(ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
 
 
-# -- one run, as its own process ---------------------------------------------------------------------
-
-
-def child(args: argparse.Namespace) -> None:
-    """Run one job in this process (exactly what a worker runs), cancelled at its deadline."""
-    from crucible_shared.jobs import TrainJob
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.settings import Settings
-    from crucible_trainer.train import run_train_job
-
-    spec = TrainJob.model_validate_json(Path(args.child_spec).read_text())
-    work = Path(args.work)
-    settings = Settings(
-        generator_urls=[args.generator],
-        sandbox_url=args.sandbox,
-        adapter_dir=work / "adapters",
-        runs_dir=work / "jobs",
-    )
-    channel = LocalChannel(args.child)
-    deadline = threading.Timer(max(1.0, args.child_deadline - time.time()), channel.cancel)
-    deadline.daemon = True
-    deadline.start()
-    started = time.perf_counter()
-    summary = asyncio.run(run_train_job(spec, args.child, settings, channel))
-    summary["wall_s"] = time.perf_counter() - started
-    (work / f"{args.child}.summary.json").write_text(json.dumps(summary, indent=1, default=str))
-
-
-# -- the set ------------------------------------------------------------------------------------------
-
-
-def base_eval(generator: str, sandbox: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The base model's MBPP-test greedy pass@1, through an eval job (the one evaluation path)."""
-    from crucible_shared.jobs import EvalJob
-    from crucible_trainer.settings import Settings
-
-    spec = EvalJob(
-        model={"base": args.model},
-        data={"dataset": "mbpp", "split": "test", "limit": args.eval_tasks},
-        max_tokens=256,
-    )
-    settings = Settings(
-        generator_urls=[generator], sandbox_url=sandbox, adapter_dir=work / "adapters", runs_dir=work / "jobs"
-    )
-    summary = run_job(spec, "before", settings)
-    return {**summary.get("eval", {}), "wall_s": summary["wall_s"]}
-
-
-def collect(name: str, work: Path, out_dir: Path | None, spec: dict[str, Any]) -> dict[str, Any]:
-    run_dir = work / "jobs" / name
-    summary_path = work / f"{name}.summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"status": "lost"}
-    rows = []
-    if (run_dir / "metrics.jsonl").exists():
-        rows = [
-            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
-        ]
-    steps = [r for r in rows if "games" in r]
+def collect(
+    name: str, run_dir: Path, out_dir: Path | None, spec: dict[str, Any], wall: float
+) -> dict[str, Any]:
+    """One run's figures from its run dir (what it wrote, also when it was interrupted)."""
+    summary = run_dir / "summary.json"
+    status = json.loads(summary.read_text()).get("status") if summary.exists() else "lost"
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    rows = [json.loads(line) for line in lines if line.strip()]
+    steps, evals = [r for r in rows if "games" in r], {r["eval_label"]: r for r in rows if "eval_label" in r}
+    by_step = lambda label: evals[label]["step"]  # noqa: E731
     series: dict[str, list[list[float]]] = {}
     for r in rows:  # training steps and the evaluations (halfway, after)
         for key, value in r.items():
-            if isinstance(value, int | float) and any(key.startswith(p) for p in SERIES):
+            if isinstance(value, int | float) and key.startswith(tuple(SERIES)):
                 series.setdefault(key, []).append([r["step"], value])
-    evals = {r["eval_label"]: r for r in rows if "eval_label" in r}
     last = steps[-5:]
-    final = {
-        key: statistics.fmean(r[key] for r in last if key in r)
-        for key in sorted({k for r in last for k in r})
-        if any(key.startswith(p) for p in ("role/", "game/", "rae/")) and any(key in r for r in last)
-    }
+    keys = sorted({k for r in last for k in r if k.startswith(("role/", "game/", "rae/"))})
     if out_dir is not None and run_dir.exists():
-        target = out_dir / name
-        target.mkdir(parents=True, exist_ok=True)
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
         for file in ("metrics.jsonl", "games.md", "learning_curve.png", "summary.json"):
             if (run_dir / file).exists():
-                shutil.copy(run_dir / file, target / file)
+                shutil.copy(run_dir / file, out_dir / name / file)
     return {
         "spec": spec,
-        "status": summary.get("status"),
-        "partial": summary.get("status") != "finished",
+        "status": status,
+        "partial": status != "finished",
         "steps_done": len(steps),
-        "wall_s": summary.get("wall_s"),
+        "wall_s": wall,
         "median_step_s": statistics.median(r["time/step_s"] for r in steps) if steps else None,
-        "mbpp_greedy_pass@1": {
-            label: evals[label].get("eval/greedy_pass@1")
-            for label in sorted(evals, key=lambda k: evals[k]["step"])
-        },
-        "final_5_steps": final,
+        "mbpp_greedy_pass@1": {k: evals[k].get("eval/greedy_pass@1") for k in sorted(evals, key=by_step)},
+        "final_5_steps": {k: statistics.fmean(r[k] for r in last if k in r) for k in keys},
         "series": series,
     }
 
@@ -171,34 +108,26 @@ def compare(runs: dict[str, Any]) -> dict[str, Any]:
         pair = {b: runs.get(f"{prefix}-{b}") for b in ("role", "shared")}
         if not all(pair.values()):
             continue
-        row: dict[str, Any] = {}
+        out[game] = {}
         for baseline, run in pair.items():
             series = run["series"]
 
-            def mean_of(key: str, series: dict = series) -> float | None:
-                points = series.get(key, [])
-                return statistics.fmean(v for _, v in points) if points else None
+            def mean(key: str, series: dict = series) -> float | None:
+                return statistics.fmean(v for _, v in series[key]) if series.get(key) else None
 
-            def last_of(key: str, series: dict = series) -> float | None:
-                points = series.get(key, [])
-                return points[-1][1] if points else None
+            def ends(key: str, series: dict = series) -> list[float | None]:
+                points = series.get(key) or [[None, None]]
+                return [points[0][1], points[-1][1]]
 
-            def first_of(key: str, series: dict = series) -> float | None:
-                points = series.get(key, [])
-                return points[0][1] if points else None
-
-            arena = sorted(
-                {k for k in series if k.startswith("arena/") and k.count("/") == 2 and k.endswith("win_rate")}
-            )
-            row[baseline] = {
-                "advantage_sq_trained": mean_of(f"rae/advantage_sq_{baseline}"),
-                "advantage_sq_role_shadow": mean_of("rae/advantage_sq_role"),
-                "advantage_sq_shared_shadow": mean_of("rae/advantage_sq_shared"),
-                "illegal_rate_first_last": [first_of("game/illegal_rate"), last_of("game/illegal_rate")],
-                "arena_win_rate_first_last": {k: [first_of(k), last_of(k)] for k in arena},
+            arena = sorted(k for k in series if re.fullmatch(r"arena/[^/]+/win_rate", k))
+            out[game][baseline] = {
+                "advantage_sq_trained": mean(f"rae/advantage_sq_{baseline}"),
+                "advantage_sq_role_shadow": mean("rae/advantage_sq_role"),
+                "advantage_sq_shared_shadow": mean("rae/advantage_sq_shared"),
+                "illegal_rate_first_last": ends("game/illegal_rate"),
+                "arena_win_rate_first_last": {k: ends(k) for k in arena},
                 "mbpp_greedy_pass@1": run["mbpp_greedy_pass@1"],
             }
-        out[game] = row
     return out
 
 
@@ -208,31 +137,17 @@ def plot(runs: dict[str, Any], path: Path, before: dict[str, Any] | None) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [
-        ("role/*/win_rate", "self-play win rate per role"),
-        ("role/*/illegal_rate", "illegal answers per role"),
-        ("arena/*/win_rate", "win rate vs fixed opponents"),
-        ("arena/base/*/win_rate", "vs frozen base, per learner role"),
-        ("game/predictor_accuracy", "predictor accuracy (self-play)"),
-        ("game/writer_invalid_rate", "writer invalid rate"),
-        ("rae/advantage_sq_*", "mean squared advantage"),
-        ("eval/greedy_pass@1", "MBPP-test greedy pass@1"),
-    ]
-    import re
-
     fig, axes = plt.subplots(2, 4, figsize=(20, 8))
-    for ax, (pattern, title) in zip(axes.flat, panels, strict=True):
+    for ax, (pattern, title) in zip(axes.flat, PANELS.items(), strict=True):
         match = re.compile("^" + re.escape(pattern).replace(r"\*", "([^/]+)") + "$")
         for name, run in runs.items():
             for key, points in sorted(run["series"].items()):
-                found = match.match(key)
-                if found and points:
+                if (found := match.match(key)) and points:
                     label = f"{name} {found.group(1)}" if found.groups() else name
                     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=2, label=label)
         if pattern.startswith("eval/") and before and before.get("greedy_pass@1") is not None:
             ax.plot([0], [before["greedy_pass@1"]], marker="s", color="black", label="base (before)")
-        ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set(title=title, xlabel="step")
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=6)
@@ -241,165 +156,109 @@ def plot(runs: dict[str, Any], path: Path, before: dict[str, Any] | None) -> Non
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: " + ", ".join(RUNS))
-    parser.add_argument("--ttt-steps", type=int, default=36)
-    parser.add_argument("--code-steps", type=int, default=26)
-    parser.add_argument("--games", type=int, default=32, help="games per training step")
-    parser.add_argument("--arena-every", type=int, default=5)
-    parser.add_argument("--arena-games", type=int, default=32, help="games per fixed opponent")
-    parser.add_argument("--ttt-tokens", type=int, default=32, help="max new tokens of a tic-tac-toe turn")
-    parser.add_argument("--code-tokens", type=int, default=160, help="max new tokens of a code-output turn")
-    parser.add_argument("--eval-tasks", type=int, default=500, help="MBPP test tasks (0: no MBPP evaluation)")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--micro-batch", type=int, default=32)
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--parallel",
-        type=int,
-        default=2,
-        help="runs at once (0: all); four trainers beside five generators overfill an 80 GB card",
-    )
-    parser.add_argument(
-        "--deadline-s", type=float, default=720, help="cancel runs still going this long after the start"
-    )
-    parser.add_argument(
-        "--tiny", action="store_true", help="a CPU smoke run: 2 steps of 2 games, short turns"
-    )
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--out-dir", type=Path)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--child-spec", help=argparse.SUPPRESS)
-    parser.add_argument("--child-deadline", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--work", help=argparse.SUPPRESS)
-    parser.add_argument("--generator", help=argparse.SUPPRESS)
-    parser.add_argument("--sandbox", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args)
-        return
-    if args.tiny:
-        args.ttt_steps = args.code_steps = 2
-        args.games, args.arena_every, args.arena_games = 2, 1, 2
-        args.ttt_tokens, args.code_tokens, args.eval_tasks, args.micro_batch = 8, 48, 2, 8
-    names = [n for n in args.runs.split(",") if n]
-    unknown = set(names) - set(RUNS)
-    if unknown:
-        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
-
-    from crucible_cli.spawn import start
-
-    t0 = time.perf_counter()
-    deadline = time.time() + args.deadline_s
-    work = Path(tempfile.mkdtemp(prefix="crucible-selfplay-"))
-    cuda = card() != "cpu"
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator_env = {
-        "CRUCIBLE_GENERATOR_MODEL": args.model,
-        "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "128" if cuda else "32",
-        "CRUCIBLE_GENERATOR_MAX_LORAS": "8",
-        "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-        **({} if cuda else {"CRUCIBLE_GENERATOR_DEVICE": "cpu"}),
-    }
-    # Game turns are short and a step plays `--games` games: 64 rows of 1,024 slots each (a quarter
-    # of the evaluation generator's KV cache), so five generators leave room for two trainers
-    # (`--parallel 2`; a trainer takes ~16 GiB at micro-batch 32) on one 80 GB card.
-    game_env = (
-        {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "64", "CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"}
-        if cuda
-        else {}
-    )
-    with ThreadPoolExecutor(len(names) + 1) as pool:  # start them side by side
-        futures = {
-            key: pool.submit(
-                start,
-                "crucible_generator",
-                {**generator_env, **(game_env if key != "eval" else {})},
-                "CRUCIBLE_GENERATOR_PORT",
-                log=work / f"generator-{key}.log",
-                timeout=600,
-            )
-            for key in [*names, "eval"]
-        }
-        generators = {key: future.result() for key, future in futures.items()}
-    started_s = time.perf_counter() - t0
-    print(f"services up in {started_s:.0f} s (work dir {work})", flush=True)
-    specs = {name: spec_of(name, args) for name in names}
-    procs: dict[str, subprocess.Popen] = {}
+def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, generators: dict) -> dict:
+    """Every run as `crucible train --local`, `--parallel` at a time; the base model's evaluation
+    meanwhile; a run still going at the deadline is interrupted (SIGINT), and stopped 45 s later."""
+    deadline, interrupted = time.time() + args.deadline_s, set()
+    specs, procs, started, ended = {}, {}, {}, {}  # by run name
+    env = {**os.environ, "CRUCIBLE_TRAINER_ADAPTER_DIR": str(work / "adapters")}
+    queue, width, before = list(names), args.parallel or len(names), None
     try:
-        before = None
-        queue = list(names)
-
-        def launch(name: str) -> None:
-            spec_path = work / f"{name}.spec.json"
-            spec_path.write_text(json.dumps(specs[name]))
-            cmd = [
-                sys.executable, __file__, "--child", name, "--child-spec", str(spec_path),
-                "--child-deadline", str(deadline), "--work", str(work),
-                "--generator", generators[name].url, "--sandbox", sandbox.url,
-            ]  # fmt: skip
-            procs[name] = subprocess.Popen(
-                cmd, stdout=(work / f"{name}.log").open("w"), stderr=subprocess.STDOUT
-            )
-            print(f"started {name}", flush=True)
-
-        width = args.parallel or len(queue)
-        while queue and len(procs) < width:
-            launch(queue.pop(0))
-        if args.eval_tasks:
-            before = base_eval(generators["eval"].url, sandbox.url, work, args)
-            print("before:", json.dumps(before), flush=True)
-        while any(p.poll() is None for p in procs.values()) or queue:
-            running = sum(p.poll() is None for p in procs.values())
-            if queue and running < width:
-                launch(queue.pop(0))
+        while queue or len(ended) < len(procs) or (before is None and args.eval_tasks):
+            if queue and len(procs) - len(ended) < width:
+                name = queue.pop(0)
+                specs[name] = spec_of(name, args)
+                (spec_file := work / f"{name}.json").write_text(json.dumps(specs[name]))
+                cmd = [sys.executable, "-m", "crucible_cli", "train", "--local", "-c", str(spec_file)]
+                cmd += ["--generator", generators[name].url, "--sandbox", settings.sandbox_url]
+                cmd += ["--runs-dir", str(work / "jobs"), "--job-id", name]
+                log = (work / f"{name}.log").open("w")
+                procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+                started[name] = time.perf_counter()
+                print(f"started {name}", flush=True)
                 continue
-            if time.time() > deadline + 45:  # a run that ignored its cancel: stop it
-                for p in procs.values():
-                    if p.poll() is None:
-                        p.terminate()
+            if before is None and args.eval_tasks:
+                spec = {"kind": "eval", "model": {"base": args.model}, "max_tokens": 256}
+                spec["data"] = {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}
+                summary = run_job(load_job(spec), "before", settings)
+                before = {**summary.get("eval", {}), "wall_s": summary["wall_s"]}
+                print("before:", json.dumps(before), flush=True)
+            late = time.time() - deadline
+            for name, p in procs.items():
+                if p.poll() is not None:
+                    ended.setdefault(name, time.perf_counter() - started[name])
+                elif late > 45:  # it ignored the interrupt
+                    p.terminate()
+                elif late > 0 and name not in interrupted:
+                    p.send_signal(signal.SIGINT)  # once: a second one aborts without a summary
+                    interrupted.add(name)
             time.sleep(1)
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-        for generator in generators.values():
-            generator.stop()
-        sandbox.stop()
-    out_dir = args.out_dir
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {name: collect(name, work, out_dir, specs[name]) for name in names}
-    for name, run in runs.items():
-        print(
-            f"{name}: {run['status']}, {run['steps_done']} steps, median {run['median_step_s'] or 0:.2f} s/step, "
-            f"MBPP greedy pass@1 {run['mbpp_greedy_pass@1']}",
-            flush=True,
-        )
-        for key in sorted(run["final_5_steps"]):
-            if key.endswith(("win_rate", "illegal_rate", "accuracy", "invalid_rate")) or key.startswith(
-                "rae/"
-            ):
-                print(f"  {key}: {run['final_5_steps'][key]:.3f}", flush=True)
-    result = {
-        "device": card(),
-        "total_s": time.perf_counter() - t0,
-        "services_s": started_s,
-        "args": {
-            k: v for k, v in vars(args).items() if not k.startswith("child") and k not in ("json", "out_dir")
-        },
-        "mbpp_before": before,
-        "runs": runs,
-        "rae_vs_shared": compare(runs),
-    }
-    print("rae vs shared:", json.dumps(result["rae_vs_shared"], indent=1), flush=True)
-    if out_dir is not None:
+    runs = {n: collect(n, work / "jobs" / n, args.out_dir, specs[n], ended.get(n)) for n in names}
+    return {"mbpp_before": before, "runs": runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    names = ", ".join(recipes(RUNS))
+    parser.add_argument("--runs", default=names.replace(" ", ""), help=f"comma-separated: {names}")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--eval-tasks", type=int, default=500, help="MBPP test tasks (0: no MBPP evaluation)")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    # Four trainers beside five generators overfill an 80 GB card.
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (0: all)")
+    parser.add_argument("--deadline-s", type=float, default=720, help="interrupt runs going this long")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a CPU smoke run: 2 steps of 2 games, short turns"
+    )
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--out-dir", type=Path)
+    args = parser.parse_args()
+    if args.tiny:
+        args.eval_tasks = 2
+    names = [n for n in args.runs.split(",") if n]
+    if unknown := set(names) - set(recipes(RUNS)):
+        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(recipes(RUNS))}")
+    if args.out_dir is not None:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+    t0, work, cuda = time.perf_counter(), Path(tempfile.mkdtemp(prefix="crucible-selfplay-")), card() != "cpu"
+    # Game turns are short: 64 rows of 1,024 slots each (a quarter of the evaluation generator's KV
+    # cache), so five generators leave room for two trainers (~16 GiB each at micro-batch 32) on 80 GB.
+    game_env = {"CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"} if cuda else {}
+    with services(work, args.model, 128 if cuda else 32, max_loras=8) as settings:
+
+        def game_generator(name: str) -> Any:
+            log = f"generator-{name}.log"
+            return spawn_generator(work, args.model, 64 if cuda else 32, max_loras=8, env=game_env, log=log)
+
+        with ThreadPoolExecutor(len(names)) as pool:  # side by side
+            generators = dict(zip(names, pool.map(game_generator, names), strict=True))
+        started_s = time.perf_counter() - t0
+        print(f"services up in {started_s:.0f} s (work dir {work})", flush=True)
         try:
-            plot(runs, out_dir / "selfplay.png", before)
+            played = play(args, names, work, settings, generators)
+        finally:
+            for generator in generators.values():
+                generator.stop()
+    for name, run in played["runs"].items():
+        median = f"{run['median_step_s'] or 0:.2f} s/step"
+        print(f"{name}: {run['status']}, {run['steps_done']} steps, median {median}, MBPP greedy pass@1 "
+              f"{run['mbpp_greedy_pass@1']}", flush=True)  # fmt: skip
+        for key, value in sorted(run["final_5_steps"].items()):
+            if key.endswith(("win_rate", "illegal_rate", "accuracy", "invalid_rate")) or "rae/" in key:
+                print(f"  {key}: {value:.3f}", flush=True)
+    result = {"device": card(), "total_s": time.perf_counter() - t0, "services_s": started_s}
+    result["args"] = {k: v for k, v in vars(args).items() if k not in ("json", "out_dir")}
+    result |= {**played, "rae_vs_shared": compare(played["runs"])}
+    print("rae vs shared:", json.dumps(result["rae_vs_shared"], indent=1), flush=True)
+    if args.out_dir is not None:
+        try:
+            plot(result["runs"], args.out_dir / "selfplay.png", result["mbpp_before"])
         except ImportError as exc:  # the JSON is the result; the figure is a convenience
             print(f"no plot: {exc}", flush=True)
     if args.json:

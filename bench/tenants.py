@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,17 +29,14 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import percentile  # noqa: E402
+from bench.common import gateway, percentile  # noqa: E402
 
 KEY_A, KEY_B = "bench-tenant-a-0123456789", "bench-tenant-b-0123456789"
-TRIVIAL = {
-    "code": "def f(x): return x + 1",
-    "tests": {"kind": "asserts", "asserts": ["assert f(1) == 2"]},
-    "use_cache": False,
-}
-FLOODS = {
-    "sleep": "import time\ntime.sleep(0.5)\ndef f(x): return x + 1",
-    "cpu": "import time\nend = time.perf_counter() + 0.2\nwhile time.perf_counter() < end: pass\ndef f(x): return x + 1",
+F = "def f(x): return x + 1"
+TRIVIAL = {"code": F, "tests": {"kind": "asserts", "asserts": ["assert f(1) == 2"]}, "use_cache": False}
+FLOODS = {  # runs that hold a worker: asleep, or busy (taking CPU from B's runs too)
+    "sleep": f"import time\ntime.sleep(0.5)\n{F}",
+    "cpu": f"import time\nend = time.perf_counter() + 0.2\nwhile time.perf_counter() < end: pass\n{F}",
 }
 
 
@@ -87,11 +83,8 @@ def bench_sandbox(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     quotas = {"concurrent_runs": args.a_concurrency} if args.a_concurrency else {}
     tenants = {"tenants": [{"name": "a", "keys": [KEY_A], "quotas": quotas}, {"name": "b", "keys": [KEY_B]}]}
-    env = {
-        "CRUCIBLE_SANDBOX_WORKERS": str(args.workers),
-        "CRUCIBLE_SANDBOX_TENANTS": json.dumps(tenants),
-        "CRUCIBLE_SANDBOX_LOG_LEVEL": "warning",
-    }
+    env = {"CRUCIBLE_SANDBOX_WORKERS": str(args.workers), "CRUCIBLE_SANDBOX_TENANTS": json.dumps(tenants)}
+    env["CRUCIBLE_SANDBOX_LOG_LEVEL"] = "warning"
     server = start("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log")
     samples: dict[str, list[float]] = {"alone": []}
     done_by: dict[str, int] = {}
@@ -129,63 +122,30 @@ def bench_sandbox(args: argparse.Namespace) -> dict:
 
 
 def bench_gateway(args: argparse.Namespace) -> dict:
-    from crucible_cli.spawn import free_port, start
-    from crucible_cli.stack import redis_server_binary
-
-    work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
-    port = free_port()
-    redis = subprocess.Popen(
-        [
-            redis_server_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    tenants = {
-        "tenants": [
-            {"name": "a", "keys": [KEY_A], "quotas": {"active_jobs": args.jobs + 10}},
-            {"name": "b", "keys": [KEY_B]},
-        ]
-    }
-    env = {
-        "REDIS_URL": f"redis://127.0.0.1:{port}/0",
-        "CRUCIBLE_GATEWAY_RUNS_DIR": str(work / "runs"),
-        "CRUCIBLE_GATEWAY_TENANTS": json.dumps(tenants),
-        "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "1",
-        "CRUCIBLE_GATEWAY_LOG_LEVEL": "warning",
-    }
-    gateway = start("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT", log=work / "gateway.log")
+    tenants = [{"name": "a", "keys": [KEY_A], "quotas": {"active_jobs": args.jobs + 10}}]
+    env = {"CRUCIBLE_GATEWAY_TENANTS": json.dumps({"tenants": [*tenants, {"name": "b", "keys": [KEY_B]}]})}
+    env["CRUCIBLE_GATEWAY_REAP_INTERVAL_S"] = "1"
     spec = {"kind": "eval", "data": {"dataset": "mbpp", "ids": list(range(11, 511))}, "max_tokens": 16}
     out: dict = {"jobs": args.jobs, "spec_bytes": len(json.dumps(spec))}
-    try:
-        with httpx.Client(base_url=gateway.url, timeout=120) as http:
-            a, b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
-            t = time.perf_counter()
-            for i in range(args.jobs):
-                r = http.post("/v1/jobs", json={**spec, "name": f"a{i}"}, headers=a)
-                assert r.status_code == 202, r.text
-            out["submit_s"] = time.perf_counter() - t
-            time.sleep(3)  # several reaper passes over the queued jobs
-            for path in ("/health", "/v1/jobs"):
-                took = []
-                for _ in range(args.calls):
-                    t = time.perf_counter()
-                    r = http.get(path, headers=b)
-                    took.append((time.perf_counter() - t) * 1000)
-                    assert r.status_code == 200, r.text
-                out[path] = summary(took)
-                print(f"B GET {path:<9} with {args.jobs} of A's jobs queued: p50 {out[path]['p50_ms']:.1f} ms  "
-                      f"p99 {out[path]['p99_ms']:.1f} ms  max {out[path]['max_ms']:.1f} ms")  # fmt: skip
-    finally:
-        gateway.stop()
-        redis.terminate()
+    a, b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
+    work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
+    with gateway(work, **env) as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        t = time.perf_counter()
+        for i in range(args.jobs):
+            r = http.post("/v1/jobs", json={**spec, "name": f"a{i}"}, headers=a)
+            assert r.status_code == 202, r.text
+        out["submit_s"] = time.perf_counter() - t
+        time.sleep(3)  # several reaper passes over the queued jobs
+        for path in ("/health", "/v1/jobs"):
+            took = []
+            for _ in range(args.calls):
+                t = time.perf_counter()
+                r = http.get(path, headers=b)
+                took.append((time.perf_counter() - t) * 1000)
+                assert r.status_code == 200, r.text
+            out[path] = summary(took)
+            print(f"B GET {path:<9} with {args.jobs} of A's jobs queued: p50 {out[path]['p50_ms']:.1f} ms  "
+                  f"p99 {out[path]['p99_ms']:.1f} ms  max {out[path]['max_ms']:.1f} ms")  # fmt: skip
     return out
 
 

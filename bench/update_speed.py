@@ -1,14 +1,11 @@
 """The policy update alone, timed with its micro-batches in the batch's order and filled longest
-first (`optim.length_buckets` false / true), side by side in one run.
+first (`optim.length_buckets` false / true), side by side on one policy.
 
-The job is `bench/multi_gpu.py`'s GRPO spec (the race's: LoRA r16 all-linear, `kl_beta` 0.01 so
-every sequence trains and the reference is scored), resolved for the machine as a job resolves it
-(`hardware.resolve`), its update built by the method (`methods.clipped.update_config`). The batch
-is synthetic and seeded: `--prompts` groups of `--group` samples sharing a prompt of 30-120 tokens,
-completions of 1 to `--max-tokens` tokens drawn uniformly (sampled completions vary so; random
-weights would run every one to the limit), advantages drawn from a normal. The two arms alternate
-on one policy, `--repeats` times each after a warm-up of each; the figures are per-arm medians of
-the update's own metrics (its wall time, each part, tokens per second).
+The job is bench/multi_gpu.py's GRPO spec (`kl_beta` 0.01: every sequence trains and the reference is
+scored), resolved for the machine (`hardware.resolve`), its update built by the method. The batch is
+synthetic and seeded: `--prompts` groups of `--group` samples sharing a 30-120 token prompt,
+completions of 1 to `--max-tokens` tokens. The arms alternate `--repeats` times after a warm-up
+each; the figures are per-arm medians of the update's own metrics.
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape smollm2-135m --out /tmp/u.json      # a real shape (GPU)
@@ -30,15 +27,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-KEYS = [  # report key -> the update's metric
-    ("update_s", None),
-    ("score_s", "time/update_score_s"),
-    ("ref_s", "time/update_ref_s"),
-    ("forward_backward_s", "time/update_forward_backward_s"),
-    ("optimizer_s", "time/update_optimizer_s"),
-    ("tokens_per_s_per_gpu", "perf/update_tokens_per_s_per_gpu"),
-    ("peak_fraction", "perf/update_peak_fraction"),
-]
+KEYS = {"update_s": None, "score_s": "time/update_score_s", "ref_s": "time/update_ref_s"}  # key -> metric
+KEYS |= {"forward_backward_s": "time/update_forward_backward_s", "optimizer_s": "time/update_optimizer_s"}
+KEYS |= {
+    "tokens_per_s_per_gpu": "perf/update_tokens_per_s_per_gpu",
+    "peak_fraction": "perf/update_peak_fraction",
+}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,9 +60,8 @@ def synthetic_batch(args: argparse.Namespace, vocab: int) -> list[Any]:
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(30, 120))]
         for _ in range(args.group):
             completion = [rng.randrange(10, vocab) for _ in range(rng.randint(1, args.max_tokens))]
-            out.append(
-                Sample(g, g, prompt, completion, "", "", None, None, reward=0.0, advantage=rng.gauss(0, 1))
-            )
+            advantage = rng.gauss(0, 1)
+            out.append(Sample(g, g, prompt, completion, "", "", None, None, reward=0.0, advantage=advantage))
     return out
 
 
@@ -76,17 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="crucible-update-speed-") as tmp:
-        if args.shape:
-            from bench.model_shapes import build
-            from bench.multi_gpu import device
+        from bench.multi_gpu import local_model
 
-            model = build(args.shape, Path(tmp), device(), "bfloat16", 0, False)["path"]
-        else:
-            from bench.multi_gpu import tiny_model
-
-            model = tiny_model(Path(tmp) / "tiny")
-        roots = [tmp, *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
-        os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
+        model = local_model(argparse.Namespace(tiny=not args.shape, shape=args.shape), Path(tmp))
         report = run(args, model)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "updates"}, indent=2))
@@ -101,10 +86,11 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
     from bench.multi_gpu import job
 
+    sets = [f"optim.problems_per_step={args.prompts}", f"method.group_size={args.group}"]
+    sets += [f"rollout.max_tokens={args.max_tokens}", f"optim.micro_batch={args.micro_batch}"]
     shape = argparse.Namespace(
-        steps=1, prompts=args.prompts, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
-        group=args.group, kl_beta=args.kl_beta, tiny=True, strategy="ddp",
-    )  # fmt: skip
+        tiny=False, strategy="ddp", overrides=[*sets, f"method.kl_beta={args.kl_beta}"]
+    )
     spec, chosen = hardware.resolve(TrainJob.model_validate(job(shape, model, 1)))
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
@@ -120,27 +106,24 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             metrics["update_s"] = time.perf_counter() - started
             if repeat:  # the first of each arm warms up
                 arms[arm].append(metrics)
-    medians = {arm: {key: _median(rows, metric or key) for key, metric in KEYS} for arm, rows in arms.items()}
+
+    def median(rows: list[dict[str, float]], key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return statistics.median(values) if values else None
+
+    medians = {
+        arm: {key: median(rows, metric or key) for key, metric in KEYS.items()} for arm, rows in arms.items()
+    }
     before, after = medians["batch_order"]["update_s"], medians["length_buckets"]["update_s"]
-    lengths = [len(s.completion_ids) for s in batch]
-    return {
+    out = {
         "model": args.shape or "tiny",
         "settings": chosen,
         "batch": len(batch),
-        "completion_tokens_mean": statistics.mean(lengths),
         "max_tokens": args.max_tokens,
-        "micro_batch": spec.optim.micro_batch,
-        "kl_beta": args.kl_beta,
-        "repeats": args.repeats,
-        "medians": medians,
-        "speedup": round(before / after, 3) if after else None,
-        "updates": arms,
     }
-
-
-def _median(rows: list[dict[str, float]], key: str) -> float | None:
-    values = [r[key] for r in rows if key in r]
-    return statistics.median(values) if values else None
+    out["completion_tokens_mean"] = statistics.mean(len(s.completion_ids) for s in batch)
+    out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": args.kl_beta, "repeats": args.repeats}
+    return out | {"medians": medians, "speedup": round(before / after, 3) if after else None, "updates": arms}
 
 
 if __name__ == "__main__":

@@ -216,7 +216,7 @@ def heap_mb(memory_mb: int) -> int:
 
 
 # A program per language that reads two integers and prints their sum: the smoke test of each
-# toolchain (bench/sandbox_languages.py, the deployment check in deploy/compose_test.py).
+# toolchain (bench/sandbox.py languages, the deployment check in deploy/compose_test.py).
 SUM_OF_TWO = {
     "python": "a, b = map(int, input().split())\nprint(a + b)\n",
     "cpp": "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n",
