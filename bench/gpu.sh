@@ -41,6 +41,13 @@
 #   bash bench/gpu.sh qwen-setup      # wheels, then `crucible models install` from /root/q (join, sha256, dequantise)
 #   bash bench/gpu.sh qwen-start [STEPS] # its learning runs in the background, a recipe over 3 seeds per card
 #                                     #   (docs/benchmarks.md, "Qwen2.5-Coder-1.5B-Instruct"); then `wait-bg`
+#   bash bench/gpu.sh qwen-serve      # serving race on the installed model: Crucible vs vLLM fitted to a rank-16 adapter
+#   bash bench/gpu.sh qwen-tta        # 4 GPUs, after qwen-setup: time to accuracy against TRL, 2-GPU runs, serving race
+#                                     #   (all in the background, bench/tta.py; then `wait-bg`: the table in each archive)
+#   bash bench/gpu.sh tta-crucible LABEL TRAINER_CARDS GEN_CARDS|-  # one Crucible run of TTA_RECIPE, adapters + times
+#   bash bench/gpu.sh tta-trl         # TRL GRPOTrainer + vLLM colocate on TTA_RECIPE, adapters + times
+#   bash bench/gpu.sh tta-eval CARD RUN...  # every saved adapter of these runs: MBPP test pass@1 (+ HumanEval)
+#   bash bench/gpu.sh tta-table       # the time-to-accuracy table (tta.json, tta.md) of what has run
 #   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
 #   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
 #   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
@@ -49,6 +56,17 @@
 # qwen-stage`; calls 1-21 each carry [.carry/pNN] and run `mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/`
 # (the code travels last); call 22 carries [.carry/p22, .whl, .carry/src], copies the code to /root/src
 # and the wheels beside it, then runs `qwen-setup` and `qwen-start` from there.
+#
+# The lease of the time-to-accuracy race (one nvidia-h200-x4 machine; docs/benchmarks.md, "Time to accuracy
+# against TRL"): here `bash bench/gpu.sh wheels && bash bench/gpu.sh qwen-stage && bash bench/gpu-vllm.sh prepare`;
+# then, each call right after the previous one returns (carry list: command):
+#   1. [.carry/vllm/s1]: mkdir -p /root/stage && cp .carry/vllm/s1 /root/stage/s1 && ls -la /root/stage
+#   2. [.carry/vllm/s2, .carry/vllm/site.sha256]: bash bench/gpu-vllm.sh stage .carry/vllm/s2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
+#   3-23. [.carry/pNN] for NN = 01 ... 21: mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/ && ls /root/q | wc -l
+#   24. [.carry/p22, .whl, .carry/src]: rm -rf /root/src && cp -r .carry/src /root/src && cp -r .whl /root/src/.whl
+#       && mkdir -p /root/q && cp .carry/p22/*.bin /root/q/ && cd /root/src && bash bench/gpu.sh qwen-setup
+#       && bash bench/gpu.sh qwen-tta
+#   25-27. []: cd /root/src && bash bench/gpu.sh wait-bg 570   (results.tar.gz: tta/tta.md, serve JSON, logs)
 #
 # Here (not on the GPU machine), from the repository root, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
@@ -264,15 +282,15 @@ PY
       bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" \
         --set method.filter.mode="$mode" --set optim.micro_batch=16
     done ;;
-  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`: every run in the background
-    # (then `wait-bg`; each one's table and results come back in its archive). Card 0: the serving race
-    # (`qwen-serve`), then the evaluation of card 2's run. Card 1: TRL's GRPOTrainer + vLLM colocate on
-    # TTA_RECIPE, then its evaluation. Card 2: Crucible's job of TTA_RECIPE, then (`tta-2gpu`) the same
-    # job on cards 2+3, generator on 3 and trainer on 2, then DDP ranks + replicas on both, then their
-    # evaluations (one per card). Results under /root/results/tta/<run>/ (adapters stay out of the archive).
-    CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg serve seq qwen-serve after:c1 tta-eval:0:crucible-1gpu
+  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`: every run in the background, then
+    # `wait-bg` (each archive holds the time-to-accuracy table of what has run). Card 0: Crucible's job of
+    # TTA_RECIPE, its evaluation, then the serving race (`qwen-serve`). Card 1: TRL's GRPOTrainer + vLLM
+    # colocate on the same recipe, then its evaluation. Cards 2+3 (`tta-2gpu`): the same job with DDP ranks
+    # and a generator replica on each card, then generator on 3 / trainer on 2, then their evaluations.
+    # Results under /root/results/tta/<run>/ (the adapters stay out of the archive).
+    CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
-    bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:2:- bg:c2:tta-2gpu ;;
+    bash bench/gpu.sh bg c2 tta-2gpu ;;
   tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: Crucible's job of
     # TTA_RECIPE (default qwen-pre-lr1e4-s40, seed 0) on these cards, adapters every 10 steps with their times;
     # more than one trainer card: DDP ranks (distributed.train_gpus); `-`: the generator on the trainer's card
@@ -283,11 +301,11 @@ PY
     CUDA_VISIBLE_DEVICES=$cards python3 bench/tta.py crucible "$TTA_RECIPE" "${extra[@]}" --out "$TTA/$label" "$@" ;;
   tta-trl)  # [bench/tta.py trl arguments]: TRL's GRPOTrainer (vLLM colocate) on TTA_RECIPE, on the visible card
     python3 bench/tta.py trl "$TTA_RECIPE" --out "$TTA/trl" "${@:2}" ;;
-  tta-2gpu)  # the 2-GPU runs on cards 2+3 (after the 1-GPU run), then their evaluations, one per card
-    bash bench/gpu.sh tta-crucible crucible-2gpu-split 2 3 || echo "crucible-2gpu-split failed"
+  tta-2gpu)  # the job on cards 2+3: DDP ranks + replicas, then generator on 3 / trainer on 2; their evaluations
     bash bench/gpu.sh tta-crucible crucible-2gpu-ddp 2,3 2,3 || echo "crucible-2gpu-ddp failed"
-    bash bench/gpu.sh bg ev-split tta-eval 2 crucible-2gpu-split
-    bash bench/gpu.sh tta-eval 3 crucible-2gpu-ddp ;;
+    bash bench/gpu.sh tta-crucible crucible-2gpu-split 2 3 || echo "crucible-2gpu-split failed"
+    bash bench/gpu.sh bg ev-ddp tta-eval 2 crucible-2gpu-ddp
+    bash bench/gpu.sh tta-eval 3 crucible-2gpu-split ;;
   tta-eval)  # CARD RUN...: every saved adapter of these runs (under /root/results/tta) evaluated on CARD
     runs=(); for run in "${@:3}"; do [ -f "$TTA/$run/run.json" ] && runs+=("$TTA/$run"); done
     [ ${#runs[@]} -gt 0 ] || { echo "no run to evaluate among: ${*:3}"; exit 1; }
@@ -295,8 +313,6 @@ PY
   tta-table)  # the time-to-accuracy table of whatever has run and been evaluated: tta.json, tta.md
     [ -d "$TTA" ] || { echo "no $TTA"; exit 0; }
     python3 bench/tta.py table "$TTA"/*/ --json "$TTA/tta.json" --md "$TTA/tta.md" ;;
-  after)  # NAME: wait until the background run NAME (`bg`) has ended
-    while kill -0 "$(cat "/root/bg/$2.pid" 2>/dev/null)" 2>/dev/null; do sleep 5; done ;;
   bg)  # NAME CMD...: `bash bench/gpu.sh CMD...` in a session of its own, results under /root/results
     name=$2; shift 2
     mkdir -p /root/bg /root/results
@@ -427,5 +443,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,50p "$0"; exit 2 ;;
+    sed -n '2,/^WHEELS=(/p' "$0" | sed '$d'; exit 2 ;;
 esac

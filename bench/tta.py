@@ -372,6 +372,12 @@ def run_trl(args: argparse.Namespace) -> None:
         )
 
     data = Dataset.from_list([{"prompt": prompt(t), "task_index": i} for i, t in enumerate(problems)])
+    if engine == "vllm":  # room for the longest prompt and its answer (vLLM refuses a longer request)
+        longest = max(len(tokenizer(p).input_ids) for p in data["prompt"])
+        config["vllm_max_model_length"] = max(
+            config["vllm_max_model_length"], longest + spec.rollout.max_tokens
+        )
+        record.data["trl_config"] = config
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
