@@ -181,6 +181,9 @@ def run_crucible(args: argparse.Namespace) -> None:
         )
         record.data["train_start_s"] = round(time.time() - T0, 2)
         summary = run_job(spec, job_id, settings)
+    except BaseException:
+        show_logs(work)
+        raise
     finally:
         for g in generators:
             g.stop()
@@ -203,6 +206,13 @@ def run_crucible(args: argparse.Namespace) -> None:
     )
     record.write()
     print(json.dumps({k: record.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
+
+
+def show_logs(work: Path, lines: int = 30) -> None:
+    """The end of every log of a failed run (its work dir stays out of the results archive)."""
+    for log in sorted(work.rglob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
 
 
 def _visible() -> list[str]:
@@ -463,7 +473,9 @@ def run_eval(args: argparse.Namespace) -> None:
         os.environ.pop(name, None)
     sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
     generator = None
-    base_scores: dict[str, Any] = {}
+    # The base model's scores, shared by every run evaluated beside these (one base point for all
+    # of them, evaluated once), keyed by what was evaluated.
+    cache = runs[0][0].parent / "base-evals.json"
     try:
         generator = spawn_generator(
             work, base, args.rows, env={"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}, timeout=900
@@ -508,14 +520,24 @@ def run_eval(args: argparse.Namespace) -> None:
                 for dataset in datasets:
                     if dataset in entry:
                         continue
-                    if p["adapter"] is None:  # the base model: once for every run evaluated here
-                        if dataset not in base_scores:
-                            base_scores[dataset] = score(run, None, dataset, f"base-{dataset}")
-                        entry[dataset] = base_scores[dataset]
+                    if p["adapter"] is None:  # the base model: once for every run
+                        limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+                        what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
+                        shared = json.loads(cache.read_text()) if cache.exists() else {}
+                        if what not in shared:
+                            shared[what] = score(run, None, dataset, f"base-{dataset}")
+                            latest = json.loads(cache.read_text()) if cache.exists() else {}
+                            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+                            tmp.write_text(json.dumps(latest | {what: shared[what]}, indent=1))
+                            os.replace(tmp, cache)
+                        entry[dataset] = shared[what]
                     else:
                         entry[dataset] = score(run, p["adapter"], dataset, f"{out.name}-{key}-{dataset}")
                     path.write_text(json.dumps(evals, indent=1))
-                    print(f"{out.name} step {key} {dataset}: {entry[dataset]}", flush=True)
+                    print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
+    except BaseException:
+        show_logs(work)
+        raise
     finally:
         if generator is not None:
             generator.stop()
