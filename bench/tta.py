@@ -280,6 +280,26 @@ def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool
     return config
 
 
+def bf16_copy(model_dir: str) -> str:
+    """`model_dir` as a bfloat16 checkpoint: itself when it is one, else a copy beside it (made once).
+    TRL starts its colocated vLLM from the trainer model's directory without a dtype, and vLLM's
+    `auto` serves a float32 checkpoint (Crucible's dense cache) in float16, not the bfloat16 the
+    trainer and Crucible's generator use."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", "")).endswith("bfloat16"):
+        return model_dir
+    target = Path(model_dir).with_name(Path(model_dir).name + "-bf16")
+    if not (target / "config.json").is_file():
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
+        os.replace(tmp, target)
+    return str(target)
+
+
 def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[str, int]]:
     """A TRL reward function that scores as Crucible's rollouts do: the code in each completion
     (`answer_to_code`, the job's chat setting) run by the sandbox at `url` against its task's tests
@@ -332,6 +352,7 @@ def run_trl(args: argparse.Namespace) -> None:
 
     from bench.common import free_port
 
+    global T0
     path, overrides = job_source(args.job, args.overrides)
     spec = load_job(path, overrides)
     if spec.kind != "train":
@@ -340,6 +361,12 @@ def run_trl(args: argparse.Namespace) -> None:
     engine = args.engine or ("vllm" if cuda else "hf")
     out = args.out.resolve()
     config = trl_config(spec, out, engine, args.vllm_memory, cuda)
+    model_dir = crucible_models.resolve_model_path(spec.model.base)
+    prepared = time.time()
+    if cuda:
+        model_dir = bf16_copy(model_dir)
+    prepared = time.time() - prepared
+    T0 += prepared  # preparing the copy is not the run's time (Crucible's generator casts as it loads)
     mode = spec.method.filter.mode
     record = Record(
         out,
@@ -350,6 +377,8 @@ def run_trl(args: argparse.Namespace) -> None:
             "gpus": 1,
             "placement": {"trainer_cards": _visible(), "engine": engine},
             "trl_config": config,
+            "model_dir": model_dir,
+            "bf16_copy_s": round(prepared, 1),
             "not_matched": (
                 {"method.filter": f"{mode}: TRL trains on the job's problems unfiltered"}
                 if mode != "none"
@@ -368,7 +397,6 @@ def run_trl(args: argparse.Namespace) -> None:
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_PORT", str(free_port()))
 
-    model_dir = crucible_models.resolve_model_path(spec.model.base)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     problems = tasks.load_tasks(spec.data)

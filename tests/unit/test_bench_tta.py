@@ -106,3 +106,16 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     assert [p["step"] for p in table["runs"]["crucible-1gpu"]["points"]] == [0, 1, 2]
     assert "reach_trl_final_s" in table["runs"]["crucible-1gpu"]
     assert "| crucible-1gpu (crucible) | 1 |" in (tmp_path / "tta.md").read_text()
+
+
+def test_trl_gets_a_bfloat16_copy_of_a_float32_checkpoint(tmp_path) -> None:
+    from bench.multi_gpu import tiny_model
+    from bench.tta import bf16_copy
+
+    model = tiny_model(tmp_path / "model")  # float32, as Crucible's dense cache
+    copy = bf16_copy(model)
+    assert copy == str(tmp_path / "model-bf16")
+    assert json.loads((tmp_path / "model-bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (tmp_path / "model-bf16" / "tokenizer.json").is_file()
+    assert bf16_copy(copy) == copy  # already bfloat16: used as it is
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model-bf16"]
