@@ -66,7 +66,7 @@
 #   24. [.carry/p22, .whl, .carry/src]: rm -rf /root/src && cp -r .carry/src /root/src && cp -r .whl /root/src/.whl
 #       && mkdir -p /root/q && cp .carry/p22/*.bin /root/q/ && cd /root/src && bash bench/gpu.sh qwen-setup
 #       && bash bench/gpu.sh qwen-tta
-#   25-27. []: cd /root/src && bash bench/gpu.sh wait-bg 570   (results.tar.gz: tta/tta.md, serve JSON, logs)
+#   25, 26. []: cd /root/src && bash bench/gpu.sh wait-bg 540 (then 480)   (results.tar.gz: tta/tta.md, serve JSON, logs)
 #
 # Here (not on the GPU machine), from the repository root, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
