@@ -38,7 +38,7 @@ to reach it (the first saved point at or above it) over TRL's time, and Crucible
 points of wall time (its latest point by then); for runs on more GPUs, the time to the one-GPU
 run's final pass@1 over the one-GPU run's.
 
-A check on a CPU (a tiny random Qwen2, HF generation, a few tasks): tests/unit/test_tta.py.
+A check on a CPU (a tiny random Qwen2, HF generation, a few tasks): tests/unit/test_bench_tta.py.
 """
 
 from __future__ import annotations
