@@ -576,6 +576,45 @@ def run_eval(args: argparse.Namespace) -> None:
 # -- the comparison -------------------------------------------------------------------------------
 
 
+# Per-step metrics of each engine's metrics.jsonl: seconds, mean reward, mean completion tokens.
+STEP_KEYS = {
+    "crucible": ("time/step_s", "reward_mean", "completion_tokens_mean"),
+    "trl": ("step_time", "reward", "completions/mean_length"),
+}
+
+
+def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median seconds per step over steps 2+ (the first pays start-up costs), and the mean reward
+    and completion tokens of the first and last quarter of the steps.
+
+    >>> rows = [{"step": s, "step_time": t, "reward": r, "completions/mean_length": 100.0}
+    ...         for s, t, r in ((1, 9.0, 0.2), (2, 4.0, 0.4), (3, 5.0, 0.6), (4, 6.0, 0.8))]
+    >>> training("trl", rows)
+    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8, 'tokens_first': 100.0, 'tokens_last': 100.0}
+    """
+    import statistics
+
+    seconds, reward, tokens = STEP_KEYS[engine]
+    rows = [r for r in rows if seconds in r]
+    if not rows:
+        return {}
+    later = rows[1:] or rows
+    quarter = max(1, len(rows) // 4)
+
+    def mean(part: list[dict[str, Any]], key: str) -> float | None:
+        found = [float(r[key]) for r in part if r.get(key) is not None]
+        return round(statistics.fmean(found), 4) if found else None
+
+    return {
+        "steps": len(rows),
+        "median_step_s": round(statistics.median(float(r[seconds]) for r in later), 3),
+        "reward_first": mean(rows[:quarter], reward),
+        "reward_last": mean(rows[-quarter:], reward),
+        "tokens_first": mean(rows[:quarter], tokens),
+        "tokens_last": mean(rows[-quarter:], tokens),
+    }
+
+
 def curve(run: dict[str, Any], evals: dict[str, Any]) -> list[dict[str, Any]]:
     """The run's evaluated points: wall_s, step, pass@1 (and HumanEval where evaluated)."""
     out = []
@@ -654,6 +693,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "wall_s": r["run"].get("wall_s"),
             "train_start_s": r["run"].get("train_start_s"),
             "final": pts[-1] if pts else None,
+            "training": training(r["run"]["engine"], r.get("metrics", [])),
         }
         if trl_final and name != trl and pts:
             t = reach(pts, trl_final["pass@1"])
@@ -703,6 +743,24 @@ def markdown(result: dict[str, Any]) -> str:
             f"{sec(r.get('reach_trl_final_s'))} | {'-' if over is None else f'{over:.2f}'} | "
             f"{sec(r.get('reach_one_gpu_final_s'))} | {'-' if one is None else f'{one:.2f}'} |"
         )
+    lines += [
+        "",
+        "| run | steps | median s/step (2+) | reward, first → last quarter | tokens, first → last quarter | "
+        "start-up (to the job) | wall |",
+        "|---|---:|---:|---|---|---:|---:|",
+    ]
+    for name, r in result["runs"].items():
+        t = r.get("training") or {}
+
+        def num(v: float | None, digits: int = 2) -> str:
+            return "-" if v is None else f"{v:.{digits}f}"
+
+        lines.append(
+            f"| {name} | {t.get('steps', '-')} | {num(t.get('median_step_s'))} | "
+            f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))} | "
+            f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)} | "
+            f"{sec(r.get('train_start_s'))} | {sec(r.get('wall_s'))} |"
+        )
     if result.get("trl_final") is not None:
         lines.append(
             f"\nTRL's final pass@1: {pct(result['trl_final'])} at {sec(result['trl_final_wall_s'])}; "
@@ -725,7 +783,9 @@ def run_table(args: argparse.Namespace) -> None:
         if not (d / "run.json").exists():
             continue
         evals = json.loads((d / "evals.json").read_text()) if (d / "evals.json").exists() else {}
-        runs[d.name] = {"run": json.loads((d / "run.json").read_text()), "evals": evals}
+        lines = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
+        metrics = [json.loads(line) for line in lines if line.strip()]
+        runs[d.name] = {"run": json.loads((d / "run.json").read_text()), "evals": evals, "metrics": metrics}
     result = compare(runs)
     args.json.write_text(json.dumps(result, indent=1))
     text = markdown(result)
