@@ -274,15 +274,19 @@ PY
         --set method.filter.mode="$mode" --set optim.micro_batch=16
     done ;;
   # The lease of the time-to-accuracy race (one nvidia-h200-x4 machine; docs/benchmarks.md, "Time to accuracy
-  # against TRL"): here `bash bench/gpu.sh wheels && bash bench/gpu.sh qwen-stage && bash bench/gpu-vllm.sh prepare`;
-  # then, each call right after the previous one returns (carry list: command):
-  #   1. [.carry/vllm/s1]: mkdir -p /root/stage && cp .carry/vllm/s1 /root/stage/s1 && ls -la /root/stage
-  #   2. [.carry/vllm/s2, .carry/vllm/site.sha256]: bash bench/gpu-vllm.sh stage .carry/vllm/s2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
-  #   3-23. [.carry/pNN] for NN = 01 ... 21: mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/ && ls /root/q | wc -l
-  #   24. [.carry/p22, .whl, .carry/src]: rm -rf /root/src && cp -r .carry/src /root/src && cp -r .whl /root/src/.whl
+  # against TRL"): here `bash bench/gpu.sh wheels && bash bench/gpu.sh qwen-stage && bash bench/gpu-vllm.sh prepare`,
+  # vLLM's tarball cut in three (`split -n 3 -d -a 1 site.tar.xz .carry/vllm/p`); then, each call right after the
+  # previous one returns (carry list: command):
+  #   1. [.carry/vllm/p0]: mkdir -p /root/stage && cp .carry/vllm/p0 /root/stage/p0
+  #   2. [.carry/vllm/p1]: cp .carry/vllm/p1 /root/stage/p1
+  #   3. [.carry/vllm/p2, .carry/vllm/site.sha256]: cp .carry/vllm/p2 /root/stage/p2 && cat /root/stage/p0
+  #      /root/stage/p1 /root/stage/p2 > /root/stage/s1 && : > /root/stage/s2 && rm /root/stage/p0 /root/stage/p1
+  #      /root/stage/p2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
+  #   4-24. [.carry/pNN] for NN = 01 ... 21: mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/ && ls /root/q | wc -l
+  #   25. [.carry/p22, .whl, .carry/src]: rm -rf /root/src && cp -r .carry/src /root/src && cp -r .whl /root/src/.whl
   #       && mkdir -p /root/q && cp .carry/p22/*.bin /root/q/ && cd /root/src && bash bench/gpu.sh qwen-setup
   #       && bash bench/gpu.sh qwen-tta
-  #   25, 26. []: cd /root/src && bash bench/gpu.sh wait-bg 540 (then 480)   (results.tar.gz: tta/tta.md, serve JSON, logs)
+  #   26, 27. []: cd /root/src && bash bench/gpu.sh wait-bg 540 (then 480)   (results.tar.gz: tta/tta.md, serve JSON, logs)
   qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`: every run in the background, then
     # `wait-bg` (each archive holds the time-to-accuracy table of what has run). Card 0: Crucible's job of
     # TTA_RECIPE, its evaluation, then the serving race (`qwen-serve`). Card 1: TRL's GRPOTrainer + vLLM
