@@ -663,8 +663,10 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     (0.54, 160, 0.4)
     >>> c["runs"]["c1"]["not_lower_at_equal_wall"], c["runs"]["c2"]["reach_one_gpu_final_s"]
     (True, 100)
-    >>> c["runs"]["c2"]["reach_over_one_gpu"]
-    0.625
+    >>> c["runs"]["c2"]["reach_over_one_gpu"], c["runs"]["c2"]["last_point_over_one_gpu"]
+    (0.625, 0.625)
+    >>> c["runs"]["c1"]["last_point_over_trl"]
+    0.4
     """
     curves = {name: curve(r["run"], r["evals"]) for name, r in runs.items()}
     trl = next((n for n, r in runs.items() if r["run"]["engine"] == "trl" and curves[n]), None)
@@ -700,6 +702,8 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["reach_trl_final_s"] = t
             row["reach_over_trl"] = round(t / trl_final["wall_s"], 3) if t is not None else None
             row["goal_half_trl_met"] = t is not None and t <= 0.5 * trl_final["wall_s"]
+            # The same number of steps, free of evaluation noise: the last saved point's time over TRL's.
+            row["last_point_over_trl"] = round(pts[-1]["wall_s"] / trl_final["wall_s"], 3)
             equal = [(p["wall_s"], p["pass@1"], at(pts, p["wall_s"])) for p in curves[trl] if p["step"]]
             row["at_trl_points"] = [{"wall_s": w, "trl": a, "this": b} for w, a, b in equal]
             row["not_lower_at_equal_wall"] = all(b is not None and b >= a for _, a, b in equal)
@@ -712,6 +716,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["goal_0p6_one_gpu_met"] = (
                 row["reach_over_one_gpu"] is not None and row["reach_over_one_gpu"] <= 0.6
             )
+            row["last_point_over_one_gpu"] = round(pts[-1]["wall_s"] / one_final["wall_s"], 3)
         out["runs"][name] = row
     return out
 
@@ -746,8 +751,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "",
         "| run | steps | median s/step (2+) | reward, first → last quarter | tokens, first → last quarter | "
-        "start-up (to the job) | wall |",
-        "|---|---:|---:|---|---|---:|---:|",
+        "start-up (to the job) | wall | last point x TRL | last point x 1 GPU |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
     ]
     for name, r in result["runs"].items():
         t = r.get("training") or {}
@@ -759,7 +764,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {name} | {t.get('steps', '-')} | {num(t.get('median_step_s'))} | "
             f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))} | "
             f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)} | "
-            f"{sec(r.get('train_start_s'))} | {sec(r.get('wall_s'))} |"
+            f"{sec(r.get('train_start_s'))} | {sec(r.get('wall_s'))} | {num(r.get('last_point_over_trl'))} | "
+            f"{num(r.get('last_point_over_one_gpu'))} |"
         )
     if result.get("trl_final") is not None:
         lines.append(
