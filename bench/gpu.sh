@@ -41,6 +41,13 @@
 #   bash bench/gpu.sh qwen-setup      # wheels, then `crucible models install` from /root/q (join, sha256, dequantise)
 #   bash bench/gpu.sh qwen-start [STEPS] # its learning runs in the background, a recipe over 3 seeds per card
 #                                     #   (docs/benchmarks.md, "Qwen2.5-Coder-1.5B-Instruct"); then `wait-bg`
+#   bash bench/gpu.sh qwen-serve      # serving race on the installed model: Crucible vs vLLM fitted to a rank-16 adapter
+#   bash bench/gpu.sh qwen-tta        # 4 GPUs, after qwen-setup: time to accuracy against TRL, 2-GPU runs, serving race
+#                                     #   (all in the background, bench/tta.py; then `wait-bg`: the table in each archive)
+#   bash bench/gpu.sh tta-crucible LABEL TRAINER_CARDS GEN_CARDS|-  # one Crucible run of TTA_RECIPE, adapters + times
+#   bash bench/gpu.sh tta-trl         # TRL GRPOTrainer + vLLM colocate on TTA_RECIPE, adapters + times
+#   bash bench/gpu.sh tta-eval CARD RUN...  # every saved adapter of these runs: MBPP test pass@1 (+ HumanEval)
+#   bash bench/gpu.sh tta-table       # the time-to-accuracy table (tta.json, tta.md) of what has run
 #   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
 #   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
 #   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
@@ -49,6 +56,8 @@
 # qwen-stage`; calls 1-21 each carry [.carry/pNN] and run `mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/`
 # (the code travels last); call 22 carries [.carry/p22, .whl, .carry/src], copies the code to /root/src
 # and the wheels beside it, then runs `qwen-setup` and `qwen-start` from there.
+#
+# The lease of the time-to-accuracy race (one nvidia-h200-x4): its calls are at `qwen-tta` below.
 #
 # Here (not on the GPU machine), from the repository root, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
@@ -117,6 +126,9 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m
+# Time to accuracy (bench/tta.py): the recipe raced against TRL, and where its runs keep their results.
+TTA_RECIPE=${TTA_RECIPE:-qwen-pre-lr1e4-s40}
+TTA=/root/results/tta
 race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
   echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
 }
@@ -127,6 +139,31 @@ shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shap
 }
 dense_dir() {  # the built-in model's dense checkpoint in Crucible's cache (made by `setup`)
   python3 -c "import crucible_models as m; print(m.cache_dir() / 'models' / f'{m.DEFAULT_MODEL}-{m._CONVERSION_VERSION}')"
+}
+QWEN=qwen2.5-coder-1.5b-instruct
+qwen_dir() {  # the installed Qwen2.5-Coder-1.5B-Instruct's dense checkpoint in Crucible's cache (`qwen-setup`)
+  python3 -c "import crucible_models as m; print(m.dense_dir('$QWEN'))"
+}
+serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card) on MODEL_DIR
+  # served as MODEL_NAME, then per PROFILE vLLM (UTIL of the card) beside it and bench/serve_race.py with a
+  # rank-16 adapter; LEN: Crucible's rows at LEN tokens. JSON and logs to $OUT, named after TAG.
+  # Fails only when Crucible's generator does not start.
+  local tag=$1 util=$2 share=$3 swap=$4 len=$5 p; shift 5
+  local suffix=${len:+-len$len}
+  env ${len:+CRUCIBLE_GENERATOR_MAX_MODEL_LEN=$len} CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION="$share" \
+    bash bench/gpu.sh crucible-up || return 1
+  for p in "$@"; do
+    if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
+    else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi
+    GPU_UTIL=$util bash bench/gpu.sh vllm-up || { echo "vllm ($p) failed at $tag"; tail -30 /root/logs/vllm.log; continue; }
+    python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
+      --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" --adapter-rank 16 \
+      --swap-device "$swap" --json "${OUT:-/tmp}/serve-$tag-$p$suffix.json" || echo "race failed ($p, $tag)"
+    cp /root/logs/vllm.log "${OUT:-/tmp}/vllm-$tag-$p$suffix.log" 2>/dev/null || true
+    bash bench/gpu-vllm.sh stop; sleep 8
+  done
+  cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$tag$suffix.log" 2>/dev/null || true
+  kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
 }
 # The model the servers and the serving race use: MODEL_DIR (default the built-in model's dense copy),
 # served as MODEL_NAME, e.g. MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b (after `shapes`).
@@ -236,6 +273,51 @@ PY
       bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" \
         --set method.filter.mode="$mode" --set optim.micro_batch=16
     done ;;
+  # The lease of the time-to-accuracy race (one nvidia-h200-x4 machine; docs/benchmarks.md, "Time to accuracy
+  # against TRL"): here `bash bench/gpu.sh wheels && bash bench/gpu.sh qwen-stage && bash bench/gpu-vllm.sh prepare`,
+  # vLLM's tarball cut in three (`split -n 3 -d -a 1 site.tar.xz .carry/vllm/p`); then, each call right after the
+  # previous one returns (carry list: command):
+  #   1. [.carry/vllm/p0]: mkdir -p /root/stage && cp .carry/vllm/p0 /root/stage/p0
+  #   2. [.carry/vllm/p1]: cp .carry/vllm/p1 /root/stage/p1
+  #   3. [.carry/vllm/p2, .carry/vllm/site.sha256]: cp .carry/vllm/p2 /root/stage/p2 && cat /root/stage/p0
+  #      /root/stage/p1 /root/stage/p2 > /root/stage/s1 && : > /root/stage/s2 && rm /root/stage/p0 /root/stage/p1
+  #      /root/stage/p2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
+  #   4-24. [.carry/pNN] for NN = 01 ... 21: mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/ && ls /root/q | wc -l
+  #   25. [.carry/p22, .whl, .carry/src]: rm -rf /root/src && cp -r .carry/src /root/src && cp -r .whl /root/src/.whl
+  #       && mkdir -p /root/q && cp .carry/p22/*.bin /root/q/ && cd /root/src && bash bench/gpu.sh qwen-setup
+  #       && bash bench/gpu.sh qwen-tta
+  #   26, 27. []: cd /root/src && bash bench/gpu.sh wait-bg 540 (then 480)   (results.tar.gz: tta/tta.md, serve JSON, logs)
+  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`: every run in the background, then
+    # `wait-bg` (each archive holds the time-to-accuracy table of what has run). Card 0: Crucible's job of
+    # TTA_RECIPE, its evaluation, then the serving race (`qwen-serve`). Card 1: TRL's GRPOTrainer + vLLM
+    # colocate on the same recipe, then its evaluation. Cards 2+3 (`tta-2gpu`): the same job with DDP ranks
+    # and a generator replica on each card, then generator on 3 / trainer on 2, then their evaluations.
+    # Results under /root/results/tta/<run>/ (the adapters stay out of the archive).
+    CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
+    CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
+    bash bench/gpu.sh bg c2 tta-2gpu ;;
+  tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: Crucible's job of
+    # TTA_RECIPE (default qwen-pre-lr1e4-s40, seed 0) on these cards, adapters every 10 steps with their times;
+    # more than one trainer card: DDP ranks (distributed.train_gpus); `-`: the generator on the trainer's card
+    label=$2 cards=$3 gens=$4; shift 4
+    ranks=$(tr ',' '\n' <<< "$cards" | grep -c .)
+    extra=(); [ "$ranks" -gt 1 ] && extra+=(--set "distributed.train_gpus=$ranks")
+    [ "$gens" != - ] && extra+=(--generator-devices "$gens")
+    CUDA_VISIBLE_DEVICES=$cards python3 bench/tta.py crucible "$TTA_RECIPE" "${extra[@]}" --out "$TTA/$label" "$@" ;;
+  tta-trl)  # [bench/tta.py trl arguments]: TRL's GRPOTrainer (vLLM colocate) on TTA_RECIPE, on the visible card
+    python3 bench/tta.py trl "$TTA_RECIPE" --out "$TTA/trl" "${@:2}" ;;
+  tta-2gpu)  # the job on cards 2+3: DDP ranks + replicas, then generator on 3 / trainer on 2; their evaluations
+    bash bench/gpu.sh tta-crucible crucible-2gpu-ddp 2,3 2,3 || echo "crucible-2gpu-ddp failed"
+    bash bench/gpu.sh tta-crucible crucible-2gpu-split 2 3 || echo "crucible-2gpu-split failed"
+    bash bench/gpu.sh bg ev-ddp tta-eval 2 crucible-2gpu-ddp
+    bash bench/gpu.sh tta-eval 3 crucible-2gpu-split ;;
+  tta-eval)  # CARD RUN...: every saved adapter of these runs (under /root/results/tta) evaluated on CARD
+    runs=(); for run in "${@:3}"; do [ -f "$TTA/$run/run.json" ] && runs+=("$TTA/$run"); done
+    [ ${#runs[@]} -gt 0 ] || { echo "no run to evaluate among: ${*:3}"; exit 1; }
+    CUDA_VISIBLE_DEVICES=$2 python3 bench/tta.py eval "${runs[@]}" ;;
+  tta-table)  # the time-to-accuracy table of whatever has run and been evaluated: tta.json, tta.md
+    [ -d "$TTA" ] || { echo "no $TTA"; exit 0; }
+    python3 bench/tta.py table "$TTA"/*/ --json "$TTA/tta.json" --md "$TTA/tta.md" ;;
   bg)  # NAME CMD...: `bash bench/gpu.sh CMD...` in a session of its own, results under /root/results
     name=$2; shift 2
     mkdir -p /root/bg /root/results
@@ -254,7 +336,10 @@ PY
       echo "== $(basename "$log" .log): $state"; tail -4 "$log"
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-    tar -czf "${OUT:-/tmp}/results.tar.gz" -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
+    [ -d "$TTA" ] && { bash bench/gpu.sh tta-table 2>&1 | tail -20 || true; }
+    # The runs' adapters (about 70 MB each at 1.5B) and work dirs stay on the machine: the archive must be small.
+    tar -czf "${OUT:-/tmp}/results.tar.gz" --exclude='results/tta/*/adapters' --exclude='results/tta/*/work' \
+      -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
   seq)  # SUBCOMMAND...: several subcommands one after the other (for `bg`); `race-7b:3` passes 3 to race-7b
     shift; for sub in "$@"; do bash bench/gpu.sh ${sub//:/ } || echo "$sub failed"; done ;;
   vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on MODEL_DIR (default: the dense built-in model), :8101
@@ -292,23 +377,14 @@ PY
       # 7B: weights, their merged copy and the prefill graphs take 0.46, 0.55 leaves 32 rows of 2,048.
       util=0.3; share=0.5; swap=cuda
       case $shape in *7b*) util=0.35 share=0.55 swap=cpu; profiles=${profiles:-fitted} ;; esac
-      profiles=${profiles:-profile fitted}
-      suffix=${len:+-len$len}
-      env ${len:+CRUCIBLE_GENERATOR_MAX_MODEL_LEN=$len} CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=$share bash bench/gpu.sh crucible-up \
-        || { echo "crucible generator failed at $arg"; continue; }
-      for p in $profiles; do
-        if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
-        else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi
-        GPU_UTIL=$util bash bench/gpu.sh vllm-up || { echo "vllm ($p) failed at $shape"; tail -30 /root/logs/vllm.log; continue; }
-        python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
-          --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" --adapter-rank 16 \
-          --swap-device $swap --json "${OUT:-/tmp}/serve-$shape-$p$suffix.json" || echo "race failed ($p, $arg)"
-        cp /root/logs/vllm.log "${OUT:-/tmp}/vllm-$shape-$p$suffix.log" 2>/dev/null || true
-        bash bench/gpu-vllm.sh stop; sleep 8
-      done
-      cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$shape$suffix.log" 2>/dev/null || true
-      kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
+      # shellcheck disable=SC2086  # the profiles, one word each
+      serve_pairs "$shape" $util $share $swap "$len" ${profiles:-profile fitted} || echo "crucible generator failed at $arg"
     done ;;
+  qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`): Crucible's
+    # generator against vLLM fitted to the rank-16 adapter (max-lora-rank 16, 2 LoRAs), both on the dense
+    # weights in Crucible's cache, 1/8/32/128 clients and hot-swap: $OUT/serve-qwen2.5-coder-1.5b-instruct-fitted.json
+    export MODEL_DIR; MODEL_DIR=$(qwen_dir); export MODEL_NAME=$QWEN
+    serve_pairs "$QWEN" 0.3 0.5 cuda "" fitted ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
     [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
@@ -372,5 +448,5 @@ PY
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
   *)
-    sed -n 2,50p "$0"; exit 2 ;;
+    sed -n '2,/^WHEELS=(/p' "$0" | sed '$d'; exit 2 ;;
 esac

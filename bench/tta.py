@@ -1,0 +1,839 @@
+"""Time to accuracy: the same GRPO job run by Crucible and by TRL's `GRPOTrainer`, each saving its
+adapter every N steps with the wall time since its process started, then every saved adapter
+evaluated afterwards through Crucible's own evaluation path, and the curves compared.
+
+    python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
+    python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
+    python bench/tta.py eval DIR [DIR ...] [--tasks 500] [--humaneval-tasks 164]
+    python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md
+
+RECIPE is a recipe of recipes/learning.yaml or a job spec file; `--set` overrides it as every
+benchmark does (one configuration path). Both runs take from the one job spec: the model, the
+problems (`data`: the same tasks, chat prompts rendered by Crucible's prompt code), the reward
+(Crucible's sandbox judges every completion; `reward.kind` of the sandbox's verdict, as the
+trainer's rollouts compute it), LoRA settings, learning rate, schedule (constant after
+`optim.warmup_steps`), weight decay, gradient clipping, group size, problems per step, micro-batch,
+temperature, top-p, max tokens, KL coefficient, clip range, loss aggregation and steps. What TRL has no
+counterpart for is recorded, not emulated: Crucible's difficulty filter (`method.filter`) runs
+inside Crucible's job and counts in its wall time; TRL trains on the same problems unfiltered.
+
+`crucible` runs the job through the worker's entry point (`crucible_trainer.jobs.execute`) with
+its evaluation turned off (`eval=null`: evaluation never counts in a run's wall time), against a
+sandbox and generator replicas spawned here (`--generator-devices`: one replica per listed
+`CUDA_VISIBLE_DEVICES` value; none: one on the trainer's card). `distributed.train_gpus` > 1
+runs the update over DDP ranks on the visible cards, as the worker does. The job publishes every
+step's adapter; those of the saved steps are copied to `DIR/adapters/step-N` and their time is the
+adapter file's write time. `trl` runs `GRPOTrainer` (vLLM in colocate mode on a GPU, HF generation
+with `--engine hf`) and saves `DIR/adapters/step-N` from a callback at the end of step N. Both
+write `DIR/run.json` as they go (a run cut short keeps its points): the job, the points
+`{step, wall_s, adapter}` (step 0 is the base model at 0 s), and what the run reported.
+
+`eval` starts one sandbox and one generator (the visible card) and evaluates the base model and
+every saved adapter of the given runs greedily on the job's evaluation problems (MBPP test, all
+500, the job's `eval.max_tokens`), and HumanEval (164) on the base and the final adapter, each an
+evaluation job through the worker's entry point; results go to `DIR/evals.json` (an adapter already
+evaluated is skipped: a second call finishes what a first left). `table` writes the comparison:
+per run its (wall_s, step, pass@1) points; TRL's final pass@1 and the time each Crucible run took
+to reach it (the first saved point at or above it) over TRL's time, and Crucible's pass@1 at each of TRL's
+points of wall time (its latest point by then); for runs on more GPUs, the time to the one-GPU
+run's final pass@1 over the one-GPU run's.
+
+A check on a CPU (a tiny random Qwen2, HF generation, a few tasks): tests/unit/test_bench_tta.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.time()  # a run's clock starts with its process, before its imports
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import load_job, recipes  # noqa: E402
+
+
+def job_source(job: str, overrides: list[str]) -> tuple[Path, list[str]]:
+    """The spec file and overrides of `job`: a spec file as it is, or a recipe resolved."""
+    path = Path(job)
+    if path.is_file():
+        return path, overrides
+    known = recipes()
+    if job not in known:
+        raise SystemExit(f"{job}: neither a spec file nor a recipe ({', '.join(known)})")
+    return ROOT / known[job]["spec"], [*known[job]["set"], *overrides]
+
+
+def saved_steps(steps: int, every: int) -> list[int]:
+    """The steps whose adapters a run keeps: every `every`-th and the last.
+
+    >>> saved_steps(40, 10), saved_steps(25, 10), saved_steps(2, 10)
+    ([10, 20, 30, 40], [10, 20, 25], [2])
+    """
+    return sorted({*range(every, steps + 1, every), steps})
+
+
+def eval_settings(spec: Any) -> dict[str, Any]:
+    """How the evaluation scores a run of `spec`: its evaluation problems and max tokens (MBPP's
+    500 test tasks at the rollout's max tokens when the job has no evaluation)."""
+    if spec.eval is not None:
+        data = spec.eval.data.model_dump(mode="json", exclude_defaults=True)
+        return {"data": data, "max_tokens": spec.eval.max_tokens}
+    return {"data": {"dataset": "mbpp", "split": "test"}, "max_tokens": spec.rollout.max_tokens}
+
+
+class Record:
+    """`DIR/run.json`, rewritten as points arrive."""
+
+    def __init__(self, out: Path, engine: str, spec: Any, extra: dict[str, Any]) -> None:
+        self.path = out / "run.json"
+        out.mkdir(parents=True, exist_ok=True)
+        self.data: dict[str, Any] = {
+            "run": out.name,
+            "engine": engine,
+            "t0": T0,
+            "job": spec.model_dump(mode="json"),
+            "eval": extra.pop("eval"),
+            "points": [{"step": 0, "wall_s": 0.0, "adapter": None}],
+            **extra,
+        }
+        self.write()
+
+    def point(self, step: int, wall_s: float, adapter: str) -> None:
+        self.data["points"].append({"step": step, "wall_s": round(wall_s, 2), "adapter": adapter})
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+
+# -- Crucible -------------------------------------------------------------------------------------
+
+
+def run_crucible(args: argparse.Namespace) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from crucible_cli.spawn import start
+    from crucible_trainer.settings import Settings
+
+    from bench.common import on_device, run_job, spawn_generator
+
+    path, overrides = job_source(args.job, args.overrides)
+    full = load_job(path, overrides)
+    spec = load_job(path, [*overrides, "eval=null"])  # evaluated afterwards, off the run's clock
+    if spec.kind != "train":
+        raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
+    devices = args.generator_devices.split(",") if args.generator_devices else [None]
+    ranks = spec.distributed.train_gpus
+    out = args.out.resolve()
+    record = Record(
+        out,
+        "crucible",
+        spec,
+        {
+            "eval": eval_settings(full),
+            "gpus": max(ranks, len({d for d in devices if d is not None} | set(_visible()))),
+            "placement": {"trainer_cards": _visible(), "train_ranks": ranks, "generator_cards": devices},
+            "command": sys.argv,
+        },
+    )
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):  # events stay in this process
+        os.environ.pop(name, None)
+    job_id = f"tta-{out.name}"
+    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    generators: list[Any] = []
+    try:
+
+        def one(i: int) -> Any:
+            return spawn_generator(
+                work, spec.model.base, args.rows, env=on_device(devices[i]), log=f"generator-{i}.log"
+            )
+
+        with ThreadPoolExecutor(len(devices)) as pool:
+            futures = [pool.submit(one, i) for i in range(len(devices))]
+        errors = []
+        for f in futures:  # every result taken, so one that came up is stopped below if another failed
+            try:
+                generators.append(f.result())
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        settings = Settings(
+            generator_urls=[g.url for g in generators],
+            sandbox_url=sandbox.url,
+            adapter_dir=work / "adapters",
+            runs_dir=work / "jobs",
+            max_ranks=ranks,
+        )
+        record.data["train_start_s"] = round(time.time() - T0, 2)
+        summary = run_job(spec, job_id, settings)
+    except BaseException:
+        show_logs(work)
+        raise
+    finally:
+        for g in generators:
+            g.stop()
+        sandbox.stop()
+    published = work / "adapters" / job_id
+    for step in saved_steps(spec.optim.steps, args.every):
+        source = published / f"v{step}"
+        target = out / "adapters" / f"step-{step}"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target)
+        written = max(p.stat().st_mtime for p in source.iterdir() if p.is_file())
+        record.point(step, written - T0, str(target))
+    run_dir = work / "jobs" / job_id
+    shutil.copy2(run_dir / "metrics.jsonl", out / "metrics.jsonl")
+    record.data.update(
+        wall_s=round(time.time() - T0, 2),
+        job_wall_s=round(summary["wall_s"], 2),
+        difficulty_filter=summary.get("difficulty_filter"),
+        status=summary.get("status"),
+    )
+    record.write()
+    print(json.dumps({k: record.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
+
+
+def show_logs(work: Path, lines: int = 30) -> None:
+    """The end of every log of a failed run (its work dir stays out of the results archive)."""
+    for log in sorted(work.rglob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
+
+
+def _visible() -> list[str]:
+    found = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [d for d in found.split(",") if d] if found else []
+
+
+# -- TRL ------------------------------------------------------------------------------------------
+
+
+def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool) -> dict[str, Any]:
+    """`GRPOConfig`'s arguments for the job `spec` (those it has a counterpart for).
+
+    >>> from bench.common import load_job
+    >>> spec = load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.micro_batch=8"])
+    >>> c = trl_config(spec, Path("/tmp/x"), "hf", 0.3, False)
+    >>> c["per_device_train_batch_size"], c["gradient_accumulation_steps"], c["num_generations"]
+    (8, 8, 8)
+    >>> c["learning_rate"], c["max_completion_length"], c["loss_type"], c["lr_scheduler_type"], c["beta"]
+    (0.0001, 256, 'dapo', 'constant', 0.0)
+    """
+    method, optim = spec.method, spec.optim
+    if method.name != "grpo":
+        raise SystemExit(f"method {method.name!r}: this race compares GRPO jobs")
+    batch = optim.problems_per_step * method.group_size
+    micro = optim.micro_batch if optim.micro_batch != "auto" else 8
+    if batch % micro:
+        raise SystemExit(f"optim.micro_batch {micro} must divide the step's {batch} completions")
+    loss = {"token": "dapo", "sequence": "grpo", "dr_grpo": "dr_grpo"}[method.loss]
+    config: dict[str, Any] = {
+        "output_dir": str(out / "trl"),
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": batch // micro,  # one generation of the whole step per update
+        "num_generations": method.group_size,
+        "max_completion_length": spec.rollout.max_tokens,
+        "temperature": spec.rollout.temperature,
+        "top_p": spec.rollout.top_p,
+        "learning_rate": optim.lr,
+        "lr_scheduler_type": "constant_with_warmup" if optim.warmup_steps else "constant",
+        "warmup_steps": optim.warmup_steps,
+        "weight_decay": optim.weight_decay,
+        "max_grad_norm": optim.max_grad_norm or 0.0,
+        "max_steps": optim.steps,
+        "beta": method.kl_beta,
+        "epsilon": method.clip_eps,
+        "num_iterations": method.num_iterations,
+        "loss_type": loss,
+        "scale_rewards": method.scale,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "seed": spec.seed,
+        # Crucible's `auto` turns it on only when the micro-batch does not fit (not at 1.5B on an H200)
+        "gradient_checkpointing": spec.model.gradient_checkpointing is True,
+        "bf16": cuda,
+        "use_cpu": not cuda,
+    }
+    if engine == "vllm":
+        config.update(
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_gpu_memory_utilization=vllm_memory,
+            vllm_max_model_length=int(os.environ.get("CRUCIBLE_GENERATOR_MAX_MODEL_LEN", "2048")),
+        )
+    return config
+
+
+def bf16_copy(model_dir: str) -> str:
+    """`model_dir` as a bfloat16 checkpoint: itself when it is one, else a copy beside it (made once).
+    TRL starts its colocated vLLM from the trainer model's directory without a dtype, and vLLM's
+    `auto` serves a float32 checkpoint (Crucible's dense cache) in float16, not the bfloat16 the
+    trainer and Crucible's generator use."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", "")).endswith("bfloat16"):
+        return model_dir
+    target = Path(model_dir).with_name(Path(model_dir).name + "-bf16")
+    if not (target / "config.json").is_file():
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
+        os.replace(tmp, target)
+    return str(target)
+
+
+def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[str, int]]:
+    """A TRL reward function that scores as Crucible's rollouts do: the code in each completion
+    (`answer_to_code`, the job's chat setting) run by the sandbox at `url` against its task's tests
+    with the job's limits, and `reward.kind` of the verdict. The dataset's `task_index` column
+    names each completion's task. Also returns counters (scored, sandbox errors: such a sample
+    Crucible drops; TRL needs a number, so it scores 0)."""
+    import asyncio
+
+    from crucible_shared.sandbox_client import SandboxClient
+    from crucible_trainer import tasks
+    from crucible_trainer.rl.rewards import reward as reward_of
+
+    limits, chat = spec.reward.limits(), spec.model.chat
+    faults = {"scored": 0, "sandbox_errors": 0}
+
+    async def judge(requests: list[Any]) -> list[Any]:
+        async with SandboxClient(url) as client:
+            return await client.run_batch(requests)
+
+    def reward(completions: list[Any], task_index: list[int], **kw: Any) -> list[float]:
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        lengths = [len(ids) for ids in kw.get("completion_ids") or [[]] * len(texts)]
+        found = [problems[i] for i in task_index]
+        requests = [
+            t.run_request(tasks.answer_to_code(t, x, chat=chat), limits)
+            for t, x in zip(found, texts, strict=True)
+        ]
+        scores = []
+        for result, length in zip(asyncio.run(judge(requests)), lengths, strict=True):
+            value = reward_of(
+                result, spec.reward.kind, generated_tokens=length, length_penalty=spec.reward.length_penalty
+            )
+            faults["scored"] += 1
+            faults["sandbox_errors"] += value is None
+            scores.append(0.0 if value is None else value)
+        return scores
+
+    return reward, faults
+
+
+def run_trl(args: argparse.Namespace) -> None:
+    import crucible_models
+    import torch
+    from crucible_cli.spawn import start
+    from crucible_trainer import tasks
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from bench.common import free_port
+
+    global T0
+    path, overrides = job_source(args.job, args.overrides)
+    spec = load_job(path, overrides)
+    if spec.kind != "train":
+        raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
+    cuda = torch.cuda.is_available()
+    engine = args.engine or ("vllm" if cuda else "hf")
+    out = args.out.resolve()
+    config = trl_config(spec, out, engine, args.vllm_memory, cuda)
+    model_dir = crucible_models.resolve_model_path(spec.model.base)
+    prepared = time.time()
+    if cuda:
+        model_dir = bf16_copy(model_dir)
+    prepared = time.time() - prepared
+    T0 += prepared  # preparing the copy is not the run's time (Crucible's generator casts as it loads)
+    mode = spec.method.filter.mode
+    record = Record(
+        out,
+        "trl",
+        spec,
+        {
+            "eval": eval_settings(spec),
+            "gpus": 1,
+            "placement": {"trainer_cards": _visible(), "engine": engine},
+            "trl_config": config,
+            "model_dir": model_dir,
+            "bf16_copy_s": round(prepared, 1),
+            "not_matched": (
+                {"method.filter": f"{mode}: TRL trains on the job's problems unfiltered"}
+                if mode != "none"
+                else {}
+            ),
+            "command": sys.argv,
+        },
+    )
+    if engine == "vllm":  # colocate mode runs vLLM in this process through torch.distributed: a world of one
+        for key, value in {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+        }.items():
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    problems = tasks.load_tasks(spec.data)
+    chat = spec.model.chat
+
+    def prompt(task: Any) -> str:  # what Crucible's PromptBook sends the generator
+        if not chat:
+            return tasks.build_completion_prompt(task)
+        return tokenizer.apply_chat_template(
+            tasks.build_messages(task), add_generation_prompt=True, tokenize=False
+        )
+
+    data = Dataset.from_list([{"prompt": prompt(t), "task_index": i} for i, t in enumerate(problems)])
+    if engine == "vllm":  # room for the longest prompt and its answer (vLLM refuses a longer request)
+        longest = max(len(tokenizer(p).input_ids) for p in data["prompt"])
+        config["vllm_max_model_length"] = max(
+            config["vllm_max_model_length"], longest + spec.rollout.max_tokens
+        )
+        record.data["trl_config"] = config
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    reward, faults = sandbox_reward(problems, spec, sandbox.url)
+
+    class Saver(TrainerCallback):
+        """The adapter at every saved step, with its wall time; the step's log row kept."""
+
+        trainer: Any = None
+
+        def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+            step = state.global_step
+            if step in keep:
+                wall = time.time() - T0
+                target = out / "adapters" / f"step-{step}"
+                self.trainer.model.save_pretrained(target)
+                record.point(step, wall, str(target))
+
+        def on_log(self, targs: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if logs:
+                row = {"step": state.global_step, "wall_s": round(time.time() - T0, 2), **logs}
+                with (out / "metrics.jsonl").open("a") as f:
+                    f.write(json.dumps(row, default=str) + "\n")
+
+    keep = set(saved_steps(spec.optim.steps, args.every))
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    lora = spec.model
+    peft_config = LoraConfig(
+        r=lora.lora_r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    saver = Saver()
+    try:
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=GRPOConfig(**config),
+            train_dataset=data,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=[saver],
+        )
+        saver.trainer = trainer
+        record.data["train_start_s"] = round(time.time() - T0, 2)
+        record.write()
+        trainer.train()
+    finally:
+        sandbox.stop()
+    record.data.update(wall_s=round(time.time() - T0, 2), rewards=faults, status="finished")
+    record.write()
+    print(json.dumps({k: record.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
+
+
+# -- evaluation -----------------------------------------------------------------------------------
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from crucible_cli.spawn import start
+    from crucible_shared.jobs import EvalJob
+    from crucible_trainer.settings import Settings
+
+    from bench.common import run_job, spawn_generator
+
+    runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
+    first = runs[0][1]
+    base = first["job"]["model"]["base"]
+    if any(r["job"]["model"]["base"] != base for _, r in runs):
+        raise SystemExit("the runs train different models: evaluate them separately")
+    work = Path(tempfile.mkdtemp(prefix="crucible-tta-eval-"))
+    # The saved adapters may be read from where the runs keep them (the trainer's and the generator's roots).
+    roots = ",".join(sorted({str(d) for d, _ in runs} | {str(work)}))
+    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(
+        filter(None, [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots])
+    )
+    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
+        os.environ.pop(name, None)
+    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    generator = None
+    # The base model's scores, shared by every run evaluated beside these (one base point for all
+    # of them, evaluated once), keyed by what was evaluated.
+    cache = runs[0][0].parent / "base-evals.json"
+    try:
+        generator = spawn_generator(
+            work, base, args.rows, env={"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}, timeout=900
+        )
+        settings = Settings(
+            generator_urls=[generator.url],
+            sandbox_url=sandbox.url,
+            adapter_dir=work / "adapters",
+            runs_dir=work / "jobs",
+        )
+
+        def score(run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict[str, Any]:
+            settings_ = run["eval"]
+            data = dict(settings_["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
+            limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+            if limit is not None:
+                data["limit"] = limit
+            spec = EvalJob(
+                model={"base": base, "chat": run["job"]["model"]["chat"]},
+                adapter=adapter,
+                data=data,
+                greedy=True,
+                max_tokens=settings_["max_tokens"],
+            )
+            started = time.time()
+            found = run_job(spec, label, settings)["eval"]["eval"]
+            return {
+                "pass@1": found.get("greedy_pass@1"),
+                "problems": found.get("problems"),
+                "seconds": round(time.time() - started, 1),
+            }
+
+        for out, run in runs:
+            path = out / "evals.json"
+            evals: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+            points = run["points"]
+            final = max(p["step"] for p in points)
+            for p in points:
+                key = str(p["step"])
+                entry = evals.setdefault(key, {})
+                datasets = ["mbpp"] + (["humaneval"] if args.humaneval and p["step"] in (0, final) else [])
+                for dataset in datasets:
+                    if dataset in entry:
+                        continue
+                    if p["adapter"] is None:  # the base model: once for every run
+                        limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+                        what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
+                        shared = json.loads(cache.read_text()) if cache.exists() else {}
+                        if what not in shared:
+                            shared[what] = score(run, None, dataset, f"base-{dataset}")
+                            latest = json.loads(cache.read_text()) if cache.exists() else {}
+                            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+                            tmp.write_text(json.dumps(latest | {what: shared[what]}, indent=1))
+                            os.replace(tmp, cache)
+                        entry[dataset] = shared[what]
+                    else:
+                        entry[dataset] = score(run, p["adapter"], dataset, f"{out.name}-{key}-{dataset}")
+                    path.write_text(json.dumps(evals, indent=1))
+                    print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
+    except BaseException:
+        show_logs(work)
+        raise
+    finally:
+        if generator is not None:
+            generator.stop()
+        sandbox.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the comparison -------------------------------------------------------------------------------
+
+
+# Per-step metrics of each engine's metrics.jsonl: seconds, mean reward, mean completion tokens.
+STEP_KEYS = {
+    "crucible": ("time/step_s", "reward_mean", "completion_tokens_mean"),
+    "trl": ("step_time", "reward", "completions/mean_length"),
+}
+
+
+def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median seconds per step over steps 2+ (the first pays start-up costs), and the mean reward
+    and completion tokens of the first and last quarter of the steps.
+
+    >>> rows = [{"step": s, "step_time": t, "reward": r, "completions/mean_length": 100.0}
+    ...         for s, t, r in ((1, 9.0, 0.2), (2, 4.0, 0.4), (3, 5.0, 0.6), (4, 6.0, 0.8))]
+    >>> training("trl", rows)
+    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8, 'tokens_first': 100.0, 'tokens_last': 100.0}
+    """
+    import statistics
+
+    seconds, reward, tokens = STEP_KEYS[engine]
+    rows = [r for r in rows if seconds in r]
+    if not rows:
+        return {}
+    later = rows[1:] or rows
+    quarter = max(1, len(rows) // 4)
+
+    def mean(part: list[dict[str, Any]], key: str) -> float | None:
+        found = [float(r[key]) for r in part if r.get(key) is not None]
+        return round(statistics.fmean(found), 4) if found else None
+
+    return {
+        "steps": len(rows),
+        "median_step_s": round(statistics.median(float(r[seconds]) for r in later), 3),
+        "reward_first": mean(rows[:quarter], reward),
+        "reward_last": mean(rows[-quarter:], reward),
+        "tokens_first": mean(rows[:quarter], tokens),
+        "tokens_last": mean(rows[-quarter:], tokens),
+    }
+
+
+def curve(run: dict[str, Any], evals: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's evaluated points: wall_s, step, pass@1 (and HumanEval where evaluated)."""
+    out = []
+    for p in run["points"]:
+        found = evals.get(str(p["step"]), {})
+        if "mbpp" not in found:
+            continue
+        row = {"wall_s": p["wall_s"], "step": p["step"], "pass@1": found["mbpp"]["pass@1"]}
+        if "humaneval" in found:
+            row["humaneval"] = found["humaneval"]["pass@1"]
+        out.append(row)
+    return out
+
+
+def reach(points: list[dict[str, Any]], target: float) -> float | None:
+    """Wall time of the first point at or above `target` (0 when the base model is), or None.
+
+    >>> pts = [{"wall_s": 0, "pass@1": 0.5}, {"wall_s": 60, "pass@1": 0.53}, {"wall_s": 90, "pass@1": 0.56}]
+    >>> reach(pts, 0.53), reach(pts, 0.55), reach(pts, 0.6)
+    (60, 90, None)
+    """
+    return next((p["wall_s"] for p in points if p["pass@1"] >= target), None)
+
+
+def at(points: list[dict[str, Any]], wall_s: float) -> float | None:
+    """pass@1 of the latest point at or before `wall_s`.
+
+    >>> pts = [{"wall_s": 0, "pass@1": 0.5}, {"wall_s": 60, "pass@1": 0.53}]
+    >>> at(pts, 59.0), at(pts, 61.0)
+    (0.5, 0.53)
+    """
+    before = [p for p in points if p["wall_s"] <= wall_s]
+    return before[-1]["pass@1"] if before else None
+
+
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The time-to-accuracy comparison of the runs (`name -> {run, evals}`).
+
+    >>> mk = lambda engine, gpus, pts: {"run": {"engine": engine, "gpus": gpus, "points": [
+    ...     {"step": s, "wall_s": w, "adapter": None} for s, w, _ in pts]},
+    ...     "evals": {str(s): {"mbpp": {"pass@1": p}} for s, _, p in pts}}
+    >>> c = compare({"trl": mk("trl", 1, [(0, 0, .50), (10, 200, .52), (20, 400, .54)]),
+    ...              "c1": mk("crucible", 1, [(0, 0, .50), (10, 80, .53), (20, 160, .56)]),
+    ...              "c2": mk("crucible", 2, [(0, 0, .50), (10, 50, .54), (20, 100, .57)])})
+    >>> c["trl_final"], c["runs"]["c1"]["reach_trl_final_s"], c["runs"]["c1"]["reach_over_trl"]
+    (0.54, 160, 0.4)
+    >>> c["runs"]["c1"]["not_lower_at_equal_wall"], c["runs"]["c2"]["reach_one_gpu_final_s"]
+    (True, 100)
+    >>> c["runs"]["c2"]["reach_over_one_gpu"], c["runs"]["c2"]["last_point_over_one_gpu"]
+    (0.625, 0.625)
+    >>> c["runs"]["c1"]["last_point_over_trl"]
+    0.4
+    """
+    curves = {name: curve(r["run"], r["evals"]) for name, r in runs.items()}
+    trl = next((n for n, r in runs.items() if r["run"]["engine"] == "trl" and curves[n]), None)
+    one = next(
+        (
+            n
+            for n, r in runs.items()
+            if r["run"]["engine"] == "crucible" and r["run"]["gpus"] == 1 and curves[n]
+        ),
+        None,
+    )
+    out: dict[str, Any] = {"trl_run": trl, "one_gpu_run": one, "runs": {}}
+    trl_final = curves[trl][-1] if trl else None
+    one_final = curves[one][-1] if one else None
+    if trl_final:
+        out.update(trl_final=trl_final["pass@1"], trl_final_wall_s=trl_final["wall_s"])
+    if one_final:
+        out.update(one_gpu_final=one_final["pass@1"], one_gpu_final_wall_s=one_final["wall_s"])
+    for name, r in runs.items():
+        pts = curves[name]
+        row: dict[str, Any] = {
+            "engine": r["run"]["engine"],
+            "gpus": r["run"]["gpus"],
+            "placement": r["run"].get("placement"),
+            "points": pts,
+            "wall_s": r["run"].get("wall_s"),
+            "train_start_s": r["run"].get("train_start_s"),
+            "final": pts[-1] if pts else None,
+            "training": training(r["run"]["engine"], r.get("metrics", [])),
+        }
+        if trl_final and name != trl and pts:
+            t = reach(pts, trl_final["pass@1"])
+            row["reach_trl_final_s"] = t
+            row["reach_over_trl"] = round(t / trl_final["wall_s"], 3) if t is not None else None
+            row["goal_half_trl_met"] = t is not None and t <= 0.5 * trl_final["wall_s"]
+            # The same number of steps, free of evaluation noise: the last saved point's time over TRL's.
+            row["last_point_over_trl"] = round(pts[-1]["wall_s"] / trl_final["wall_s"], 3)
+            equal = [(p["wall_s"], p["pass@1"], at(pts, p["wall_s"])) for p in curves[trl] if p["step"]]
+            row["at_trl_points"] = [{"wall_s": w, "trl": a, "this": b} for w, a, b in equal]
+            row["not_lower_at_equal_wall"] = all(b is not None and b >= a for _, a, b in equal)
+        if one_final and name != one and r["run"]["engine"] == "crucible" and pts:
+            base_t = reach(curves[one], one_final["pass@1"])
+            t = reach(pts, one_final["pass@1"])
+            row["reach_one_gpu_final_s"] = t
+            row["one_gpu_reach_s"] = base_t
+            row["reach_over_one_gpu"] = round(t / base_t, 3) if t is not None and base_t else None
+            row["goal_0p6_one_gpu_met"] = (
+                row["reach_over_one_gpu"] is not None and row["reach_over_one_gpu"] <= 0.6
+            )
+            row["last_point_over_one_gpu"] = round(pts[-1]["wall_s"] / one_final["wall_s"], 3)
+        out["runs"][name] = row
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The comparison as Markdown: one row per run, then the points."""
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    def sec(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f} s"
+
+    lines = [
+        "| run | GPUs | points (wall s, step, MBPP pass@1) | final | HumanEval base → final | "
+        "to TRL's final | x TRL | to 1-GPU final | x 1 GPU |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for name, r in result["runs"].items():
+        pts = r["points"]
+        shown = "; ".join(f"{p['wall_s']:.0f}, {p['step']}, {pct(p['pass@1'])}" for p in pts)
+        he = [p["humaneval"] for p in pts if "humaneval" in p]
+        human = " → ".join(pct(v) for v in he) if he else "-"
+        final = pct(r["final"]["pass@1"]) if r["final"] else "-"
+        over = r.get("reach_over_trl")
+        one = r.get("reach_over_one_gpu")
+        lines.append(
+            f"| {name} ({r['engine']}) | {r['gpus']} | {shown} | {final} | {human} | "
+            f"{sec(r.get('reach_trl_final_s'))} | {'-' if over is None else f'{over:.2f}'} | "
+            f"{sec(r.get('reach_one_gpu_final_s'))} | {'-' if one is None else f'{one:.2f}'} |"
+        )
+    lines += [
+        "",
+        "| run | steps | median s/step (2+) | reward, first → last quarter | tokens, first → last quarter | "
+        "start-up (to the job) | wall | last point x TRL | last point x 1 GPU |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for name, r in result["runs"].items():
+        t = r.get("training") or {}
+
+        def num(v: float | None, digits: int = 2) -> str:
+            return "-" if v is None else f"{v:.{digits}f}"
+
+        lines.append(
+            f"| {name} | {t.get('steps', '-')} | {num(t.get('median_step_s'))} | "
+            f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))} | "
+            f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)} | "
+            f"{sec(r.get('train_start_s'))} | {sec(r.get('wall_s'))} | {num(r.get('last_point_over_trl'))} | "
+            f"{num(r.get('last_point_over_one_gpu'))} |"
+        )
+    if result.get("trl_final") is not None:
+        lines.append(
+            f"\nTRL's final pass@1: {pct(result['trl_final'])} at {sec(result['trl_final_wall_s'])}; "
+            "goal: Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time."
+        )
+    for name, r in result["runs"].items():
+        if "not_lower_at_equal_wall" in r:
+            cells = ", ".join(
+                f"{p['wall_s']:.0f} s: {pct(p['this'])} vs {pct(p['trl'])}" for p in r["at_trl_points"]
+            )
+            lines.append(
+                f"- {name} at TRL's points ({'not lower' if r['not_lower_at_equal_wall'] else 'LOWER'}): {cells}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_table(args: argparse.Namespace) -> None:
+    runs = {}
+    for d in args.runs:
+        if not (d / "run.json").exists():
+            continue
+        evals = json.loads((d / "evals.json").read_text()) if (d / "evals.json").exists() else {}
+        lines = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
+        metrics = [json.loads(line) for line in lines if line.strip()]
+        runs[d.name] = {"run": json.loads((d / "run.json").read_text()), "evals": evals, "metrics": metrics}
+    result = compare(runs)
+    args.json.write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    if args.md:
+        args.md.write_text(text)
+    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    for verb in ("crucible", "trl"):
+        p = verbs.add_parser(verb)
+        p.add_argument("job", help="a recipe of recipes/learning.yaml or a job spec file")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--every", type=int, default=10, help="save the adapter every N steps (and the last)")
+    verbs.choices["crucible"].add_argument(
+        "--generator-devices", help="CUDA_VISIBLE_DEVICES of each replica, comma-separated"
+    )
+    verbs.choices["crucible"].add_argument("--rows", type=int, default=128, help="rows of each generator")
+    verbs.choices["trl"].add_argument(
+        "--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU"
+    )
+    verbs.choices["trl"].add_argument(
+        "--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization"
+    )
+    p = verbs.add_parser("eval")
+    p.add_argument("runs", type=Path, nargs="+")
+    p.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")
+    p.add_argument("--humaneval-tasks", type=int, help="HumanEval problems (default: all 164)")
+    p.add_argument("--no-humaneval", dest="humaneval", action="store_false")
+    p.add_argument("--rows", type=int, default=256, help="rows of the generator")
+    p = verbs.add_parser("table")
+    p.add_argument("runs", type=Path, nargs="+")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--md", type=Path)
+    args = parser.parse_args(argv)
+    {"crucible": run_crucible, "trl": run_trl, "eval": run_eval, "table": run_table}[args.verb](args)
+
+
+if __name__ == "__main__":
+    main()
