@@ -9,7 +9,7 @@
 #   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup (bench/grpo_race.py, recipes/grpo_smollm2.yaml)
 #   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--tag T] [--set FIELD=VALUE ...]  # one learning run, grpo or srrl
 #   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
-#   bash bench/gpu.sh overlap [--seeds 0 1 2 --staleness 0 1 2 --set optim.steps=100]  # overlapped rollouts vs synchronous (bench/overlap_race.py; long: with `bg`)
+#   bash bench/gpu.sh overlap [--seeds 0 1 2]  # overlapped rollouts vs synchronous (recipes overlap-s0/1/2 by bench/seeds.py; long: with `bg`)
 #   bash bench/gpu.sh generator       # bench/generator.py on CUDA
 #   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
 #   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
@@ -264,9 +264,10 @@ PY
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
     python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
-  overlap)  # [bench/overlap_race.py flags]: overlap.max_staleness 1, 2 against 0 at equal samples, over seeds:
-    shift    # samples/s and final greedy MBPP-test pass@1, one JSON (long: run it with `bg`, then `wait-bg`)
-    python3 bench/overlap_race.py --json "${OUT:-/tmp}/overlap.json" "$@" ;;
+  overlap)  # [bench/seeds.py run flags]: the recipes overlap-s0/1/2 (overlap.max_staleness 0, 1, 2) at equal
+    shift    # samples over seeds, then samples/s and final greedy MBPP-test pass@1 paired by seed (long: with `bg`)
+    for s in 0 1 2; do python3 bench/seeds.py run "overlap-s$s" --out "${OUT:-/tmp}/results" "$@"; done
+    for s in 1 2; do python3 bench/seeds.py compare overlap-s0 "overlap-s$s" --out "${OUT:-/tmp}/results"; done ;;
   filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
     steps=${2:-100} tasks=${3:-500}
     for mode in none pre dynamic; do
@@ -384,7 +385,7 @@ PY
     # generator against vLLM fitted to the rank-16 adapter (max-lora-rank 16, 2 LoRAs), both on the dense
     # weights in Crucible's cache, 1/8/32/128 clients and hot-swap: $OUT/serve-qwen2.5-coder-1.5b-instruct-fitted.json
     export MODEL_DIR; MODEL_DIR=$(qwen_dir); export MODEL_NAME=$QWEN
-    serve_pairs "$QWEN" 0.3 0.5 cuda "" fitted ;;
+    serve_pairs "$QWEN" 0.3 0.35 cuda "" fitted ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
     [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
