@@ -36,6 +36,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
+from .paged import ZERO as ZERO_BLOCK
+from .paged import BlockPool, PagedCache, blocks_for
 from .transfer import to_device
 
 log = logging.getLogger(__name__)
@@ -53,41 +55,11 @@ PREFILL_WIDTH_STEP = 64
 WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-class RowCache:
-    """Per-layer `[rows, kv_heads, length, head_dim]` keys and values; row `r` writes its next key
-    at slot `write[r]`. Attention layers call `update` only; the window `(b, l)` is what they see.
-
-    Deliberately not a transformers `Cache`: with a 4-D mask supplied, transformers builds no mask
-    of its own (as for `fastpath.StaticKVCache`).
-    """
-
-    def __init__(self, config: Any, rows: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        shape = (rows, kv_heads, length, head_dim)
-        layers = int(config.num_hidden_layers)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.write = torch.zeros(rows, dtype=torch.long, device=device)
-        self.window = (rows, length)
-        self._rows = torch.arange(rows, device=device)
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        b, slots = self.window
-        rows, at = self._rows[:b], self.write[:b]
-        self.keys[layer_idx][rows, :, at] = key_states[:, :, -1]
-        self.values[layer_idx][rows, :, at] = value_states[:, :, -1]
-        return self.keys[layer_idx][:b, :, :slots], self.values[layer_idx][:b, :, :slots]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # asked by some versions; positions are given
-        return 0
-
-
 class ContinuousDecoder:
-    """The merged model, its row cache and one CUDA graph per window; the engine drives it."""
+    """The merged model, its paged cache and one CUDA graph per window; the engine drives it.
+
+    `rows`: the most sequences decoded at once; `length`: the most slots one may fill; `blocks`:
+    the cache's blocks of `block_size` slots (default: enough for every row at full length)."""
 
     def __init__(
         self,
@@ -96,6 +68,8 @@ class ContinuousDecoder:
         rows: int,
         length: int,
         use_graphs: bool,
+        block_size: int = 16,
+        blocks: int | None = None,
         prefill_graphs: bool = True,
         on_capture: Callable[[], Any] | None = None,
         attention_kernels: Literal["auto", "no_cudnn"] = "auto",
@@ -108,7 +82,22 @@ class ContinuousDecoder:
         self.dtype = next(self.model.parameters()).dtype
         self.rows, self.length = rows, -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
         self.use_graphs = use_graphs and self.device.type == "cuda"
-        self.cache = RowCache(self.model.config, rows, self.length, self.device, self.dtype)
+        self.block_size = block_size
+        per_row = blocks_for(self.length, block_size)
+        blocks = rows * per_row if blocks is None else blocks
+        if blocks < per_row:
+            raise ValueError(f"{blocks} blocks of {block_size} slots cannot hold one row of {self.length}")
+        self.cache = PagedCache(
+            self.model.config,
+            rows=rows,
+            length=self.length,
+            block_size=block_size,
+            blocks=blocks,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        self.pool = BlockPool(blocks)
+        self.row_blocks: list[list[int]] = [[] for _ in range(rows)]  # each row's blocks, in order
         self.hidden = torch.finfo(self.dtype).min
         self.mask = torch.full((rows, self.length), self.hidden, dtype=self.dtype, device=self.device)
         self.input_ids = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
@@ -146,14 +135,63 @@ class ContinuousDecoder:
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs)
         return out.logits[:, -1, :]
 
+    # --- blocks ---------------------------------------------------------------------------------
+
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.available
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` slots of one row."""
+        return blocks_for(tokens, self.block_size)
+
+    def shortfall(self, needs: dict[int, int]) -> int:
+        """How many blocks short the cache is of giving each row `r` in `needs` `needs[r]` slots
+        (0: it has enough)."""
+        missing = sum(max(0, self.blocks_for(n) - len(self.row_blocks[r])) for r, n in needs.items())
+        return max(0, missing - self.pool.available)
+
+    def grow(self, needs: dict[int, int]) -> None:
+        """Give each row `r` in `needs` blocks for `needs[r]` slots (the caller checked `shortfall`)."""
+        rows, columns, blocks = [], [], []
+        for row, tokens in needs.items():
+            held = self.row_blocks[row]
+            more = self.blocks_for(tokens) - len(held)
+            if more > 0:
+                new = self.pool.take(more)
+                rows += [row] * more
+                columns += range(len(held), len(held) + more)
+                blocks += new
+                held += new
+        if blocks:
+            at = to_device([rows, columns, blocks], self.device)
+            self.cache.table[at[0], at[1]] = at[2]
+
+    def _place(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], source: list[int]) -> None:
+        """Blocks for `rows` to hold their prompts; rows prefilled from one prompt (`source`) share
+        its full blocks, each with a last partial block of its own (decoding writes there)."""
+        first: dict[int, int] = {}  # distinct prompt -> the row that took its blocks
+        table = torch.full((len(rows), self.cache.width), ZERO_BLOCK, dtype=torch.long)
+        for i, (row, prompt, s) in enumerate(zip(rows, prompts, source, strict=True)):
+            assert not self.row_blocks[row], f"row {row} still holds blocks"
+            need = self.blocks_for(len(prompt))
+            owner = first.setdefault(s, row)
+            shared = self.row_blocks[owner][: len(prompt) // self.block_size] if owner != row else []
+            self.pool.share(shared)
+            self.row_blocks[row] = shared + self.pool.take(need - len(shared))
+            table[i, :need] = torch.tensor(self.row_blocks[row])
+        self.cache.table[to_device(list(rows), self.device)] = to_device(table, self.device)
+
     # --- admission ------------------------------------------------------------------------------
 
     def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
-        """Fill `rows` with `prompts` (one each); returns each row's next-token logits and how many
+        """Fill `rows` with `prompts` (one each), taking their blocks (the caller checked there are
+        enough: `blocks_for` each prompt); returns each row's next-token logits and how many
         prompt tokens were not prefilled again (identical prompts share one prefill)."""
         unique: dict[tuple[int, ...], int] = {}
         source = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         distinct = list(unique)
+        self._place(rows, prompts, source)
         logits: list[torch.Tensor | None] = [None] * len(distinct)
         start = 0
         while start < len(distinct):  # chunks of at most PREFILL_TOKENS padded tokens
@@ -200,15 +238,16 @@ class ContinuousDecoder:
         else:
             scratch = StaticKVCache(width, self.device)
             logits = self._prefill_forward(scratch, ids, mask2d)
-        # Copy each prompt into its rows shifted left so that it starts at slot 0.
+        # Copy each prompt into its rows' blocks shifted left so that it starts at slot 0.
         src = to_device(source, self.device)
         lengths = to_device([len(prompts[s]) for s in source], self.device)
         shift = (self._slots[:width].unsqueeze(0) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
         target = to_device(rows, self.device)
+        blocks, offsets = self.cache.targets(target, lengths, width)
         for layer, (k, v) in enumerate(zip(scratch.keys, scratch.values, strict=True)):
             index = shift[:, None, :, None].expand(len(rows), k.shape[1], width, k.shape[3])
-            self.cache.keys[layer][target, :, :width] = k[src].gather(2, index)
-            self.cache.values[layer][target, :, :width] = v[src].gather(2, index)
+            self.cache.keys[layer][blocks, offsets] = k[src].gather(2, index).transpose(1, 2)
+            self.cache.values[layer][blocks, offsets] = v[src].gather(2, index).transpose(1, 2)
         self.mask[target] = torch.where(
             self._slots.unsqueeze(0) < lengths.unsqueeze(1), self._open, self.hidden
         )
@@ -239,22 +278,24 @@ class ContinuousDecoder:
         self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
         return graph
 
-    def scrub(self, rows: Sequence[int]) -> None:
-        """Zero `rows`' keys and values in every layer and hide their slots: whatever a fault left
-        there (`faults.py`) must not reach the next sequence placed in them."""
-        if rows:
-            target = to_device(list(rows), self.device)
-            for keys, values in zip(self.cache.keys, self.cache.values, strict=True):
-                keys[target] = 0
-                values[target] = 0
-            self.mask[target] = self.hidden
-
-    def release(self, rows: Sequence[int]) -> None:
-        """Free `rows`: they stop advancing (their writes stay at slot 0 until a prompt fills them)."""
-        if rows:
-            target = to_device(list(rows), self.device)
-            self.live[target] = 0
-            self.cache.write[target] = 0
+    def release(self, rows: Sequence[int], faulted: Sequence[int] = ()) -> None:
+        """Free `rows` and give back their blocks: the rows stop advancing (their writes go to the
+        trash block until a prompt fills them). The blocks of `faulted` rows are zeroed once no row
+        holds them: whatever a fault left there (`faults.py`) must not reach the next sequence
+        placed in them."""
+        if not rows:
+            return
+        freed = []
+        for row in rows:
+            freed += self.pool.release(self.row_blocks[row], dirty=row in faulted)
+            self.row_blocks[row] = []
+        self.cache.zero(self.pool.to_scrub(freed), self.device)
+        target = to_device(list(rows), self.device)
+        self.live[target] = 0
+        self.cache.write[target] = 0
+        self.cache.table[target] = self.cache.free_row
+        if faulted:
+            self.mask[to_device(list(faulted), self.device)] = self.hidden
 
     # --- decoding -------------------------------------------------------------------------------
 
@@ -281,6 +322,7 @@ class ContinuousDecoder:
     def _step(self, window: tuple[int, int]) -> torch.Tensor:
         b, slots = window
         self.cache.window = window
+        self.cache.locate(b)
         # Open the slot each row writes now (a tensor value: nothing leaves the device in a graph).
         self.mask.index_put_((self.cache._rows[:b], self.cache.write[:b]), self._open)
         mask = self.mask[:b, :slots][:, None, None, :]

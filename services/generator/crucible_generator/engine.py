@@ -4,11 +4,13 @@ One engine thread owns the model. Requests from the event loop become *sequences
 and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves them two ways:
 
 * **Continuous batching** (the fast path, on by default with CUDA; `continuous.py`): sequences of
-  one adapter (or none) decode in rows of a preallocated KV cache with that adapter merged into a
-  copy of the weights. Between two decode steps finished rows leave and waiting sequences of the
-  same adapter join, each prefilled into a free row; steps replay CUDA graphs captured once per
-  window. The queue stays FIFO: a waiting sequence of another adapter stops further joins, the
-  batch drains, and the next batch merges that adapter.
+  one adapter (or none) decode in rows of a paged KV cache (`paged.py`: blocks taken as a row
+  grows, given back when it ends) with that adapter merged into a copy of the weights. Between two
+  decode steps finished rows leave and waiting sequences of the same adapter join while free
+  blocks hold them, each prefilled into a free row; when the blocks run out mid-decode the newest
+  sequences are preempted (queued again with their tokens so far). Steps replay CUDA graphs
+  captured once per window. The queue stays FIFO: a waiting sequence of another adapter stops
+  further joins, the batch drains, and the next batch merges that adapter.
 * **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
   path does not implement (`features.py`) or whose decode step cannot be captured as a CUDA graph,
   requests longer than its rows, or `fast_decode=off`; `eager.py`): up
@@ -79,6 +81,8 @@ class Engine(ContinuousBatching):
         fast_context: int = 2048,
         join_wait_s: float = 0.02,
         attention_kernels: str = "auto",
+        block_size: int = 16,
+        kv_blocks: int | None = None,
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
@@ -109,6 +113,8 @@ class Engine(ContinuousBatching):
                     model,
                     rows=max_batch_size,
                     length=length,
+                    block_size=block_size,
+                    blocks=kv_blocks,
                     use_graphs=cuda_graphs,
                     prefill_graphs=prefill_graphs,
                     on_capture=self.metrics.graph_captures.inc,
