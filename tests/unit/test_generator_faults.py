@@ -20,8 +20,8 @@ from crucible_generator import continuous
 from crucible_generator.api import create_app
 from crucible_generator.engine import Completion, Engine, SamplingParams
 from crucible_generator.errors import ServerError
-from crucible_generator.paged import RESERVED
 from crucible_generator.fastpath import StaticKVCache
+from crucible_generator.paged import RESERVED
 from crucible_generator.service import GeneratorService
 from starlette.testclient import TestClient
 

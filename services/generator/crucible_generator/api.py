@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .budget import BudgetError
 from .errors import GeneratorError
 from .protocol import (
     ChatCompletionRequest,
@@ -36,6 +35,7 @@ from .protocol import (
 )
 from .service import GeneratorService, build_service
 from .settings import Settings
+from .sizing import BudgetError
 
 log = logging.getLogger(__name__)
 

@@ -55,12 +55,14 @@ class ContinuousBatching:
                     self._settle(pending, rows, free)
                     pending = None
                     self._admit(joining, rows, free)
-                if rows and fast.shortfall(self._needs(rows, pending is not None)):
+                needs = self._needs(rows, pending is not None)
+                if rows and fast.shortfall(needs):
                     self._settle(pending, rows, free)
                     pending = None
                     self._preempt_for_room(rows, free)
+                    needs = self._needs(rows, False)
                 if rows:
-                    fast.grow(self._needs(rows, pending is not None))
+                    fast.grow(needs)
                     launched = self._launch(rows, pending is not None)
                     self._settle(pending, rows, free)
                     pending = launched
@@ -138,8 +140,9 @@ class ContinuousBatching:
         """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
         if free == 0:
             return []
-        assert self.fast is not None
-        if self.fast.merged.current != slot:
+        fast = self.fast
+        assert fast is not None
+        if fast.merged.current != slot:
             # The batch's adapter was unloaded as its last row ended and its slot may already hold
             # the next version's weights: a new batch merges them before anything decodes.
             return []
@@ -149,13 +152,13 @@ class ContinuousBatching:
             oldest = self._waiting[0].enqueued
             if len(self._waiting) < running // JOIN_FRACTION and time.monotonic() - oldest < self.join_wait_s:
                 return []
-            left = self.fast.free_blocks
+            left = fast.free_blocks
 
             def joins(seq: Sequence) -> bool:
                 nonlocal left
                 if seq.slot != slot or not self._fits_fast(seq):
                     return False
-                need = self.fast.blocks_for(len(seq.prompt_ids) + len(seq.output_ids) + 1)
+                need = fast.blocks_for(len(seq.prompt_ids) + len(seq.output_ids) + 1)
                 if need > left:  # admission by free blocks; FIFO: nobody overtakes it
                     return False
                 left -= need

@@ -37,7 +37,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
 from .paged import ZERO as ZERO_BLOCK
-from .paged import BlockPool, PagedCache, blocks_for
+from .paged import BlockPool, PagedCache
+from .sizing import blocks_for
 from .transfer import to_device
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,9 @@ class ContinuousDecoder:
 
     def grow(self, needs: dict[int, int]) -> None:
         """Give each row `r` in `needs` blocks for `needs[r]` slots (the caller checked `shortfall`)."""
-        rows, columns, blocks = [], [], []
+        rows: list[int] = []
+        columns: list[int] = []
+        blocks: list[int] = []
         for row, tokens in needs.items():
             held = self.row_blocks[row]
             more = self.blocks_for(tokens) - len(held)

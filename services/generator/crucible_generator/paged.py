@@ -36,15 +36,6 @@ ZERO, TRASH = 0, 1
 RESERVED = 2
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    """Blocks that hold `tokens` slots.
-
-    >>> blocks_for(0, 16), blocks_for(1, 16), blocks_for(16, 16), blocks_for(17, 16)
-    (0, 1, 1, 2)
-    """
-    return -(-tokens // block_size)
-
-
 class BlockPool:
     """Which blocks are free and how many rows hold each one (host side, engine thread only).
 
@@ -165,7 +156,9 @@ class PagedCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:  # asked by some versions; positions are given
         return 0
 
-    def targets(self, rows: torch.Tensor, lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def targets(
+        self, rows: torch.Tensor, lengths: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks and offsets of logical slots `0..width-1` of `rows` (`[rows, width]` each); slots
         at or past a row's length go to `TRASH` (a prefill writes its padding there)."""
         slots = torch.arange(width, device=rows.device)
