@@ -203,3 +203,26 @@ def test_the_block_table_shares_full_blocks_and_frees_them_with_their_last_row()
     decoder.release([1, 2])
     assert decoder.pool.available == 64
     assert decoder.cache.table[:3, 0].tolist() == [1, 1, 1]  # free rows write to the trash block
+
+
+def test_nan_left_in_a_block_fails_its_request_once_and_the_block_is_zeroed():
+    from crucible_generator.errors import ServerError
+    from crucible_generator.paged import RESERVED
+
+    engine = Engine(
+        tiny_llama(max_positions=512), DigitsTokenizer(), max_batch_size=4, batch_wait_s=0.0,
+        fast_decode="on", join_wait_s=0.0, kv_blocks=40,
+    )  # fmt: skip
+    engine.start()
+    try:
+        assert engine.fast is not None and engine.fast.paged
+        # The first free block: the next prompt of 4 tokens takes it, 8 more leave slots 13-15 masked.
+        engine.fast.cache.values[0][RESERVED, 13:] = float("nan")
+        params = SamplingParams(max_tokens=8, temperature=1.0, seed=1, logprobs=0, ignore_eos=True)
+        with pytest.raises(ServerError, match="were not finite"):
+            asyncio.run(engine.generate([[5, 6, 7, 8]], params, n=2))
+        wait_all_free(engine)
+        assert engine.fast.cache.values[0][RESERVED].isfinite().all()
+        assert all(len(c.token_ids) == 8 for c in asyncio.run(engine.generate([[5, 6, 7, 8]], params, n=2)))
+    finally:
+        engine.stop()

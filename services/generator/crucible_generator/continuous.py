@@ -88,6 +88,9 @@ class ContinuousDecoder:
         blocks = rows * per_row if blocks is None else blocks
         if blocks < per_row:
             raise ValueError(f"{blocks} blocks of {block_size} slots cannot hold one row of {self.length}")
+        # Blocks for every row at full length: each row owns its own for good (`paged.py`).
+        self.paged = blocks < rows * per_row
+        blocks = min(blocks, rows * per_row)
         self.cache = PagedCache(
             self.model.config,
             rows=rows,
@@ -96,6 +99,7 @@ class ContinuousDecoder:
             blocks=blocks,
             device=self.device,
             dtype=self.dtype,
+            contiguous=not self.paged,
         )
         self.pool = BlockPool(blocks)
         self.row_blocks: list[list[int]] = [[] for _ in range(rows)]  # each row's blocks, in order
@@ -149,11 +153,15 @@ class ContinuousDecoder:
     def shortfall(self, needs: dict[int, int]) -> int:
         """How many blocks short the cache is of giving each row `r` in `needs` `needs[r]` slots
         (0: it has enough)."""
+        if not self.paged:  # every row holds its full length already
+            return 0
         missing = sum(max(0, self.blocks_for(n) - len(self.row_blocks[r])) for r, n in needs.items())
         return max(0, missing - self.pool.available)
 
     def grow(self, needs: dict[int, int]) -> None:
         """Give each row `r` in `needs` blocks for `needs[r]` slots (the caller checked `shortfall`)."""
+        if not self.paged:
+            return
         rows: list[int] = []
         columns: list[int] = []
         blocks: list[int] = []
@@ -173,6 +181,10 @@ class ContinuousDecoder:
     def _place(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], source: list[int]) -> None:
         """Blocks for `rows` to hold their prompts; rows prefilled from one prompt (`source`) share
         its full blocks, each with a last partial block of its own (decoding writes there)."""
+        if not self.paged:  # the row's own blocks (counted, so that admission sees free rows)
+            for row in rows:
+                self.row_blocks[row] = self.pool.take(self.cache.width)
+            return
         first: dict[int, int] = {}  # distinct prompt -> the row that took its blocks
         table = torch.full((len(rows), self.cache.width), ZERO_BLOCK, dtype=torch.long)
         for i, (row, prompt, s) in enumerate(zip(rows, prompts, source, strict=True)):
@@ -290,13 +302,16 @@ class ContinuousDecoder:
             return
         freed = []
         for row in rows:
-            freed += self.pool.release(self.row_blocks[row], dirty=row in faulted)
+            freed += self.pool.release(self.row_blocks[row], dirty=row in faulted and self.paged)
             self.row_blocks[row] = []
         self.cache.zero(self.pool.to_scrub(freed), self.device)
         target = to_device(list(rows), self.device)
         self.live[target] = 0
         self.cache.write[target] = 0
-        self.cache.table[target] = self.cache.free_row
+        if self.paged:
+            self.cache.table[target] = self.cache.free_row
+        elif faulted:  # the row's own blocks
+            self.cache.zero(self.cache.table[to_device(list(faulted), self.device)].flatten().tolist(), self.device)
         if faulted:
             self.mask[to_device(list(faulted), self.device)] = self.hidden
 

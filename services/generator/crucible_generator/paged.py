@@ -14,6 +14,11 @@ the step is still captured as a CUDA graph per window: the pool and the table ne
 their contents change). The additive mask over logical slots is the row cache's: what a row may
 see is unchanged.
 
+When the pool holds every row at full length (a small model, plenty of memory), nothing is
+shared or handed out: row `r` owns blocks `r * n ..` (`n` blocks a row) for good, its table never
+changes, and `update` returns views of the pool instead of gathering (`contiguous`: the cost of
+the gather is then saved).
+
 Two blocks are reserved. `ZERO` pads every table past a row's blocks and is never written: a
 masked slot must hold a finite value (0 x NaN is NaN). `TRASH` takes the writes nobody reads: a
 free row in a step's window writes its throwaway token there, and a prefill writes its padding
@@ -112,6 +117,7 @@ class PagedCache:
         blocks: int,
         device: torch.device,
         dtype: torch.dtype,
+        contiguous: bool = False,
     ) -> None:
         if length % block_size:
             raise ValueError(f"rows of {length} slots are not whole blocks of {block_size}")
@@ -126,7 +132,17 @@ class PagedCache:
         self.width = length // block_size  # table entries per row
         self.free_row = torch.full((self.width,), ZERO, dtype=torch.long, device=device)
         self.free_row[0] = TRASH  # a free row's write slot (0) lands in TRASH
-        self.table = self.free_row.repeat(rows, 1)
+        self.contiguous = contiguous
+        if contiguous:
+            if blocks != rows * self.width:
+                raise ValueError(f"contiguous rows take {rows * self.width} blocks, not {blocks}")
+            owned = torch.arange(RESERVED, RESERVED + blocks, device=device)
+            self.table = owned.view(rows, self.width)
+            # Each layer's rows as `[rows, length, heads, dim]` views of its pool.
+            self._keys_by_row = [k[RESERVED:].view(rows, length, *shape[2:]) for k in self.keys]
+            self._values_by_row = [v[RESERVED:].view(rows, length, *shape[2:]) for v in self.values]
+        else:
+            self.table = self.free_row.repeat(rows, 1)
         self.write = torch.zeros(rows, dtype=torch.long, device=device)
         self.window = (rows, length)
         self._rows = torch.arange(rows, device=device)
@@ -147,6 +163,11 @@ class PagedCache:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys[block, offset] = key_states[:, :, -1]
         values[block, offset] = value_states[:, :, -1]
+        if self.contiguous:
+            return (
+                self._keys_by_row[layer_idx][:b, :slots].transpose(1, 2),
+                self._values_by_row[layer_idx][:b, :slots].transpose(1, 2),
+            )
         table = self.table[:b, : slots // self.block_size]
         # [b, n, block, heads, dim] -> [b, slots, heads, dim] (a view) -> [b, heads, slots, dim]
         k = keys[table].view(b, slots, *keys.shape[2:]).transpose(1, 2)
