@@ -85,9 +85,11 @@ def test_the_paged_cache_holds_many_more_rows_than_full_length_rows_in_the_same_
     # A set max_batch_size is kept, with the blocks that fit beside it.
     assert plan_paged(H100, 0.55, f, block_size=16, requested=40).rows == 40
     assert plan_paged(H100, 0.55, f, block_size=16, requested=40).blocks > plan.blocks
-    # On an H200 (139 GiB) the rows reach the ceiling and the blocks hold over half a million tokens.
+    # On an H200 (139 GiB) the room holds 256 rows at full length: each row owns its blocks (no
+    # gather), as many rows as rows reserved at the context gave.
     big = plan_paged(int(139.8 * GIB), 0.55, f, block_size=16)
-    assert big.rows == budget.MAX_ROWS and big.tokens > 500_000
+    assert big.rows == plan_rows(int(139.8 * GIB), 0.55, f) == budget.CONTIGUOUS_ROWS
+    assert big.blocks == big.rows * 2048 // 16
 
 
 def test_a_set_batch_size_is_checked_against_the_budget(qwen_7b) -> None:

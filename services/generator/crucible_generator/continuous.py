@@ -311,7 +311,9 @@ class ContinuousDecoder:
         if self.paged:
             self.cache.table[target] = self.cache.free_row
         elif faulted:  # the row's own blocks
-            self.cache.zero(self.cache.table[to_device(list(faulted), self.device)].flatten().tolist(), self.device)
+            self.cache.zero(
+                self.cache.table[to_device(list(faulted), self.device)].flatten().tolist(), self.device
+            )
         if faulted:
             self.mask[to_device(list(faulted), self.device)] = self.hidden
 

@@ -430,16 +430,15 @@ def cache_plan(model: Any, settings: Settings) -> CachePlan:
             prefill_graphs=settings.cuda_graphs and settings.prefill_graphs,
             max_loras=settings.max_loras,
             max_lora_rank=settings.max_lora_rank,
+            graphs=settings.cuda_graphs,
         )
         return budget_plan(model, settings.gpu_memory_fraction, footprint, requested, block_size)
     else:
         if settings.gpu_memory_fraction is not None:
             log.info("gpu_memory_fraction applies on CUDA only; ignored on %s", model.device)
         plan = free_memory_plan(model, context, requested, block_size, paged=fast)
-    cache = (
-        f", {plan.blocks} cache blocks of {block_size} tokens ({plan.tokens} tokens)" if plan.blocks else ""
-    )
-    log.info("max_batch_size %d (%s)%s", plan.rows, "from memory" if requested is None else "set", cache)
+    how = "from memory" if requested is None else "set"
+    log.info("max_batch_size %d (%s): %s", plan.rows, how, plan.describe(min(context, WORKING_LEN)))
     return plan
 
 

@@ -17,13 +17,16 @@ come, in bytes (`Footprint`):
 * `CONTEXT_BYTES` for the CUDA context, cuBLAS workspaces and the allocator's slack;
 * per row: its share of sampling (float32 logits, log-probabilities, probabilities and a sort over
   the vocabulary) and, on the fast path, of a decode step's gathered keys and values (one layer's,
-  at full length: `paged.PagedCache.update`);
+  at full length: `paged.PagedCache.update`) and of the logits the captured decode steps keep
+  (each window's graph its own: about two rows' worth per row and window length);
 * the key/value cache: on the fast path, blocks of `block_size` tokens (`paged.py`) that rows take
   as they grow; on the eager path, each row's cache at `row_length` tokens.
 
-On the fast path the rows are the largest power of two (at most `MAX_ROWS`) whose own share takes
-at most half of what is left and that leaves at least `MIN_AVERAGE` tokens of blocks per row; the
-blocks are the rest. On the eager path (no fast path) the rows are the largest power of two whose
+On the fast path, when what is left holds `CONTIGUOUS_ROWS` rows or more at full length, the
+rows are the most that fit (a power of two, at most `MAX_ROWS`), each with its own blocks for good
+(no gather: `paged.py`); otherwise the rows are the largest power of two (at most `MAX_ROWS`)
+whose own share takes at most half of what is left and that leaves at least `MIN_AVERAGE` tokens
+of blocks per row, and the blocks are the rest, handed out as rows grow. On the eager path (no fast path) the rows are the largest power of two whose
 full-length caches fit. A budget the weights alone exceed, or that leaves no room for one row at
 full length, refuses to start with a message that says what took the room. These are estimates of
 what the generator allocates, not a cap PyTorch enforces: measured use (`nvidia-smi`) runs some
@@ -49,6 +52,9 @@ CONTEXT_BYTES = GIB
 SAMPLING_BYTES = 16  # per row and vocabulary entry: logits, log-softmax, probabilities, sort (float32)
 MAX_ROWS = 512  # the most rows `max_batch_size: auto` gives
 MIN_AVERAGE = 256  # tokens of cache blocks per row, at least, that `auto` rows leave
+# Rows at full length that make sharing blocks not worth a step's gather (vLLM's default
+# `max_num_seqs` before its V1 engine).
+CONTIGUOUS_ROWS = 256
 CPU_BATCH = 64
 SHARE_OF_FREE = 0.4
 WORKING_LEN = 2048
@@ -85,8 +91,8 @@ def blocks_for(tokens: int, block_size: int) -> int:
 @dataclass(frozen=True)
 class Footprint:
     """What the generator holds on the card, in bytes: `fixed` whatever the rows, `per_row` each
-    at full length (`row_length` tokens of cache, `kv_per_token` each, and `sampling` bytes),
-    `gather` per fast-path row (its share of a step's gathered keys and values)."""
+    at full length (`row_length` tokens of cache, `kv_per_token` each, and sampling), `gather`
+    per fast-path row (its share of a step's gathered keys and values and of the graphs' logits)."""
 
     weights: int
     merged_copy: int
@@ -139,6 +145,20 @@ class CachePlan:
     def tokens(self) -> int | None:
         return None if self.blocks is None else self.blocks * self.block_size
 
+    def describe(self, row_length: int) -> str:
+        """The plan in words, for the start-up log.
+
+        >>> CachePlan(256, 32768).describe(2048)
+        '256 rows x 2048 tokens, each in blocks of its own'
+        >>> CachePlan(512, 40000).describe(2048)
+        '512 rows sharing 40000 blocks of 16 tokens (640000 tokens)'
+        """
+        if self.blocks is None:
+            return f"{self.rows} rows x {row_length} tokens"
+        if self.blocks >= self.rows * blocks_for(row_length, self.block_size):
+            return f"{self.rows} rows x {row_length} tokens, each in blocks of its own"
+        return f"{self.rows} rows sharing {self.blocks} blocks of {self.block_size} tokens ({self.tokens} tokens)"
+
 
 def gib(size: float) -> str:
     return f"{size / GIB:.1f} GiB"
@@ -187,6 +207,12 @@ def paged_within(
     """
     share = footprint.row_share
     per_block = footprint.kv_per_token * block_size
+    whole = footprint.per_row + footprint.gather  # a row at full length with its own blocks
+    if rows is None and room // whole >= CONTIGUOUS_ROWS:
+        rows = power_of_two_at_most(min(MAX_ROWS, room // whole))
+        return CachePlan(
+            rows=rows, blocks=rows * blocks_for(footprint.row_length, block_size), block_size=block_size
+        )
     if rows is None:
         rows = MAX_ROWS
         while rows > 1 and (
@@ -274,11 +300,14 @@ def footprint_of(
     prefill_graphs: bool,
     max_loras: int,
     max_lora_rank: int,
+    graphs: bool = True,
 ) -> Footprint:
-    """`Footprint` of serving the loaded `model` with rows of `row_length` tokens."""
+    """`Footprint` of serving the loaded `model` with rows of `row_length` tokens (`graphs`: the
+    fast path's decode steps are captured)."""
     import torch
 
     from .continuous import PREFILL_TOKENS, prefill_graph_shapes
+    from .fastpath import LENGTH_BUCKET
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     tensors = list(model.parameters()) + list(model.buffers())
@@ -304,7 +333,8 @@ def footprint_of(
         per_row=per_token * row_length + vocab * SAMPLING_BYTES,
         row_length=row_length,
         kv_per_token=per_token,
-        gather=per_token // int(config.num_hidden_layers) * row_length if fast else 0,
+        gather=(per_token // int(config.num_hidden_layers) * row_length if fast else 0)
+        + (2 * -(-row_length // LENGTH_BUCKET) * vocab * element if fast and graphs else 0),
     )
 
 
@@ -319,7 +349,7 @@ def budget_plan(
     if footprint.merged_copy:
         plan = plan_paged(total, fraction, footprint, block_size, requested)
         cache = (plan.tokens or 0) * footprint.kv_per_token
-        layout = f"{plan.rows} rows, {plan.blocks} blocks of {block_size} tokens ({plan.tokens} tokens)"
+        layout = plan.describe(footprint.row_length)
         cache += plan.rows * footprint.row_share
     else:
         plan = CachePlan(rows=plan_rows(total, fraction, footprint, requested))
@@ -354,19 +384,32 @@ def batch_from_memory(free_bytes: int, per_token_bytes: int, max_model_len: int)
 
 
 def paged_from_memory(
-    free_bytes: int, per_token_bytes: int, block_size: int, requested: int | None
+    free_bytes: int,
+    per_token_bytes: int,
+    block_size: int,
+    requested: int | None,
+    row_length: int = WORKING_LEN,
 ) -> CachePlan:
-    """Cache blocks in `SHARE_OF_FREE` of `free_bytes`, and `requested` rows or as many (a power
-    of two within `BOUNDS`) as leave `MIN_AVERAGE` tokens of blocks each.
+    """Cache blocks in `SHARE_OF_FREE` of `free_bytes`, and `requested` rows, or as many at full
+    length (`row_length`) as fit when that is `CONTIGUOUS_ROWS` or more, else as many (a power of
+    two within `BOUNDS`) as leave `MIN_AVERAGE` tokens of blocks each.
 
     >>> plan = paged_from_memory(70 * 2**30, 23040, 16, None)  # an H100 with SmolLM2 loaded
+    >>> plan.rows, plan.tokens, plan.rows * 2048 <= plan.tokens  # each row owns its blocks
+    (512, 1304880, True)
+    >>> plan = paged_from_memory(50 * 2**30, 57_344, 16, None)  # 7B: 374k tokens, 182 rows at 2,048
     >>> plan.rows, plan.tokens
-    (512, 1304880)
+    (512, 374480)
     >>> paged_from_memory(2**30, 57_344, 16, None).rows  # 7.5k tokens: 29 rows of 256
     16
     """
     tokens = int(free_bytes * SHARE_OF_FREE) // per_token_bytes
-    rows = requested or max(BOUNDS[0], power_of_two_at_most(min(tokens // MIN_AVERAGE, BOUNDS[1])))
+    if requested:
+        rows = requested
+    elif tokens // row_length >= CONTIGUOUS_ROWS:
+        rows = power_of_two_at_most(min(tokens // row_length, BOUNDS[1]))
+    else:
+        rows = max(BOUNDS[0], power_of_two_at_most(min(tokens // MIN_AVERAGE, BOUNDS[1])))
     return CachePlan(rows=rows, blocks=tokens // block_size, block_size=block_size)
 
 
@@ -383,7 +426,7 @@ def free_memory_plan(
     element = torch.finfo(model.dtype).bits // 8
     per_token = kv_bytes_per_token(model.config, element)
     if paged:
-        plan = paged_from_memory(free, per_token, block_size, requested)
+        plan = paged_from_memory(free, per_token, block_size, requested, min(max_model_len, WORKING_LEN))
         least = blocks_for(min(max_model_len, WORKING_LEN), block_size)
         return plan if plan.blocks and plan.blocks >= least else CachePlan(plan.rows, least, block_size)
     return CachePlan(rows=requested or batch_from_memory(free, per_token, max_model_len))
