@@ -226,3 +226,24 @@ def test_nan_left_in_a_block_fails_its_request_once_and_the_block_is_zeroed():
         assert all(len(c.token_ids) == 8 for c in asyncio.run(engine.generate([[5, 6, 7, 8]], params, n=2)))
     finally:
         engine.stop()
+
+
+def test_eager_batches_stay_within_the_rows_full_length_caches_fit():
+    # The fast path's blocks leave eager batches (dynamic caches) no more room than rows reserved
+    # at full length had: `eager_batch_size` caps them below `max_batch_size`.
+    engine = Engine(
+        tiny_llama(),
+        DigitsTokenizer(),
+        max_batch_size=8,
+        eager_batch_size=2,
+        batch_wait_s=0.05,
+        fast_decode="off",
+    )
+    engine.start()
+    try:
+        requests = [([5 + i, 6], greedy(4)) for i in range(5)]
+        assert [len(c.token_ids) for c in all_at_once(engine, requests)] == [4] * 5
+        widest = counter(engine, "crucible_generator_batch_size_bucket", {"le": "2.0"})
+        assert widest == counter(engine, "crucible_generator_batch_size_count") > 0
+    finally:
+        engine.stop()

@@ -14,7 +14,7 @@ and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves 
 * **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
   path does not implement (`features.py`) or whose decode step cannot be captured as a CUDA graph,
   requests longer than its rows, or `fast_decode=off`; `eager.py`): up
-  to `max_batch_size` sequences, a left-padded prefill, then one token per step with a dynamic KV
+  to `eager_batch_size` sequences (the rows full-length caches fit in; at most `max_batch_size`), a left-padded prefill, then one token per step with a dynamic KV
   cache, dropping finished rows as it goes. Rows of different adapters share such a batch through
   PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
 
@@ -83,12 +83,15 @@ class Engine(ContinuousBatching):
         attention_kernels: str = "auto",
         block_size: int = 16,
         kv_blocks: int | None = None,
+        eager_batch_size: int | None = None,
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
+        # Eager batches hold dynamic caches outside the fast path's blocks: at most this many.
+        self.eager_batch_size = min(eager_batch_size or max_batch_size, max_batch_size)
         self.batch_wait_s = batch_wait_s
         self.join_wait_s = join_wait_s
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -328,6 +331,9 @@ class Engine(ContinuousBatching):
                         self._continuous(batch)
                         self._leave_fast_path_if_capture_failed()
                     else:
+                        if len(batch) > self.eager_batch_size:  # an adapter the fast path cannot merge
+                            self._requeue(batch[self.eager_batch_size :])
+                            batch = batch[: self.eager_batch_size]
                         self._decode(batch)
             except Exception as exc:
                 log.exception("batch failed")
@@ -386,7 +392,8 @@ class Engine(ContinuousBatching):
                     self._cond.wait(wait_left)
                     continue
                 head = self._waiting[0]
-                batch = self._take(lambda seq, head=head: self._same_batch(head, seq), self.max_batch_size)
+                limit = self.max_batch_size if self._fits_fast(head) else self.eager_batch_size
+                batch = self._take(lambda seq, head=head: self._same_batch(head, seq), limit)
                 if batch:
                     return batch
 

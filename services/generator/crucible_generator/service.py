@@ -470,6 +470,7 @@ def build_service(settings: Settings) -> GeneratorService:
         attention_kernels=settings.attention_kernels,
         block_size=settings.block_size,
         kv_blocks=plan.blocks,
+        eager_batch_size=plan.eager_rows,
     )
     engine.start()
     return GeneratorService(

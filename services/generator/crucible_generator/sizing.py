@@ -42,7 +42,7 @@ CPU: `CPU_BATCH` rows at full length.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -135,11 +135,14 @@ class Footprint:
 
 @dataclass(frozen=True)
 class CachePlan:
-    """Decode rows and, on the fast path, its key/value cache blocks (None: rows at full length)."""
+    """Decode rows and, on the fast path, its key/value cache blocks (None: rows at full length);
+    `eager_rows`: the most sequences of one eager batch (dynamic caches at full length: the fast
+    path's blocks leave no more room for them than rows reserved at full length had; None: `rows`)."""
 
     rows: int
     blocks: int | None = None
     block_size: int = 16
+    eager_rows: int | None = None
 
     @property
     def tokens(self) -> int | None:
@@ -348,6 +351,8 @@ def budget_plan(
     free, total = torch.cuda.mem_get_info(model.device)
     if footprint.merged_copy:
         plan = plan_paged(total, fraction, footprint, block_size, requested)
+        eager = max(1, rows_within(int(total * fraction), footprint))
+        plan = replace(plan, eager_rows=min(plan.rows, eager))
         cache = (plan.tokens or 0) * footprint.kv_per_token
         layout = plan.describe(footprint.row_length)
         cache += plan.rows * footprint.row_share
@@ -428,7 +433,8 @@ def free_memory_plan(
     if paged:
         plan = paged_from_memory(free, per_token, block_size, requested, min(max_model_len, WORKING_LEN))
         least = blocks_for(min(max_model_len, WORKING_LEN), block_size)
-        return plan if plan.blocks and plan.blocks >= least else CachePlan(plan.rows, least, block_size)
+        eager = min(plan.rows, requested or batch_from_memory(free, per_token, max_model_len))
+        return replace(plan, blocks=max(plan.blocks or 0, least), eager_rows=eager)
     return CachePlan(rows=requested or batch_from_memory(free, per_token, max_model_len))
 
 
