@@ -195,7 +195,7 @@ def test_the_block_table_shares_full_blocks_and_frees_them_with_their_last_row()
     assert held[0][:2] == held[1][:2] and held[0][2] != held[1][2]  # the partial block is each row's own
     assert len(held[2]) == 1 and decoder.pool.available == 64 - (3 + 1 + 1)
     assert decoder.cache.table[1, :4].tolist() == [*held[1], 0]  # past its blocks: the zero block
-    decoder.grow({0: 49, 1: 48})  # row 0 crosses into a fourth block, row 1 fills its third
+    assert decoder.grow({0: 49, 1: 48})  # row 0 crosses into a fourth block, row 1 fills its third
     assert len(held[0]) == 4 and len(held[1]) == 3 and decoder.shortfall({2: 512}) == 0
     assert decoder.shortfall({2: 64 * 16}) > 0
     decoder.release([0])

@@ -55,14 +55,13 @@ class ContinuousBatching:
                     self._settle(pending, rows, free)
                     pending = None
                     self._admit(joining, rows, free)
-                needs = self._needs(rows, pending is not None)
-                if rows and fast.shortfall(needs):
+                if rows and fast.paged and not fast.grow(self._needs(rows, pending is not None)):
                     self._settle(pending, rows, free)
                     pending = None
                     self._preempt_for_room(rows, free)
-                    needs = self._needs(rows, False)
+                    grown = fast.grow(self._needs(rows, False))
+                    assert grown, "preemption left the step short of blocks"
                 if rows:
-                    fast.grow(needs)
                     launched = self._launch(rows, pending is not None)
                     self._settle(pending, rows, free)
                     pending = launched

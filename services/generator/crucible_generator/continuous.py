@@ -158,25 +158,32 @@ class ContinuousDecoder:
         missing = sum(max(0, self.blocks_for(n) - len(self.row_blocks[r])) for r, n in needs.items())
         return max(0, missing - self.pool.available)
 
-    def grow(self, needs: dict[int, int]) -> None:
-        """Give each row `r` in `needs` blocks for `needs[r]` slots (the caller checked `shortfall`)."""
+    def grow(self, needs: dict[int, int]) -> bool:
+        """Give each row `r` in `needs` blocks for `needs[r]` slots; False (and nothing given) when
+        there are not enough free blocks (`shortfall` says how many more)."""
         if not self.paged:
-            return
+            return True
+        size, held = self.block_size, self.row_blocks
+        # One pass over the rows, at every step: most rows need no block (one step in `size`).
+        short = [(r, -(-n // size) - len(held[r])) for r, n in needs.items() if n > len(held[r]) * size]
+        if not short:
+            return True
+        if sum(more for _, more in short) > self.pool.available:
+            return False
         rows: list[int] = []
         columns: list[int] = []
         blocks: list[int] = []
-        for row, tokens in needs.items():
+        for row, more in short:
             held = self.row_blocks[row]
-            more = self.blocks_for(tokens) - len(held)
             if more > 0:
                 new = self.pool.take(more)
                 rows += [row] * more
                 columns += range(len(held), len(held) + more)
                 blocks += new
                 held += new
-        if blocks:
-            at = to_device([rows, columns, blocks], self.device)
-            self.cache.table[at[0], at[1]] = at[2]
+        at = to_device([rows, columns, blocks], self.device)
+        self.cache.table[at[0], at[1]] = at[2]
+        return True
 
     def _place(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], source: list[int]) -> None:
         """Blocks for `rows` to hold their prompts; rows prefilled from one prompt (`source`) share
