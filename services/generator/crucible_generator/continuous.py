@@ -1,10 +1,12 @@
 """Continuous batching on the fast path: sequences join and leave the running decode batch between
 two steps, each in a KV-cache row of its own.
 
-The fast path (merged weights, see `fastpath.py`) keeps one preallocated cache of `rows` rows by
-`length` slots per layer. A row is one sequence: its prompt fills slots `0..n-1` at admission and
-every decode step writes its new token at its own next slot, so rows of different lengths and ages
-decode side by side. A finished row is free at once and the next waiting sequence takes it at the
+The fast path (merged weights, see `fastpath.py`) decodes up to `rows` rows of up to `length` slots
+in a paged cache (`paged.py`): blocks of `block_size` slots that a row takes as it grows and gives
+back when it ends (the engine admits sequences while free blocks hold them and preempts when they
+run out). A row is one sequence: its prompt fills slots `0..n-1` at admission and every decode
+step writes its new token at its own next slot, so rows of different lengths and ages decode side
+by side. A finished row is free at once and the next waiting sequence takes it at the
 next step boundary; nobody waits for the longest row of a batch to end.
 
 A decode step runs over a *window* of the cache: the first `b` rows (`b` a power of two covering
@@ -14,12 +16,13 @@ replayed from then on (`capture_all` takes every window at start-up): the buffer
 graph stays valid for the life of the server and steady-state decoding captures nothing. A capture
 that fails (a forward that syncs with the host, ...) is recorded in `failure` and the engine serves
 the model on its eager path instead. Rows inside the window that are free compute a throwaway
-token (their write slot stays at 0, so they never run off the cache).
+token (their write slot stays at 0, in the trash block or their own first block, so they never
+run off the cache).
 
 Admission prefills the new sequences together (eagerly: prompts vary in length) into a scratch
-cache, then copies each prompt's keys and values into its row, shifted so the prompt starts at slot
-0. Identical prompts are prefilled once and copied into every row that asked for them: the samples
-of a GRPO group, or `n > 1`, share one prefill.
+cache, then copies each prompt's keys and values into its row's blocks, shifted so the prompt starts
+at slot 0. Identical prompts are prefilled once, and the rows that asked for them share the
+prompt's full blocks: the samples of a GRPO group, or `n > 1`, share one prefill and its memory.
 """
 
 from __future__ import annotations
@@ -302,7 +305,7 @@ class ContinuousDecoder:
 
     def release(self, rows: Sequence[int], faulted: Sequence[int] = ()) -> None:
         """Free `rows` and give back their blocks: the rows stop advancing (their writes go to the
-        trash block until a prompt fills them). The blocks of `faulted` rows are zeroed once no row
+        trash block, or their own first slot when rows own their blocks, until a prompt fills them). The blocks of `faulted` rows are zeroed once no row
         holds them: whatever a fault left there (`faults.py`) must not reach the next sequence
         placed in them."""
         if not rows:
