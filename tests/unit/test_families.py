@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 
 import pytest
 import torch
@@ -176,6 +177,9 @@ def test_greedy_tokens_equal_transformers_on_a_paged_cache_short_of_blocks(famil
             out = asyncio.run(engine.generate(family.prompts, greedy(), n=2, adapter=adapter))
             want = [w for w in family.want(version) for _ in range(2)]
             assert tokens(out) == want, f"{family.name}, paged, adapter {adapter}"
-        assert engine.fast.pool.available == engine.fast.pool.count
+        left = time.monotonic() + 10  # rows give their blocks back right after their last step
+        while engine.fast.pool.available < engine.fast.pool.count and time.monotonic() < left:
+            time.sleep(0.01)
+        assert engine.fast.pool.available == engine.fast.pool.count, f"{family.name}: blocks kept"
     finally:
         engine.stop()

@@ -151,7 +151,10 @@ class ContinuousBatching:
             oldest = self._waiting[0].enqueued
             if len(self._waiting) < running // JOIN_FRACTION and time.monotonic() - oldest < self.join_wait_s:
                 return []
-            left = fast.free_blocks
+            # A block of headroom per running row (each may cross into a new block in the next
+            # `block_size` steps): a joiner admitted into the last free blocks would be preempted
+            # again at once, its prefill wasted.
+            left = fast.free_blocks - (running if fast.paged else 0)
 
             def joins(seq: Sequence) -> bool:
                 nonlocal left
