@@ -221,8 +221,11 @@ def test_nan_left_in_a_block_fails_its_request_once_and_the_block_is_zeroed():
         params = SamplingParams(max_tokens=8, temperature=1.0, seed=1, logprobs=0, ignore_eos=True)
         with pytest.raises(ServerError, match="were not finite"):
             asyncio.run(engine.generate([[5, 6, 7, 8]], params, n=2))
-        wait_all_free(engine)
+        left = time.monotonic() + 10  # the block is zeroed right after the step that ended its row
+        while not engine.fast.cache.values[0][RESERVED].isfinite().all() and time.monotonic() < left:
+            time.sleep(0.01)
         assert engine.fast.cache.values[0][RESERVED].isfinite().all()
+        wait_all_free(engine)
         assert all(len(c.token_ids) == 8 for c in asyncio.run(engine.generate([[5, 6, 7, 8]], params, n=2)))
     finally:
         engine.stop()

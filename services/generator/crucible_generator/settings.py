@@ -44,9 +44,9 @@ class Settings(BaseSettings):
     )
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
         default="auto",
-        description="Most sequences decoded together; `auto`: from the GPU memory (see sizing.py): on "
-        "the fast path as many rows (up to 512) as the paged cache's blocks hold at 256 tokens each, "
-        "on the eager path the rows whose caches fit at 2,048 tokens; 64 on a CPU.",
+        description="Most sequences decoded together; `auto`: from the GPU memory (see sizing.py): the "
+        "rows whose caches fit at 2,048 tokens when that is 256 or more (and on the eager path), else "
+        "as many (up to 512) as the fast path's paged cache holds at 256 tokens each; 64 on a CPU.",
     )
     block_size: int = Field(
         default=16,

@@ -210,9 +210,10 @@ def paged_within(
     """
     share = footprint.row_share
     per_block = footprint.kv_per_token * block_size
-    whole = footprint.per_row + footprint.gather  # a row at full length with its own blocks
-    if rows is None and room // whole >= CONTIGUOUS_ROWS:
-        rows = power_of_two_at_most(min(MAX_ROWS, room // whole))
+    # Rows at full length, each with blocks of its own, are counted as rows reserved at full length
+    # always were (`rows_within`): as many as before, and no gather.
+    if rows is None and room // footprint.per_row >= CONTIGUOUS_ROWS:
+        rows = power_of_two_at_most(min(MAX_ROWS, room // footprint.per_row))
         return CachePlan(
             rows=rows, blocks=rows * blocks_for(footprint.row_length, block_size), block_size=block_size
         )
