@@ -250,3 +250,16 @@ def test_eager_batches_stay_within_the_rows_full_length_caches_fit():
         assert widest == counter(engine, "crucible_generator_batch_size_count") > 0
     finally:
         engine.stop()
+
+
+def test_admission_counts_a_shared_prompt_s_full_blocks_once(engines):
+    # 8 samples of a 100-token prompt: 7 blocks each alone (56, more than the cache's 48), 6 full
+    # blocks shared + 8 partial ones (14) together: all 8 are admitted in one prefill.
+    eager, small = engines
+    prompt = [3 + i % 23 for i in range(100)]
+    params = SamplingParams(max_tokens=20, temperature=1.0, seed=21, ignore_eos=True, logprobs=0)
+    reused = counter(small, "crucible_generator_prefix_reused_tokens_total")
+    got = asyncio.run(small.generate([prompt], params, n=8))
+    assert counter(small, "crucible_generator_prefix_reused_tokens_total") == reused + 7 * 100
+    assert_same(got, asyncio.run(eager.generate([prompt], params, n=8)))
+    wait_all_free(small)

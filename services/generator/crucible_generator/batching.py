@@ -126,14 +126,29 @@ class ContinuousBatching:
         fast = self.fast
         assert fast is not None
         left, fits = fast.free_blocks, 0
+        seen: set[tuple[int, ...]] = set()
         for seq in seqs:
-            need = fast.blocks_for(len(seq.prompt_ids) + len(seq.output_ids) + 1)
+            need = self._blocks_to_admit(seq, seen)
             if need > left:
                 break
             left, fits = left - need, fits + 1
         if fits < len(seqs):
             self._requeue(seqs[fits:])
         return seqs[:fits]
+
+    def _blocks_to_admit(self: Engine, seq: Sequence, seen: set[tuple[int, ...]]) -> int:
+        """Blocks `seq` takes when admitted with the sequences whose prompts are in `seen` (its
+        tokens so far and the next step's): a prompt admitted twice shares its full blocks
+        (`ContinuousDecoder.prefill`), so the second takes only its partial block."""
+        fast = self.fast
+        assert fast is not None
+        need = fast.blocks_for(len(seq.prompt_ids) + len(seq.output_ids) + 1)
+        if fast.paged and not seq.output_ids:
+            prompt = tuple(seq.prompt_ids)
+            if prompt in seen:
+                return need - len(prompt) // fast.block_size
+            seen.add(prompt)
+        return need
 
     def _joiners(self: Engine, slot: str | None, running: int, free: int) -> list[Sequence]:
         """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
@@ -155,12 +170,13 @@ class ContinuousBatching:
             # `block_size` steps): a joiner admitted into the last free blocks would be preempted
             # again at once, its prefill wasted.
             left = fast.free_blocks - (running if fast.paged else 0)
+            seen: set[tuple[int, ...]] = set()
 
             def joins(seq: Sequence) -> bool:
                 nonlocal left
                 if seq.slot != slot or not self._fits_fast(seq):
                     return False
-                need = fast.blocks_for(len(seq.prompt_ids) + len(seq.output_ids) + 1)
+                need = self._blocks_to_admit(seq, seen)
                 if need > left:  # admission by free blocks; FIFO: nobody overtakes it
                     return False
                 left -= need

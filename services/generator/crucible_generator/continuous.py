@@ -166,9 +166,9 @@ class ContinuousDecoder:
         there are not enough free blocks (`shortfall` says how many more)."""
         if not self.paged:
             return True
-        size, held = self.block_size, self.row_blocks
+        size, holding = self.block_size, self.row_blocks
         # One pass over the rows, at every step: most rows need no block (one step in `size`).
-        short = [(r, -(-n // size) - len(held[r])) for r, n in needs.items() if n > len(held[r]) * size]
+        short = [(r, -(-n // size) - len(holding[r])) for r, n in needs.items() if n > len(holding[r]) * size]
         if not short:
             return True
         if sum(more for _, more in short) > self.pool.available:
