@@ -11,8 +11,8 @@ Attention layers see what they saw with contiguous rows: `update` writes each ro
 value through its table, then gathers the window's blocks (`table[:b, :l / block_size]`) into
 `[b, kv_heads, l, head_dim]` keys and values (a gather per layer and step, in plain torch ops, so
 the step is still captured as a CUDA graph per window: the pool and the table never move and only
-their contents change). The additive mask over logical slots is the row cache's: what a row may
-see is unchanged.
+their contents change). The additive mask over logical slots is what it was with contiguous rows:
+what a row may see is unchanged.
 
 When the pool holds every row at full length (a small model, plenty of memory), nothing is
 shared or handed out: row `r` owns blocks `r * n ..` (`n` blocks a row) for good, its table never
