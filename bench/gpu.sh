@@ -224,7 +224,7 @@ PY
       --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
   race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast.
     # The generator takes half the card (weights, merged copy, prefill graphs, rank-32 adapters,
-    # 32 rows of 2,048 tokens: budget.py), the trainer the rest
+    # 32 rows of 2,048 tokens before the paged cache: sizing.py), the trainer the rest
     CRUCIBLE_MODEL_ROOTS=/root/shapes CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32 \
       python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml $(shape_sets /root/shapes/qwen2.5-coder-7b "${2:-3}") \
       --generator-rows auto --json "${OUT:-/tmp}/race-7b.json" ;;
@@ -374,8 +374,9 @@ PY
       case $arg in *@*) len=${arg##*@} ;; esac
       case $arg in *=*) profiles=${arg#*=}; profiles=${profiles%%@*}; profiles=${profiles//,/ } ;; esac
       export MODEL_DIR=/root/shapes/$shape MODEL_NAME=$shape
-      # Crucible's generator takes `share` of the card (budget.py), vLLM `util`: both fit at once.
-      # 7B: weights, their merged copy and the prefill graphs take 0.46, 0.55 leaves 32 rows of 2,048.
+      # Crucible's generator takes `share` of the card (sizing.py), vLLM `util`: both fit at once.
+      # 7B: weights, their merged copy and the prefill graphs take 0.46; 0.55 leaves the rows and their
+      # paged cache the rest (sizing.py logs both at start). LEN: rows of at most LEN tokens.
       util=0.3; share=0.5; swap=cuda
       case $shape in *7b*) util=0.35 share=0.55 swap=cpu; profiles=${profiles:-fitted} ;; esac
       # shellcheck disable=SC2086  # the profiles, one word each

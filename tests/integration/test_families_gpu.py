@@ -109,6 +109,31 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
         torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("name", sorted(set(FAMILIES) - CAPTURE_FAILS))
+def test_every_family_on_a_paged_cache_short_of_blocks_equals_transformers(name, family_checkpoints):
+    """The CUDA-graph fast path with far fewer cache blocks than rows x context (blocks of 4 tokens
+    taken as rows grow, gathered through block tables inside the captured steps; the samples of a
+    prompt share its full blocks): transformers' greedy tokens, base and adapter."""
+    path = family_checkpoints.get(name)
+    adapter = family_checkpoints.adapter(name, 1)
+    engine, tokenizer = engine_for(
+        path, "float32", max_batch_size=16, max_model_len=512, block_size=4, kv_blocks=300
+    )
+    try:
+        prompts = [tokenizer.encode(p) for p in PROMPTS]
+        for lora in (None, adapter):
+            if lora is not None:
+                asyncio.run(engine.load_adapter("v1", lora))
+            reference = hf_model(path, lora, device="cuda")
+            want = [w for w in (hf_greedy(reference, p, TOKENS) for p in prompts) for _ in range(2)]
+            out = asyncio.run(engine.generate(prompts, greedy(), n=2, adapter="v1" if lora else None))
+            assert [c.token_ids for c in out] == want, f"{name}, adapter {lora is not None}"
+        assert engine.fast is not None and engine.fast.paged and engine.fast.use_graphs, name
+    finally:
+        engine.stop()
+        torch.cuda.empty_cache()
+
+
 def shapes() -> list[Path]:
     return sorted(p for p in SHAPES.glob("qwen2.5-coder-*") if (p / "config.json").is_file())
 

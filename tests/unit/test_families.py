@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 
 import pytest
 import torch
@@ -148,3 +149,37 @@ def test_a_trained_adapter_serves_the_trainers_log_probs(family, tmp_path):
         diff = sum(abs(a - b) for a, b in zip(c.logprobs, trainer, strict=True)) / len(trainer)
         assert diff <= STALE_TOLERANCE, f"{family.name}: {diff:.5f} per token"
         assert diff <= CLOSE, f"{family.name}: {diff:.5f} per token"
+
+
+def test_greedy_tokens_equal_transformers_on_a_paged_cache_short_of_blocks(family):
+    """The fast path with far fewer cache blocks than rows x context (blocks of 4 tokens handed out
+    as rows grow, keys and values gathered through block tables, the samples of one prompt sharing
+    its full blocks): transformers' greedy tokens, base and adapter."""
+    import crucible_models as models
+
+    model, tokenizer = models.load_model(str(family.dir), device="cpu", dtype="float32")
+    engine = Engine(
+        model,
+        tokenizer,
+        max_batch_size=16,
+        batch_wait_s=0.02,
+        fast_decode="on",
+        seed=0,
+        block_size=4,
+        kv_blocks=600,
+    )
+    engine.start()
+    try:
+        assert engine.fast is not None and engine.fast.paged, f"{family.name}: not paged"
+        for adapter, version in ((None, None), ("v1", 1)):
+            if adapter is not None:
+                asyncio.run(engine.load_adapter(adapter, family.adapters[version]))
+            out = asyncio.run(engine.generate(family.prompts, greedy(), n=2, adapter=adapter))
+            want = [w for w in family.want(version) for _ in range(2)]
+            assert tokens(out) == want, f"{family.name}, paged, adapter {adapter}"
+        left = time.monotonic() + 10  # rows give their blocks back right after their last step
+        while engine.fast.pool.available < engine.fast.pool.count and time.monotonic() < left:
+            time.sleep(0.01)
+        assert engine.fast.pool.available == engine.fast.pool.count, f"{family.name}: blocks kept"
+    finally:
+        engine.stop()

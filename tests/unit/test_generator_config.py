@@ -84,7 +84,7 @@ def test_max_batch_size_is_auto_by_default_or_a_number(monkeypatch):
 def test_auto_batch_size_follows_free_memory_and_the_model_s_cache():
     from types import SimpleNamespace
 
-    from crucible_generator.memory import BOUNDS, batch_from_memory, kv_bytes_per_token
+    from crucible_generator.sizing import BOUNDS, batch_from_memory, kv_bytes_per_token
 
     smol = SimpleNamespace(
         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576
@@ -104,8 +104,21 @@ def test_auto_batch_size_follows_free_memory_and_the_model_s_cache():
 
 def test_auto_batch_size_on_a_cpu_is_the_cpu_default():
     import torch
-    from crucible_generator.memory import CPU_BATCH, auto_batch_size
+    from crucible_generator.sizing import CPU_BATCH, free_memory_plan
 
     model = torch.nn.Linear(2, 2)
     model.device = torch.device("cpu")  # what a transformers model exposes
-    assert auto_batch_size(model, 2048) == CPU_BATCH
+    assert free_memory_plan(model, 2048, None, 16, paged=True).rows == CPU_BATCH
+
+
+def test_paged_cache_from_free_memory_leaves_room_for_rows_of_average_length():
+    from crucible_generator.sizing import BOUNDS, MIN_AVERAGE, SHARE_OF_FREE, paged_from_memory
+
+    per_token = 23040  # SmolLM2 in bf16
+    plans = [paged_from_memory(gib * 2**30, per_token, 16, None) for gib in (0, 1, 4, 16, 80)]
+    rows = [p.rows for p in plans]
+    assert rows == sorted(rows) and rows[0] == BOUNDS[0] and rows[-1] == BOUNDS[1]
+    for gib, plan in zip((0, 1, 4, 16, 80), plans, strict=True):
+        assert plan.tokens * per_token <= SHARE_OF_FREE * gib * 2**30  # the share the module promises
+        assert plan.rows == BOUNDS[0] or plan.rows * MIN_AVERAGE <= plan.tokens
+    assert paged_from_memory(16 * 2**30, per_token, 16, 40).rows == 40  # a set max_batch_size

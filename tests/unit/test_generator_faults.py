@@ -2,7 +2,7 @@
 envelope and a message that says what happened, logged with the request's details, and cleared from
 the continuous batch's cache so that the next sequence placed in the row is not poisoned too.
 
-The fault is injected as a transient one leaves it: NaN in slots of a cache row that the next
+The fault is injected as a transient one leaves it: NaN in slots of a cache block that the next
 sequence's mask hides (SDPA multiplies a masked slot's value by a weight of 0, and 0 * NaN is NaN).
 Also here: the fixed-shape prefill, which may replay a captured graph, captures no graph for other
 shapes and keeps each chunk's logits its own.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from crucible_generator.api import create_app
 from crucible_generator.engine import Completion, Engine, SamplingParams
 from crucible_generator.errors import ServerError
 from crucible_generator.fastpath import StaticKVCache
+from crucible_generator.paged import RESERVED
 from crucible_generator.service import GeneratorService
 from starlette.testclient import TestClient
 
@@ -44,11 +46,12 @@ def engine():
     eng.stop()
 
 
-def poison(engine: Engine, row: int = 0) -> None:
-    """NaN values in slots 32-255 of a free row (the next sequence there attends over 256 slots)."""
+def poison(engine: Engine) -> None:
+    """NaN values in the last slots of the first free cache block (the next sequence takes it, and
+    its 4 + 8 tokens leave those slots masked)."""
     assert engine.fast is not None
     with torch.no_grad():
-        engine.fast.cache.values[0][row, :, 32:256] = float("nan")
+        engine.fast.cache.values[0][RESERVED, 13:] = float("nan")
 
 
 def test_a_row_left_with_nan_fails_its_request_once_then_serves_again(engine, caplog) -> None:
@@ -57,7 +60,11 @@ def test_a_row_left_with_nan_fails_its_request_once_then_serves_again(engine, ca
         asyncio.run(engine.generate([PROMPT], SAMPLED, n=2))
     assert failed.value.status == 500
     assert "cache_row=0" in caplog.text and "seed=1" in caplog.text and "prompt_tokens=4" in caplog.text
-    # The row was cleared: the retry takes the same row (lowest first) and generates as normal.
+    # The block was cleared: the retry takes the same block (lowest first) and generates as normal.
+    left = time.monotonic() + 10  # the request failed at once; its rows leave at the step's end
+    while not engine.fast.cache.values[0][RESERVED].isfinite().all() and time.monotonic() < left:
+        time.sleep(0.01)
+    assert engine.fast.cache.values[0][RESERVED].isfinite().all()
     for out in asyncio.run(engine.generate([PROMPT], SAMPLED, n=2)):
         assert len(out.token_ids) == 8 and all(math.isfinite(lp) for lp in out.logprobs)
 

@@ -20,12 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .budget import BudgetError
 from .errors import GeneratorError
 from .protocol import ErrorInfo, ErrorResponse
 from .routes import ClientGone, router
 from .service import GeneratorService, build_service
 from .settings import Settings
+from .sizing import BudgetError
 
 log = logging.getLogger(__name__)
 

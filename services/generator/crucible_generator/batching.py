@@ -1,6 +1,7 @@
-"""Continuous batching on the fast path: rows of a preallocated KV cache that sequences of one adapter
-join and leave between decode steps, with one step of lookahead (the engine's docstring says how
-the engine picks this path).
+"""Continuous batching on the fast path: rows of a paged KV cache that sequences of one adapter join
+and leave between decode steps, with one step of lookahead (the engine's docstring says how the
+engine picks this path). Sequences are admitted while the cache has free blocks for them, and
+preempted (back to the queue, their tokens kept) when it runs out mid-decode.
 
 `ContinuousBatching` is a part of `Engine` (it runs on the engine thread and uses the engine's
 queue, fast path, metrics and recording of sampled tokens); it is kept apart so each reads on its own.
@@ -35,26 +36,35 @@ class ContinuousBatching:
         One step of lookahead keeps the GPU busy while the host works: step t+1 is launched (its
         input tokens are step t's samples, still on the device) before step t's tokens are read
         back and checked for stops. A row that ended at step t computes one throwaway token in
-        step t+1, which is then discarded. Admissions, adapter operations and the end of the batch
-        first settle the outstanding step."""
+        step t+1, which is then discarded. Admissions, adapter operations, preemptions and the end
+        of the batch first settle the outstanding step.
+
+        Rows take cache blocks as they grow (`paged.py`). When a step needs more blocks than are
+        free, the most recently queued sequences give theirs back and wait at the head of the
+        queue, to be prefilled again (prompt and tokens so far) once blocks are free."""
         fast = self.fast
         assert fast is not None
         slot = first[0].slot
         rows: dict[int, Sequence] = {}
         free = list(range(fast.rows - 1, -1, -1))  # popped from the end: lowest rows first
         pending: Launched | None = None
-        joining = first
+        joining = self._within_blocks(first)
         try:
             while True:
                 if joining:
                     self._settle(pending, rows, free)
                     pending = None
                     self._admit(joining, rows, free)
-                if not rows:
-                    break
-                launched = self._launch(rows, pending is not None)
-                self._settle(pending, rows, free)
-                pending = launched
+                if rows and fast.paged and not fast.grow(self._needs(rows, pending is not None)):
+                    self._settle(pending, rows, free)
+                    pending = None
+                    self._preempt_for_room(rows, free)
+                    grown = fast.grow(self._needs(rows, False))
+                    assert grown, "preemption left the step short of blocks"
+                if rows:
+                    launched = self._launch(rows, pending is not None)
+                    self._settle(pending, rows, free)
+                    pending = launched
                 if self._control:
                     # Between two steps: the one safe moment to change adapters.
                     self._settle(pending, rows, free)
@@ -72,13 +82,81 @@ class ContinuousBatching:
             fast.release(list(rows))
         finally:
             self.metrics.running.set(0)
+            self._update_block_gauge()
+
+    def _update_block_gauge(self: Engine) -> None:
+        if self.fast is not None:
+            self.metrics.cache_usage.set(1 - self.fast.free_blocks / self.fast.pool.count)
+
+    def _needs(self: Engine, rows: dict[int, Sequence], lagging: bool) -> dict[int, int]:
+        """The slots each row fills by the end of the next step (`lagging`: one token more than
+        the host has read back)."""
+        extra = int(lagging)
+        return {r: len(s.prompt_ids) + len(s.output_ids) + extra for r, s in rows.items()}
+
+    def _preempt_for_room(self: Engine, rows: dict[int, Sequence], free: list[int]) -> None:
+        """Free the blocks the next step lacks: the most recently queued sequences leave their rows
+        and go back to the head of the queue (oldest first), keeping what they generated."""
+        fast = self.fast
+        assert fast is not None
+        preempted = []
+        while rows and fast.shortfall(self._needs(rows, False)):
+            row, seq = max(rows.items(), key=lambda item: (item[1].enqueued, item[0]))
+            del rows[row]
+            fast.release([row])
+            free.append(row)
+            seq.cache_row = None
+            preempted.append(seq)
+        free.sort(reverse=True)
+        if preempted:
+            self._requeue(preempted)
+            self.metrics.preempted.inc(len(preempted))
+            log.debug("preempted %d sequences: the cache's blocks ran out", len(preempted))
+
+    def _requeue(self: Engine, seqs: list[Sequence]) -> None:
+        """Put `seqs` back at the head of the queue, in queue order."""
+        with self._cond:
+            for seq in sorted(seqs, key=lambda s: s.enqueued, reverse=True):
+                self._waiting.appendleft(seq)
+            self.metrics.waiting.set(len(self._waiting))
+
+    def _within_blocks(self: Engine, seqs: list[Sequence]) -> list[Sequence]:
+        """The head of `seqs` whose prompts (and tokens so far) fit in the free blocks, with a
+        block's headroom each for the next step; the rest go back to the head of the queue."""
+        fast = self.fast
+        assert fast is not None
+        left, fits = fast.free_blocks, 0
+        seen: set[tuple[int, ...]] = set()
+        for seq in seqs:
+            need = self._blocks_to_admit(seq, seen)
+            if need > left:
+                break
+            left, fits = left - need, fits + 1
+        if fits < len(seqs):
+            self._requeue(seqs[fits:])
+        return seqs[:fits]
+
+    def _blocks_to_admit(self: Engine, seq: Sequence, seen: set[tuple[int, ...]]) -> int:
+        """Blocks `seq` takes when admitted with the sequences whose prompts are in `seen` (its
+        tokens so far and the next step's): a prompt admitted twice shares its full blocks
+        (`ContinuousDecoder.prefill`), so the second takes only its partial block."""
+        fast = self.fast
+        assert fast is not None
+        need = fast.blocks_for(len(seq.prompt_ids) + len(seq.output_ids) + 1)
+        if fast.paged and not seq.output_ids:
+            prompt = tuple(seq.prompt_ids)
+            if prompt in seen:
+                return need - len(prompt) // fast.block_size
+            seen.add(prompt)
+        return need
 
     def _joiners(self: Engine, slot: str | None, running: int, free: int) -> list[Sequence]:
         """Waiting sequences that join the running batch now (FIFO, same adapter, rows to spare)."""
         if free == 0:
             return []
-        assert self.fast is not None
-        if self.fast.merged.current != slot:
+        fast = self.fast
+        assert fast is not None
+        if fast.merged.current != slot:
             # The batch's adapter was unloaded as its last row ended and its slot may already hold
             # the next version's weights: a new batch merges them before anything decodes.
             return []
@@ -88,7 +166,23 @@ class ContinuousBatching:
             oldest = self._waiting[0].enqueued
             if len(self._waiting) < running // JOIN_FRACTION and time.monotonic() - oldest < self.join_wait_s:
                 return []
-            joining = self._take(lambda s: s.slot == slot and self._fits_fast(s), free)
+            # A block of headroom per running row (each may cross into a new block in the next
+            # `block_size` steps): a joiner admitted into the last free blocks would be preempted
+            # again at once, its prefill wasted.
+            left = fast.free_blocks - (running if fast.paged else 0)
+            seen: set[tuple[int, ...]] = set()
+
+            def joins(seq: Sequence) -> bool:
+                nonlocal left
+                if seq.slot != slot or not self._fits_fast(seq):
+                    return False
+                need = self._blocks_to_admit(seq, seen)
+                if need > left:  # admission by free blocks; FIFO: nobody overtakes it
+                    return False
+                left -= need
+                return True
+
+            joining = self._take(joins, free)
         if joining and running:
             self.metrics.joined.inc(len(joining))
         return joining
@@ -98,7 +192,8 @@ class ContinuousBatching:
         fast = self.fast
         assert fast is not None
         placed = [free.pop() for _ in seqs]
-        logits, reused = fast.prefill(placed, [s.prompt_ids for s in seqs])
+        # A preempted sequence comes back with its tokens so far: they are prefilled with its prompt.
+        logits, reused = fast.prefill(placed, [s.prompt_ids + s.output_ids for s in seqs])
         self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in seqs))
         self.metrics.prefix_reused_tokens.inc(reused)
         for row, seq in zip(placed, seqs, strict=True):
@@ -124,6 +219,7 @@ class ContinuousBatching:
         index = self._live[1]
         self.metrics.batch_size.observe(len(live))
         self.metrics.running.set(len(live))
+        self._update_block_gauge()
         logits = fast.step(window)
         seqs = [rows[r] for r in live]
         launched = Launched(list(zip(live, seqs, strict=True)), self._sample(logits[index], seqs))
@@ -145,5 +241,4 @@ class ContinuousBatching:
             free.extend(done)
             free.sort(reverse=True)
             assert self.fast is not None
-            self.fast.scrub([row for _, row, seq in current if seq.faulted])
-            self.fast.release(done)
+            self.fast.release(done, faulted=[row for _, row, seq in current if seq.faulted])

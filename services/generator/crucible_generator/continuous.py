@@ -1,10 +1,12 @@
 """Continuous batching on the fast path: sequences join and leave the running decode batch between
 two steps, each in a KV-cache row of its own.
 
-The fast path (merged weights, see `fastpath.py`) keeps one preallocated cache of `rows` rows by
-`length` slots per layer. A row is one sequence: its prompt fills slots `0..n-1` at admission and
-every decode step writes its new token at its own next slot, so rows of different lengths and ages
-decode side by side. A finished row is free at once and the next waiting sequence takes it at the
+The fast path (merged weights, see `fastpath.py`) decodes up to `rows` rows of up to `length` slots
+in a paged cache (`paged.py`): blocks of `block_size` slots that a row takes as it grows and gives
+back when it ends (the engine admits sequences while free blocks hold them and preempts when they
+run out). A row is one sequence: its prompt fills slots `0..n-1` at admission and every decode
+step writes its new token at its own next slot, so rows of different lengths and ages decode side
+by side. A finished row is free at once and the next waiting sequence takes it at the
 next step boundary; nobody waits for the longest row of a batch to end.
 
 A decode step runs over a *window* of the cache: the first `b` rows (`b` a power of two covering
@@ -14,12 +16,13 @@ replayed from then on (`capture_all` takes every window at start-up): the buffer
 graph stays valid for the life of the server and steady-state decoding captures nothing. A capture
 that fails (a forward that syncs with the host, ...) is recorded in `failure` and the engine serves
 the model on its eager path instead. Rows inside the window that are free compute a throwaway
-token (their write slot stays at 0, so they never run off the cache).
+token (their write slot stays at 0, in the trash block or their own first block, so they never
+run off the cache).
 
 Admission prefills the new sequences together (eagerly: prompts vary in length) into a scratch
-cache, then copies each prompt's keys and values into its row, shifted so the prompt starts at slot
-0. Identical prompts are prefilled once and copied into every row that asked for them: the samples
-of a GRPO group, or `n > 1`, share one prefill.
+cache, then copies each prompt's keys and values into its row's blocks, shifted so the prompt starts
+at slot 0. Identical prompts are prefilled once, and the rows that asked for them share the
+prompt's full blocks: the samples of a GRPO group, or `n > 1`, share one prefill and its memory.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
+from .paged import ZERO as ZERO_BLOCK
+from .paged import BlockPool, PagedCache
+from .sizing import blocks_for
 from .transfer import to_device
 
 log = logging.getLogger(__name__)
@@ -53,41 +59,11 @@ PREFILL_WIDTH_STEP = 64
 WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-class RowCache:
-    """Per-layer `[rows, kv_heads, length, head_dim]` keys and values; row `r` writes its next key
-    at slot `write[r]`. Attention layers call `update` only; the window `(b, l)` is what they see.
-
-    Deliberately not a transformers `Cache`: with a 4-D mask supplied, transformers builds no mask
-    of its own (as for `fastpath.StaticKVCache`).
-    """
-
-    def __init__(self, config: Any, rows: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        shape = (rows, kv_heads, length, head_dim)
-        layers = int(config.num_hidden_layers)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.write = torch.zeros(rows, dtype=torch.long, device=device)
-        self.window = (rows, length)
-        self._rows = torch.arange(rows, device=device)
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        b, slots = self.window
-        rows, at = self._rows[:b], self.write[:b]
-        self.keys[layer_idx][rows, :, at] = key_states[:, :, -1]
-        self.values[layer_idx][rows, :, at] = value_states[:, :, -1]
-        return self.keys[layer_idx][:b, :, :slots], self.values[layer_idx][:b, :, :slots]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # asked by some versions; positions are given
-        return 0
-
-
 class ContinuousDecoder:
-    """The merged model, its row cache and one CUDA graph per window; the engine drives it."""
+    """The merged model, its paged cache and one CUDA graph per window; the engine drives it.
+
+    `rows`: the most sequences decoded at once; `length`: the most slots one may fill; `blocks`:
+    the cache's blocks of `block_size` slots (default: enough for every row at full length)."""
 
     def __init__(
         self,
@@ -96,6 +72,8 @@ class ContinuousDecoder:
         rows: int,
         length: int,
         use_graphs: bool,
+        block_size: int = 16,
+        blocks: int | None = None,
         prefill_graphs: bool = True,
         on_capture: Callable[[], Any] | None = None,
         attention_kernels: Literal["auto", "no_cudnn"] = "auto",
@@ -108,7 +86,26 @@ class ContinuousDecoder:
         self.dtype = next(self.model.parameters()).dtype
         self.rows, self.length = rows, -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
         self.use_graphs = use_graphs and self.device.type == "cuda"
-        self.cache = RowCache(self.model.config, rows, self.length, self.device, self.dtype)
+        self.block_size = block_size
+        per_row = blocks_for(self.length, block_size)
+        blocks = rows * per_row if blocks is None else blocks
+        if blocks < per_row:
+            raise ValueError(f"{blocks} blocks of {block_size} slots cannot hold one row of {self.length}")
+        # Blocks for every row at full length: each row owns its own for good (`paged.py`).
+        self.paged = blocks < rows * per_row
+        blocks = min(blocks, rows * per_row)
+        self.cache = PagedCache(
+            self.model.config,
+            rows=rows,
+            length=self.length,
+            block_size=block_size,
+            blocks=blocks,
+            device=self.device,
+            dtype=self.dtype,
+            contiguous=not self.paged,
+        )
+        self.pool = BlockPool(blocks)
+        self.row_blocks: list[list[int]] = [[] for _ in range(rows)]  # each row's blocks, in order
         self.hidden = torch.finfo(self.dtype).min
         self.mask = torch.full((rows, self.length), self.hidden, dtype=self.dtype, device=self.device)
         self.input_ids = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
@@ -146,14 +143,80 @@ class ContinuousDecoder:
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs)
         return out.logits[:, -1, :]
 
+    # --- blocks ---------------------------------------------------------------------------------
+
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.available
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` slots of one row."""
+        return blocks_for(tokens, self.block_size)
+
+    def shortfall(self, needs: dict[int, int]) -> int:
+        """How many blocks short the cache is of giving each row `r` in `needs` `needs[r]` slots
+        (0: it has enough)."""
+        if not self.paged:  # every row holds its full length already
+            return 0
+        missing = sum(max(0, self.blocks_for(n) - len(self.row_blocks[r])) for r, n in needs.items())
+        return max(0, missing - self.pool.available)
+
+    def grow(self, needs: dict[int, int]) -> bool:
+        """Give each row `r` in `needs` blocks for `needs[r]` slots; False (and nothing given) when
+        there are not enough free blocks (`shortfall` says how many more)."""
+        if not self.paged:
+            return True
+        size, holding = self.block_size, self.row_blocks
+        # One pass over the rows, at every step: most rows need no block (one step in `size`).
+        short = [(r, -(-n // size) - len(holding[r])) for r, n in needs.items() if n > len(holding[r]) * size]
+        if not short:
+            return True
+        if sum(more for _, more in short) > self.pool.available:
+            return False
+        rows: list[int] = []
+        columns: list[int] = []
+        blocks: list[int] = []
+        for row, more in short:
+            held = self.row_blocks[row]
+            if more > 0:
+                new = self.pool.take(more)
+                rows += [row] * more
+                columns += range(len(held), len(held) + more)
+                blocks += new
+                held += new
+        at = to_device([rows, columns, blocks], self.device)
+        self.cache.table[at[0], at[1]] = at[2]
+        return True
+
+    def _place(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], source: list[int]) -> None:
+        """Blocks for `rows` to hold their prompts; rows prefilled from one prompt (`source`) share
+        its full blocks, each with a last partial block of its own (decoding writes there)."""
+        if not self.paged:  # the row's own blocks (counted, so that admission sees free rows)
+            for row in rows:
+                self.row_blocks[row] = self.pool.take(self.cache.width)
+            return
+        first: dict[int, int] = {}  # distinct prompt -> the row that took its blocks
+        table = torch.full((len(rows), self.cache.width), ZERO_BLOCK, dtype=torch.long)
+        for i, (row, prompt, s) in enumerate(zip(rows, prompts, source, strict=True)):
+            assert not self.row_blocks[row], f"row {row} still holds blocks"
+            need = self.blocks_for(len(prompt))
+            owner = first.setdefault(s, row)
+            shared = self.row_blocks[owner][: len(prompt) // self.block_size] if owner != row else []
+            self.pool.share(shared)
+            self.row_blocks[row] = shared + self.pool.take(need - len(shared))
+            table[i, :need] = torch.tensor(self.row_blocks[row])
+        self.cache.table[to_device(list(rows), self.device)] = to_device(table, self.device)
+
     # --- admission ------------------------------------------------------------------------------
 
     def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
-        """Fill `rows` with `prompts` (one each); returns each row's next-token logits and how many
+        """Fill `rows` with `prompts` (one each), taking their blocks (the caller checked there are
+        enough: `blocks_for` each prompt); returns each row's next-token logits and how many
         prompt tokens were not prefilled again (identical prompts share one prefill)."""
         unique: dict[tuple[int, ...], int] = {}
         source = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         distinct = list(unique)
+        self._place(rows, prompts, source)
         logits: list[torch.Tensor | None] = [None] * len(distinct)
         start = 0
         while start < len(distinct):  # chunks of at most PREFILL_TOKENS padded tokens
@@ -200,15 +263,16 @@ class ContinuousDecoder:
         else:
             scratch = StaticKVCache(width, self.device)
             logits = self._prefill_forward(scratch, ids, mask2d)
-        # Copy each prompt into its rows shifted left so that it starts at slot 0.
+        # Copy each prompt into its rows' blocks shifted left so that it starts at slot 0.
         src = to_device(source, self.device)
         lengths = to_device([len(prompts[s]) for s in source], self.device)
         shift = (self._slots[:width].unsqueeze(0) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
         target = to_device(rows, self.device)
+        blocks, offsets = self.cache.targets(target, lengths, width)
         for layer, (k, v) in enumerate(zip(scratch.keys, scratch.values, strict=True)):
             index = shift[:, None, :, None].expand(len(rows), k.shape[1], width, k.shape[3])
-            self.cache.keys[layer][target, :, :width] = k[src].gather(2, index)
-            self.cache.values[layer][target, :, :width] = v[src].gather(2, index)
+            self.cache.keys[layer][blocks, offsets] = k[src].gather(2, index).transpose(1, 2)
+            self.cache.values[layer][blocks, offsets] = v[src].gather(2, index).transpose(1, 2)
         self.mask[target] = torch.where(
             self._slots.unsqueeze(0) < lengths.unsqueeze(1), self._open, self.hidden
         )
@@ -239,22 +303,29 @@ class ContinuousDecoder:
         self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
         return graph
 
-    def scrub(self, rows: Sequence[int]) -> None:
-        """Zero `rows`' keys and values in every layer and hide their slots: whatever a fault left
-        there (`faults.py`) must not reach the next sequence placed in them."""
-        if rows:
-            target = to_device(list(rows), self.device)
-            for keys, values in zip(self.cache.keys, self.cache.values, strict=True):
-                keys[target] = 0
-                values[target] = 0
-            self.mask[target] = self.hidden
-
-    def release(self, rows: Sequence[int]) -> None:
-        """Free `rows`: they stop advancing (their writes stay at slot 0 until a prompt fills them)."""
-        if rows:
-            target = to_device(list(rows), self.device)
-            self.live[target] = 0
-            self.cache.write[target] = 0
+    def release(self, rows: Sequence[int], faulted: Sequence[int] = ()) -> None:
+        """Free `rows` and give back their blocks: the rows stop advancing (their writes go to the
+        trash block, or their own first slot when rows own their blocks, until a prompt fills them). The blocks of `faulted` rows are zeroed once no row
+        holds them: whatever a fault left there (`faults.py`) must not reach the next sequence
+        placed in them."""
+        if not rows:
+            return
+        freed = []
+        for row in rows:
+            freed += self.pool.release(self.row_blocks[row], dirty=row in faulted and self.paged)
+            self.row_blocks[row] = []
+        self.cache.zero(self.pool.to_scrub(freed), self.device)
+        target = to_device(list(rows), self.device)
+        self.live[target] = 0
+        self.cache.write[target] = 0
+        if self.paged:
+            self.cache.table[target] = self.cache.free_row
+        elif faulted:  # the row's own blocks
+            self.cache.zero(
+                self.cache.table[to_device(list(faulted), self.device)].flatten().tolist(), self.device
+            )
+        if faulted:
+            self.mask[to_device(list(faulted), self.device)] = self.hidden
 
     # --- decoding -------------------------------------------------------------------------------
 
@@ -281,6 +352,7 @@ class ContinuousDecoder:
     def _step(self, window: tuple[int, int]) -> torch.Tensor:
         b, slots = window
         self.cache.window = window
+        self.cache.locate(b)
         # Open the slot each row writes now (a tensor value: nothing leaves the device in a graph).
         self.mask.index_put_((self.cache._rows[:b], self.cache.write[:b]), self._open)
         mask = self.mask[:b, :slots][:, None, None, :]

@@ -4,15 +4,17 @@ One engine thread owns the model. Requests from the event loop become *sequences
 and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves them two ways:
 
 * **Continuous batching** (the fast path, on by default with CUDA; `continuous.py`): sequences of
-  one adapter (or none) decode in rows of a preallocated KV cache with that adapter merged into a
-  copy of the weights. Between two decode steps finished rows leave and waiting sequences of the
-  same adapter join, each prefilled into a free row; steps replay CUDA graphs captured once per
-  window. The queue stays FIFO: a waiting sequence of another adapter stops further joins, the
-  batch drains, and the next batch merges that adapter.
+  one adapter (or none) decode in rows of a paged KV cache (`paged.py`: blocks taken as a row
+  grows, given back when it ends) with that adapter merged into a copy of the weights. Between two
+  decode steps finished rows leave and waiting sequences of the same adapter join while free
+  blocks hold them, each prefilled into a free row; when the blocks run out mid-decode the newest
+  sequences are preempted (queued again with their tokens so far). Steps replay CUDA graphs
+  captured once per window. The queue stays FIFO: a waiting sequence of another adapter stops
+  further joins, the batch drains, and the next batch merges that adapter.
 * **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
   path does not implement (`features.py`) or whose decode step cannot be captured as a CUDA graph,
   requests longer than its rows, or `fast_decode=off`; `eager.py`): up
-  to `max_batch_size` sequences, a left-padded prefill, then one token per step with a dynamic KV
+  to `eager_batch_size` sequences (the rows full-length caches fit in; at most `max_batch_size`), a left-padded prefill, then one token per step with a dynamic KV
   cache, dropping finished rows as it goes. Rows of different adapters share such a batch through
   PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
 
@@ -79,12 +81,17 @@ class Engine(ContinuousBatching):
         fast_context: int = 2048,
         join_wait_s: float = 0.02,
         attention_kernels: str = "auto",
+        block_size: int = 16,
+        kv_blocks: int | None = None,
+        eager_batch_size: int | None = None,
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
+        # Eager batches hold dynamic caches outside the fast path's blocks: at most this many.
+        self.eager_batch_size = min(eager_batch_size or max_batch_size, max_batch_size)
         self.batch_wait_s = batch_wait_s
         self.join_wait_s = join_wait_s
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -109,6 +116,8 @@ class Engine(ContinuousBatching):
                     model,
                     rows=max_batch_size,
                     length=length,
+                    block_size=block_size,
+                    blocks=kv_blocks,
                     use_graphs=cuda_graphs,
                     prefill_graphs=prefill_graphs,
                     on_capture=self.metrics.graph_captures.inc,
@@ -322,6 +331,9 @@ class Engine(ContinuousBatching):
                         self._continuous(batch)
                         self._leave_fast_path_if_capture_failed()
                     else:
+                        if len(batch) > self.eager_batch_size:  # an adapter the fast path cannot merge
+                            self._requeue(batch[self.eager_batch_size :])
+                            batch = batch[: self.eager_batch_size]
                         self._decode(batch)
             except Exception as exc:
                 log.exception("batch failed")
@@ -380,7 +392,8 @@ class Engine(ContinuousBatching):
                     self._cond.wait(wait_left)
                     continue
                 head = self._waiting[0]
-                batch = self._take(lambda seq, head=head: self._same_batch(head, seq), self.max_batch_size)
+                limit = self.max_batch_size if self._fits_fast(head) else self.eager_batch_size
+                batch = self._take(lambda seq, head=head: self._same_batch(head, seq), limit)
                 if batch:
                     return batch
 

@@ -11,12 +11,12 @@ overhead. The fast path (`continuous.py` decodes with it) removes both costs:
   tied weight: `features.py`) keep using the PEFT path.
 * **Static KV caches.** Preallocated buffers with an additive 4-D mask instead of transformers'
   dynamic cache: `StaticKVCache` for a left-padded prefill (every row writes the same slots),
-  `continuous.RowCache` for decoding (every row writes its own next slot).
+  `paged.PagedCache` for decoding (every row writes its own next slot, through its block table).
 * **CUDA graphs.** A decode step is captured once per window and replayed: one launch per token
   instead of thousands. Sampling stays outside.
 
 Costs: one extra copy of the weights (fine for the small models this server targets; turn it off
-with `fast_decode=off` for large ones) and the row cache. What a model or an adapter computes
+with `fast_decode=off` for large ones) and the paged cache. What a model or an adapter computes
 beyond this picture (short sliding windows, non-attention layers, other attention kernels, ...)
 is detected by `features.py` and served by the eager path.
 """

@@ -5,9 +5,9 @@ exactly when its row of logits held a NaN or +inf. Nothing a client sends can ca
 finite weights: it is a server fault. The engine checks every sampled token on the host (the value
 is read back anyway); a sequence that hits one fails its whole request with a `ServerError` (500,
 vLLM's `InternalServerError` envelope) whose message says what happened and names the request,
-and the log gets the request's details. In a continuous batch the row's key/value cache is also
-zeroed: a NaN left there poisons every later sequence placed in that row, even through the
-attention mask (a masked slot's weight is 0, and 0 * NaN is NaN), so every retry of a request
+and the log gets the request's details. In a continuous batch the row's key/value cache blocks
+are also zeroed once no row holds them: a NaN left there poisons every later sequence placed in
+them, even through the attention mask (a masked slot's weight is 0, and 0 * NaN is NaN), so every retry of a request
 landing in that row would fail again (what issue 24's H100 runs showed: six retries, six failures).
 
 A log-probability of -inf is not a fault: a token of probability 0 in float32 (vLLM 0.22 computes

@@ -54,6 +54,17 @@ class Metrics:
             "Decode steps captured as CUDA graphs (once per window; none in steady state).",
             registry=r,
         )
+        self.preempted = Counter(
+            "crucible_generator_preempted_sequences",
+            "Sequences that gave back their cache blocks mid-decode (the cache ran out) and were "
+            "queued again, to be prefilled with their tokens so far.",
+            registry=r,
+        )
+        self.cache_usage = Gauge(
+            "crucible_generator_kv_cache_usage",
+            "Share of the fast path's key/value cache blocks held by sequences (0 to 1).",
+            registry=r,
+        )
         self.running = Gauge("crucible_generator_running_sequences", "Sequences being decoded.", registry=r)
         self.adapters = Gauge(
             "crucible_generator_lora_adapters", "LoRA adapters by state.", ["state"], registry=r

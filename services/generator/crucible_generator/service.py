@@ -40,8 +40,8 @@ from .adapter_files import MAX_NAME_CHARS, check_load_request, snapshot_adapter
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, NotFound
 from .faults import for_json
-from .memory import WORKING_LEN, auto_batch_size
 from .settings import Settings
+from .sizing import WORKING_LEN, CachePlan
 
 log = logging.getLogger(__name__)
 
@@ -405,31 +405,41 @@ def _utf8(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def batch_size(model: Any, settings: Settings) -> int:
-    """Rows of the decode batch: set, from the memory budget (`gpu_memory_fraction`, budget.py) or
-    from the memory free after loading (memory.py)."""
-    from .budget import budget_rows, footprint_of
+def cache_plan(model: Any, settings: Settings) -> CachePlan:
+    """Rows of the decode batch and the fast path's cache blocks: from the memory budget
+    (`gpu_memory_fraction`), else from the memory free after loading; `max_batch_size` and
+    `kv_blocks` when set (sizing.py)."""
     from .fastpath import LENGTH_BUCKET
     from .features import model_gap
+    from .sizing import budget_plan, footprint_of, free_memory_plan, rows_for_blocks
 
     context = settings.max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
     requested = None if settings.max_batch_size == "auto" else settings.max_batch_size
-    if settings.gpu_memory_fraction is not None and model.device.type == "cuda":
-        fast = settings.fast_decode == "on" or settings.fast_decode == "auto"
+    cuda = model.device.type == "cuda"
+    fast = settings.fast_decode == "on" or (settings.fast_decode == "auto" and cuda)
+    fast = fast and model_gap(model, LENGTH_BUCKET) is None
+    block_size = settings.block_size
+    if settings.kv_blocks is not None and fast:
+        rows = requested or rows_for_blocks(settings.kv_blocks, block_size)
+        plan = CachePlan(rows=rows, blocks=settings.kv_blocks, block_size=block_size)
+    elif settings.gpu_memory_fraction is not None and cuda:
         footprint = footprint_of(
             model,
             row_length=-(-min(context, WORKING_LEN) // LENGTH_BUCKET) * LENGTH_BUCKET,
-            fast=fast and model_gap(model, LENGTH_BUCKET) is None,
+            fast=fast,
             prefill_graphs=settings.cuda_graphs and settings.prefill_graphs,
             max_loras=settings.max_loras,
             max_lora_rank=settings.max_lora_rank,
+            graphs=settings.cuda_graphs,
         )
-        return budget_rows(model, settings.gpu_memory_fraction, footprint, requested)
-    if settings.gpu_memory_fraction is not None:
-        log.info("gpu_memory_fraction applies on CUDA only; ignored on %s", model.device)
-    batch = auto_batch_size(model, context) if requested is None else requested
-    log.info("max_batch_size %d (%s)", batch, "from memory" if requested is None else "set")
-    return batch
+        return budget_plan(model, settings.gpu_memory_fraction, footprint, requested, block_size)
+    else:
+        if settings.gpu_memory_fraction is not None:
+            log.info("gpu_memory_fraction applies on CUDA only; ignored on %s", model.device)
+        plan = free_memory_plan(model, context, requested, block_size, paged=fast)
+    how = "from memory" if requested is None else "set"
+    log.info("max_batch_size %d (%s): %s", plan.rows, how, plan.describe(min(context, WORKING_LEN)))
+    return plan
 
 
 def build_service(settings: Settings) -> GeneratorService:
@@ -442,11 +452,11 @@ def build_service(settings: Settings) -> GeneratorService:
 
     model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     log.info("loaded %s on %s (%s)", settings.model, model.device, model.dtype)
-    batch = batch_size(model, settings)
+    plan = cache_plan(model, settings)
     engine = Engine(
         model,
         tokenizer,
-        max_batch_size=batch,
+        max_batch_size=plan.rows,
         batch_wait_s=settings.batch_wait_ms / 1000,
         join_wait_s=settings.join_wait_ms / 1000,
         max_model_len=settings.max_model_len,
@@ -456,8 +466,11 @@ def build_service(settings: Settings) -> GeneratorService:
         fast_decode=settings.fast_decode,
         cuda_graphs=settings.cuda_graphs,
         prefill_graphs=settings.prefill_graphs,
-        fast_context=WORKING_LEN,  # the row length `max_batch_size: auto` budgets for
+        fast_context=WORKING_LEN,  # the row length the cache plan budgets for
         attention_kernels=settings.attention_kernels,
+        block_size=settings.block_size,
+        kv_blocks=plan.blocks,
+        eager_batch_size=plan.eager_rows,
     )
     engine.start()
     return GeneratorService(

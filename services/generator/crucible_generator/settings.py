@@ -44,18 +44,33 @@ class Settings(BaseSettings):
     )
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
         default="auto",
-        description="Most sequences decoded together; `auto`: from the GPU memory left after loading "
-        "the model (see memory.py), 64 on a CPU.",
+        description="Most sequences decoded together; `auto`: from the GPU memory (see sizing.py): the "
+        "rows whose caches fit at 2,048 tokens when that is 256 or more (and on the eager path), else "
+        "as many (up to 512) as the fast path's paged cache holds at 256 tokens each; 64 on a CPU.",
+    )
+    block_size: int = Field(
+        default=16,
+        ge=1,
+        le=256,
+        description="Tokens per block of the fast path's paged key/value cache: rows take blocks as "
+        "they grow and give them back when they end (see paged.py). A power of two up to 256.",
+    )
+    kv_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Blocks of the fast path's paged key/value cache (as vLLM's "
+        "`--num-gpu-blocks-override`); default: from the memory budget or the free memory (sizing.py). "
+        "Must hold one row at full length.",
     )
     gpu_memory_fraction: float | None = Field(
         default=None,
         gt=0,
         le=1,
         description="Share of the GPU's memory the generator may take (weights, their merged copy, "
-        "caches, graphs, adapters), as vLLM's `--gpu-memory-utilization`: the cache rows "
-        "(`max_batch_size: auto`) are sized to fit it at start, a set `max_batch_size` is checked "
-        "against it, and a model whose weights exceed it does not start (see budget.py). "
-        "Unset: rows from the memory free after loading (memory.py). CUDA only.",
+        "caches, graphs, adapters), as vLLM's `--gpu-memory-utilization`: the rows "
+        "(`max_batch_size: auto`) and the cache blocks are sized to fit it at start, a set "
+        "`max_batch_size` is checked against it, and a model whose weights exceed it does not start "
+        "(see sizing.py). Unset: the cache from the memory free after loading. CUDA only.",
     )
     batch_wait_ms: float = Field(
         default=5.0, ge=0, le=1000, description="How long a lone request waits for others to batch with."
@@ -102,6 +117,13 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("at least one adapter root is needed")
         return [Path(os.path.abspath(p.expanduser())) for p in value]
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):  # rows are multiples of 256 slots: blocks must divide them
+            raise ValueError("block_size must be a power of two up to 256")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -1,6 +1,6 @@
-"""The generator's memory budget (`gpu_memory_fraction`, budget.py): what it counts, the rows it
-leaves, and the refusals, on a tiny model and on the real Qwen2.5-Coder-7B shape (built on the meta
-device: shapes without memory)."""
+"""The generator's memory (`gpu_memory_fraction`, sizing.py): what it counts, the rows and cache
+blocks it leaves, and the refusals, on a tiny model and on the real Qwen2.5-Coder-7B shape (built
+on the meta device: shapes without memory)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import logging
 
 import pytest
 import torch
-from crucible_generator import budget
-from crucible_generator.budget import GIB, BudgetError, footprint_of, plan_rows
+from crucible_generator import sizing as budget
+from crucible_generator.sizing import GIB, BudgetError, footprint_of, plan_paged, plan_rows
 
 from tests.unit.test_generator_engine import tiny_model
 
@@ -72,20 +72,24 @@ def test_the_7b_shape_fits_beside_a_trainer_or_vllm_and_says_why_when_it_does_no
         plan_rows(H100, 0.15, f)
 
 
-def test_few_full_length_rows_come_with_the_setting_that_fits_more(qwen_7b) -> None:
-    """At 7B, 0.55 of the card holds 32 rows of 2,048 tokens; the start-up log names the row length
-    that fits 128 (measured on an H100 with CRUCIBLE_GENERATOR_MAX_MODEL_LEN=512: 128 rows)."""
+def test_the_paged_cache_holds_many_more_rows_than_full_length_rows_in_the_same_budget(qwen_7b) -> None:
+    """At 7B, 0.55 of an H100 holds 32 rows reserved at 2,048 tokens (65k tokens); paged, the same
+    room holds 256 rows and more tokens than that (no memory goes to rows' unused slots)."""
     f = footprint_7b(qwen_7b)
-    hint = budget.shorter_rows_hint(H100, 0.55, f, plan_rows(H100, 0.55, f))
-    assert hint is not None and "gets 128 rows with CRUCIBLE_GENERATOR_MAX_MODEL_LEN=512" in hint
-    # Conservative: a generator started with rows of 512 tokens plans at least as many.
-    short = footprint_of(
-        qwen_7b, row_length=512, fast=True, prefill_graphs=True, max_loras=4, max_lora_rank=64
-    )
-    assert plan_rows(H100, 0.55, short) >= 128
-    # Nothing to say when the rows are short already, or when they already reach the ceiling.
-    assert budget.shorter_rows_hint(H100, 0.55, short, plan_rows(H100, 0.55, short)) is None
-    assert budget.shorter_rows_hint(H100, 0.55, f, budget.MAX_ROWS) is None
+    assert plan_rows(H100, 0.55, f) == 32
+    plan = plan_paged(H100, 0.55, f, block_size=16)
+    assert plan.rows == 256 and plan.tokens > 65_536
+    room = int(H100 * 0.55) - f.fixed
+    assert plan.rows * f.row_share <= room // 2  # the rows' own share leaves half for the blocks
+    assert plan.rows * f.row_share + plan.blocks * 16 * f.kv_per_token <= room
+    # A set max_batch_size is kept, with the blocks that fit beside it.
+    assert plan_paged(H100, 0.55, f, block_size=16, requested=40).rows == 40
+    assert plan_paged(H100, 0.55, f, block_size=16, requested=40).blocks > plan.blocks
+    # On an H200 (139 GiB) the room holds 256 rows at full length: each row owns its blocks (no
+    # gather), as many rows as rows reserved at the context gave.
+    big = plan_paged(int(139.8 * GIB), 0.55, f, block_size=16)
+    assert big.rows == plan_rows(int(139.8 * GIB), 0.55, f) == budget.CONTIGUOUS_ROWS
+    assert big.blocks == big.rows * 2048 // 16
 
 
 def test_a_set_batch_size_is_checked_against_the_budget(qwen_7b) -> None:
@@ -111,13 +115,29 @@ def test_the_setting_is_read_from_the_environment_and_bounded(monkeypatch) -> No
 
 
 def test_on_a_cpu_the_fraction_is_ignored_with_a_line(caplog) -> None:
-    from crucible_generator.memory import CPU_BATCH
-    from crucible_generator.service import batch_size
+    from crucible_generator.service import cache_plan
     from crucible_generator.settings import Settings
 
     with caplog.at_level(logging.INFO):
-        assert batch_size(tiny_model(), Settings(gpu_memory_fraction=0.3)) == CPU_BATCH
+        assert cache_plan(tiny_model(), Settings(gpu_memory_fraction=0.3)).rows == budget.CPU_BATCH
     assert "gpu_memory_fraction applies on CUDA only" in caplog.text
+
+
+def test_a_set_block_count_sizes_the_cache_and_the_rows(monkeypatch) -> None:
+    from crucible_generator.service import cache_plan
+    from crucible_generator.settings import Settings
+
+    monkeypatch.setenv("CRUCIBLE_GENERATOR_KV_BLOCKS", "4096")
+    monkeypatch.setenv("CRUCIBLE_GENERATOR_FAST_DECODE", "on")
+    plan = cache_plan(tiny_model(), Settings())
+    assert (plan.blocks, plan.block_size, plan.rows) == (4096, 16, 256)  # 256 rows of 256 tokens
+    monkeypatch.setenv("CRUCIBLE_GENERATOR_BLOCK_SIZE", "32")
+    monkeypatch.setenv("CRUCIBLE_GENERATOR_MAX_BATCH_SIZE", "12")
+    assert cache_plan(tiny_model(), Settings()) == budget.CachePlan(rows=12, blocks=4096, block_size=32)
+    for bad in ("24", "0", "512"):
+        monkeypatch.setenv("CRUCIBLE_GENERATOR_BLOCK_SIZE", bad)
+        with pytest.raises(ValueError, match="block_size"):
+            Settings()
 
 
 def test_gib_rounds_to_a_tenth() -> None:
