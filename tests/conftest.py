@@ -86,7 +86,7 @@ def _release_jobs_memory():
     if resident_bytes() < RELEASE_ABOVE:
         return
     try:
-        from crucible_trainer.hardware import release_memory
+        from crucible_trainer.runtime.hardware import release_memory
     except ImportError:  # a slim install without the trainer holds no job's memory
         return
     release_memory()

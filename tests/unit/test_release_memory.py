@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 from crucible_shared.jobs import JobSpec
-from crucible_trainer import jobs
-from crucible_trainer.channel import LocalChannel
-from crucible_trainer.hardware import release_memory
+from crucible_trainer.runtime import entry as jobs
+from crucible_trainer.runtime.channel import LocalChannel
+from crucible_trainer.runtime.hardware import release_memory
 from crucible_trainer.settings import Settings
 from pydantic import TypeAdapter
 

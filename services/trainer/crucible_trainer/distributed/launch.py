@@ -24,10 +24,10 @@ from typing import Any
 from crucible_shared.distributed import too_many_ranks
 from crucible_shared.jobs import TrainJob
 
-from crucible_trainer.cancel import Interrupted
-from crucible_trainer.channel import JobChannel
 from crucible_trainer.distributed.rank import ranks_dir
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.runtime.cancel import Interrupted
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
 from crucible_trainer.settings import Settings
 
 POLL_S = 0.5

@@ -18,13 +18,13 @@ from typing import Any
 from crucible_shared.jobs import DPOConfig, SFTConfig, TrainJob
 
 from crucible_trainer import evaluation
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.evaljob import eval_summary
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.evaluation.job import eval_summary
 from crucible_trainer.offline.artifacts import content_hash, json_hash
 from crucible_trainer.offline.rows import load_rows
 from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
 from crucible_trainer.settings import Settings
 
 

@@ -19,10 +19,10 @@ from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import EvalSpec
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.evaluation.job import evaluate_spec, served_base
 from crucible_trainer.offline.publishing import AdapterServer
-from crucible_trainer.publish import Publisher
+from crucible_trainer.rl.publish import Publisher
+from crucible_trainer.runtime.jobrun import JobRun
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from crucible_shared.generator_client import AdapterBroadcastError, GeneratorAPIError, GeneratorPool, samples
 
-from crucible_trainer.channel import JobChannel, Superseded
-from crucible_trainer.policy import Policy
+from crucible_trainer.rl.policy import Policy
+from crucible_trainer.runtime.channel import JobChannel, Superseded
 
 
 class StalePolicyError(RuntimeError):

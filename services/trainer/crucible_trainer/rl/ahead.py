@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from crucible_trainer.publish import Publisher, StalePolicyError
 from crucible_trainer.rl.context import ProblemSampler
+from crucible_trainer.rl.publish import Publisher, StalePolicyError
 from crucible_trainer.rl.rollout import Sample, Timing
 
 # (step, version, served name) -> the step's samples, the method's metrics and the rollout timing

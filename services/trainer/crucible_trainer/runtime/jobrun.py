@@ -32,9 +32,9 @@ from crucible_shared.lifecycle import JobStatus, JobSummary
 from crucible_shared.paths import with_checked_paths
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer.cancel import Cancelled, CancelToken
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.events import EventSink, start_wandb
+from crucible_trainer.runtime.cancel import Cancelled, CancelToken
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.sink import EventSink, start_wandb
 from crucible_trainer.settings import Settings
 
 
