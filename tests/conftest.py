@@ -81,7 +81,7 @@ def pytest_runtest_protocol(item, nextitem):
 def _release_jobs_memory():
     """Tests that run jobs in this process (as `crucible train --local` does) leave the models in
     reference cycles, and an xdist worker runs a hundred test files: without this its memory grew
-    to 9 GB over the default run. `jobs.execute` does the same for the trainer worker."""
+    to 9 GB over the default run. `runtime.entry.execute` does the same for the trainer worker."""
     yield
     if resident_bytes() < RELEASE_ABOVE:
         return

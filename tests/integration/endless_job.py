@@ -23,7 +23,7 @@ def queue_record(redis: Any, job_id: str) -> None:
 
 
 def as_runner(loop: Any) -> Any:
-    """A job loop `loop(spec, job_id, settings, channel)` in the shape `jobs.execute` runs: a runner
+    """A job loop `loop(spec, job_id, settings, channel)` in the shape `runtime.entry.execute` runs: a runner
     class (`runners.runner_for(spec)`) whose instances have an async `run()`."""
 
     class Runner:

@@ -291,7 +291,7 @@ def test_killed_job_resumes_exactly(stack_generator, sandbox, stack_dirs, tmp_pa
 
 def uninterrupted_order(spec: TrainJob) -> list[list[str]]:
     """The problems each step of a job that never stopped trains on: its sampler from the start
-    (what `train.py` builds), drawing `problems_per_step` a step."""
+    (what `online/train.py` builds), drawing `problems_per_step` a step."""
     from crucible_trainer import tasks
     from crucible_trainer.rl.context import ProblemSampler
 

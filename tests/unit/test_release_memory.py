@@ -1,5 +1,5 @@
 """A worker runs job after job in one process: what a job held in reference cycles is given back
-when it ends (`hardware.release_memory`, called by `jobs.execute`), whether it finished or failed."""
+when it ends (`hardware.release_memory`, called by `runtime.entry.execute`), whether it finished or failed."""
 
 from __future__ import annotations
 

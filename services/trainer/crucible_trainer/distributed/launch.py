@@ -1,7 +1,7 @@
 """The worker's side of a job over several ranks: start them with `torchrun`, wait, report.
 
 The RQ worker that took the job keeps its place in the lifecycle (started, heartbeating, then
-finished / failed / released, in `jobs.execute`); the ranks run in a `torchrun` child process
+finished / failed / released, in `runtime.entry.execute`); the ranks run in a `torchrun` child process
 group on this host, rank 0 writing to the job's channel itself. When the worker is asked to stop
 it writes the ranks' stop file: rank 0 then checkpoints at its next step boundary and the job goes
 back to the queue. A rank that dies makes `torchrun` stop the others (`--max-restarts 0`) and exit

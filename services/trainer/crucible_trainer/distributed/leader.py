@@ -1,4 +1,4 @@
-"""Rank 0's job: the training loop of `train.py`, unchanged, over a policy every rank updates.
+"""Rank 0's job: the training loop of `online/train.py`, unchanged, over a policy every rank updates.
 
 `LeaderRun` is `TrainRun` with two differences: its policy is a `RankPolicy` (made on every rank,
 from the spec rank 0 resolved for its hardware), and its update is a command every rank runs on

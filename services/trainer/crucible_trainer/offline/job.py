@@ -1,7 +1,7 @@
 """The standalone `sft` / `dpo` train job: TRL on a user's JSONL file, evaluated before and after.
 
 The runner registry (`runners.RUNNERS`) sends train jobs of an offline method here instead of the online loop
-(`train.py` samples, executes and updates every step; nothing here samples). The job checks
+(`online/train.py` samples, executes and updates every step; nothing here samples). The job checks
 `method.path` (`trl_train.load_rows`), evaluates the starting policy when `eval` asks for it,
 trains with `trl_train.train` (the code the pipeline's `train` stage runs), publishes the adapter
 to the generators as `<job>-v<steps>` and evaluates it, writing what online jobs write into its

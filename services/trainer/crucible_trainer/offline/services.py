@@ -4,7 +4,7 @@ Offline jobs talk to the services only in some stages (a pipeline running `build
 needs neither), so nothing waits on them until a stage asks: `pool` and `sandbox` wait for the
 run's own connections (`JobRun.pool` / `.sandbox`, which the run opens on first use and closes).
 `serve` hot-swaps a saved adapter into every generator replica (`publishing.AdapterServer`);
-`evaluate` is the one evaluation code path (`evaljob.evaluate_spec`) writing a report folder;
+`evaluate` is the one evaluation code path (`evaluation.job.evaluate_spec`) writing a report folder;
 `retire_adapters` unloads the job's adapters.
 """
 

@@ -91,7 +91,7 @@ class Ahead:
         self.ready: asyncio.Queue[Collected] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         # The stale-policy check of the newest version, run by the training loop while it waits
-        # for the next step's samples (crucible_trainer/overlapped.py); closed with the rest.
+        # for the next step's samples (online/overlapped.py); closed with the rest.
         self.checking: asyncio.Task[dict[str, float]] | None = None
 
     def start(self) -> None:

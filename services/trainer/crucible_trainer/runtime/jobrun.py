@@ -1,5 +1,5 @@
-"""`JobRun`: what every job run shares, written once under the four runners (`train.TrainRun`,
-`offline.job.OfflineTrainRun`, `offline.pipeline.PipelineRun`, `evaljob.EvalRun`).
+"""`JobRun`: what every job run shares, written once under the four runners (`online.train.TrainRun`,
+`offline.job.OfflineTrainRun`, `offline.pipeline.PipelineRun`, `evaluation.job.EvalRun`).
 
 The base owns the run directory (`runs/<job id>`, the checked spec in `spec.json`, the summary in
 `summary.json`), the cancel token, the event sink, W&B, the services and the summary. `run()` is

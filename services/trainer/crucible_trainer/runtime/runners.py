@@ -1,6 +1,6 @@
 """The runner registry: which `JobRun` runs a job, keyed by spec type.
 
-A train job is keyed by its method's config type (the online methods run the loop of `train.py`;
+A train job is keyed by its method's config type (the online methods run the loop of `online/train.py`;
 SFT and DPO, TRL on a file, run `offline.job`), an eval or pipeline job by its own. Runners are
 named by dotted path and imported when a job needs one: torch loads with the trainer, not here.
 Adding a job kind or an offline method is one line below; an online method is one line in
