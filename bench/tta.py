@@ -17,7 +17,7 @@ temperature, top-p, max tokens, KL coefficient, clip range, loss aggregation and
 counterpart for is recorded, not emulated: Crucible's difficulty filter (`method.filter`) runs
 inside Crucible's job and counts in its wall time; TRL trains on the same problems unfiltered.
 
-`crucible` runs the job through the worker's entry point (`crucible_trainer.jobs.execute`) with
+`crucible` runs the job through the worker's entry point (`crucible_trainer.runtime.entry.execute`) with
 its evaluation turned off (`eval=null`: evaluation never counts in a run's wall time), against a
 sandbox and generator replicas spawned here (`--generator-devices`: one replica per listed
 `CUDA_VISIBLE_DEVICES` value; none: one on the trainer's card). `distributed.train_gpus` > 1

@@ -144,8 +144,8 @@ def test_the_trainer_loads_the_model_and_adapter_it_checked(tmp_path, monkeypatc
     `model.init_adapter` for a link to a secret outside the roots, and then the directories
     themselves: the loaders must still read the files the check saw."""
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer import train
-    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.online import train
+    from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.settings import Settings
 
     models, adapters, outside = tmp_path / "models", tmp_path / "adapters", tmp_path / "outside"
@@ -201,9 +201,9 @@ def test_the_trainer_loads_the_model_and_adapter_it_checked(tmp_path, monkeypatc
 
 def test_the_trainer_refuses_a_link_in_a_checked_model_directory(tmp_path, monkeypatch) -> None:
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.online.train import TrainRun
+    from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.settings import Settings
-    from crucible_trainer.train import TrainRun
 
     (tmp_path / "models" / "m").mkdir(parents=True)
     (tmp_path / "secret.json").write_text(SECRET)
@@ -268,9 +268,9 @@ def test_an_adapter_trained_from_a_snapshot_names_the_jobs_model(tmp_path, monke
     """The snapshot is gone once the run ends: a saved adapter's base_model_name_or_path must be
     the path the job named, as before snapshots."""
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.online.train import TrainRun
+    from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.settings import Settings
-    from crucible_trainer.train import TrainRun
 
     from tests.families import build_family
 

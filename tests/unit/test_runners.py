@@ -13,9 +13,9 @@ import pytest
 from crucible_gateway.settings import Settings as GatewaySettings
 from crucible_shared.jobs import EvalJob, JobSpec, Method, PipelineJob, TrainJob
 from crucible_shared.lifecycle import QUEUES, JobKind, JobSummary
-from crucible_trainer.channel import LocalChannel
-from crucible_trainer.jobrun import JobRun
-from crucible_trainer.runners import RUNNERS, runner_for
+from crucible_trainer.runtime.channel import LocalChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.runners import RUNNERS, runner_for
 from crucible_trainer.settings import Settings
 
 from tests.runner_specs import KINDS, small_job
@@ -36,7 +36,7 @@ def test_every_spec_type_has_a_job_run() -> None:
     methods = get_args(get_args(Method)[0])
     assert set(RUNNERS) == {*methods, EvalJob, PipelineJob}  # SFT and DPO included
     for config in methods:
-        extra = {"path": "rows.jsonl"} if config.model_fields["name"].default in ("sft", "dpo") else {}
+        extra = {"path": "rows.jsonl"} if config.offline else {}
         spec = TrainJob.model_validate({"method": {"name": config.model_fields["name"].default, **extra}})
         assert issubclass(runner_for(spec), JobRun)
     assert runner_for(EvalJob()).__name__ == "EvalRun" and runner_for(PipelineJob()).__name__ == "PipelineRun"

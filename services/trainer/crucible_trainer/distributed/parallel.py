@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from crucible_trainer.policy import make_batch
+from crucible_trainer.rl.batch import make_batch
 from crucible_trainer.rl.parallel import Parallel
 
 Strategy = Literal["ddp", "fsdp"]

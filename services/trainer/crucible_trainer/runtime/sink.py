@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from crucible_trainer.channel import JobChannel
+from crucible_trainer.runtime.channel import JobChannel
 
 log = logging.getLogger(__name__)
 
