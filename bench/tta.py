@@ -126,7 +126,7 @@ def run_crucible(args: argparse.Namespace) -> None:
     from crucible_cli.spawn import start
     from crucible_trainer.settings import Settings
 
-    from bench.common import on_device, run_job, spawn_generator
+    from bench.common import replica_env, run_job, spawn_generator
 
     path, overrides = job_source(args.job, args.overrides)
     full = load_job(path, overrides)
@@ -159,7 +159,7 @@ def run_crucible(args: argparse.Namespace) -> None:
 
         def one(i: int) -> Any:
             return spawn_generator(
-                work, spec.model.base, args.rows, env=on_device(devices[i]), log=f"generator-{i}.log"
+                work, spec.model.base, args.rows, env=replica_env(0, 1, devices[i]), log=f"generator-{i}.log"
             )
 
         with ThreadPoolExecutor(len(devices)) as pool:
@@ -343,14 +343,12 @@ def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[
 def run_trl(args: argparse.Namespace) -> None:
     import crucible_models
     import torch
-    from crucible_cli.spawn import start
+    from crucible_cli.spawn import free_port, start
     from crucible_trainer import tasks
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from bench.common import free_port
 
     global T0
     path, overrides = job_source(args.job, args.overrides)
