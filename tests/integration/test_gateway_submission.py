@@ -7,12 +7,22 @@ A gateway of its own, with data, model and adapter roots under a temporary folde
 
 from __future__ import annotations
 
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from crucible_shared import keys
 from crucible_shared.gateway_client import GatewayClient
+from redis import Redis
 
 from tests.servers import Service, spawn
 
@@ -263,6 +273,59 @@ def test_a_job_over_the_work_cap_is_refused(gw, roots, spec: dict, field: str) -
 def test_a_job_within_the_work_cap_is_accepted(gw) -> None:
     accepted(gw, {"kind": "eval", "n": 10, "data": {"split": "test"}, "max_tokens": 512, "ks": [1]})
     accepted(gw, {"kind": "train", "optim": {"steps": 1000, "problems_per_step": 16}})
+
+
+@pytest.fixture
+def stub_generator() -> Iterator[str]:
+    """A generator stand-in that answers `/v1/models` with one base model, `tiny-model`."""
+    listing = {"object": "list", "data": [{"id": "tiny-model", "root": "/srv/models/tiny-model"}]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(listing).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_an_eval_of_a_model_the_generators_do_not_serve_is_refused(
+    gw, redis_url, stub_generator, tmp_path
+) -> None:
+    """A live trainer worker reports what its generators serve; an eval job naming another base
+    model is refused naming `eval.model.base`, one naming the served model (by id or by the last
+    part of its root) is accepted, and with no worker up the worker that takes the job checks."""
+    redis = Redis.from_url(redis_url)
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "CRUCIBLE_TRAINER_GENERATOR_URLS": stub_generator,
+        "CRUCIBLE_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    cmd = [sys.executable, "-m", "crucible_trainer.worker", "--queues", "nothing", "--name", "served"]
+    worker = subprocess.Popen(cmd, env=env)
+    eval_of = {"kind": "eval", "data": {"ids": [11]}, "max_tokens": 64}
+    try:
+        deadline = time.monotonic() + 120
+        while not redis.hget(keys.worker_served(), "served"):
+            assert time.monotonic() < deadline, "the worker never reported what its generators serve"
+            time.sleep(0.2)
+        message = refused(gw, {**eval_of, "model": {"base": "acme/other-coder"}}, "eval.model.base")
+        assert "generators serve tiny-model (/srv/models/tiny-model)" in message
+        accepted(gw, {**eval_of, "model": {"base": "tiny-model"}})
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    assert not redis.hexists(keys.worker_served(), "served")
+    accepted(gw, {**eval_of, "model": {"base": "acme/other-coder"}})
 
 
 @pytest.mark.parametrize(
