@@ -262,6 +262,31 @@ def test_values_accepted_before_and_failing_later_are_refused_naming_the_field(
             },
             "train.method.epochs",
         ),
+        (  # a pipeline sampling 1,024 candidates of 8,192 tokens for every MBPP problem
+            {"kind": "pipeline", "data": {"split": "all"}, "generate": {"k": 1024, "max_tokens": 8192}},
+            "pipeline.generate.k",
+        ),
+        (  # a pipeline training 1,000 epochs on the 4 best of 8 candidates of 374 problems
+            {"kind": "pipeline", "train": {"name": "sft", "epochs": 1000, "max_length": 4096}},
+            "pipeline.train.epochs",
+        ),
+        (  # DPO: 20 pairs of each problem's candidates, 200,000 steps of 32 pairs at 4,096 tokens
+            {
+                "kind": "pipeline",
+                "stages": ["generate", "annotate", "build", "train"],
+                "build": {"max_pairs": 20},
+                "train": {"name": "dpo", "max_steps": 10_000, "max_length": 4096},
+                "optim": {"lr": 1e-5, "micro_batch": 32},
+            },
+            "pipeline.train.max_steps",
+        ),
+        (  # a pipeline's baseline and final evaluations: n = 1,000 over all of MBPP
+            {
+                "kind": "pipeline",
+                "eval": {"n": 1000, "data": {"split": "all"}, "max_tokens": 8192, "ks": [1]},
+            },
+            "pipeline.eval.n",
+        ),
     ],
 )
 def test_a_job_over_the_work_cap_is_refused(gw, roots, spec: dict, field: str) -> None:
@@ -273,6 +298,8 @@ def test_a_job_over_the_work_cap_is_refused(gw, roots, spec: dict, field: str) -
 def test_a_job_within_the_work_cap_is_accepted(gw) -> None:
     accepted(gw, {"kind": "eval", "n": 10, "data": {"split": "test"}, "max_tokens": 512, "ks": [1]})
     accepted(gw, {"kind": "train", "optim": {"steps": 1000, "problems_per_step": 16}})
+    accepted(gw, {"kind": "pipeline"})
+    accepted(gw, {"kind": "pipeline", "rounds": 4, "train": {"name": "dpo"}, "optim": {"lr": 1e-5}})
 
 
 @pytest.fixture
