@@ -280,3 +280,30 @@ def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_
     other.outbox.redis = live
     other.gate()
     assert other.holds_lease() and not other.superseded()
+
+
+def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(redis_url, tmp_path) -> None:
+    """`checkpoint.every: 2`: a run delivers steps 1-3 and dies with its checkpoint at step 2. The
+    next run resumes from step 2 and runs step 3 again: `metrics.jsonl` and the stream each have
+    steps 1-4 once, in order."""
+    from crucible_trainer.events import EventSink, resume_events
+
+    job_id = f"train-replay-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    first = channel_for(redis_url, job_id)
+    assert first.start()
+    sink = EventSink(first, tmp_path / job_id)
+    for step in (1, 2, 3):
+        sink.metrics(step, {"reward_mean": step / 10})
+    del first, sink  # killed in step 4; its last checkpoint is step 2's
+    redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
+    second = channel_for(redis_url, job_id)
+    assert second.start()
+    sink = EventSink(second, tmp_path / job_id)
+    assert resume_events(sink, upto=2) == 0
+    for step in (3, 4):
+        sink.metrics(step, {"reward_mean": step / 10})
+    assert [e["step"] for e in stream(redis_url, job_id) if e["type"] == "metrics"] == [1, 2, 3, 4]
+    rows = (tmp_path / job_id / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2, 3, 4]

@@ -51,6 +51,9 @@ class EventSink:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rollouts_dir = run_dir / "rollouts"
+        # Steps after the checkpoint a run resumed from whose `metrics` event an earlier run
+        # already delivered: they run again (`checkpoint.every > 1`), their event is not sent twice.
+        self.sent_steps: set[int] = set()
 
     def emit(self, kind: str, **data: Any) -> None:
         """Append an event to the job's stream (and log it): `kind` and `data` are one of
@@ -73,6 +76,8 @@ class EventSink:
             self.step_event(step, values)
 
     def step_event(self, step: int, values: dict[str, float]) -> None:
+        if step in self.sent_steps:  # replayed after a resume: the stream has this step's event
+            return
         self.emit("metrics", step=step, metrics=values)
 
     def eval_point(self, step: int, label: str, summary: dict[str, Any]) -> None:
@@ -116,6 +121,17 @@ class EventSink:
         for path in self.rollouts_dir.glob("step-*.jsonl"):
             if int(path.stem.split("-")[1]) > step:
                 path.unlink()
+
+
+def resume_events(sink: EventSink, upto: int) -> int:
+    """A run resumed from the checkpoint of step `upto`: metrics.jsonl loses the rows of later steps
+    (they run again), the stream gets the events of steps up to `upto` that no run delivered
+    (`recover_events`), and the steps after it whose event is already in the stream (an earlier run
+    ran them before it stopped) send no second one. Returns how many events were recovered."""
+    sink.forget_after(upto)
+    recovered = recover_events(sink, upto)
+    sink.sent_steps = {step for step in sink.channel.delivered_steps() or () if step > upto}
+    return recovered
 
 
 def recover_events(sink: EventSink, upto: int) -> int:

@@ -37,7 +37,7 @@ from crucible_trainer import checkpoint, evaluation, hardware, tasks
 from crucible_trainer.cancel import Interrupted, Superseded
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.events import recover_events, rollout_row
+from crucible_trainer.events import resume_events, rollout_row
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.methods import method_module
 from crucible_trainer.overlapped import OverlappedSteps
@@ -210,10 +210,9 @@ class TrainRun(OverlappedSteps, JobRun):
         self.method_state.update(extra.get("method", {}))
         version = extra.get("version", state["step"])
         await publisher.adopt(version, policy if version == state["step"] else None)
-        self.events.forget_after(state["step"])
-        # Steps the checkpoint holds whose events an earlier run never delivered (it died during
-        # a Redis outage): from metrics.jsonl, so the stream has every step once.
-        await asyncio.to_thread(recover_events, self.events, state["step"])
+        # Every step's row and event once: later rows dropped (those steps run again), events an
+        # earlier run never delivered recovered, those it delivered not sent again.
+        await asyncio.to_thread(resume_events, self.events, state["step"])
         self.events.emit("resumed", step=state["step"], checkpoint=str(found))
         return state["step"] + 1, version
 

@@ -20,6 +20,7 @@ from crucible_shared.jobs import DPOConfig, SFTConfig, TrainJob
 from crucible_trainer import evaluation
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import eval_summary
+from crucible_trainer.events import resume_events
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.offline.artifacts import content_hash, json_hash
 from crucible_trainer.offline.rows import load_rows
@@ -80,7 +81,7 @@ class OfflineTrainRun(JobRun):
 
     def _on_event(self, kind: str, **data: Any) -> None:
         if kind == "resumed":
-            self.events.forget_after(data["step"])  # those steps run again
+            resume_events(self.events, data["step"])  # those steps run again, each event once
         self.events.emit(kind, **data)
 
     async def body(self) -> None:

@@ -35,6 +35,7 @@ from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.channel import JobChannel
 from crucible_trainer.evaljob import eval_summary
+from crucible_trainer.events import resume_events
 from crucible_trainer.jobrun import JobRun
 from crucible_trainer.offline import analysis, report
 from crucible_trainer.offline.annotate import annotate
@@ -433,7 +434,7 @@ class PipelineRun(JobRun):
 
     def _train_event(self, kind: str, **data: Any) -> None:
         if kind == "resumed":
-            self.events.forget_after(data["step"])  # those steps run again
+            resume_events(self.events, data["step"])  # those steps run again, each event once
         self.events.emit(kind, **data)
 
     def _progress(self, key: str) -> Callable[[int, int], None]:
