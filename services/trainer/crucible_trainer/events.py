@@ -4,6 +4,9 @@
   `eval/problems_passed` at the step it ran), so interval evaluations form a time series.
 * `rollouts/step-NNNNNN.jsonl`: every sample of a step (problem id, phase, prompt hash,
   completion, reward, status, first failure message), and a W&B table of them when W&B is on.
+* `.outbox/run-<token>.jsonl`: the run's journal, the events Redis has not taken yet (an outage),
+  each with the step it belongs to, so a run resumed after this one died sends those of the steps
+  its checkpoint holds (`recover_events`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from crucible_trainer.channel import JobChannel
+from crucible_trainer.channel import JobChannel, metrics_steps
 
 log = logging.getLogger(__name__)
+JOURNAL = ".outbox"  # the run dir's folder of journals (hidden: not an artifact)
 
 
 def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
@@ -54,12 +58,32 @@ class EventSink:
         # Steps after the checkpoint a run resumed from whose `metrics` event an earlier run
         # already delivered: they run again (`checkpoint.every > 1`), their event is not sent twice.
         self.sent_steps: set[int] = set()
+        self.journal_dir = run_dir / JOURNAL
+        self.step_now = 0  # the newest step this run's events named: the step a journaled one belongs to
+        self._journaled = 0  # the number of the last event in this run's journal
 
     def emit(self, kind: str, **data: Any) -> None:
         """Append an event to the job's stream (and log it): `kind` and `data` are one of
         `crucible_shared.events.JobEvent`, which the channel validates as it writes."""
+        step = data.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            self.step_now = max(self.step_now, step)
         self.channel.emit(kind, **data)
+        self.journal()
         log.info("%s %s", kind, json.dumps(data, default=str)[:500])
+
+    def journal(self, step: int | None = None) -> None:
+        """Add the run's events that still wait for Redis to its journal (belonging to `step`,
+        else the newest step its events named). Written only while the run holds its lease, and
+        only then: while Redis takes every event at once this writes nothing."""
+        waiting = self.channel.undelivered(self._journaled)
+        if not waiting:
+            return
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        at = self.step_now if step is None else step
+        with (self.journal_dir / f"run-{self.channel.token}.jsonl").open("a") as f:
+            f.writelines(json.dumps({"seq": seq, "step": at, "data": data}) + "\n" for seq, data in waiting)
+        self._journaled = waiting[-1][0]
 
     def _append(self, row: dict[str, Any]) -> None:
         self.channel.gate()  # only the run holding the job writes its run dir
@@ -135,21 +159,53 @@ def resume_events(sink: EventSink, upto: int) -> int:
 
 
 def recover_events(sink: EventSink, upto: int) -> int:
-    """After a resume from step `upto`: the `metrics` events of steps up to it that never reached
-    the job's stream (an earlier run checkpointed them during a Redis outage and died before
-    delivering them), sent again from their `metrics.jsonl` rows, in step order. Returns how many."""
-    delivered = sink.channel.delivered_steps()
-    if delivered is None or not sink.metrics_path.exists():
+    """After a resume from step `upto`: the events of steps up to it that never reached the job's
+    stream (an earlier run recorded them during a Redis outage and died, or lost the job, before
+    delivering them), sent in order before anything of the resumed run's own: as they were
+    recorded, from the earlier runs' journals, and any step's `metrics` event still missing from
+    its `metrics.jsonl` row. The earlier journals are then removed (their later steps run again).
+    Returns how many were sent."""
+    stream = sink.channel.stream_data()
+    if stream is None:
         return 0
-    rows = {}
-    for line in sink.metrics_path.read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
-        step = row.get("step")
-        if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
-            rows[step] = {k: v for k, v in row.items() if k != "step"}
-    for step in sorted(rows):
-        sink.channel.emit("metrics", step=step, metrics=rows[step])
-    return len(rows)
+    seen = set(stream)
+    delivered = metrics_steps(stream)
+    found: list[tuple[int, int, str | dict[str, Any]]] = []  # (step, source, JSON | metrics row)
+    own = f"run-{sink.channel.token}.jsonl"
+    journals = sorted(
+        (p for p in sink.journal_dir.glob("run-*.jsonl") if p.name != own),
+        key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else 0,
+    )
+    for path in journals:
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # the last line of a run killed while writing it
+                continue
+            data, step = entry.get("data"), entry.get("step")
+            if isinstance(data, str) and isinstance(step, int) and step <= upto and data not in seen:
+                seen.add(data)
+                delivered |= metrics_steps([data])
+                found.append((step, 0, data))
+    if sink.metrics_path.exists():
+        for line in sink.metrics_path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            step = row.get("step")
+            if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
+                delivered.add(step)
+                found.append((step, 1, {k: v for k, v in row.items() if k != "step"}))
+    found.sort(key=lambda f: (f[0], f[1]))  # by step; a step's journal first, in its order
+    for step, _, event in found:
+        if isinstance(event, str):
+            sink.channel.resend(event)
+        else:
+            sink.channel.emit("metrics", step=step, metrics=event)
+        sink.journal(step)  # Redis away again: kept in this run's journal
+    if journals:
+        sink.channel.gate()
+        for path in journals:
+            path.unlink(missing_ok=True)
+    return len(found)
 
 
 def start_wandb(

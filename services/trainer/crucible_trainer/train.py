@@ -202,6 +202,7 @@ class TrainRun(OverlappedSteps, JobRun):
         found = await asyncio.to_thread(checkpoint.resumable, self.run_dir, self.channel)
         if found is None:
             await publisher.adopt(0)  # an earlier run's versions, if any, are not this run's
+            await asyncio.to_thread(resume_events, self.events, 0)  # nor its rows and journals
             return 1, 0
         state = await asyncio.to_thread(checkpoint.restore, policy, found)
         extra = state["extra"]
