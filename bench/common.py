@@ -1,7 +1,7 @@
 """What the benchmarks share: a free port, percentiles, the name of the card they ran on, the
 offline training recipes, the learning recipes (recipes/learning.yaml), a job spec from a file plus
 `--set` overrides, the services a job needs (a sandbox and generators, spawned), and running a job
-in-process through the worker's own entry point (`crucible_trainer.jobs.execute`, what `crucible
+in-process through the worker's own entry point (`crucible_trainer.runtime.entry.execute`, what `crucible
 train --local` runs), timed, with its per-step metrics.
 
 Benchmarks import it as `bench.common` (the repository root on `sys.path`, as each script puts it)
@@ -179,8 +179,8 @@ def services(
 def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
     """A parsed job (train, eval or pipeline) through the worker's own entry point, in this process;
     its summary plus `wall_s`. Raises when the job does not finish."""
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute
+    from crucible_trainer.runtime.channel import LocalChannel
+    from crucible_trainer.runtime.entry import execute
 
     started = time.perf_counter()
     summary = execute(spec, job_id, settings, LocalChannel(job_id))

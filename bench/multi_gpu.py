@@ -7,7 +7,7 @@
 For each GPU count N this runs the real job the way a user runs it on an N-GPU host: one sandbox,
 N Crucible generator replicas (one per GPU, `CUDA_VISIBLE_DEVICES=i`, as `crucible up
 --generator-gpus` places a generator) sharing the cards with the trainer's N ranks, and the GRPO
-train job with `distributed.train_gpus: N` run by `crucible_trainer.jobs.execute` (what
+train job with `distributed.train_gpus: N` run by `crucible_trainer.runtime.entry.execute` (what
 `crucible train --local` and a worker call): N > 1 goes through the worker's launcher
 (`torchrun`, DDP or FSDP2, rank 0 leading), N = 1 is the ordinary one-process job. The trainer
 gets every replica's URL (`generator_urls`), so its generator pool spreads the rollouts over them
@@ -208,8 +208,8 @@ def start_generators(args: argparse.Namespace, model: str, n: int, work: Path) -
 def run_one(args: argparse.Namespace, model: str, n: int, work: Path) -> dict[str, Any]:
     """Run the job on N GPUs (N ranks, N replicas, one sandbox); its figures."""
     from crucible_cli.spawn import start
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute
+    from crucible_trainer.runtime.channel import LocalChannel
+    from crucible_trainer.runtime.entry import execute
     from crucible_trainer.settings import Settings
 
     work.mkdir(parents=True)

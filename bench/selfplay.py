@@ -78,9 +78,9 @@ def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def child(args: argparse.Namespace) -> None:
     """Run one job in this process (exactly what a worker runs), cancelled at its deadline."""
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.online.train import run_train_job
+    from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.settings import Settings
-    from crucible_trainer.train import run_train_job
 
     spec = TrainJob.model_validate_json(Path(args.child_spec).read_text())
     work = Path(args.work)

@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer import hardware
     from crucible_trainer.methods import method_module
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.update import update
+    from crucible_trainer.runtime import hardware
 
     from bench.multi_gpu import job
 

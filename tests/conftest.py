@@ -81,12 +81,12 @@ def pytest_runtest_protocol(item, nextitem):
 def _release_jobs_memory():
     """Tests that run jobs in this process (as `crucible train --local` does) leave the models in
     reference cycles, and an xdist worker runs a hundred test files: without this its memory grew
-    to 9 GB over the default run. `jobs.execute` does the same for the trainer worker."""
+    to 9 GB over the default run. `runtime.entry.execute` does the same for the trainer worker."""
     yield
     if resident_bytes() < RELEASE_ABOVE:
         return
     try:
-        from crucible_trainer.hardware import release_memory
+        from crucible_trainer.runtime.hardware import release_memory
     except ImportError:  # a slim install without the trainer holds no job's memory
         return
     release_memory()

@@ -50,7 +50,7 @@ def compare(
     from crucible_shared.console import new_console
     from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
-    from crucible_trainer.report import compare_runs, samples_per_step
+    from crucible_trainer.online.curves import compare_runs, samples_per_step
 
     from crucible_cli.render import follow
 

@@ -81,8 +81,8 @@ def run_local(spec, generator, sandbox, job_id, runs_dir, *, samples: bool, raw:
     require("crucible_trainer", command="train --local")
     from crucible_shared.console import new_console
     from crucible_shared.lifecycle import JobStatus, valid_job_id
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute, quiet_libraries
+    from crucible_trainer.runtime.channel import LocalChannel
+    from crucible_trainer.runtime.entry import execute, quiet_libraries
     from crucible_trainer.settings import Settings
 
     from crucible_cli.render import describe

@@ -17,7 +17,7 @@ Each start of a job gives the run a lease: its fencing token, the record's `fenc
 incremented by the start (`start_command`), so every run of a job holds a larger token than the
 runs before it. The run's writes (heartbeat, progress, events, finish, release, the checkpoint
 pointer) are fenced by it: once the reaper re-queued the job, or another run started it, the old
-run's writes are refused and it stops (`crucible_trainer.outbox`). What a run writes outside
+run's writes are refused and it stops (`crucible_trainer.runtime.outbox`). What a run writes outside
 Redis (run dir, adapter store, generators) is fenced too; docs/jobs.md ("Fencing") has the model. The reaper counts a job as silent only from when Redis time says
 its heartbeat is older than the timeout *and* Redis was reachable all that while
 (`crucible_gateway.service`), so an outage of Redis itself never re-queues a live job.
@@ -61,7 +61,7 @@ _JOB_ID = re.compile(JOB_ID_PATTERN)
 # The RQ queue of each job kind, and the job function (enqueued by dotted path, so the gateway
 # never imports the trainer).
 QUEUES: dict[JobKind, str] = {JobKind.train: "train", JobKind.eval: "eval", JobKind.pipeline: "train"}
-JOB_FUNCTION = "crucible_trainer.jobs.run_job"
+JOB_FUNCTION = "crucible_trainer.runtime.entry.run_job"
 
 
 def valid_job_id(job_id: str) -> bool:

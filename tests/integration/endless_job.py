@@ -23,7 +23,7 @@ def queue_record(redis: Any, job_id: str) -> None:
 
 
 def as_runner(loop: Any) -> Any:
-    """A job loop `loop(spec, job_id, settings, channel)` in the shape `jobs.execute` runs: a runner
+    """A job loop `loop(spec, job_id, settings, channel)` in the shape `runtime.entry.execute` runs: a runner
     class (`runners.runner_for(spec)`) whose instances have an async `run()`."""
 
     class Runner:
@@ -38,9 +38,9 @@ def as_runner(loop: Any) -> Any:
 
 def run(job_id: str) -> dict[str, Any]:
     """The RQ job function (enqueued as `tests.integration.endless_job.run`)."""
-    from crucible_trainer import jobs
-    from crucible_trainer.cancel import CancelToken
-    from crucible_trainer.channel import RedisChannel
+    from crucible_trainer.runtime import entry as jobs
+    from crucible_trainer.runtime.cancel import CancelToken
+    from crucible_trainer.runtime.channel import RedisChannel
     from crucible_trainer.settings import Settings
 
     async def endless(spec: Any, job_id: str, settings: Any, channel: Any) -> dict[str, Any]:

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def run(spec, job_id: str, settings) -> dict:
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute
+    from crucible_trainer.runtime.channel import LocalChannel
+    from crucible_trainer.runtime.entry import execute
 
     return execute(spec, job_id, settings, LocalChannel(job_id))
 

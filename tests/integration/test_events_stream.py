@@ -11,8 +11,8 @@ from crucible_gateway.store import JobStore
 from crucible_shared import events, keys
 from crucible_shared.gateway_client import GatewayClient
 from crucible_shared.lifecycle import JobStatus
-from crucible_trainer.channel import RedisChannel
-from crucible_trainer.events import EventSink
+from crucible_trainer.runtime.channel import RedisChannel
+from crucible_trainer.runtime.sink import EventSink
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 

@@ -66,7 +66,7 @@ def mean_diff(a: list[float], b: list[float]) -> float:
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_checkpoints):
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
 
     path = family_checkpoints.get(name)
     adapters = {v: family_checkpoints.adapter(name, v) for v in (1, 2)}
@@ -146,7 +146,7 @@ def test_real_shapes_serve_the_trainers_log_probs_with_an_adapter(path, tmp_path
     the log-probs much further (the check against the model without the adapter shows the bound
     would catch it). The stale-policy tolerance stays what jobs check: adapters trained from zero
     (a real 1.5B GRPO job measured 0.017-0.018)."""
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
 
     adapter = save_lora(
         path, tmp_path / "r16", seed=1, rank=16, scale=0.01, device="cuda", dtype=torch.bfloat16

@@ -76,9 +76,9 @@ def test_served_greedy_answers_equal_transformers_base_and_adapter(served, famil
 def test_a_grpo_step_trains_publishes_and_passes_the_stale_policy_check(
     served, sandbox, family_checkpoints, tmp_path, monkeypatch
 ):
-    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.online.train import run_train_job
+    from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.settings import Settings
-    from crucible_trainer.train import run_train_job
 
     name, path, url = served
     monkeypatch.setenv("CRUCIBLE_MODEL_ROOTS", str(path.parent))

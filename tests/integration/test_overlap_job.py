@@ -24,7 +24,7 @@ CAP = 2.0
 
 def _versions_scorer(spec, adapters: Path):
     """score(version, prompt_ids, completion_ids) -> per-token log-probs of that published version."""
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -47,7 +47,7 @@ def _versions_scorer(spec, adapters: Path):
 def test_overlapped_run_samples_are_claimed_scored_and_weighted(
     stack_generator, sandbox, stack_dirs, monkeypatch
 ) -> None:
-    from crucible_trainer import train as train_module
+    from crucible_trainer.online import train as train_module
 
     trained: dict[int, list] = {}  # step -> its samples, as the update left them
     real_update = train_module.update  # what TrainRun.update_policy runs (one process)

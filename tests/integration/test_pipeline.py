@@ -56,8 +56,8 @@ def settings_for(generator, sandbox, dirs):
 
 def run_pipeline(spec: PipelineJob, job_id: str, settings) -> tuple[dict, list[tuple[str, dict]]]:
     """Run a pipeline job in this process (as `crucible pipeline --local` does); its events too."""
-    from crucible_trainer.channel import LocalChannel
     from crucible_trainer.offline.pipeline import run_pipeline_job
+    from crucible_trainer.runtime.channel import LocalChannel
 
     events: list[tuple[str, dict]] = []
     channel = LocalChannel(job_id, lambda kind, data: events.append((kind, data)))
@@ -226,8 +226,8 @@ def test_second_round_samples_from_the_first_rounds_adapter(sft_run) -> None:
 def test_standalone_sft_job_cancels_mid_training_and_resumes(
     stack_generator, sandbox, stack_dirs, tmp_path, monkeypatch
 ) -> None:
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.jobs import execute
+    from crucible_trainer.runtime.channel import LocalChannel
+    from crucible_trainer.runtime.entry import execute
 
     monkeypatch.setenv("CRUCIBLE_DATA_ROOTS", str(tmp_path))
     rows = tmp_path / "rows.jsonl"
@@ -316,7 +316,7 @@ def test_rl_from_an_sft_adapter_keeps_that_adapter_as_kl_reference(sft_run) -> N
     """GRPO from `model.init_adapter` with kl_beta > 0: the reference log-probs are the init
     adapter's, not the base model's, before and after the policy moves."""
     from crucible_shared.jobs import ModelSpec, OptimSpec
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.rollout import Sample
     from crucible_trainer.rl.update import UpdateConfig, update
 

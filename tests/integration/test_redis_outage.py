@@ -43,8 +43,8 @@ def gateway_on(redis_url: str, dirs: dict[str, Path], heartbeat_timeout_s: float
 
 
 def channel_for(redis_url: str, job_id: str) -> Any:
-    from crucible_trainer.channel import RedisChannel
-    from crucible_trainer.jobs import channel_redis
+    from crucible_trainer.runtime.channel import RedisChannel
+    from crucible_trainer.runtime.entry import channel_redis
 
     return RedisChannel(channel_redis(redis_url), job_id, outage_wait_s=30)
 
@@ -125,8 +125,8 @@ def put_queued_record(redis: Redis, job_id: str) -> None:
 def test_a_superseded_run_stops_without_writing(redis_url, monkeypatch, tmp_path) -> None:
     """`execute` with a job loop that would run for a minute: once the job is re-queued under it,
     the loop stops within a heartbeat and the run writes neither a status nor an event."""
-    import crucible_trainer.jobs as jobs
-    from crucible_trainer.cancel import CancelToken
+    import crucible_trainer.runtime.entry as jobs
+    from crucible_trainer.runtime.cancel import CancelToken
     from crucible_trainer.settings import Settings
 
     async def endless(spec, job_id, settings, channel) -> dict:
@@ -184,7 +184,7 @@ def test_gets_after_a_redis_restart_all_answer(tmp_path, stack_dirs, concurrency
 def test_the_outbox_keeps_order_says_what_it_dropped_and_delivers_once(redis_url) -> None:
     """Beyond its limit the oldest events go and one note says how many; a delivery repeated
     after a lost reply adds nothing."""
-    from crucible_trainer.outbox import Outbox
+    from crucible_trainer.runtime.outbox import Outbox
 
     from tests.servers import free_port
 
@@ -213,7 +213,7 @@ def test_events_a_dead_run_never_delivered_are_recovered_by_the_next_run(redis_u
     delivering its event. The next run, resumed from step 3, sends it from `metrics.jsonl` before
     anything of its own, so the stream has every step once and in order; doing it again adds
     nothing."""
-    from crucible_trainer.events import EventSink, recover_events
+    from crucible_trainer.runtime.sink import EventSink, recover_events
 
     from tests.servers import free_port
 
@@ -247,7 +247,7 @@ def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_
     gateway), counted from when the last accepted write was sent; a run cut off from Redis for
     longer writes nothing more (`gate` refuses) until Redis confirms the lease, or says the job is
     another run's."""
-    from crucible_trainer.cancel import Superseded
+    from crucible_trainer.runtime.cancel import Superseded
 
     job_id = f"train-lapse-{time.time_ns()}"
     redis = Redis.from_url(redis_url)
@@ -286,7 +286,7 @@ def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(redis_u
     """`checkpoint.every: 2`: a run delivers steps 1-3 and dies with its checkpoint at step 2. The
     next run resumes from step 2 and runs step 3 again: `metrics.jsonl` and the stream each have
     steps 1-4 once, in order."""
-    from crucible_trainer.events import EventSink, resume_events
+    from crucible_trainer.runtime.sink import EventSink, resume_events
 
     job_id = f"train-replay-{time.time_ns()}"
     redis = Redis.from_url(redis_url)
@@ -316,7 +316,7 @@ def test_fencing_every_event_a_run_killed_in_an_outage_never_delivered_is_recove
     event, an evaluation) into step 4 and is killed. The next run, resumed from step 3's checkpoint,
     sends every event of steps up to 3 the stream lacks, as they were recorded, in order, once;
     step 4's (it runs again) are not sent."""
-    from crucible_trainer.events import EventSink, recover_events
+    from crucible_trainer.runtime.sink import EventSink, recover_events
 
     from tests.servers import free_port
 

@@ -108,7 +108,7 @@ def test_the_stack_leaves_the_w_and_b_mode_to_the_spec(tmp_path: Path, monkeypat
     """`crucible up` exports no WANDB_MODE, and a spec's explicit `logging.wandb_mode` wins over
     the worker's environment; an unset one follows it."""
     from crucible_cli.stack import Stack
-    from crucible_trainer.events import start_wandb
+    from crucible_trainer.runtime.sink import start_wandb
 
     assert "WANDB_MODE" not in Stack(state_dir=tmp_path).service_env("redis://127.0.0.1:1/0")
     monkeypatch.setenv("WANDB_MODE", "offline")

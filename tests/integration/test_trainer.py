@@ -42,8 +42,8 @@ def tiny_job(**overrides) -> TrainJob:
 
 def train(spec: TrainJob, job_id: str, settings, channel=None) -> dict:
     """Run a training job in this process, as `crucible train --local` does."""
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.train import run_train_job
+    from crucible_trainer.online.train import run_train_job
+    from crucible_trainer.runtime.channel import LocalChannel
 
     return asyncio.run(run_train_job(spec, job_id, settings, channel or LocalChannel(job_id)))
 
@@ -129,8 +129,8 @@ def test_a_generator_serving_other_weights_fails_the_step(
     """A replica that serves other weights under a version's name (a botched copy, a lagging
     reload): the step sampling from it fails before its samples train anything."""
     import torch
-    from crucible_trainer import train as train_module
-    from crucible_trainer.train import StalePolicyError
+    from crucible_trainer.online import train as train_module
+    from crucible_trainer.online.train import StalePolicyError
     from safetensors.torch import save_file
 
     class TamperingPublisher(train_module.Publisher):
@@ -154,7 +154,7 @@ def test_a_generator_serving_other_weights_fails_the_step(
                 del policy.save_adapter
 
     monkeypatch.setattr(train_module, "Publisher", TamperingPublisher)
-    from crucible_trainer.channel import LocalChannel
+    from crucible_trainer.runtime.channel import LocalChannel
 
     events: list[dict] = []
     channel = LocalChannel("stale-it", lambda kind, event: events.append(event))
@@ -206,8 +206,8 @@ def test_refinement_prompt_holds_actual_and_expected(sandbox) -> None:
 
 
 def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> None:
-    from crucible_trainer.channel import LocalChannel
-    from crucible_trainer.train import run_train_job
+    from crucible_trainer.online.train import run_train_job
+    from crucible_trainer.runtime.channel import LocalChannel
 
     async def go():
         channel = LocalChannel("cancel-it")
@@ -291,7 +291,7 @@ def test_killed_job_resumes_exactly(stack_generator, sandbox, stack_dirs, tmp_pa
 
 def uninterrupted_order(spec: TrainJob) -> list[list[str]]:
     """The problems each step of a job that never stopped trains on: its sampler from the start
-    (what `train.py` builds), drawing `problems_per_step` a step."""
+    (what `online/train.py` builds), drawing `problems_per_step` a step."""
     from crucible_trainer import tasks
     from crucible_trainer.rl.context import ProblemSampler
 

@@ -8,7 +8,7 @@ import gc
 import warnings
 
 import pytest
-from crucible_trainer.cancel import Cancelled, CancelToken, Superseded
+from crucible_trainer.runtime.cancel import Cancelled, CancelToken, Superseded
 
 
 async def forever() -> None:

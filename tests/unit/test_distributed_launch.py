@@ -96,7 +96,7 @@ def test_crucible_up_shows_each_service_only_its_gpus() -> None:
 
 def test_a_train_job_of_several_ranks_is_launched_by_the_worker() -> None:
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer.runners import runner_for
+    from crucible_trainer.runtime.runners import runner_for
 
     assert runner_for(TrainJob(distributed={"train_gpus": 2})).__name__ == "DistributedLaunch"
     assert runner_for(TrainJob()).__name__ == "TrainRun"
@@ -108,8 +108,8 @@ def test_rank_zeros_event_lines_reach_the_jobs_channel(tmp_path: Path) -> None:
     import asyncio
     import io
 
-    from crucible_trainer.channel import LocalChannel
     from crucible_trainer.distributed.launch import _relay
+    from crucible_trainer.runtime.channel import LocalChannel
 
     received: list[tuple[str, dict]] = []
     channel = LocalChannel("job-1", lambda kind, data: received.append((kind, data)))

@@ -71,7 +71,7 @@ def recording(policy, record: list) -> None:
 
 def one_process(model: Path, cfg, out: Path) -> tuple[list, dict]:
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.update import update
 
     spec = TrainJob.model_validate_json(spec_json(model))
@@ -85,10 +85,10 @@ def one_process(model: Path, cfg, out: Path) -> tuple[list, dict]:
 
 def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg, out: Path) -> None:
     import torch.distributed as dist
-    from crucible_trainer import checkpoint
     from crucible_trainer.distributed.leader import make_rank_policy
     from crucible_trainer.distributed.parallel import DataParallel
     from crucible_trainer.distributed.ranks import Control, follow
+    from crucible_trainer.online import checkpoint
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from crucible_cli.render import describe
 from crucible_shared import events
-from crucible_trainer.channel import LocalChannel
-from crucible_trainer.events import EventSink
+from crucible_trainer.runtime.channel import LocalChannel
+from crucible_trainer.runtime.sink import EventSink
 from pydantic import ValidationError
 
 from tests.event_examples import EMITTED_TYPES, EXAMPLES

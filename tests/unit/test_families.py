@@ -120,7 +120,7 @@ def test_a_trained_adapter_serves_the_trainers_log_probs(family, tmp_path):
     """One policy update on the generator's own answers (advantages +1 and -1), the adapter saved and
     loaded into the engine under a new name: the generator's log-probs of the answers it gives then
     equal the trainer's, as the stale-policy check demands."""
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.rollout import Sample
     from crucible_trainer.rl.update import UpdateConfig, update
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from crucible_shared.jobs import EvalJob, PipelineJob
-from crucible_trainer import jobrun
-from crucible_trainer.channel import LocalChannel
-from crucible_trainer.jobrun import JobRun
-from crucible_trainer.runners import runner_for
+from crucible_trainer.runtime import jobrun
+from crucible_trainer.runtime.channel import LocalChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.runners import runner_for
 from crucible_trainer.settings import Settings
 
 from tests.runner_specs import KINDS, small_job

@@ -9,9 +9,9 @@ import pytest
 import torch
 from crucible_shared.jobs import GRPOConfig, PPOConfig, TrainJob
 from crucible_shared.sandbox import RunResult, TestVerdict
-from crucible_trainer import hardware
 from crucible_trainer.methods import REGISTRY, method_module
 from crucible_trainer.rl import losses
+from crucible_trainer.runtime import hardware
 from pydantic import ValidationError
 
 

@@ -211,8 +211,8 @@ def test_user_jsonl_is_checked_naming_line_and_field(tmp_path: Path) -> None:
 
 
 def run_pipeline(spec: dict, job_id: str, tmp_path: Path) -> dict:
-    from crucible_trainer.channel import LocalChannel
     from crucible_trainer.offline.pipeline import run_pipeline_job
+    from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.settings import Settings
 
     settings = Settings(

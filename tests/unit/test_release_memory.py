@@ -1,5 +1,5 @@
 """A worker runs job after job in one process: what a job held in reference cycles is given back
-when it ends (`hardware.release_memory`, called by `jobs.execute`), whether it finished or failed."""
+when it ends (`hardware.release_memory`, called by `runtime.entry.execute`), whether it finished or failed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 from crucible_shared.jobs import JobSpec
-from crucible_trainer import jobs
-from crucible_trainer.channel import LocalChannel
-from crucible_trainer.hardware import release_memory
+from crucible_trainer.runtime import entry as jobs
+from crucible_trainer.runtime.channel import LocalChannel
+from crucible_trainer.runtime.hardware import release_memory
 from crucible_trainer.settings import Settings
 from pydantic import TypeAdapter
 

@@ -140,7 +140,7 @@ class TinyPolicy:
 
     @torch.no_grad()
     def score(self, prompts, comps, micro_batch=16, reference=False):
-        from crucible_trainer.policy import make_batch
+        from crucible_trainer.rl.policy import make_batch
 
         b = make_batch(prompts, comps, 0, "cpu")
         lp = self.token_logprobs(b)
@@ -187,7 +187,7 @@ def test_update_raises_good_and_lowers_bad_completions() -> None:
 
 def test_a_non_finite_gradient_never_reaches_the_weights() -> None:
     # One NaN in the adapter would be published and make every later rollout NaN (issue 24).
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
 
     layer = torch.nn.Linear(2, 1)
     policy = Policy.__new__(Policy)  # the optimisation part only: no model to load

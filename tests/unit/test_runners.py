@@ -13,9 +13,9 @@ import pytest
 from crucible_gateway.settings import Settings as GatewaySettings
 from crucible_shared.jobs import EvalJob, JobSpec, Method, PipelineJob, TrainJob
 from crucible_shared.lifecycle import QUEUES, JobKind, JobSummary
-from crucible_trainer.channel import LocalChannel
-from crucible_trainer.jobrun import JobRun
-from crucible_trainer.runners import RUNNERS, runner_for
+from crucible_trainer.runtime.channel import LocalChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.runners import RUNNERS, runner_for
 from crucible_trainer.settings import Settings
 
 from tests.runner_specs import KINDS, small_job

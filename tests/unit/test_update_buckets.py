@@ -49,7 +49,7 @@ def batch() -> list:
 
 def make_policy(model: Path, adapter: str):
     from crucible_shared.jobs import TrainJob
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
 
     spec = TrainJob.model_validate(
         {
@@ -89,7 +89,7 @@ def grads(policy) -> dict[str, torch.Tensor]:
 def reference_gradient(policy, cfg, old: list[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One optimizer step's gradient over the whole batch, one sample per forward: the clipped
     objective (or REINFORCE) summed over samples and divided by the published count."""
-    from crucible_trainer.policy import make_batch
+    from crucible_trainer.rl.policy import make_batch
 
     samples = batch()
     tokens = sum(len(s.completion_ids) for s in samples)

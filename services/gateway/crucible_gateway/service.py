@@ -356,7 +356,7 @@ class GatewayService:
 
     async def publish_timeout(self) -> None:
         """Running jobs hold their lease for at most half of the reaper's heartbeat timeout
-        (crucible_trainer.channel), so a run cut off from Redis stops writing before this reaper
+        (crucible_trainer.runtime.channel), so a run cut off from Redis stops writing before this reaper
         can re-queue its job: the timeout is in Redis before any job can start (at each
         submission) and stays current (at each reap)."""
         await self.store.redis.set(keys.heartbeat_timeout(), repr(float(self.settings.heartbeat_timeout_s)))

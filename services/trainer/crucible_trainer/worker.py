@@ -91,7 +91,7 @@ def main() -> None:
     from rq import Queue, SimpleWorker
     from rq.serializers import JSONSerializer
 
-    from crucible_trainer.channel import WORKER_STOPPING
+    from crucible_trainer.runtime.channel import WORKER_STOPPING
 
     class Worker(SimpleWorker):
         def request_stop(self, signum, frame):  # type: ignore[no-untyped-def]

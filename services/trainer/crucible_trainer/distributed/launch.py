@@ -1,7 +1,7 @@
 """The worker's side of a job over several ranks: start them with `torchrun`, wait, report.
 
 The RQ worker that took the job keeps its place in the lifecycle (started, heartbeating, then
-finished / failed / released, in `jobs.execute`); the ranks run in a `torchrun` child process
+finished / failed / released, in `runtime.entry.execute`); the ranks run in a `torchrun` child process
 group on this host, rank 0 writing to the job's channel itself. When the worker is asked to stop
 it writes the ranks' stop file: rank 0 then checkpoints at its next step boundary and the job goes
 back to the queue. A rank that dies makes `torchrun` stop the others (`--max-restarts 0`) and exit
@@ -24,10 +24,10 @@ from typing import Any
 from crucible_shared.distributed import too_many_ranks
 from crucible_shared.jobs import TrainJob
 
-from crucible_trainer.cancel import Interrupted
-from crucible_trainer.channel import JobChannel
 from crucible_trainer.distributed.rank import ranks_dir
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.runtime.cancel import Interrupted
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
 from crucible_trainer.settings import Settings
 
 POLL_S = 0.5

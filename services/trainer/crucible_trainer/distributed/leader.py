@@ -1,4 +1,4 @@
-"""Rank 0's job: the training loop of `train.py`, unchanged, over a policy every rank updates.
+"""Rank 0's job: the training loop of `online/train.py`, unchanged, over a policy every rank updates.
 
 `LeaderRun` is `TrainRun` with two differences: its policy is a `RankPolicy` (made on every rank,
 from the spec rank 0 resolved for its hardware), and its update is a command every rank runs on
@@ -15,13 +15,13 @@ from typing import Any
 
 from crucible_shared.jobs import TrainJob
 
-from crucible_trainer.channel import JobChannel, LocalChannel
 from crucible_trainer.distributed.parallel import DataParallel
 from crucible_trainer.distributed.ranks import Control, RankPolicy
+from crucible_trainer.online.train import TrainRun
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
+from crucible_trainer.runtime.channel import JobChannel, LocalChannel
 from crucible_trainer.settings import Settings
-from crucible_trainer.train import TrainRun
 
 
 def make_rank_policy(
@@ -121,7 +121,7 @@ def rank_channel(settings: Settings, job_id: str, stop_file: Path) -> RankChanne
     if settings.redis_url:
         from redis import Redis
 
-        from crucible_trainer.channel import RedisChannel
+        from crucible_trainer.runtime.channel import RedisChannel
 
         inner = RedisChannel(Redis.from_url(settings.redis_url), job_id)
         lease = os.environ.get("CRUCIBLE_JOB_LEASE", "")

@@ -64,10 +64,10 @@ def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, A
     import torch
     import torch.distributed as dist
 
-    from crucible_trainer.cancel import Interrupted
     from crucible_trainer.distributed.leader import LeaderRun, make_rank_policy, rank_channel
     from crucible_trainer.distributed.parallel import DataParallel
     from crucible_trainer.distributed.ranks import Control, follow
+    from crucible_trainer.runtime.cancel import Interrupted
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))

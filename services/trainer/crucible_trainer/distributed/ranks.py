@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
-from crucible_trainer.checkpoint import load_state
 from crucible_trainer.distributed.parallel import DataParallel
-from crucible_trainer.policy import Policy
+from crucible_trainer.online.checkpoint import load_state
+from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.update import UpdateConfig, update
 
 COMMAND_TIMEOUT = timedelta(days=7)

@@ -1,7 +1,7 @@
 """The standalone `sft` / `dpo` train job: TRL on a user's JSONL file, evaluated before and after.
 
 The runner registry (`runners.RUNNERS`) sends train jobs of an offline method here instead of the online loop
-(`train.py` samples, executes and updates every step; nothing here samples). The job checks
+(`online/train.py` samples, executes and updates every step; nothing here samples). The job checks
 `method.path` (`trl_train.load_rows`), evaluates the starting policy when `eval` asks for it,
 trains with `trl_train.train` (the code the pipeline's `train` stage runs), publishes the adapter
 to the generators as `<job>-v<steps>` and evaluates it, writing what online jobs write into its
@@ -18,14 +18,14 @@ from typing import Any
 from crucible_shared.jobs import DPOConfig, SFTConfig, TrainJob
 
 from crucible_trainer import evaluation
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.evaljob import eval_summary
-from crucible_trainer.events import resume_events
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.evaluation.job import eval_summary
 from crucible_trainer.offline.artifacts import content_hash, json_hash
 from crucible_trainer.offline.rows import load_rows
 from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.sink import resume_events
 from crucible_trainer.settings import Settings
 
 

@@ -33,10 +33,7 @@ from typing import Any
 from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 
 from crucible_trainer import evaluation, tasks
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.evaljob import eval_summary
-from crucible_trainer.events import resume_events
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.evaluation.job import eval_summary
 from crucible_trainer.offline import analysis, report
 from crucible_trainer.offline.annotate import annotate
 from crucible_trainer.offline.artifacts import (
@@ -51,6 +48,9 @@ from crucible_trainer.offline.build import manifest as build_manifest
 from crucible_trainer.offline.sampling import generate
 from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.stages import Input, StageBook, StagePlan
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.sink import resume_events
 from crucible_trainer.settings import Settings
 
 Body = Callable[[], Awaitable[dict[str, Any]]]

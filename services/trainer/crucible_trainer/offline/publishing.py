@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible_trainer.offline.artifacts import content_hash, output_dir
-from crucible_trainer.publish import Publisher
+from crucible_trainer.rl.publish import Publisher
 
 
 @dataclass

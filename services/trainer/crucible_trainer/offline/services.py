@@ -4,7 +4,7 @@ Offline jobs talk to the services only in some stages (a pipeline running `build
 needs neither), so nothing waits on them until a stage asks: `pool` and `sandbox` wait for the
 run's own connections (`JobRun.pool` / `.sandbox`, which the run opens on first use and closes).
 `serve` hot-swaps a saved adapter into every generator replica (`publishing.AdapterServer`);
-`evaluate` is the one evaluation code path (`evaljob.evaluate_spec`) writing a report folder;
+`evaluate` is the one evaluation code path (`evaluation.job.evaluate_spec`) writing a report folder;
 `retire_adapters` unloads the job's adapters.
 """
 
@@ -19,10 +19,10 @@ from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import EvalSpec
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.evaluation.job import evaluate_spec, served_base
 from crucible_trainer.offline.publishing import AdapterServer
-from crucible_trainer.publish import Publisher
+from crucible_trainer.rl.publish import Publisher
+from crucible_trainer.runtime.jobrun import JobRun
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Any
 from crucible_shared.jobs import DPOConfig, ModelSpec, OptimSpec, SFTConfig
 from transformers import TrainerCallback
 
-from crucible_trainer.cancel import Cancelled
 from crucible_trainer.offline.artifacts import output_dir
 from crucible_trainer.offline.rows import COLUMNS
+from crucible_trainer.runtime.cancel import Cancelled
 
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
@@ -136,7 +136,7 @@ def trainer_config(run: OfflineRun, *, device: str, dtype: str, config: Any = No
     checkpointing resolved for the device (`config`: the model's, for the memory estimate)."""
     import trl
 
-    from crucible_trainer.hardware import offline_settings
+    from crucible_trainer.runtime.hardware import offline_settings
 
     method, optim = run.method, run.optim
     micro, checkpointing = offline_settings(

@@ -18,10 +18,10 @@ from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool
 
-from crucible_trainer.policy import Policy
-from crucible_trainer.publish import Publisher
+from crucible_trainer.rl.ahead import Ahead, Versions, check_claims
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
-from crucible_trainer.rl.overlap import Ahead, Versions, check_claims
+from crucible_trainer.rl.policy import Policy
+from crucible_trainer.rl.publish import Publisher
 from crucible_trainer.rl.rollout import Roller, Sample, Timing
 
 

@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from crucible_trainer.publish import Publisher, StalePolicyError
 from crucible_trainer.rl.context import ProblemSampler
+from crucible_trainer.rl.publish import Publisher, StalePolicyError
 from crucible_trainer.rl.rollout import Sample, Timing
 
 # (step, version, served name) -> the step's samples, the method's metrics and the rollout timing
@@ -91,7 +91,7 @@ class Ahead:
         self.ready: asyncio.Queue[Collected] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         # The stale-policy check of the newest version, run by the training loop while it waits
-        # for the next step's samples (crucible_trainer/overlapped.py); closed with the rest.
+        # for the next step's samples (online/overlapped.py); closed with the rest.
         self.checking: asyncio.Task[dict[str, float]] | None = None
 
     def start(self) -> None:

@@ -1,6 +1,6 @@
 """The runner registry: which `JobRun` runs a job, keyed by spec type.
 
-A train job is keyed by its method's config type (the online methods run the loop of `train.py`;
+A train job is keyed by its method's config type (the online methods run the loop of `online/train.py`;
 SFT and DPO, TRL on a file, run `offline.job`), an eval or pipeline job by its own. Runners are
 named by dotted path and imported when a job needs one: torch loads with the trainer, not here.
 Adding a job kind or an offline method is one line below; an online method is one line in
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, get_args
 from crucible_shared.jobs import DPOConfig, EvalJob, Method, PipelineJob, SFTConfig, TrainJob
 
 if TYPE_CHECKING:
-    from crucible_trainer.jobrun import JobRun
+    from crucible_trainer.runtime.jobrun import JobRun
 
-ONLINE = "crucible_trainer.train:TrainRun"
+ONLINE = "crucible_trainer.online.train:TrainRun"
 RUNNERS: dict[type, str] = {
     **{config: ONLINE for config in get_args(get_args(Method)[0]) if config not in (SFTConfig, DPOConfig)},
     SFTConfig: "crucible_trainer.offline.job:OfflineTrainRun",
     DPOConfig: "crucible_trainer.offline.job:OfflineTrainRun",
-    EvalJob: "crucible_trainer.evaljob:EvalRun",
+    EvalJob: "crucible_trainer.evaluation.job:EvalRun",
     PipelineJob: "crucible_trainer.offline.pipeline:PipelineRun",
 }
 

@@ -32,7 +32,7 @@ from crucible_shared.lifecycle import (
 )
 from redis.exceptions import RedisError
 
-from crucible_trainer.outbox import Outbox
+from crucible_trainer.runtime.outbox import Outbox
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
@@ -141,7 +141,7 @@ class JobChannel:
 
 class RedisChannel(JobChannel):
     """A queued job's channel. Its writes go through an `Outbox`: fenced by the lease this run
-    got at `start`, and kept in memory while Redis is unreachable (see `crucible_trainer.outbox`)."""
+    got at `start`, and kept in memory while Redis is unreachable (see `crucible_trainer.runtime.outbox`)."""
 
     def __init__(
         self, redis: Any, job_id: str, *, outage_wait_s: float = 600.0, lease_s: float = LEASE_S

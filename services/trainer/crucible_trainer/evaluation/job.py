@@ -18,10 +18,10 @@ from crucible_shared.jobs import EvalJob, EvalSpec
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import evaluation, tasks
-from crucible_trainer.cancel import CancelToken
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.events import EventSink
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer.runtime.cancel import CancelToken
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.sink import EventSink
 from crucible_trainer.settings import Settings
 
 

@@ -17,8 +17,8 @@ from crucible_shared.jobs import JobSpec
 from crucible_shared.lifecycle import JobStatus
 from pydantic import TypeAdapter
 
-from crucible_trainer.channel import JobChannel, RedisChannel
-from crucible_trainer.runners import runner_for
+from crucible_trainer.runtime.channel import JobChannel, RedisChannel
+from crucible_trainer.runtime.runners import runner_for
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
     A worker stopped outright (RQ's cold shutdown, a second SIGTERM) hands its job back as a warm
     stop does, rather than failing it.
     """
-    from crucible_trainer.hardware import release_memory
+    from crucible_trainer.runtime.hardware import release_memory
 
     try:
         return _execute(spec, job_id, settings, channel)
@@ -55,7 +55,7 @@ def execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> 
 
 
 def _execute(spec: Any, job_id: str, settings: Settings, channel: JobChannel) -> dict[str, Any]:
-    from crucible_trainer.cancel import Cancelled, Interrupted, Superseded
+    from crucible_trainer.runtime.cancel import Cancelled, Interrupted, Superseded
 
     if not channel.start():
         return {"job_id": job_id, "status": "skipped"}

@@ -1,5 +1,5 @@
-"""`JobRun`: what every job run shares, written once under the four runners (`train.TrainRun`,
-`offline.job.OfflineTrainRun`, `offline.pipeline.PipelineRun`, `evaljob.EvalRun`).
+"""`JobRun`: what every job run shares, written once under the four runners (`online.train.TrainRun`,
+`offline.job.OfflineTrainRun`, `offline.pipeline.PipelineRun`, `evaluation.job.EvalRun`).
 
 The base owns the run directory (`runs/<job id>`, the checked spec in `spec.json`, the summary in
 `summary.json`), the cancel token, the event sink, W&B, the services and the summary. `run()` is
@@ -32,9 +32,9 @@ from crucible_shared.lifecycle import JobStatus, JobSummary
 from crucible_shared.paths import with_checked_paths
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer.cancel import Cancelled, CancelToken
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.events import EventSink, start_wandb
+from crucible_trainer.runtime.cancel import Cancelled, CancelToken
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.sink import EventSink, start_wandb
 from crucible_trainer.settings import Settings
 
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from crucible_trainer.channel import JobChannel, metrics_steps
+from crucible_trainer.runtime.channel import JobChannel, metrics_steps
 
 log = logging.getLogger(__name__)
 JOURNAL = ".outbox"  # the run dir's folder of journals (hidden: not an artifact)

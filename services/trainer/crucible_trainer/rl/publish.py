@@ -8,7 +8,7 @@ the save is gated by the run's lease (`channel.gate`), and the load carries the 
 token (`fence`: Crucible's generator refuses a load whose token for the job is older than the
 newest it has seen; vLLM ignores the field). After the broadcast load returns on every replica, rollouts switch to the new
 name and versions older than the staleness window are unloaded, except those a rollout still in
-flight samples from (overlapped rollouts, rl/overlap.py, `pin` / `release`): such a version is
+flight samples from (overlapped rollouts, rl/ahead.py, `pin` / `release`): such a version is
 unloaded when its last rollout ends.
 """
 
@@ -23,13 +23,13 @@ from pathlib import Path
 
 from crucible_shared.generator_client import AdapterBroadcastError, GeneratorAPIError, GeneratorPool, samples
 
-from crucible_trainer.channel import JobChannel, Superseded
-from crucible_trainer.policy import Policy
+from crucible_trainer.rl.policy import Policy
+from crucible_trainer.runtime.channel import JobChannel, Superseded
 
 
 class StalePolicyError(RuntimeError):
     """The generator does not serve the policy the trainer holds for the version it samples from
-    (or a sample claims a version that was not checked, rl/overlap.py)."""
+    (or a sample claims a version that was not checked, rl/ahead.py)."""
 
 
 @dataclass

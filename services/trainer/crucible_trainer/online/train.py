@@ -33,20 +33,22 @@ from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import TrainJob
 from crucible_shared.sandbox_client import SandboxClient
 
-from crucible_trainer import checkpoint, evaluation, hardware, tasks
-from crucible_trainer.cancel import Interrupted, Superseded
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.evaljob import evaluate_spec, served_base
-from crucible_trainer.events import resume_events, rollout_row
-from crucible_trainer.jobrun import JobRun
+from crucible_trainer import evaluation, tasks
+from crucible_trainer.evaluation.job import evaluate_spec, served_base
 from crucible_trainer.methods import method_module
-from crucible_trainer.overlapped import OverlappedSteps
-from crucible_trainer.policy import Policy
-from crucible_trainer.publish import Publisher, StalePolicyError, stale_check
+from crucible_trainer.online import checkpoint
+from crucible_trainer.online.overlapped import OverlappedSteps
+from crucible_trainer.rl.ahead import Ahead
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
-from crucible_trainer.rl.overlap import Ahead
+from crucible_trainer.rl.policy import Policy
+from crucible_trainer.rl.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.rollout import Roller, Sample
 from crucible_trainer.rl.update import UpdateConfig, update
+from crucible_trainer.runtime import hardware
+from crucible_trainer.runtime.cancel import Interrupted, Superseded
+from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.sink import resume_events, rollout_row
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -392,7 +394,7 @@ class TrainRun(OverlappedSteps, JobRun):
         return report
 
     def _learning_curve(self) -> None:
-        from crucible_trainer.report import learning_curve
+        from crucible_trainer.online.curves import learning_curve
 
         path = learning_curve(self.run_dir / "metrics.jsonl", self.run_dir / "learning_curve.png")
         if path:

@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from crucible_trainer.channel import JobChannel, Superseded
+from crucible_trainer.runtime.channel import JobChannel, Superseded
 
 __all__ = ["CancelToken", "Cancelled", "Interrupted", "Superseded"]
 

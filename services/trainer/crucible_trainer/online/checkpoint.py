@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from crucible_trainer.channel import JobChannel
-from crucible_trainer.policy import Policy
+from crucible_trainer.rl.policy import Policy
+from crucible_trainer.runtime.channel import JobChannel
 
 _NAME = re.compile(r"^step-(\d+)(-r\d+)?$")
 
