@@ -70,7 +70,7 @@ async def evaluate_spec(
     config = evaluation.EvalConfig.from_spec(spec, model=model, chat=chat, seed=seed)
     events.emit("eval_started", label=label, model=model, tasks=len(problems), data=spec.data.describe())
     report = await cancel.guard(evaluation.evaluate(problems, pool, sandbox, config, data=spec.data))
-    evaluation.write_report(report, out)
+    events.folder(out, lambda folder: evaluation.write_report(report, folder))
     summary = eval_summary(report)
     events.emit("eval_finished", label=label, report=str(out), dataset=spec.data.dataset, **summary)
     return report, summary

@@ -34,7 +34,7 @@ from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.evaluation.job import eval_summary
-from crucible_trainer.offline import analysis, report
+from crucible_trainer.offline import analysis, attempts, report
 from crucible_trainer.offline.annotate import annotate
 from crucible_trainer.offline.artifacts import (
     json_hash,
@@ -323,12 +323,15 @@ class PipelineRun(JobRun):
             from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
 
             offset = self._step_offset(r)
+            base = self.round_dir(r) / "trainer"
+            work_dir, resume_from = attempts.work_dir(self.run_dir, base, self.channel)
             run = OfflineRun(
                 method=method,
                 model=spec.model,
                 optim=spec.optim,
                 rows=read_rows(data),
-                work_dir=self.round_dir(r) / "trainer",
+                work_dir=work_dir,
+                resume_from=resume_from,
                 adapter_dir=self.adapter(r),
                 seed=spec.seed,
                 checkpoint_every=spec.checkpoint.every,
@@ -340,6 +343,8 @@ class PipelineRun(JobRun):
                 metrics=lambda step, total, values: self._train_metrics(r, step, total, values),
                 event=self._train_event,
                 stop_requested=lambda: self.cancel.requested,
+                gate=self.channel.gate,
+                saved=lambda checkpoint: attempts.commit(self.run_dir, base, checkpoint, self.channel),
             )
             self.events.emit("status", status="training", round=r, method=method.name, rows=len(run.rows))
             result = await asyncio.to_thread(train, run, hooks)
@@ -382,10 +387,13 @@ class PipelineRun(JobRun):
         async def body() -> dict[str, Any]:
             model = await self.services.serve(self.adapter(last), last)
             report_ = await self._eval(after, model, "after", self._step_offset(last + 1))
-            if compared.exists():
-                shutil.rmtree(compared)
             if compare:
-                evaluation.compare_reports(before, report_, compared)
+                self.events.folder(
+                    compared, lambda folder: evaluation.compare_reports(before, report_, folder)
+                )
+            elif compared.exists():
+                self.channel.gate()
+                shutil.rmtree(compared)
             else:
                 self.events.emit("notice", message="no comparison: run the `baseline` stage for before/after")
             return {"model": model, **eval_summary(report_)}

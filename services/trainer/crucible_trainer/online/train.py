@@ -193,7 +193,7 @@ class TrainRun(OverlappedSteps, JobRun):
             after = await self._evaluate(pool, sandbox, publisher.model_name, "after", spec.optim.steps)
             if before is not None:
                 out = self.run_dir / "eval" / "before_after"
-                evaluation.compare_reports(before, after, out)
+                self.events.folder(out, lambda folder: evaluation.compare_reports(before, after, folder))
                 self.summary["before_after"] = str(out)
         self.summary.update(self.method.report(spec.method, self.run_dir))
         self._learning_curve()

@@ -15,6 +15,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,26 @@ class EventSink:
             )
         return path
 
+    def folder(self, out: Path, write: Callable[[Path], Any]) -> Any:
+        """`write(folder)` into a folder of this run's own, put in place of `out` once the gate
+        passed: a report (`eval/<label>/`, `before_after/`) is the live run's whole, never one a
+        superseded run wrote over or into. Returns what `write` returns."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}{self.channel.tag}.tmp")
+        old = out.with_name(f".{out.name}{self.channel.tag}.old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            result = write(tmp)
+            self.channel.gate()
+            shutil.rmtree(old, ignore_errors=True)
+            if out.exists():
+                os.replace(out, old)  # a folder replaces no folder in one rename: aside, then gone
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+        return result
+
     def forget_after(self, step: int) -> None:
         """After a resume from `step`: drop what was logged for later steps (they run again)."""
         self.channel.gate()
@@ -209,10 +231,21 @@ def recover_events(sink: EventSink, upto: int) -> int:
 
 
 def start_wandb(
-    job_id: str, mode: str | None, project: str, run_name: str | None, run_dir: Path, config: dict
+    job_id: str,
+    mode: str | None,
+    project: str,
+    run_name: str | None,
+    run_dir: Path,
+    config: dict,
+    tag: str = "",
 ) -> Any:
     """A W&B run, or None when disabled. The spec's `logging.wandb_mode` wins when it is set;
-    unset, the worker's WANDB_MODE (tests set it to disabled), else offline."""
+    unset, the worker's WANDB_MODE (tests set it to disabled), else offline.
+
+    Each run of a job logs to a W&B run of its own, `<job id><tag>` (`channel.tag`: `-r<token>`
+    for a job's later runs), grouped under the job id: a superseded run still logging can never
+    write into the history of the run that holds the job, and what a run logs passed its gate
+    first (`EventSink`), as its files did."""
     mode = mode or os.environ.get("WANDB_MODE") or "offline"
     if mode == "disabled":
         return None
@@ -224,7 +257,8 @@ def start_wandb(
     return wandb.init(
         project=project,
         name=run_name or job_id,
-        id=job_id,
+        id=f"{job_id}{tag}",
+        group=job_id,
         mode=mode,
         dir=str(run_dir),
         config=config,
