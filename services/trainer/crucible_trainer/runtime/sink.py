@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class EventSink:
         self.journal_dir = run_dir / JOURNAL
         self.step_now = 0  # the newest step this run's events named: the step a journaled one belongs to
         self._journaled = 0  # the number of the last event in this run's journal
+        self._journal_lock = threading.Lock()  # events come from the loop and from worker threads
 
     def emit(self, kind: str, **data: Any) -> None:
         """Append an event to the job's stream (and log it): `kind` and `data` are one of
@@ -78,14 +80,17 @@ class EventSink:
         """Add the run's events that still wait for Redis to its journal (belonging to `step`,
         else the newest step its events named). Written only while the run holds its lease, and
         only then: while Redis takes every event at once this writes nothing."""
-        waiting = self.channel.undelivered(self._journaled)
-        if not waiting:
-            return
-        self.journal_dir.mkdir(parents=True, exist_ok=True)
-        at = self.step_now if step is None else step
-        with (self.journal_dir / f"run-{self.channel.token}.jsonl").open("a") as f:
-            f.writelines(json.dumps({"seq": seq, "step": at, "data": data}) + "\n" for seq, data in waiting)
-        self._journaled = waiting[-1][0]
+        with self._journal_lock:
+            waiting = self.channel.undelivered(self._journaled)
+            if not waiting:
+                return
+            self.journal_dir.mkdir(parents=True, exist_ok=True)
+            at = self.step_now if step is None else step
+            with (self.journal_dir / f"run-{self.channel.token}.jsonl").open("a") as f:
+                f.writelines(
+                    json.dumps({"seq": seq, "step": at, "data": data}) + "\n" for seq, data in waiting
+                )
+            self._journaled = waiting[-1][0]
 
     def _append(self, row: dict[str, Any]) -> None:
         self.channel.gate()  # only the run holding the job writes its run dir
