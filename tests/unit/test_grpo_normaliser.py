@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from crucible_trainer.rl.policy import make_batch
+from crucible_trainer.rl.batch import make_batch
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig, update
 

@@ -85,9 +85,9 @@ def test_every_online_method_of_the_spec_union_is_registered() -> None:
     from crucible_shared.jobs import OFFLINE_METHODS, Method
 
     union = get_args(get_args(Method)[0])
-    online = {c for c in union if c.model_fields["name"].default not in OFFLINE_METHODS}
+    online = {c for c in union if not c.offline}
     assert online == set(REGISTRY)  # offline methods (TRL on a file) run outside the online loop
-    assert {c.model_fields["name"].default for c in set(union) - online} == set(OFFLINE_METHODS)
+    assert OFFLINE_METHODS == ("sft", "dpo")  # read from the classes
     for module in REGISTRY.values():
         for name in ("prepare", "collect", "update_config", "report"):
             assert callable(getattr(module, name)), (module.__name__, name)
@@ -110,9 +110,22 @@ def test_method_facts_are_read_from_the_config_classes() -> None:
             assert cls.per_problem in cls.model_fields, cls
             assert cfg.samples_per_step(8) == 8 * getattr(cfg, cls.per_problem)
     for cls in set(METHOD_CONFIGS) - set(REGISTRY):  # offline: TRL on a file, no sampling
-        assert not cls.samples_groups
+        assert cls.offline and not cls.samples_groups
         with pytest.raises(ValueError, match="samples no completions"):
             cls().samples_per_step(8)
+
+
+def test_the_gateways_work_bound_reads_samples_per_problem_from_the_config_class() -> None:
+    from crucible_gateway.work import samples_per_problem
+    from crucible_shared.jobs import METHOD_CONFIGS, GRPOConfig, SpiralConfig, SRRLConfig
+
+    assert samples_per_problem(GRPOConfig(group_size=6)) == 6
+    assert samples_per_problem(SRRLConfig(budget=10, c1=4)) == 10
+    assert samples_per_problem(SpiralConfig()) == 1  # a game job samples no problems
+    for cls in METHOD_CONFIGS:
+        cfg = cls()
+        want = getattr(cfg, cls.per_problem) if cls.per_problem else 1
+        assert samples_per_problem(cfg) == want, cls
 
 
 def test_srrl_full_test_log_in_the_refinement_prompt() -> None:

@@ -15,9 +15,9 @@ import torch
 from crucible_shared.http import error_field
 from crucible_shared.jobs import TrainJob
 from crucible_trainer.rl.ahead import Ahead, Versions, check_claims
+from crucible_trainer.rl.batch import make_batch
 from crucible_trainer.rl.context import ProblemSampler
 from crucible_trainer.rl.correction import MissingBehaviourLogprobs, tis_weights
-from crucible_trainer.rl.policy import make_batch
 from crucible_trainer.rl.publish import Publisher, StalePolicyError
 from crucible_trainer.rl.rollout import Sample, Timing
 from crucible_trainer.rl.update import UpdateConfig, update

@@ -140,7 +140,7 @@ class TinyPolicy:
 
     @torch.no_grad()
     def score(self, prompts, comps, micro_batch=16, reference=False):
-        from crucible_trainer.rl.policy import make_batch
+        from crucible_trainer.rl.batch import make_batch
 
         b = make_batch(prompts, comps, 0, "cpu")
         lp = self.token_logprobs(b)

@@ -36,7 +36,7 @@ def test_every_spec_type_has_a_job_run() -> None:
     methods = get_args(get_args(Method)[0])
     assert set(RUNNERS) == {*methods, EvalJob, PipelineJob}  # SFT and DPO included
     for config in methods:
-        extra = {"path": "rows.jsonl"} if config.model_fields["name"].default in ("sft", "dpo") else {}
+        extra = {"path": "rows.jsonl"} if config.offline else {}
         spec = TrainJob.model_validate({"method": {"name": config.model_fields["name"].default, **extra}})
         assert issubclass(runner_for(spec), JobRun)
     assert runner_for(EvalJob()).__name__ == "EvalRun" and runner_for(PipelineJob()).__name__ == "PipelineRun"

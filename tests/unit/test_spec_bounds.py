@@ -150,7 +150,7 @@ def in_the_worker(job: TrainJob | EvalJob | PipelineJob) -> None:
             spec.temperature,
             spec.max_tokens,
         )
-    if isinstance(job, TrainJob) and job.method.name not in ("sft", "dpo"):
+    if isinstance(job, TrainJob) and not job.method.offline:
         method_module(job.method).update_config(job.method, job)
         Limits(wall_time_s=job.reward.time_limit_s, test_time_s=job.reward.time_limit_s)
     if isinstance(job, PipelineJob):

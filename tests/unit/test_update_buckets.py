@@ -89,7 +89,7 @@ def grads(policy) -> dict[str, torch.Tensor]:
 def reference_gradient(policy, cfg, old: list[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One optimizer step's gradient over the whole batch, one sample per forward: the clipped
     objective (or REINFORCE) summed over samples and divided by the published count."""
-    from crucible_trainer.rl.policy import make_batch
+    from crucible_trainer.rl.batch import make_batch
 
     samples = batch()
     tokens = sum(len(s.completion_ids) for s in samples)

@@ -62,11 +62,9 @@ def eval_tokens(spec: Any, lines: LineCounter, field: str) -> int:
 
 
 def samples_per_problem(method: Any) -> int:
-    for name in ("group_size", "budget", "samples"):
-        value = getattr(method, name, None)
-        if isinstance(value, int):
-            return value
-    return 1
+    """The method's samples per problem (its config class names the field), 1 for a method
+    that samples no problems."""
+    return int(getattr(method, method.per_problem)) if method.per_problem else 1
 
 
 def offline_tokens(method: SFTConfig | DPOConfig, optim: Any, rows: int) -> tuple[str, int, str]:

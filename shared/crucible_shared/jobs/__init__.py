@@ -56,7 +56,6 @@ from crucible_shared.jobs.methods import (
     SRRLConfig,
 )
 from crucible_shared.jobs.offline import (
-    OFFLINE_METHODS,
     DPOConfig,
     DPOLoss,
     OfflineMethod,
@@ -91,6 +90,7 @@ from crucible_shared.jobs.spec import (
 from crucible_shared.jobs.train import (
     GROUP_METHODS,
     METHOD_CONFIGS,
+    OFFLINE_METHODS,
     Method,
     TrainJob,
 )

@@ -47,6 +47,8 @@ class _Method(_Spec):
     samples_groups: ClassVar[bool] = False
     # The field holding its samples per problem (None: it samples no problems).
     per_problem: ClassVar[str | None] = None
+    # It trains on a file, with TRL (no rollouts): the offline job runs it, not the online loop.
+    offline: ClassVar[bool] = False
 
     def samples_per_step(self, problems_per_step: int) -> int:
         """Most samples a step draws (the method's sample budget per step)."""

@@ -28,11 +28,12 @@ DPOLoss = Literal[
     "sigmoid_norm",
 ]
 _SMOOTHED_LOSSES = frozenset({"exo_pair", "robust", "aot", "aot_unpaired"})
-OFFLINE_METHODS = ("sft", "dpo")
 
 
 class _OfflineMethod(_Method):
     """What SFT and DPO share: the data file, the training length and the sequence cap."""
+
+    offline = True
 
     path: str | None = Field(
         None,

@@ -32,12 +32,13 @@ Method = Annotated[
     Field(discriminator="name"),
 ]
 
-# The method config classes of the union, and the names of those whose rollouts may overlap the
-# update (read from each class's `samples_groups`).
+# The method config classes of the union; the names of those whose rollouts may overlap the
+# update and of those trained offline, read from each class (`samples_groups`, `offline`).
 METHOD_CONFIGS: tuple[type[_Method], ...] = get_args(get_args(Method)[0])
 GROUP_METHODS: tuple[str, ...] = tuple(
     c.model_fields["name"].default for c in METHOD_CONFIGS if c.samples_groups
 )
+OFFLINE_METHODS: tuple[str, ...] = tuple(c.model_fields["name"].default for c in METHOD_CONFIGS if c.offline)
 
 
 class TrainJob(_Spec):

@@ -27,8 +27,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from crucible_trainer.rl.batch import make_batch
 from crucible_trainer.rl.parallel import Parallel
-from crucible_trainer.rl.policy import make_batch
 
 Strategy = Literal["ddp", "fsdp"]
 

@@ -1,11 +1,13 @@
 """The training loop's steps when rollouts overlap the update (`overlap.max_staleness` > 0).
 
-`TrainRun` (train.py) mixes these in: `_start_ahead` checks the version the run starts from and
-starts the background collection (rl/overlap.py), `_overlapped_step` trains one step on samples
-collected ahead: it checks the versions they claim, updates with the lag corrected
-(rl/correction.py), publishes the new version, lets rollouts of it start, and checks it while the
-trainer still holds exactly it (on a GPU while the next step waits for its rollouts; that step's
-update starts only once the check passed). Everything else (metrics, checkpoints, evaluation) is the loop's.
+The loop (`TrainRun`, online/train.py) holds one `OverlappedSteps` for the run. `start` checks
+the version the run starts from and starts the background collection (`rl.ahead.Ahead`); `step`
+trains one step on samples collected ahead: it checks the versions they claim, updates with the
+lag corrected (rl/correction.py), publishes the new version, lets rollouts of it start, and checks
+it while the trainer still holds exactly it (on a GPU while the next step waits for its rollouts;
+that step's update starts only once the check passed); `close` stops the collection. What it uses
+of the run is handed to it (`RunHooks`); everything else (metrics, checkpoints, evaluation) is
+the loop's.
 """
 
 from __future__ import annotations
@@ -14,97 +16,109 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from crucible_shared.generator_client import GeneratorPool
+from crucible_shared.jobs import TrainJob
 
-from crucible_trainer.rl.ahead import Ahead, Versions, check_claims
-from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
+from crucible_trainer.methods import MethodModule
+from crucible_trainer.rl.ahead import Ahead, Collect, Versions, check_claims
+from crucible_trainer.rl.context import ProblemSampler, PromptBook
 from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.publish import Publisher
-from crucible_trainer.rl.rollout import Roller, Sample, Timing
+from crucible_trainer.rl.rollout import Sample
+from crucible_trainer.rl.update import UpdateConfig
+from crucible_trainer.runtime.cancel import CancelToken
+from crucible_trainer.runtime.sink import EventSink
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What the overlapped steps use of the run that holds them."""
+
+    # (pool, policy, served name, version, probe) -> `stale/*` figures; raises on a stale version
+    stale_check: Callable[[GeneratorPool, Policy, str, int, str], Awaitable[dict[str, float]]]
+    # (policy, samples, config, seed) -> metrics: one process, or the ranks (distributed.leader)
+    update_policy: Callable[[Policy, list[Sample], UpdateConfig, int], dict[str, float]]
+    log_rollouts: Callable[[int, list[Sample]], None]  # the step's rollouts file and sample event
+    gate: Callable[[], None]  # raises once the run no longer holds its job (`JobChannel.gate`)
 
 
 class OverlappedSteps:
-    """Mixed into `TrainRun`: the attributes and helpers used here are that class's."""
+    """The run's steps on rollouts collected ahead of the update: `start`, then `step` once per
+    step, in order, and `close` whatever happened."""
 
-    spec: Any
-    summary: dict[str, Any]
-    ahead: Ahead | None
-    method: Any
-    cancel: Any
-    events: Any
-    _context: Callable[..., StepContext]
-    _stale_check: Callable[..., Awaitable[dict[str, float]]]
-    _log_rollouts: Callable[[int, list[Sample]], None]
-    update_policy: Callable[..., dict[str, float]]  # TrainRun's: one process, or the ranks
-    channel: Any
-
-    async def _start_ahead(
+    def __init__(
         self,
-        roller: Roller,
-        prompts: PromptBook,
-        sampler: ProblemSampler,
+        spec: TrainJob,
+        method: MethodModule,
+        *,
+        policy: Policy,
         publisher: Publisher,
         pool: GeneratorPool,
-        policy: Policy,
-        start: int,
-        version: int,
-    ) -> Ahead:
+        prompts: PromptBook,
+        cancel: CancelToken,
+        events: EventSink,
+        hooks: RunHooks,
+    ) -> None:
+        self.spec, self.method, self.hooks = spec, method, hooks
+        self.policy, self.publisher, self.pool, self.prompts = policy, publisher, pool, prompts
+        self.cancel, self.events = cancel, events
+        self.ahead: Ahead | None = None  # the background collection, once started
+
+    async def start(
+        self, collect: Collect, sampler: ProblemSampler, first: int, version: int
+    ) -> dict[str, float] | None:
         """Check the version the run starts from (the trainer holds exactly it now), then start
-        collecting rollouts ahead of the update (rl/overlap.py)."""
-        versions = Versions(version, publisher.model_name)
+        collecting the rollouts of steps `first`, `first + 1`, ... ahead of the update
+        (rl/ahead.py). Returns the check's figures (None without `publish.stale_check`)."""
+        name = self.publisher.model_name
+        versions = Versions(version, name)
+        checked = None
         if self.spec.publish.stale_check:
-            probe = prompts.first(0)
-            checked = await self._stale_check(pool, policy, publisher.model_name, version, probe)
-            self.summary["stale_check_start"] = checked
+            checked = await self.hooks.stale_check(
+                self.pool, self.policy, name, version, self.prompts.first(0)
+            )
             versions.checked.add(version)
-
-        async def collect(
-            step: int, version: int, name: str
-        ) -> tuple[list[Sample], dict[str, float], Timing]:
-            ctx = self._context(roller, prompts, sampler, publisher, step, version, name)
-            batch = sampler.draw(self.spec.optim.problems_per_step)
-            samples, metrics = await self.method.collect(ctx, self.spec.method, batch)
-            return samples, metrics, ctx.timing
-
-        ahead = Ahead(
+        self.ahead = Ahead(
             collect,
             sampler,
-            publisher,
+            self.publisher,
             versions,
-            start,
+            first,
             self.spec.optim.steps,
             self.spec.overlap.max_staleness,
         )
-        ahead.start()
-        return ahead
+        self.ahead.start()
+        return checked
 
-    async def _check_published(
-        self, pool: GeneratorPool, policy: Policy, name: str, version: int, probe: str
-    ) -> dict[str, float]:
+    async def close(self) -> None:
+        if self.ahead is not None:
+            await self.ahead.close()
+
+    async def _check_published(self, name: str, version: int) -> dict[str, float]:
         """The stale-policy check of a version just published (the trainer holds exactly it until
         the next update, which waits for this)."""
         assert self.ahead is not None
-        checked = await self._stale_check(pool, policy, name, version, probe)
+        checked = await self.hooks.stale_check(self.pool, self.policy, name, version, self.prompts.first(0))
         self.ahead.versions.checked.add(version)
         return checked
 
-    async def _overlapped_step(
-        self, policy: Policy, publisher: Publisher, pool: GeneratorPool, prompts: PromptBook, step: int
-    ) -> tuple[dict[str, float], dict[str, Any]]:
+    async def step(self, step: int) -> tuple[dict[str, float], dict[str, Any]]:
         """One step on samples collected ahead: check their versions, update with the lag
         corrected, publish, check the new version while the trainer holds it (on a GPU beside the
         next step's wait for its rollouts). Returns the metrics and the sampler state its
         checkpoint saves."""
-        assert self.ahead is not None
-        spec, versions = self.spec, self.ahead.versions
+        assert self.ahead is not None, "start() first"
+        spec, ahead, policy, publisher = self.spec, self.ahead, self.policy, self.publisher
+        versions = ahead.versions
         t0 = time.perf_counter()
-        got = await self.cancel.guard(self.ahead.next())
+        got = await self.cancel.guard(ahead.next())
         metrics = dict(got.metrics)
-        if self.ahead.checking is not None:  # the version this update starts from, checked meanwhile
-            metrics.update(await self.cancel.guard(self.ahead.checking))
-            self.ahead.checking = None
+        if ahead.checking is not None:  # the version this update starts from, checked meanwhile
+            metrics.update(await self.cancel.guard(ahead.checking))
+            ahead.checking = None
         t1 = time.perf_counter()
         metrics.update(
             check_claims(
@@ -116,11 +130,11 @@ class OverlappedSteps:
         )
         ucfg = dataclasses.replace(self.method.update_config(spec.method, spec), tis_cap=spec.overlap.cap)
         metrics.update(
-            await asyncio.to_thread(self.update_policy, policy, got.samples, ucfg, spec.seed + step)
+            await asyncio.to_thread(self.hooks.update_policy, policy, got.samples, ucfg, spec.seed + step)
         )
-        self.channel.gate()  # a run paused in its update and superseded meanwhile stops here
+        self.hooks.gate()  # a run paused in its update and superseded meanwhile stops here
         t2 = time.perf_counter()
-        self._log_rollouts(step, got.samples)
+        self.hooks.log_rollouts(step, got.samples)
         metrics.update(await publisher.publish(policy, step))
         self.events.emit(
             "adapter_published", step=step, name=publisher.model_name, load_s=metrics["publish/load_s"]
@@ -128,15 +142,13 @@ class OverlappedSteps:
         # Rollouts of the new version may start now; none trains before its check passed.
         await versions.advance(step, publisher.model_name)
         if spec.publish.stale_check:
-            self.ahead.checking = asyncio.create_task(
-                self._check_published(pool, policy, publisher.model_name, step, prompts.first(0))
-            )
+            ahead.checking = asyncio.create_task(self._check_published(publisher.model_name, step))
             if step == spec.optim.steps or not policy.device.startswith("cuda"):
                 # On a CPU the trainer's scoring and the generator share the cores (as in the
                 # synchronous loop, the check runs alone); on a GPU it runs while the next step
                 # waits for its rollouts, and that step's update waits for it.
-                metrics.update(await self.cancel.guard(self.ahead.checking))
-                self.ahead.checking = None
+                metrics.update(await self.cancel.guard(ahead.checking))
+                ahead.checking = None
         metrics.update(
             {
                 "lr": policy.lr,

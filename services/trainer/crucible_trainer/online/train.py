@@ -37,12 +37,12 @@ from crucible_trainer import evaluation, tasks
 from crucible_trainer.evaluation.job import evaluate_spec, served_base
 from crucible_trainer.methods import method_module
 from crucible_trainer.online import checkpoint
-from crucible_trainer.online.overlapped import OverlappedSteps
-from crucible_trainer.rl.ahead import Ahead
+from crucible_trainer.online.overlapped import OverlappedSteps, RunHooks
+from crucible_trainer.rl.ahead import Collect
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
 from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.publish import Publisher, StalePolicyError, stale_check
-from crucible_trainer.rl.rollout import Roller, Sample
+from crucible_trainer.rl.rollout import Roller, Sample, Timing
 from crucible_trainer.rl.update import UpdateConfig, update
 from crucible_trainer.runtime import hardware
 from crucible_trainer.runtime.cancel import Interrupted, Superseded
@@ -54,7 +54,7 @@ from crucible_trainer.settings import Settings
 log = logging.getLogger(__name__)
 
 
-class TrainRun(OverlappedSteps, JobRun):
+class TrainRun(JobRun):
     """State of one training job; `run()` (the base's) executes it to the end, a cancel or an error."""
 
     spec: TrainJob
@@ -64,7 +64,8 @@ class TrainRun(OverlappedSteps, JobRun):
         self.method = method_module(spec.method)
         self.problems: list[Any] = []
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
-        self.ahead: Ahead | None = None  # rollouts collected ahead of the update (overlap.max_staleness > 0)
+        # Its steps on rollouts collected ahead of the update (overlap.max_staleness > 0).
+        self.overlapped: OverlappedSteps | None = None
 
     # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
     def make_policy(self) -> Policy:
@@ -104,8 +105,8 @@ class TrainRun(OverlappedSteps, JobRun):
         try:
             await self._loop(self.policy, pool, sandbox, publisher)
         finally:
-            if self.ahead is not None:
-                await self.ahead.close()
+            if self.overlapped is not None:
+                await self.overlapped.close()
             # A finished, cancelled or failed job frees its generator slots (--max-loras is
             # small); its adapters stay in the store for evaluation or serving.
             try:  # its own versions only (names of its own: `channel.tag`), superseded or not
@@ -135,13 +136,16 @@ class TrainRun(OverlappedSteps, JobRun):
             await self._prepare(ctx, sampler)
         before = await self._before(pool, sandbox, publisher.model_name, start)
         if spec.overlap.max_staleness:
-            self.ahead = await self._start_ahead(
-                roller, prompts, sampler, publisher, pool, policy, start, version
+            self.overlapped = self._overlapped(policy, publisher, pool, prompts)
+            checked = await self.overlapped.start(
+                self._collector(roller, prompts, sampler, publisher), sampler, start, version
             )
+            if checked is not None:
+                self.summary["stale_check_start"] = checked
         for step in range(start, spec.optim.steps + 1):
             self.cancel.check()
-            if self.ahead is not None:
-                metrics, drawn = await self._overlapped_step(policy, publisher, pool, prompts, step)
+            if self.overlapped is not None:
+                metrics, drawn = await self.overlapped.step(step)
             else:
                 ctx = self._context(roller, prompts, sampler, publisher, step, version)
                 batch = sampler.draw(spec.optim.problems_per_step)
@@ -240,6 +244,38 @@ class TrainRun(OverlappedSteps, JobRun):
             state=self.method_state,
             version=version,
         )
+
+    def _overlapped(
+        self, policy: Policy, publisher: Publisher, pool: GeneratorPool, prompts: PromptBook
+    ) -> OverlappedSteps:
+        hooks = RunHooks(self._stale_check, self.update_policy, self._log_rollouts, self.channel.gate)
+        return OverlappedSteps(
+            self.spec,
+            self.method,
+            policy=policy,
+            publisher=publisher,
+            pool=pool,
+            prompts=prompts,
+            cancel=self.cancel,
+            events=self.events,
+            hooks=hooks,
+        )
+
+    def _collector(
+        self, roller: Roller, prompts: PromptBook, sampler: ProblemSampler, publisher: Publisher
+    ) -> Collect:
+        """How the background collection gets one step's samples: the method's own `collect`,
+        from the version and served name it is given."""
+
+        async def collect(
+            step: int, version: int, name: str
+        ) -> tuple[list[Sample], dict[str, float], Timing]:
+            ctx = self._context(roller, prompts, sampler, publisher, step, version, name)
+            batch = sampler.draw(self.spec.optim.problems_per_step)
+            samples, metrics = await self.method.collect(ctx, self.spec.method, batch)
+            return samples, metrics, ctx.timing
+
+        return collect
 
     async def _prepare(self, ctx: StepContext, sampler: ProblemSampler) -> None:
         """The method's one-off choice of problems (a pre-filter), kept in the run dir so a

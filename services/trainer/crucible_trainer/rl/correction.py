@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from crucible_trainer.rl.policy import right_align
+from crucible_trainer.rl.batch import right_align
 from crucible_trainer.rl.rollout import Sample
 
 

@@ -34,9 +34,10 @@ from typing import Any, Literal
 import torch
 
 from crucible_trainer.rl import losses, throughput
+from crucible_trainer.rl.batch import make_batch, right_align
 from crucible_trainer.rl.correction import Correction
 from crucible_trainer.rl.parallel import LOCAL, Parallel
-from crucible_trainer.rl.policy import Policy, make_batch, right_align
+from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.timing import PartTimer
 

@@ -1,27 +1,27 @@
 """The runner registry: which `JobRun` runs a job, keyed by spec type.
 
-A train job is keyed by its method's config type (the online methods run the loop of `online/train.py`;
-SFT and DPO, TRL on a file, run `offline.job`), an eval or pipeline job by its own. Runners are
-named by dotted path and imported when a job needs one: torch loads with the trainer, not here.
-Adding a job kind or an offline method is one line below; an online method is one line in
-`methods.REGISTRY`'s config union (`crucible_shared.jobs.Method`), which this table follows.
+A train job is keyed by its method's config type (the online methods run the loop of
+`online/train.py`; those whose config class says `offline`, SFT and DPO, TRL on a file, run
+`offline.job`), an eval or pipeline job by its own. Runners are named by dotted path and imported
+when a job needs one: torch loads with the trainer, not here. Adding a job kind is one line below;
+a method is one config class in `crucible_shared.jobs.Method` (and, online, one line in
+`methods.REGISTRY`), which this table follows.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
-from crucible_shared.jobs import DPOConfig, EvalJob, Method, PipelineJob, SFTConfig, TrainJob
+from crucible_shared.jobs import METHOD_CONFIGS, EvalJob, PipelineJob, TrainJob
 
 if TYPE_CHECKING:
     from crucible_trainer.runtime.jobrun import JobRun
 
 ONLINE = "crucible_trainer.online.train:TrainRun"
+OFFLINE = "crucible_trainer.offline.job:OfflineTrainRun"
 RUNNERS: dict[type, str] = {
-    **{config: ONLINE for config in get_args(get_args(Method)[0]) if config not in (SFTConfig, DPOConfig)},
-    SFTConfig: "crucible_trainer.offline.job:OfflineTrainRun",
-    DPOConfig: "crucible_trainer.offline.job:OfflineTrainRun",
+    **{config: OFFLINE if config.offline else ONLINE for config in METHOD_CONFIGS},
     EvalJob: "crucible_trainer.evaluation.job:EvalRun",
     PipelineJob: "crucible_trainer.offline.pipeline:PipelineRun",
 }
