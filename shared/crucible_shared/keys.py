@@ -64,6 +64,13 @@ def worker_models() -> str:
     return f"{PREFIX}:workers:models"
 
 
+def worker_served() -> str:
+    """Hash: worker name -> JSON {"at": Redis time, "models": [{"id", "root"}, ...] or null}, the
+    base models the worker's generators served when it last asked them (`crucible_shared.served`),
+    for the gateway's check of an eval job's `model.base`; null: no generator answered."""
+    return f"{PREFIX}:workers:served"
+
+
 def worker_ranks() -> str:
     """Hash: worker name -> how many ranks it may launch for one job (crucible_shared.distributed)."""
     return f"{PREFIX}:workers:ranks"

@@ -219,3 +219,29 @@ def test_partition_a_worker_cut_off_from_redis_stops_before_the_reaper(
         time.sleep(2)
         assert_one_live_run(stack, stack_dirs, stack_generator, job_id, min(lease_end, requeued_at))
         assert first.poll() is None
+
+
+def test_fencing_steps_run_again_after_a_resume_are_sent_once(stack, stack_dirs) -> None:
+    """`checkpoint.every: 2`: the first worker is killed after step 3 (its checkpoint is step 2's);
+    the second resumes from step 2 and runs step 3 again. The stream and `metrics.jsonl` still
+    have every step once, in order."""
+    first = stack.worker("killed")
+    job_id = stack.client.submit({**SPEC, "checkpoint": {"every": 2}}).id
+    run_dir = stack_dirs["runs"] / job_id
+
+    def step_events() -> list[int]:
+        return [e["step"] for e in stream(stack.redis.url, job_id) if e["type"] == "metrics"]
+
+    wait_for(lambda: 3 in step_events(), 600, "step 3's event")
+    first.kill()
+    first.wait()
+    stack.worker("live")
+    wait_for(
+        lambda: stack.client.job(job_id).status in {JobStatus.finished, JobStatus.failed}, 600, "the end"
+    )
+    record = stack.client.job(job_id)
+    assert (record.status, record.attempts) == (JobStatus.finished, 2), record.error
+    resumed = [e["step"] for e in stream(stack.redis.url, job_id) if e["type"] == "resumed"]
+    assert resumed == [2], resumed  # step 3 ran twice
+    assert step_events() == list(range(1, STEPS + 1))
+    assert step_rows(run_dir) == list(range(1, STEPS + 1))

@@ -7,12 +7,22 @@ A gateway of its own, with data, model and adapter roots under a temporary folde
 
 from __future__ import annotations
 
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from crucible_shared import keys
 from crucible_shared.gateway_client import GatewayClient
+from redis import Redis
 
 from tests.servers import Service, spawn
 
@@ -252,6 +262,31 @@ def test_values_accepted_before_and_failing_later_are_refused_naming_the_field(
             },
             "train.method.epochs",
         ),
+        (  # a pipeline sampling 1,024 candidates of 8,192 tokens for every MBPP problem
+            {"kind": "pipeline", "data": {"split": "all"}, "generate": {"k": 1024, "max_tokens": 8192}},
+            "pipeline.generate.k",
+        ),
+        (  # a pipeline training 1,000 epochs on the 4 best of 8 candidates of 374 problems
+            {"kind": "pipeline", "train": {"name": "sft", "epochs": 1000, "max_length": 4096}},
+            "pipeline.train.epochs",
+        ),
+        (  # DPO: 20 pairs of each problem's candidates, 200,000 steps of 32 pairs at 4,096 tokens
+            {
+                "kind": "pipeline",
+                "stages": ["generate", "annotate", "build", "train"],
+                "build": {"max_pairs": 20},
+                "train": {"name": "dpo", "max_steps": 10_000, "max_length": 4096},
+                "optim": {"lr": 1e-5, "micro_batch": 32},
+            },
+            "pipeline.train.max_steps",
+        ),
+        (  # a pipeline's baseline and final evaluations: n = 1,000 over all of MBPP
+            {
+                "kind": "pipeline",
+                "eval": {"n": 1000, "data": {"split": "all"}, "max_tokens": 8192, "ks": [1]},
+            },
+            "pipeline.eval.n",
+        ),
     ],
 )
 def test_a_job_over_the_work_cap_is_refused(gw, roots, spec: dict, field: str) -> None:
@@ -263,6 +298,61 @@ def test_a_job_over_the_work_cap_is_refused(gw, roots, spec: dict, field: str) -
 def test_a_job_within_the_work_cap_is_accepted(gw) -> None:
     accepted(gw, {"kind": "eval", "n": 10, "data": {"split": "test"}, "max_tokens": 512, "ks": [1]})
     accepted(gw, {"kind": "train", "optim": {"steps": 1000, "problems_per_step": 16}})
+    accepted(gw, {"kind": "pipeline"})
+    accepted(gw, {"kind": "pipeline", "rounds": 4, "train": {"name": "dpo"}, "optim": {"lr": 1e-5}})
+
+
+@pytest.fixture
+def stub_generator() -> Iterator[str]:
+    """A generator stand-in that answers `/v1/models` with one base model, `tiny-model`."""
+    listing = {"object": "list", "data": [{"id": "tiny-model", "root": "/srv/models/tiny-model"}]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(listing).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_an_eval_of_a_model_the_generators_do_not_serve_is_refused(
+    gw, redis_url, stub_generator, tmp_path
+) -> None:
+    """A live trainer worker reports what its generators serve; an eval job naming another base
+    model is refused naming `eval.model.base`, one naming the served model (by id or by the last
+    part of its root) is accepted, and with no worker up the worker that takes the job checks."""
+    redis = Redis.from_url(redis_url)
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "CRUCIBLE_TRAINER_GENERATOR_URLS": stub_generator,
+        "CRUCIBLE_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    cmd = [sys.executable, "-m", "crucible_trainer.worker", "--queues", "nothing", "--name", "served"]
+    worker = subprocess.Popen(cmd, env=env)
+    eval_of = {"kind": "eval", "data": {"ids": [11]}, "max_tokens": 64}
+    try:
+        deadline = time.monotonic() + 120
+        while not redis.hget(keys.worker_served(), "served"):
+            assert time.monotonic() < deadline, "the worker never reported what its generators serve"
+            time.sleep(0.2)
+        message = refused(gw, {**eval_of, "model": {"base": "acme/other-coder"}}, "eval.model.base")
+        assert "generators serve tiny-model (/srv/models/tiny-model)" in message
+        accepted(gw, {**eval_of, "model": {"base": "tiny-model"}})
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    assert not redis.hexists(keys.worker_served(), "served")
+    accepted(gw, {**eval_of, "model": {"base": "acme/other-coder"}})
 
 
 @pytest.mark.parametrize(

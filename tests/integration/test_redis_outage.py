@@ -280,3 +280,79 @@ def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_
     other.outbox.redis = live
     other.gate()
     assert other.holds_lease() and not other.superseded()
+
+
+def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(redis_url, tmp_path) -> None:
+    """`checkpoint.every: 2`: a run delivers steps 1-3 and dies with its checkpoint at step 2. The
+    next run resumes from step 2 and runs step 3 again: `metrics.jsonl` and the stream each have
+    steps 1-4 once, in order."""
+    from crucible_trainer.runtime.sink import EventSink, resume_events
+
+    job_id = f"train-replay-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    first = channel_for(redis_url, job_id)
+    assert first.start()
+    sink = EventSink(first, tmp_path / job_id)
+    for step in (1, 2, 3):
+        sink.metrics(step, {"reward_mean": step / 10})
+    del first, sink  # killed in step 4; its last checkpoint is step 2's
+    redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
+    second = channel_for(redis_url, job_id)
+    assert second.start()
+    sink = EventSink(second, tmp_path / job_id)
+    assert resume_events(sink, upto=2) == 0
+    for step in (3, 4):
+        sink.metrics(step, {"reward_mean": step / 10})
+    assert [e["step"] for e in stream(redis_url, job_id) if e["type"] == "metrics"] == [1, 2, 3, 4]
+    rows = (tmp_path / job_id / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2, 3, 4]
+
+
+def test_fencing_every_event_a_run_killed_in_an_outage_never_delivered_is_recovered_once(
+    redis_url, tmp_path
+) -> None:
+    """Redis stops after step 2; the run goes on through step 3 (its adapter, a sample, its row and
+    event, an evaluation) into step 4 and is killed. The next run, resumed from step 3's checkpoint,
+    sends every event of steps up to 3 the stream lacks, as they were recorded, in order, once;
+    step 4's (it runs again) are not sent."""
+    from crucible_trainer.runtime.sink import EventSink, recover_events
+
+    from tests.servers import free_port
+
+    job_id = f"train-journal-{time.time_ns()}"
+    redis = Redis.from_url(redis_url)
+    put_queued_record(redis, job_id)
+    first = channel_for(redis_url, job_id)
+    assert first.start()
+    sink = EventSink(first, tmp_path / job_id)
+    for step in (1, 2):
+        sink.metrics(step, {"reward_mean": step / 10})
+    first.outbox.redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")  # Redis stops
+    sink.emit("adapter_published", step=3, name=f"{job_id}-v3", load_s=0.5)
+    sample = {"problem_id": "601", "phase": "c1", "reward": 1.0, "status": "passed", "message": ""}
+    sink.emit("sample", step=3, completion="def f(): pass", **sample)
+    sink.metrics(3, {"reward_mean": 0.3})
+    sink.emit("eval_started", label="step-3", model=f"{job_id}-v3", tasks=2, data="mbpp/test ids=2")
+    sink.emit("eval_finished", label="step-3", report="eval/step-3", dataset="mbpp", problems=2)
+    sink.emit("adapter_published", step=4, name=f"{job_id}-v4", load_s=0.5)  # step 4 runs again
+    waiting = [json.loads(data) for _, data in first.outbox._events]
+    del first, sink  # SIGKILL; Redis starts again
+    redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
+    second = channel_for(redis_url, job_id)
+    assert second.start()
+    sink = EventSink(second, tmp_path / job_id)
+    assert recover_events(sink, upto=3) == 5
+    assert recover_events(sink, upto=3) == 0
+    events = stream(redis_url, job_id)
+    assert [(e["type"], e.get("step") or e.get("label")) for e in events] == [
+        ("metrics", 1),
+        ("metrics", 2),
+        ("adapter_published", 3),
+        ("sample", 3),
+        ("metrics", 3),
+        ("eval_started", "step-3"),
+        ("eval_finished", "step-3"),
+    ]
+    assert events[2:] == waiting[:5]  # as they were recorded (their times included)
+    assert not list((tmp_path / job_id / ".outbox").iterdir())  # the dead run's journal, consumed

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from crucible_shared import keys
+from crucible_shared import keys, served
 from crucible_shared.distributed import too_many_ranks
 from crucible_shared.gateway_protocol import AdapterView, Artifact
 from crucible_shared.http import ApiError
@@ -202,6 +202,8 @@ class GatewayService:
             await self.check_reuse(spec.reuse, tenant)
         if isinstance(spec, TrainJob) and spec.distributed.train_gpus > 1:
             await self._check_ranks(spec.distributed.train_gpus)
+        if isinstance(spec, EvalJob):  # evaluated where the generators serve it, not loaded
+            await self._check_served(spec.model.base, "eval.model.base")
         await self._check_installed(spec.model.base, f"{spec.kind}.model.base")
         attempts = spec.max_attempts or self.settings.max_attempts
         payload = spec.model_dump(mode="json")
@@ -308,6 +310,23 @@ class GatewayService:
                 f"{name}` where they run (it downloads, verifies and dequantises it once)",
                 field=field,
             )
+
+    async def _check_served(self, base: str, field: str) -> None:
+        """Refuse an evaluation of a base model no generator serves: an eval job evaluates what
+        the generators serve under the name `model.base` gives. Live trainer workers report what
+        their generators serve (`crucible_shared.keys.worker_served`); with no fresh report (no
+        worker up, no generator answering it) the worker that takes the job checks at its start."""
+        reports = await asyncio.to_thread(self.store.worker_served)
+        cards = [card for report in reports for card in report]
+        if not reports or any(served.same_model(base, c["id"], c.get("root")) for c in cards):
+            return
+        unique = list({(c["id"], c.get("root")): c for c in cards}.values())
+        raise ApiError(
+            422,
+            f"model.base is {base!r} but the generators serve {served.describe(unique)}: submit the "
+            f"job with model.base set to that model, or start the generators with {base!r}",
+            field=field,
+        )
 
     async def view(self, job_id: str, with_spec: bool = True, tenant: Tenant = ANONYMOUS) -> JobRecord:
         """The job, if `tenant` may see it; another tenant's job is a 404 like a missing one."""

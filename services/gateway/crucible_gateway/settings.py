@@ -83,7 +83,8 @@ class Settings(BaseSettings):
         2_000_000_000,
         ge=1,
         description="Most tokens a job may generate or train on, counted from its spec (samples x "
-        "tokens: `crucible_gateway.work`): a job asking for more is refused at submission.",
+        "tokens; a pipeline's evaluations, sampling and training rounds: `crucible_gateway.work`): a "
+        "job asking for more is refused at submission.",
     )
     production: bool = Field(False, description="Refuse to start without API keys.")
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from crucible_shared import events, keys
+from crucible_shared import events, keys, served
 from crucible_shared.lifecycle import (
     JOB_FUNCTION,
     QUEUES,
@@ -242,6 +242,22 @@ class JobStore:
                 installed.update(report.get("installed", []))
                 missing.update(report.get("missing", []))
         return installed, missing
+
+    def worker_served(self) -> list[list[dict[str, Any]]]:
+        """The base models each live trainer worker's generators served at its last reading, of
+        the readings at most `served.FRESH_S` old on Redis's clock (a worker whose generators did
+        not answer reports nothing)."""
+        from rq import Worker
+
+        live = {w.name for w in Worker.all(connection=self.rq_redis)}
+        seconds, micros = self.rq_redis.time()
+        fresh_after = seconds + micros / 1e6 - served.FRESH_S
+        out = []
+        for name, value in self.rq_redis.hgetall(keys.worker_served()).items():
+            report = json.loads(_text(value))
+            if _text(name) in live and report.get("models") is not None and report["at"] >= fresh_after:
+                out.append(report["models"])
+        return out
 
     def enqueue(self, kind: JobKind, job_id: str, spec: dict[str, Any]) -> None:
         """Put the job on its RQ queue (again: an earlier RQ job of the same id is replaced)."""

@@ -4,8 +4,9 @@
 On SIGTERM (a container restart, a rolling update) a running training job stops at its next
 step boundary, checkpoints and goes back to the queue, where the next worker resumes it; the
 worker then exits. At its start the worker records how many ranks it can launch for one job
-(`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), which
-the gateway checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
+(`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), and
+every `served.REFRESH_S` which base models its generators serve (`worker_served`), which the gateway
+checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import threading
+from typing import Any
 
 
 def installable_models() -> dict[str, list[str]]:
@@ -22,6 +25,41 @@ def installable_models() -> dict[str, list[str]]:
     names = sorted(models.INSTALLABLE_MODELS)
     installed = [n for n in names if models.installed_path(n) is not None]
     return {"installed": installed, "missing": [n for n in names if n not in installed]}
+
+
+def served_bases(urls: list[str]) -> list[dict[str, Any]] | None:
+    """The base models the first generator that answers serves (None: none answers)."""
+    import httpx
+    from crucible_shared import served
+    from crucible_shared.openai_protocol import ModelList
+
+    for url in urls:
+        try:
+            response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=5)
+            response.raise_for_status()
+            listing = ModelList.model_validate(response.json())
+        except (httpx.HTTPError, ValueError):
+            continue
+        return [{"id": card.id, "root": card.root} for card in served.base_cards(listing)]
+    return None
+
+
+def report_served(redis: Any, name: str, urls: list[str], stop: threading.Event) -> None:
+    """Record what the generators serve now and every `served.REFRESH_S` (a generator started
+    after the worker, or restarted with another model, is seen), stamped with Redis's clock."""
+    from crucible_shared import keys, served
+    from redis.exceptions import RedisError
+
+    while True:
+        models = served_bases(urls)
+        try:
+            seconds, micros = redis.time()
+            report = {"at": seconds + micros / 1e6, "models": models}
+            redis.hset(keys.worker_served(), name, json.dumps(report))
+        except RedisError:
+            pass  # an outage: the gateway stops trusting the last report once it is old
+        if stop.wait(served.REFRESH_S):
+            return
 
 
 def main() -> None:
@@ -78,11 +116,22 @@ def main() -> None:
 
     redis.hset(keys.worker_ranks(), worker.name, available_ranks(settings))
     redis.hset(keys.worker_models(), worker.name, json.dumps(installable_models()))
+    stop = threading.Event()
+    reporter = threading.Thread(
+        target=report_served,
+        args=(redis, worker.name, settings.generator_urls, stop),
+        name="served-models",
+        daemon=True,
+    )
+    reporter.start()
     try:
         worker.work(burst=args.burst, with_scheduler=False)
     finally:
+        stop.set()
+        reporter.join(10)
         redis.hdel(keys.worker_ranks(), worker.name)
         redis.hdel(keys.worker_models(), worker.name)
+        redis.hdel(keys.worker_served(), worker.name)
 
 
 if __name__ == "__main__":

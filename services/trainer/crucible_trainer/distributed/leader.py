@@ -120,8 +120,14 @@ class RankChannel(JobChannel):
     def committed(self, field: str) -> str | None:
         return self.inner.committed(field)
 
-    def delivered_steps(self) -> set[int] | None:
-        return self.inner.delivered_steps()
+    def stream_data(self) -> list[str] | None:
+        return self.inner.stream_data()
+
+    def undelivered(self, after: int = 0) -> list[tuple[int, str]]:
+        return self.inner.undelivered(after)
+
+    def resend(self, data: str) -> None:
+        self.inner.resend(data)
 
     def superseded(self) -> bool:
         return self.inner.superseded()

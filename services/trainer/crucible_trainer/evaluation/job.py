@@ -9,10 +9,10 @@ against another model.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from crucible_shared import served
 from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import EvalJob, EvalSpec
 from crucible_shared.sandbox_client import SandboxClient
@@ -29,27 +29,15 @@ class ServedModelMismatch(RuntimeError):
     """The generator serves another base model than the job names."""
 
 
-def _same_model(wanted: str, card: Any) -> bool:
-    names = {card.id.lower()}
-    if card.root:
-        names |= {card.root.lower(), os.path.basename(card.root.rstrip("/")).lower()}
-    candidates = {wanted.lower(), os.path.basename(wanted.rstrip("/")).lower()}
-    if wanted.startswith(("/", ".", "~")):
-        candidates.add(os.path.abspath(os.path.expanduser(wanted)).lower())
-    return bool(names & candidates)
-
-
 async def served_base(pool: GeneratorPool, wanted: str) -> str:
     """The name the generator serves `wanted` under; `ServedModelMismatch` if it serves another."""
-    listing = await pool.pick().models()
-    bases = [card for card in listing.data if getattr(card, "parent", None) in (None, "")] or listing.data[:1]
+    bases = served.base_cards(await pool.pick().models())
     for card in bases:
-        if _same_model(wanted, card):
+        if served.same_model(wanted, card.id, card.root):
             return card.id
-    served = ", ".join(f"{c.id} ({c.root})" if c.root else c.id for c in bases)
     raise ServedModelMismatch(
-        f"model.base is {wanted!r} but the generator serves {served}: submit the job with "
-        f"model.base set to that model, or start the generator with {wanted!r}"
+        f"model.base is {wanted!r} but the generator serves {served.describe(bases)}: submit the job "
+        f"with model.base set to that model, or start the generator with {wanted!r}"
     )
 
 
@@ -82,7 +70,7 @@ async def evaluate_spec(
     config = evaluation.EvalConfig.from_spec(spec, model=model, chat=chat, seed=seed)
     events.emit("eval_started", label=label, model=model, tasks=len(problems), data=spec.data.describe())
     report = await cancel.guard(evaluation.evaluate(problems, pool, sandbox, config, data=spec.data))
-    evaluation.write_report(report, out)
+    events.folder(out, lambda folder: evaluation.write_report(report, folder))
     summary = eval_summary(report)
     events.emit("eval_finished", label=label, report=str(out), dataset=spec.data.dataset, **summary)
     return report, summary

@@ -19,12 +19,14 @@ from crucible_shared.jobs import DPOConfig, SFTConfig, TrainJob
 
 from crucible_trainer import evaluation
 from crucible_trainer.evaluation.job import eval_summary
+from crucible_trainer.offline import attempts
 from crucible_trainer.offline.artifacts import content_hash, json_hash
 from crucible_trainer.offline.rows import load_rows
 from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
 from crucible_trainer.runtime.channel import JobChannel
 from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.sink import resume_events
 from crucible_trainer.settings import Settings
 
 
@@ -80,7 +82,7 @@ class OfflineTrainRun(JobRun):
 
     def _on_event(self, kind: str, **data: Any) -> None:
         if kind == "resumed":
-            self.events.forget_after(data["step"])  # those steps run again
+            resume_events(self.events, data["step"])  # those steps run again, each event once
         self.events.emit(kind, **data)
 
     async def body(self) -> None:
@@ -93,13 +95,16 @@ class OfflineTrainRun(JobRun):
                 self.summary.setdefault("eval", {})["before"] = eval_summary(before)
             else:
                 before = await self._evaluate(self.init, 0, "before")
+        base = run_dir / "trainer"
+        work_dir, resume_from = attempts.work_dir(run_dir, base, self.channel)
         run = OfflineRun(
             method=self.method,
             model=self.loaded_model(),
             base_name=spec.model.base if "model.base" in self.loaded else None,
             optim=spec.optim,
             rows=self.rows,
-            work_dir=run_dir / "trainer",
+            work_dir=work_dir,
+            resume_from=resume_from,
             adapter_dir=run_dir / "adapter",
             seed=spec.seed,
             checkpoint_every=spec.checkpoint.every,
@@ -107,7 +112,11 @@ class OfflineTrainRun(JobRun):
             identity=self.identity,
         )
         hooks = Hooks(
-            metrics=self._on_metrics, event=self._on_event, stop_requested=lambda: self.cancel.requested
+            metrics=self._on_metrics,
+            event=self._on_event,
+            stop_requested=lambda: self.cancel.requested,
+            gate=self.channel.gate,
+            saved=lambda checkpoint: attempts.commit(run_dir, base, checkpoint, self.channel),
         )
         result = await asyncio.to_thread(train, run, hooks)
         self.summary.update(steps=result["steps"], adapter=result["adapter"])
@@ -116,7 +125,7 @@ class OfflineTrainRun(JobRun):
             self.summary["model_name"] = self.services.model_name
             if before is not None:
                 out = run_dir / "eval" / "before_after"
-                evaluation.compare_reports(before, after, out)
+                self.events.folder(out, lambda folder: evaluation.compare_reports(before, after, folder))
                 self.summary["before_after"] = str(out)
 
 

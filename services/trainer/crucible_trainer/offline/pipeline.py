@@ -34,7 +34,7 @@ from crucible_shared.jobs import ROUND_STAGES, PipelineJob
 
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.evaluation.job import eval_summary
-from crucible_trainer.offline import analysis, report
+from crucible_trainer.offline import analysis, attempts, report
 from crucible_trainer.offline.annotate import annotate
 from crucible_trainer.offline.artifacts import (
     json_hash,
@@ -50,6 +50,7 @@ from crucible_trainer.offline.services import JobServices
 from crucible_trainer.offline.stages import Input, StageBook, StagePlan
 from crucible_trainer.runtime.channel import JobChannel
 from crucible_trainer.runtime.jobrun import JobRun
+from crucible_trainer.runtime.sink import resume_events
 from crucible_trainer.settings import Settings
 
 Body = Callable[[], Awaitable[dict[str, Any]]]
@@ -322,13 +323,16 @@ class PipelineRun(JobRun):
             from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
 
             offset = self._step_offset(r)
+            base = self.round_dir(r) / "trainer"
+            work_dir, resume_from = attempts.work_dir(self.run_dir, base, self.channel)
             run = OfflineRun(
                 method=method,
                 model=self.loaded_model(),
                 base_name=spec.model.base if "model.base" in self.loaded else None,
                 optim=spec.optim,
                 rows=read_rows(data),
-                work_dir=self.round_dir(r) / "trainer",
+                work_dir=work_dir,
+                resume_from=resume_from,
                 adapter_dir=self.adapter(r),
                 seed=spec.seed,
                 checkpoint_every=spec.checkpoint.every,
@@ -343,6 +347,8 @@ class PipelineRun(JobRun):
                 metrics=lambda step, total, values: self._train_metrics(r, step, total, values),
                 event=self._train_event,
                 stop_requested=lambda: self.cancel.requested,
+                gate=self.channel.gate,
+                saved=lambda checkpoint: attempts.commit(self.run_dir, base, checkpoint, self.channel),
             )
             self.events.emit("status", status="training", round=r, method=method.name, rows=len(run.rows))
             result = await asyncio.to_thread(train, run, hooks)
@@ -387,10 +393,13 @@ class PipelineRun(JobRun):
         async def body() -> dict[str, Any]:
             model = await self.services.serve(self.adapter(last), last)
             report_ = await self._eval(after, model, "after", self._step_offset(last + 1))
-            if compared.exists():
-                shutil.rmtree(compared)
             if compare:
-                evaluation.compare_reports(before, report_, compared)
+                self.events.folder(
+                    compared, lambda folder: evaluation.compare_reports(before, report_, folder)
+                )
+            elif compared.exists():
+                self.channel.gate()
+                shutil.rmtree(compared)
             else:
                 self.events.emit("notice", message="no comparison: run the `baseline` stage for before/after")
             return {"model": model, **eval_summary(report_)}
@@ -439,7 +448,7 @@ class PipelineRun(JobRun):
 
     def _train_event(self, kind: str, **data: Any) -> None:
         if kind == "resumed":
-            self.events.forget_after(data["step"])  # those steps run again
+            resume_events(self.events, data["step"])  # those steps run again, each event once
         self.events.emit(kind, **data)
 
     def _progress(self, key: str) -> Callable[[int, int], None]:

@@ -11,7 +11,6 @@ run's own connections (`JobRun.pool` / `.sandbox`, which the run opens on first 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +68,8 @@ class JobServices:
     async def evaluate(
         self, spec: EvalSpec, out: Path, *, model: str, chat: bool, seed: int, label: str, step: int
     ) -> Any:
-        """Evaluate `model` on `spec` into the folder `out` (replaced: never written into files
-        hard-linked from a reused run); returns the report."""
-        if out.exists():
-            shutil.rmtree(out)
+        """Evaluate `model` on `spec` into the folder `out` (replaced by a new folder: never
+        written into files hard-linked from a reused run); returns the report."""
         report, headline = await evaluate_spec(
             spec,
             await self.pool(),

@@ -14,6 +14,9 @@ this module only builds their inputs and connects them to the job:
 * checkpoints are TRL's (`<work_dir>/checkpoint-N`, the two newest kept); a run whose work dir
   holds one resumes from it (optimizer, scheduler, RNG and data order included). A work dir made
   for other inputs (its `inputs.json` differs) is cleared first, so stale checkpoints never resume.
+  A queued job's runs each have a work dir of their own and resume from the checkpoint the job's
+  record points at (`run.resume_from`, `offline.attempts`); `hooks.gate` comes before each save
+  and before the final adapter is put in place, `hooks.saved` commits each checkpoint.
 * the final adapter (the trained LoRA alone, PEFT format) is written atomically to `adapter_dir`.
 
 `train` blocks: jobs run it in a thread (`asyncio.to_thread`) while their event loop keeps
@@ -46,6 +49,11 @@ class Hooks:
     metrics: Callable[[int, int, dict[str, float]], None] = lambda step, total, values: None
     event: Callable[..., None] = lambda kind, **data: None
     stop_requested: Callable[[], bool] = lambda: False
+    # Fencing (`offline.attempts`): raise `Superseded` unless the run still holds the job, before
+    # TRL saves a checkpoint and before the final adapter is put in place; and a saved checkpoint,
+    # to commit as the one to resume from.
+    gate: Callable[[], None] = lambda: None
+    saved: Callable[[Path], None] = lambda checkpoint: None
 
 
 @dataclass
@@ -62,6 +70,7 @@ class OfflineRun:
     checkpoint_every: int = 10
     start_adapter: str | None = None  # LoRA to continue from: the resolved init adapter, or a round's
     identity: str = ""  # hash of the inputs; checkpoints of other inputs are discarded
+    resume_from: Path | None = None  # an earlier run's committed checkpoint (`offline.attempts`)
     step_offset: int = 0  # added to step numbers in metrics (the pipeline's later rounds)
     base_name: str | None = None  # the base the saved adapter names, when `model.base` is a snapshot
     result: dict[str, Any] = field(default_factory=dict)
@@ -110,7 +119,7 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
         callbacks=[callback],
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to the job, not to stdout
-    resume = last_checkpoint(run.work_dir)
+    resume = last_checkpoint(run.work_dir) or _same_inputs(run.resume_from, run.identity)
     if resume is not None:
         step = json.loads((resume / "trainer_state.json").read_text())["global_step"]
         hooks.event("resumed", step=run.step_offset + step, checkpoint=str(resume))
@@ -124,6 +133,7 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
 
             name_base(trainer.model, run.base_name)
         trainer.model.save_pretrained(tmp, selected_adapters=["default"])
+        hooks.gate()  # only the run holding the job puts its adapter in place
     state = trainer.state
     run.result = {
         "steps": state.global_step,
@@ -200,6 +210,15 @@ def last_checkpoint(work_dir: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
 
 
+def _same_inputs(checkpoint: Path | None, identity: str) -> Path | None:
+    """`checkpoint` if its folder was made for the same inputs (else None: not resumed from)."""
+    if checkpoint is None:
+        return None
+    marker = checkpoint.parent / "inputs.json"
+    same = marker.exists() and json.loads(marker.read_text()).get("identity") == identity
+    return checkpoint if same else None
+
+
 def _prepare_work_dir(work_dir: Path, identity: str) -> None:
     marker = work_dir / "inputs.json"
     if work_dir.exists() and (
@@ -230,8 +249,11 @@ class JobCallback(TrainerCallback):
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True
+        if control.should_save:  # TRL saves right after this: only while the run holds the job
+            self.hooks.gate()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.hooks.saved(Path(args.output_dir) / f"checkpoint-{state.global_step}")
         self.hooks.event(
             "checkpoint",
             step=self.offset + state.global_step,

@@ -48,7 +48,7 @@ from crucible_trainer.runtime import hardware
 from crucible_trainer.runtime.cancel import Interrupted, Superseded
 from crucible_trainer.runtime.channel import JobChannel
 from crucible_trainer.runtime.jobrun import JobRun
-from crucible_trainer.runtime.sink import recover_events, rollout_row
+from crucible_trainer.runtime.sink import resume_events, rollout_row
 from crucible_trainer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class TrainRun(JobRun):
             after = await self._evaluate(pool, sandbox, publisher.model_name, "after", spec.optim.steps)
             if before is not None:
                 out = self.run_dir / "eval" / "before_after"
-                evaluation.compare_reports(before, after, out)
+                self.events.folder(out, lambda folder: evaluation.compare_reports(before, after, folder))
                 self.summary["before_after"] = str(out)
         self.summary.update(self.method.report(spec.method, self.run_dir))
         self._learning_curve()
@@ -211,6 +211,7 @@ class TrainRun(JobRun):
         found = await asyncio.to_thread(checkpoint.resumable, self.run_dir, self.channel)
         if found is None:
             await publisher.adopt(0)  # an earlier run's versions, if any, are not this run's
+            await asyncio.to_thread(resume_events, self.events, 0)  # nor its rows and journals
             return 1, 0
         state = await asyncio.to_thread(checkpoint.restore, policy, found)
         extra = state["extra"]
@@ -219,10 +220,9 @@ class TrainRun(JobRun):
         self.method_state.update(extra.get("method", {}))
         version = extra.get("version", state["step"])
         await publisher.adopt(version, policy if version == state["step"] else None)
-        self.events.forget_after(state["step"])
-        # Steps the checkpoint holds whose events an earlier run never delivered (it died during
-        # a Redis outage): from metrics.jsonl, so the stream has every step once.
-        await asyncio.to_thread(recover_events, self.events, state["step"])
+        # Every step's row and event once: later rows dropped (those steps run again), events an
+        # earlier run never delivered recovered, those it delivered not sent again.
+        await asyncio.to_thread(resume_events, self.events, state["step"])
         self.events.emit("resumed", step=state["step"], checkpoint=str(found))
         return state["step"] + 1, version
 

@@ -49,6 +49,19 @@ class Superseded(Exception):
     and Redis never confirmed it again: stop, writing nothing."""
 
 
+def metrics_steps(stream: list[str]) -> set[int]:
+    """The steps of the `metrics` events among events' JSON."""
+    steps = set()
+    for data in stream:
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("type") == "metrics" and isinstance(event.get("step"), int):
+            steps.add(event["step"])
+    return steps
+
+
 class JobChannel:
     """Base: what a job may say about itself. Subclasses say where it goes."""
 
@@ -78,7 +91,20 @@ class JobChannel:
 
     def delivered_steps(self) -> set[int] | None:
         """The steps whose `metrics` event is in the job's stream (None: no stream to read)."""
+        stream = self.stream_data()
+        return None if stream is None else metrics_steps(stream)
+
+    def stream_data(self) -> list[str] | None:
+        """The JSON of every event in the job's stream, in order (None: no stream to read)."""
         return None
+
+    def undelivered(self, after: int = 0) -> list[tuple[int, str]]:
+        """(sequence number, JSON) of this run's events numbered over `after` that are not in the
+        stream yet, while this run holds its lease ([]: in-process, or nothing waits)."""
+        return []
+
+    def resend(self, data: str) -> None:
+        """Send again, as it was, an event an earlier run recorded and never delivered."""
 
     def start(self) -> bool:
         """Mark the job running; False when it may not run (cancelled or taken meanwhile)."""
@@ -230,16 +256,18 @@ class RedisChannel(JobChannel):
         value = self.redis.hget(keys.job(self.job_id), field)
         return None if value is None else decode(field, value.decode()) or None
 
-    def delivered_steps(self) -> set[int] | None:
-        steps: set[int] = set()
-        for _, fields in self.redis.xrange(keys.events(self.job_id)):
-            try:
-                event = json.loads(fields[b"data"])
-            except (KeyError, ValueError):
-                continue
-            if event.get("type") == "metrics" and isinstance(event.get("step"), int):
-                steps.add(event["step"])
-        return steps
+    def stream_data(self) -> list[str] | None:
+        entries = self.redis.xrange(keys.events(self.job_id))
+        return [fields[b"data"].decode() for _, fields in entries if b"data" in fields]
+
+    def undelivered(self, after: int = 0) -> list[tuple[int, str]]:
+        if self.outbox.pending == 0 or not self.holds_lease():
+            return []
+        return self.outbox.waiting(after)
+
+    def resend(self, data: str) -> None:
+        self.outbox.event(data)
+        self._send()
 
     def progress(self, step: int, total_steps: int, metrics: dict[str, float], policy_version: str) -> None:
         latest = {k: v for k, v in metrics.items() if not k.startswith("update/ratio")}

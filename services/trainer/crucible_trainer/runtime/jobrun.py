@@ -217,7 +217,10 @@ class JobRun:
             logging_.run_name,
             self.run_dir,
             self.spec.model_dump(mode="json"),
+            tag=self.channel.tag,
         )
+        if self.events.wandb_run is not None:
+            self.summary["wandb_run"] = self.events.wandb_run.id
 
     def write_summary(self) -> None:
         """summary.json, and the summary itself made JSON-ready through `JobSummary`."""

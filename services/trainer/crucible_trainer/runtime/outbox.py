@@ -84,11 +84,13 @@ class Outbox:
         self.confirmed_at = time.monotonic()  # when the last delivery Redis accepted was sent
 
     # -- what the run writes --------------------------------------------------------------------
-    def event(self, record: dict[str, Any]) -> None:
+    def event(self, record: dict[str, Any] | str) -> None:
+        """Queue an event: a record, or the JSON of one recorded earlier (sent as it was)."""
+        data = record if isinstance(record, str) else json.dumps(record, default=str)
         with self._state:
             if self.fenced is not None:
                 return
-            self._events.append((self._next_seq, json.dumps(record, default=str)))
+            self._events.append((self._next_seq, data))
             self._next_seq += 1
             while len(self._events) > self.limit:
                 # The oldest go; one note in their place (their last number) says how many.
@@ -103,6 +105,16 @@ class Outbox:
     @property
     def pending(self) -> int:
         return len(self._events)
+
+    def waiting(self, after: int = 0) -> list[tuple[int, str]]:
+        """The events not yet delivered whose sequence number is over `after`, in order."""
+        with self._state:
+            out = []
+            for seq, data in reversed(self._events):
+                if seq <= after:
+                    break
+                out.append((seq, data))
+        return out[::-1]
 
     # -- delivery ------------------------------------------------------------------------------
     def deliver(self, beat: bool = False) -> bool:

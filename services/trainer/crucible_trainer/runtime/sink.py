@@ -4,6 +4,9 @@
   `eval/problems_passed` at the step it ran), so interval evaluations form a time series.
 * `rollouts/step-NNNNNN.jsonl`: every sample of a step (problem id, phase, prompt hash,
   completion, reward, status, first failure message), and a W&B table of them when W&B is on.
+* `.outbox/run-<token>.jsonl`: the run's journal, the events Redis has not taken yet (an outage),
+  each with the step it belongs to, so a run resumed after this one died sends those of the steps
+  its checkpoint holds (`recover_events`).
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from crucible_trainer.runtime.channel import JobChannel
+from crucible_trainer.runtime.channel import JobChannel, metrics_steps
 
 log = logging.getLogger(__name__)
+JOURNAL = ".outbox"  # the run dir's folder of journals (hidden: not an artifact)
 
 
 def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
@@ -51,12 +58,39 @@ class EventSink:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rollouts_dir = run_dir / "rollouts"
+        # Steps after the checkpoint a run resumed from whose `metrics` event an earlier run
+        # already delivered: they run again (`checkpoint.every > 1`), their event is not sent twice.
+        self.sent_steps: set[int] = set()
+        self.journal_dir = run_dir / JOURNAL
+        self.step_now = 0  # the newest step this run's events named: the step a journaled one belongs to
+        self._journaled = 0  # the number of the last event in this run's journal
+        self._journal_lock = threading.Lock()  # events come from the loop and from worker threads
 
     def emit(self, kind: str, **data: Any) -> None:
         """Append an event to the job's stream (and log it): `kind` and `data` are one of
         `crucible_shared.events.JobEvent`, which the channel validates as it writes."""
+        step = data.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            self.step_now = max(self.step_now, step)
         self.channel.emit(kind, **data)
+        self.journal()
         log.info("%s %s", kind, json.dumps(data, default=str)[:500])
+
+    def journal(self, step: int | None = None) -> None:
+        """Add the run's events that still wait for Redis to its journal (belonging to `step`,
+        else the newest step its events named). Written only while the run holds its lease, and
+        only then: while Redis takes every event at once this writes nothing."""
+        with self._journal_lock:
+            waiting = self.channel.undelivered(self._journaled)
+            if not waiting:
+                return
+            self.journal_dir.mkdir(parents=True, exist_ok=True)
+            at = self.step_now if step is None else step
+            with (self.journal_dir / f"run-{self.channel.token}.jsonl").open("a") as f:
+                f.writelines(
+                    json.dumps({"seq": seq, "step": at, "data": data}) + "\n" for seq, data in waiting
+                )
+            self._journaled = waiting[-1][0]
 
     def _append(self, row: dict[str, Any]) -> None:
         self.channel.gate()  # only the run holding the job writes its run dir
@@ -73,6 +107,8 @@ class EventSink:
             self.step_event(step, values)
 
     def step_event(self, step: int, values: dict[str, float]) -> None:
+        if step in self.sent_steps:  # replayed after a resume: the stream has this step's event
+            return
         self.emit("metrics", step=step, metrics=values)
 
     def eval_point(self, step: int, label: str, summary: dict[str, Any]) -> None:
@@ -103,6 +139,26 @@ class EventSink:
             )
         return path
 
+    def folder(self, out: Path, write: Callable[[Path], Any]) -> Any:
+        """`write(folder)` into a folder of this run's own, put in place of `out` once the gate
+        passed: a report (`eval/<label>/`, `before_after/`) is the live run's whole, never one a
+        superseded run wrote over or into. Returns what `write` returns."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}{self.channel.tag}.tmp")
+        old = out.with_name(f".{out.name}{self.channel.tag}.old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            result = write(tmp)
+            self.channel.gate()
+            shutil.rmtree(old, ignore_errors=True)
+            if out.exists():
+                os.replace(out, old)  # a folder replaces no folder in one rename: aside, then gone
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+        return result
+
     def forget_after(self, step: int) -> None:
         """After a resume from `step`: drop what was logged for later steps (they run again)."""
         self.channel.gate()
@@ -118,29 +174,83 @@ class EventSink:
                 path.unlink()
 
 
+def resume_events(sink: EventSink, upto: int) -> int:
+    """A run resumed from the checkpoint of step `upto`: metrics.jsonl loses the rows of later steps
+    (they run again), the stream gets the events of steps up to `upto` that no run delivered
+    (`recover_events`), and the steps after it whose event is already in the stream (an earlier run
+    ran them before it stopped) send no second one. Returns how many events were recovered."""
+    sink.forget_after(upto)
+    recovered = recover_events(sink, upto)
+    sink.sent_steps = {step for step in sink.channel.delivered_steps() or () if step > upto}
+    return recovered
+
+
 def recover_events(sink: EventSink, upto: int) -> int:
-    """After a resume from step `upto`: the `metrics` events of steps up to it that never reached
-    the job's stream (an earlier run checkpointed them during a Redis outage and died before
-    delivering them), sent again from their `metrics.jsonl` rows, in step order. Returns how many."""
-    delivered = sink.channel.delivered_steps()
-    if delivered is None or not sink.metrics_path.exists():
+    """After a resume from step `upto`: the events of steps up to it that never reached the job's
+    stream (an earlier run recorded them during a Redis outage and died, or lost the job, before
+    delivering them), sent in order before anything of the resumed run's own: as they were
+    recorded, from the earlier runs' journals, and any step's `metrics` event still missing from
+    its `metrics.jsonl` row. The earlier journals are then removed (their later steps run again).
+    Returns how many were sent."""
+    stream = sink.channel.stream_data()
+    if stream is None:
         return 0
-    rows = {}
-    for line in sink.metrics_path.read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
-        step = row.get("step")
-        if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
-            rows[step] = {k: v for k, v in row.items() if k != "step"}
-    for step in sorted(rows):
-        sink.channel.emit("metrics", step=step, metrics=rows[step])
-    return len(rows)
+    seen = set(stream)
+    delivered = metrics_steps(stream)
+    found: list[tuple[int, int, str | dict[str, Any]]] = []  # (step, source, JSON | metrics row)
+    own = f"run-{sink.channel.token}.jsonl"
+    journals = sorted(
+        (p for p in sink.journal_dir.glob("run-*.jsonl") if p.name != own),
+        key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else 0,
+    )
+    for path in journals:
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # the last line of a run killed while writing it
+                continue
+            data, step = entry.get("data"), entry.get("step")
+            if isinstance(data, str) and isinstance(step, int) and step <= upto and data not in seen:
+                seen.add(data)
+                delivered |= metrics_steps([data])
+                found.append((step, 0, data))
+    if sink.metrics_path.exists():
+        for line in sink.metrics_path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            step = row.get("step")
+            if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
+                delivered.add(step)
+                found.append((step, 1, {k: v for k, v in row.items() if k != "step"}))
+    found.sort(key=lambda f: (f[0], f[1]))  # by step; a step's journal first, in its order
+    for step, _, event in found:
+        if isinstance(event, str):
+            sink.channel.resend(event)
+        else:
+            sink.channel.emit("metrics", step=step, metrics=event)
+        sink.journal(step)  # Redis away again: kept in this run's journal
+    if journals:
+        sink.channel.gate()
+        for path in journals:
+            path.unlink(missing_ok=True)
+    return len(found)
 
 
 def start_wandb(
-    job_id: str, mode: str | None, project: str, run_name: str | None, run_dir: Path, config: dict
+    job_id: str,
+    mode: str | None,
+    project: str,
+    run_name: str | None,
+    run_dir: Path,
+    config: dict,
+    tag: str = "",
 ) -> Any:
     """A W&B run, or None when disabled. The spec's `logging.wandb_mode` wins when it is set;
-    unset, the worker's WANDB_MODE (tests set it to disabled), else offline."""
+    unset, the worker's WANDB_MODE (tests set it to disabled), else offline.
+
+    Each run of a job logs to a W&B run of its own, `<job id><tag>` (`channel.tag`: `-r<token>`
+    for a job's later runs), grouped under the job id: a superseded run still logging can never
+    write into the history of the run that holds the job, and what a run logs passed its gate
+    first (`EventSink`), as its files did."""
     mode = mode or os.environ.get("WANDB_MODE") or "offline"
     if mode == "disabled":
         return None
@@ -152,7 +262,8 @@ def start_wandb(
     return wandb.init(
         project=project,
         name=run_name or job_id,
-        id=job_id,
+        id=f"{job_id}{tag}",
+        group=job_id,
         mode=mode,
         dir=str(run_dir),
         config=config,
