@@ -81,13 +81,10 @@ shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shap
   echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
     --set logging.wandb_mode=disabled --set method.kl_beta=0.01
 }
-dense_dir() {  # the built-in model's dense checkpoint in Crucible's cache (made by `setup`)
-  python3 -c "import crucible_models as m; print(m.cache_dir() / 'models' / f'{m.DEFAULT_MODEL}-{m._CONVERSION_VERSION}')"
+dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the built-in model's, made by `setup`)
+  python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
 }
 QWEN=qwen2.5-coder-1.5b-instruct
-qwen_dir() {  # the installed Qwen2.5-Coder-1.5B-Instruct's dense checkpoint in Crucible's cache (`qwen-setup`)
-  python3 -c "import crucible_models as m; print(m.dense_dir('$QWEN'))"
-}
 serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card) on MODEL_DIR
   # served as MODEL_NAME, then per PROFILE vLLM (UTIL of the card) beside it and bench/serve_race.py with a
   # rank-16 adapter; LEN: Crucible's rows at LEN tokens. JSON and logs to $OUT, named after TAG.
@@ -148,7 +145,7 @@ PY
     python3 - <<'PY'
 from pathlib import Path
 import crucible_models as models
-target = models.cache_dir() / "models" / f"{models.DEFAULT_MODEL}-{models._CONVERSION_VERSION}"
+target = models.dense_dir(models.DEFAULT_MODEL)
 if not (target / "config.json").exists():
     target.mkdir(parents=True, exist_ok=True)
     models._convert_gguf(Path("/root/m/smol.gguf"), target)
@@ -167,7 +164,7 @@ PY
     [ "$size" = 7b ] && { steps=3 extra=(--generator-rows auto)
       export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
-      $(shape_sets "/root/shapes/qwen2.5-coder-$size" "${2:-$steps}") "${extra[@]}" --json "${OUT:-/tmp}/$1.json" ;;
+      $(shape_sets "/root/shapes/qwen2.5-coder-${size/p/.}" "${2:-$steps}") "${extra[@]}" --json "${OUT:-/tmp}/$1.json" ;;
   trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
     python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
       --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
@@ -182,19 +179,15 @@ PY
   learn)  # METHOD STEPS EVAL_TASKS [--tag T] [grpo_race.py arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
-    sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval.data.limit="$tasks")
-    [ "$tasks" = 0 ] && sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval=null)
+    evaluation=eval.data.limit="$tasks"; [ "$tasks" = 0 ] && evaluation=eval=null
+    sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set "$evaluation")
     [ "$method" = srrl ] && sets+=(--set "method={name: srrl, c1: 2, c2: 4, c2_temperature: 0.3, budget: 10}")
     python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
     python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
-  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`: every run in the background, then
-    # `wait-bg` (each archive holds the time-to-accuracy table of what has run). Card 0: Crucible's job of
-    # TTA_RECIPE, its evaluation, then the serving race (`qwen-serve`). Card 1: TRL's GRPOTrainer + vLLM
-    # colocate on the same recipe, then its evaluation. Cards 2+3 (`tta-2gpu`): the same job with DDP ranks
-    # and a generator replica on each card, then generator on 3 / trainer on 2, then their evaluations.
-    # Results under /root/results/tta/<run>/ (the adapters stay out of the archive).
+  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`, every run in the background (then
+    # `wait-bg`): card 0 Crucible then `qwen-serve`, card 1 TRL, cards 2+3 `tta-2gpu`; results under $TTA/<run>/
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
     bash bench/gpu.sh bg c2 tta-2gpu ;;
@@ -286,7 +279,7 @@ PY
   qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`): Crucible's
     # generator against vLLM fitted to the rank-16 adapter (max-lora-rank 16, 2 LoRAs), both on the dense
     # weights in Crucible's cache, 1/8/32/128 clients and hot-swap: $OUT/serve-qwen2.5-coder-1.5b-instruct-fitted.json
-    export MODEL_DIR; MODEL_DIR=$(qwen_dir); export MODEL_NAME=$QWEN
+    export MODEL_DIR; MODEL_DIR=$(dense_dir $QWEN); export MODEL_NAME=$QWEN
     serve_pairs "$QWEN" 0.3 0.35 cuda "" fitted ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
