@@ -11,6 +11,8 @@ or as `common` when run as `python bench/<script>.py` beside it.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -169,6 +171,19 @@ def gateway(work: Path, **env: str) -> Iterator[Any]:
             server.stop()
     finally:
         redis.terminate()
+
+
+def local_events() -> None:
+    """A job run here sends its events to a local channel, not to a Redis named in the environment."""
+    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
+        os.environ.pop(name, None)
+
+
+def show_logs(work: Path, lines: int = 30) -> None:
+    """The end of every log under `work` (of a failed run), on stderr."""
+    for log in sorted(work.rglob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
 
 
 def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:

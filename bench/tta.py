@@ -37,7 +37,7 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_job, recipes  # noqa: E402
+from bench.common import load_job, local_events, recipes, show_logs  # noqa: E402
 
 
 def train_spec(args: argparse.Namespace, *more: str) -> Any:
@@ -53,12 +53,6 @@ def train_spec(args: argparse.Namespace, *more: str) -> Any:
     if spec.kind != "train":
         raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
     return spec
-
-
-def local_events() -> None:
-    """Events stay in this process (no Redis)."""
-    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
-        os.environ.pop(name, None)
 
 
 def start_sandbox(work: Path) -> Any:
@@ -158,13 +152,6 @@ def run_crucible(args: argparse.Namespace) -> None:
         status=summary.get("status"),
     )
     record.finish()
-
-
-def show_logs(work: Path, lines: int = 30) -> None:
-    """The end of every log of a failed run (its work dir stays out of the results archive)."""
-    for log in sorted(work.rglob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
 
 
 def _visible() -> list[str]:
