@@ -11,6 +11,8 @@ or as `common` when run as `python bench/<script>.py` beside it.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,10 +112,13 @@ def replica_env(i: int, replicas: int, device: str | None) -> dict[str, str]:
 @contextmanager
 def services(work: Path, model: str, rows: int | str = 128, *, generator_url: str | None = None,
              device: str | None = None, max_loras: int = 4, replicas: int = 1,
+             devices: list[str | None] | None = None, generator_env: dict[str, str] | None = None,
              **settings: Any) -> Iterator[Any]:  # fmt: skip
     """A sandbox and `replicas` generators of `model` (or the one at `generator_url`) spawned for
     the jobs of a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them,
-    with the adapters and run dirs under `work` (and any other `settings`)."""
+    with the adapters and run dirs under `work` (and any other `settings`). `devices`: one replica
+    per entry, on that CUDA_VISIBLE_DEVICES value (None: the caller's own); `generator_env`: more
+    settings of every generator."""
     from concurrent.futures import ThreadPoolExecutor
 
     from crucible_cli.spawn import start
@@ -124,11 +129,13 @@ def services(work: Path, model: str, rows: int | str = 128, *, generator_url: st
 
     def one(i: int) -> Any:
         log = "generator.log" if replicas == 1 else f"generator-{i}.log"
-        env = replica_env(i, replicas, device)
+        env = replica_env(i, replicas, device) if devices is None else replica_env(0, 1, devices[i])
+        env |= generator_env or {}
         generators.append(
             spawn_generator(work, model, rows, max_loras=max_loras, env=env, log=log, timeout=900)
         )
 
+    replicas = len(devices) if devices is not None else replicas
     try:
         if not generator_url:
             with ThreadPoolExecutor(replicas) as pool:  # at once; any that came up are stopped below
@@ -164,6 +171,19 @@ def gateway(work: Path, **env: str) -> Iterator[Any]:
             server.stop()
     finally:
         redis.terminate()
+
+
+def local_events() -> None:
+    """A job run here sends its events to a local channel, not to a Redis named in the environment."""
+    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
+        os.environ.pop(name, None)
+
+
+def show_logs(work: Path, lines: int = 30) -> None:
+    """The end of every log under `work` (of a failed run), on stderr."""
+    for log in sorted(work.rglob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
 
 
 def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:

@@ -1,48 +1,21 @@
 #!/usr/bin/env bash
-# Real vLLM (OpenAI-compatible server, runtime LoRA loading) on the GPU machine:
-# one H100, Python 3.12, torch 2.11.0+cu130, transformers 5.17, peft 0.21, no internet, and at
-# most 64 MiB carried per `run` call. vLLM 0.20.0-0.26.0 pin torch==2.11.0; 0.22.0 is the one tested.
+# Real vLLM (OpenAI-compatible server, runtime LoRA loading) on the GPU machine (Python 3.12,
+# torch 2.11.0+cu130, no internet, at most 64 MiB carried per call). vLLM 0.20.0-0.26.0 pin
+# torch==2.11.0; 0.22.0 is the one tested.
 #
-# Why it fits: the vLLM wheel is 261 MB, but on Hopper the FA2 kernels (81 MB compressed) are
-# never used (FA3 is), the MoE kernels (_moe_C, 32 MB) serve only MoE models, and the Rust
-# frontend (vllm-rs) is opt-in. The rest, installed and re-packed with xz (FA3's 153 MB library
-# shrinks to 10 MB), plus the 39 Python wheels the server imports, is one 117 MB tarball:
-# two carried parts of 55.6 MiB. `stage` copies a carried file to /root/stage; a later call finds
-# it there only while the machine stays warm (~30 s after a call): chain the calls at once.
-# (MoE models: keep _moe_C in `prepare`, a third part. Non-Hopper GPUs: keep FA2, or TRITON_ATTN.)
+# Why it fits: on Hopper the FA2 kernels are never used (FA3 is), the MoE kernels (_moe_C) serve only
+# MoE models and the Rust frontend is opt-in; the rest plus the Python wheels the server imports,
+# re-packed with xz, is one ~117 MB tarball in two carried parts. (MoE models: keep _moe_C in
+# `prepare`, a third part. Non-Hopper GPUs: keep FA2, or TRITON_ATTN.)
 #
-# In Crucible, the model travels as for every GPU benchmark (`bench/gpu.sh part-a` / `setup`, which
-# also converts it into Crucible's dense cache) and `bench/gpu.sh vllm-up` serves that checkpoint
-# with the project's launch profile (`profile` below). Here, from the repository root:
-#   bash bench/gpu-vllm.sh prepare     # -> .carry/vllm/{s1,s2,site.sha256}; .vllm-wheels = download cache
-#
-# Calls on the GPU machine, each one right after the previous returns (the machine stays warm only
-# ~30 s between calls):
-#   1. carry [".carry/vllm/s1"]                     bash bench/gpu-vllm.sh stage .carry/vllm/s1
-#   2. carry [".carry/vllm/s2", ".carry/vllm/site.sha256"]
-#        bash bench/gpu-vllm.sh stage .carry/vllm/s2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
-#   3. carry [".carry/a"]                           bash bench/gpu.sh part-a
-#   4. carry [".carry/b", ".whl"]
-#        bash bench/gpu.sh setup && bash bench/gpu.sh vllm-up && bash bench/gpu.sh vllm-check
-#        (vllm-check = `check` below + the fixture recorder; then serve-race, vllm-race, ...: bench/gpu.sh)
-# `serve MODEL_DIR` starts vLLM with this script's own minimal flags instead of the profile.
-# Every device step sets PYTHONPATH=/tmp/site itself. Logs and check.json go to $OUT (so they come
-# back) when it is set, else /tmp. The server outlives its call (own session): a next call made
-# while the machine is warm can use it at http://127.0.0.1:$PORT.
-#
-# Seen on an H100 (SmolLM2-135M-Instruct from a Q4_1 GGUF, 2026-11-26): 4 calls, about 5 minutes
-# of device time with the machine start. install + first import 25 s; GGUF -> dense 34-42 s;
-# server healthy after 108-125 s (torch.compile 27 s, CUDA-graph capture 24 s, FLASH_ATTN = FA3);
-# POST /v1/load_lora_adapter (rank 16, all linear layers) 0.04-0.06 s; first 24-token completion
-# with a new adapter 0.07 s; unload 0.002 s; a third adapter beyond --max-loras 2 loads and
-# serves; after unload the name answers 404. Greedy-token logprobs agree with HF+peft within bf16
-# noise (max |diff| 0.09 with the adapter, 0.10 base; 0.44 against the model without the adapter).
-# Harmless log lines: the ulimit -n warning, "LoRA dynamic loading & unloading is enabled ... ONLY
-# for local development", "Using default LoRA kernel configs", one Triton JIT warning on first use.
-#
-# Environment knobs: NAME (served model name, default "base"), PORT (8001), MAX_LORAS (2),
-# MAX_LORA_RANK (16), GPU_UTIL (0.3), MAX_LEN (2048), WAIT (health wait, s, 420). Extra
-# `serve` arguments go to vLLM (e.g. --enforce-eager skips compile and graphs: faster start).
+# Here, from the repository root: `bash bench/gpu-vllm.sh prepare` (.carry/vllm/{s1,s2,site.sha256}).
+# On the GPU machine, each call right after the previous returns (the machine stays warm only
+# briefly): 1. carry [.carry/vllm/s1]: `stage .carry/vllm/s1`; 2. carry [.carry/vllm/s2,
+# .carry/vllm/site.sha256]: `stage .carry/vllm/s2 && install .carry/vllm/site.sha256`; then the
+# model as for every GPU benchmark (`bench/gpu.sh part-a`, `setup`) and `bench/gpu.sh vllm-up`
+# (the project's launch profile, `profile` below), `vllm-check` (`check` below + the fixtures).
+# The server outlives its call (own session). Environment: NAME (served model name for `check`,
+# default "base"), PORT (8001), GPU_UTIL (0.3), WAIT (health wait, s, 420).
 set -euo pipefail
 VLLM_VERSION=${VLLM_VERSION:-0.22.0}
 # What vLLM's OpenAI server imports that the GPU image lacks (read from import failures under
@@ -65,7 +38,6 @@ for n in 39 35 34 31 28 27 26 24 17 5; do PLAT="$PLAT --platform manylinux_2_${n
 PLAT="$PLAT --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 
 NAME=${NAME:-base} PORT=${PORT:-8001}
-LOGDIR=${OUT:-/tmp}
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # vLLM 0.22 turns the FlashInfer top-k/top-p sampler on by default and then imports flashinfer
@@ -146,18 +118,6 @@ profile)  # device: Crucible's own launch profile (services/generator/vllm/serve
   setsid bash services/generator/vllm/serve.sh "$@" > /root/logs/vllm.log 2>&1 < /dev/null &
   echo $! > /tmp/vllm.pid
   wait_healthy /root/logs/vllm.log "$t0" ;;
-
-serve)  # device: start the server in its own session (outlives the call), wait for /health
-  model=$2; shift 2
-  export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
-  args=(--model "$model" --served-model-name "$NAME" --host 127.0.0.1 --port "$PORT"
-        --enable-lora --max-lora-rank "${MAX_LORA_RANK:-16}" --max-loras "${MAX_LORAS:-2}"
-        --gpu-memory-utilization "${GPU_UTIL:-0.3}" --max-model-len "${MAX_LEN:-2048}"
-        --dtype bfloat16 --generation-config vllm --max-logprobs 20 "$@")
-  t0=$(date +%s)
-  setsid python3 -m vllm.entrypoints.openai.api_server "${args[@]}" > "$LOGDIR/vllm.log" 2>&1 < /dev/null &
-  echo $! > /tmp/vllm.pid
-  wait_healthy "$LOGDIR/vllm.log" "$t0" ;;
 
 stop)
   [ -f /tmp/vllm.pid ] && kill -- -"$(cat /tmp/vllm.pid)" 2>/dev/null || true ;;
@@ -274,5 +234,5 @@ PY
   ;;
 
 *)
-  sed -n 2,50p "$0"; exit 2 ;;
+  sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
 esac

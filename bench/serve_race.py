@@ -1,24 +1,17 @@
 """Serving race: tokens/s of OpenAI-compatible completion servers under closed-loop clients, and the
-time to hot-swap a LoRA adapter, measured side by side.
-
-Every server gets the same work: `--clients` closed-loop clients, each sending one `/v1/completions`
-request at a time (the same `--prompt-tokens`-token prompt as token ids, `--max-tokens` greedy
-tokens with `ignore_eos`) for `--seconds`; tokens/s is the completion tokens of the requests that
-ended in the window over the time to the last of them. Rounds alternate between the servers (a
-warm-up round each first, so CUDA-graph capture and the like are not timed), and the figure per
-server is the median of its rounds. With `--adapter-rank R` every request names a random rank-R
-all-linear LoRA adapter loaded into every server first (what RL rollouts ask of a generator); without
-it, the base model. Then, per server, `--swaps` times: perturb a rank-16 LoRA
-adapter, save it, `POST /v1/load_lora_adapter` under a new name and ask it for one token (as
-`bench/generator.py` does); the previous version is unloaded.
+time to hot-swap a LoRA adapter, side by side (docs/benchmarks.md, "Real vLLM beside Crucible's
+generator"). Each of `--clients` clients sends one greedy `/v1/completions` request at a time (the
+same prompt as token ids, `--max-tokens` with `ignore_eos`) for `--seconds`; rounds alternate
+between the servers after a warm-up round each, and each server's figure is its rounds' median.
+`--adapter-rank R`: every request names a random rank-R adapter loaded into every server first.
+Then `--swaps` hot-swaps per server (`generator.hot_swap`). Crucible's `/metrics` is read around
+the measured rounds (did steady-state decoding capture graphs?).
 
     python bench/serve_race.py --server vllm=http://127.0.0.1:8001@base \\
         --server crucible=http://127.0.0.1:8002@smollm2-135m-instruct --model-dir /root/models/m \\
         --clients 1 8 32 128 --json race.json
 
-`NAME=URL@MODEL`: MODEL is the `model` field the server expects for its base model. For Crucible's
-generator, `/metrics` is read before and after the measured rounds: the graph-capture counter shows
-whether steady-state decoding captured anything.
+`NAME=URL@MODEL`: MODEL is the `model` field the server expects for its base model.
 """
 
 from __future__ import annotations

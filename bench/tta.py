@@ -1,44 +1,23 @@
 """Time to accuracy: the same GRPO job run by Crucible and by TRL's `GRPOTrainer`, each saving its
-adapter every N steps with the wall time since its process started, then every saved adapter
-evaluated afterwards through Crucible's own evaluation path, and the curves compared.
+adapter every N steps with the wall time since its process started; every saved adapter is then
+evaluated through Crucible's own evaluation path and the curves compared (docs/benchmarks.md,
+"Time to accuracy against TRL").
 
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
     python bench/tta.py eval DIR [DIR ...] [--tasks 500] [--humaneval-tasks 164]
     python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md
 
-RECIPE is a recipe of recipes/learning.yaml or a job spec file; `--set` overrides it as every
-benchmark does (one configuration path). Both runs take from the one job spec: the model, the
-problems (`data`: the same tasks, chat prompts rendered by Crucible's prompt code), the reward
-(Crucible's sandbox judges every completion; `reward.kind` of the sandbox's verdict, as the
-trainer's rollouts compute it), LoRA settings, learning rate, schedule (constant after
-`optim.warmup_steps`), weight decay, gradient clipping, group size, problems per step, micro-batch,
-temperature, top-p, max tokens, KL coefficient, clip range, loss aggregation and steps. What TRL has no
-counterpart for is recorded, not emulated: Crucible's difficulty filter (`method.filter`) runs
-inside Crucible's job and counts in its wall time; TRL trains on the same problems unfiltered.
-
-`crucible` runs the job through the worker's entry point (`crucible_trainer.runtime.entry.execute`) with
-its evaluation turned off (`eval=null`: evaluation never counts in a run's wall time), against a
-sandbox and generator replicas spawned here (`--generator-devices`: one replica per listed
-`CUDA_VISIBLE_DEVICES` value; none: one on the trainer's card). `distributed.train_gpus` > 1
-runs the update over DDP ranks on the visible cards, as the worker does. The job publishes every
-step's adapter; those of the saved steps are copied to `DIR/adapters/step-N` and their time is the
-adapter file's write time. `trl` runs `GRPOTrainer` (vLLM in colocate mode on a GPU, HF generation
-with `--engine hf`) and saves `DIR/adapters/step-N` from a callback at the end of step N. Both
-write `DIR/run.json` as they go (a run cut short keeps its points): the job, the points
-`{step, wall_s, adapter}` (step 0 is the base model at 0 s), and what the run reported.
-
-`eval` starts one sandbox and one generator (the visible card) and evaluates the base model and
-every saved adapter of the given runs greedily on the job's evaluation problems (MBPP test, all
-500, the job's `eval.max_tokens`), and HumanEval (164) on the base and the final adapter, each an
-evaluation job through the worker's entry point; results go to `DIR/evals.json` (an adapter already
-evaluated is skipped: a second call finishes what a first left). `table` writes the comparison:
-per run its (wall_s, step, pass@1) points; TRL's final pass@1 and the time each Crucible run took
-to reach it (the first saved point at or above it) over TRL's time, and Crucible's pass@1 at each of TRL's
-points of wall time (its latest point by then); for runs on more GPUs, the time to the one-GPU
-run's final pass@1 over the one-GPU run's.
-
-A check on a CPU (a tiny random Qwen2, HF generation, a few tasks): tests/unit/test_bench_tta.py.
+RECIPE: a recipe of recipes/learning.yaml or a job spec file, `--set` overriding it. Both engines
+take everything from the one spec (`trl_config` maps it; the sandbox scores TRL's completions as
+Crucible's rollouts do). What TRL has no counterpart for is recorded, not emulated: Crucible's
+difficulty filter runs inside its job and counts in its wall time; TRL trains unfiltered.
+`crucible` runs the job through the worker's entry point with `eval=null` (evaluation never counts
+in a run's wall time); `distributed.train_gpus` > 1 trains over DDP ranks on the visible cards.
+Each run writes `DIR/run.json` as it goes: the job, the points `{step, wall_s, adapter}` (step 0:
+the base model at 0 s) and what the run reported. `eval` scores the base model and every saved
+adapter greedily on the job's evaluation problems (HumanEval on the base and the last adapter)
+into `DIR/evals.json`, skipping what is already there. A CPU check: tests/unit/test_bench_tta.py.
 """
 
 from __future__ import annotations
@@ -58,18 +37,28 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_job, recipes  # noqa: E402
+from bench.common import load_job, local_events, recipes, show_logs  # noqa: E402
 
 
-def job_source(job: str, overrides: list[str]) -> tuple[Path, list[str]]:
-    """The spec file and overrides of `job`: a spec file as it is, or a recipe resolved."""
-    path = Path(job)
-    if path.is_file():
-        return path, overrides
-    known = recipes()
-    if job not in known:
-        raise SystemExit(f"{job}: neither a spec file nor a recipe ({', '.join(known)})")
-    return ROOT / known[job]["spec"], [*known[job]["set"], *overrides]
+def train_spec(args: argparse.Namespace, *more: str) -> Any:
+    """The training job of `args.job` (a spec file as it is, or a recipe resolved) with the
+    overrides of `args` and `more`."""
+    path, overrides = Path(args.job), [*args.overrides, *more]
+    if not path.is_file():
+        known = recipes()
+        if args.job not in known:
+            raise SystemExit(f"{args.job}: neither a spec file nor a recipe ({', '.join(known)})")
+        path, overrides = ROOT / known[args.job]["spec"], [*known[args.job]["set"], *overrides]
+    spec = load_job(path, overrides)
+    if spec.kind != "train":
+        raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
+    return spec
+
+
+def start_sandbox(work: Path) -> Any:
+    from crucible_cli.spawn import start
+
+    return start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
 
 
 def saved_steps(steps: int, every: int) -> list[int]:
@@ -116,103 +105,53 @@ class Record:
         tmp.write_text(json.dumps(self.data, indent=1, default=str))
         os.replace(tmp, self.path)
 
+    def finish(self) -> None:
+        self.write()
+        print(json.dumps({k: self.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
+
 
 # -- Crucible -------------------------------------------------------------------------------------
 
 
 def run_crucible(args: argparse.Namespace) -> None:
-    from concurrent.futures import ThreadPoolExecutor
+    from bench.common import run_job, services
 
-    from crucible_cli.spawn import start
-    from crucible_trainer.settings import Settings
-
-    from bench.common import replica_env, run_job, spawn_generator
-
-    path, overrides = job_source(args.job, args.overrides)
-    full = load_job(path, overrides)
-    spec = load_job(path, [*overrides, "eval=null"])  # evaluated afterwards, off the run's clock
-    if spec.kind != "train":
-        raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
+    full = train_spec(args)
+    spec = train_spec(args, "eval=null")  # evaluated afterwards, off the run's clock
     devices = args.generator_devices.split(",") if args.generator_devices else [None]
-    ranks = spec.distributed.train_gpus
+    ranks, visible = spec.distributed.train_gpus, _visible()
     out = args.out.resolve()
-    record = Record(
-        out,
-        "crucible",
-        spec,
-        {
-            "eval": eval_settings(full),
-            "gpus": max(ranks, len({d for d in devices if d is not None} | set(_visible()))),
-            "placement": {"trainer_cards": _visible(), "train_ranks": ranks, "generator_cards": devices},
-            "command": sys.argv,
-        },
-    )
+    gpus = max(ranks, len({d for d in devices if d is not None} | set(visible)))
+    placement = {"trainer_cards": visible, "train_ranks": ranks, "generator_cards": devices}
+    extra = {"eval": eval_settings(full), "gpus": gpus, "placement": placement, "command": sys.argv}
+    record = Record(out, "crucible", spec, extra)
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):  # events stay in this process
-        os.environ.pop(name, None)
+    local_events()
     job_id = f"tta-{out.name}"
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generators: list[Any] = []
     try:
-
-        def one(i: int) -> Any:
-            return spawn_generator(
-                work, spec.model.base, args.rows, env=replica_env(0, 1, devices[i]), log=f"generator-{i}.log"
-            )
-
-        with ThreadPoolExecutor(len(devices)) as pool:
-            futures = [pool.submit(one, i) for i in range(len(devices))]
-        errors = []
-        for f in futures:  # every result taken, so one that came up is stopped below if another failed
-            try:
-                generators.append(f.result())
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-        settings = Settings(
-            generator_urls=[g.url for g in generators],
-            sandbox_url=sandbox.url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-            max_ranks=ranks,
-        )
-        record.data["train_start_s"] = round(time.time() - T0, 2)
-        summary = run_job(spec, job_id, settings)
+        with services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
+            record.data["train_start_s"] = round(time.time() - T0, 2)
+            summary = run_job(spec, job_id, settings)
     except BaseException:
         show_logs(work)
         raise
-    finally:
-        for g in generators:
-            g.stop()
-        sandbox.stop()
     published = work / "adapters" / job_id
     for step in saved_steps(spec.optim.steps, args.every):
-        source = published / f"v{step}"
-        target = out / "adapters" / f"step-{step}"
+        source, target = published / f"v{step}", out / "adapters" / f"step-{step}"
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
         written = max(p.stat().st_mtime for p in source.iterdir() if p.is_file())
         record.point(step, written - T0, str(target))
-    run_dir = work / "jobs" / job_id
-    shutil.copy2(run_dir / "metrics.jsonl", out / "metrics.jsonl")
+    shutil.copy2(work / "jobs" / job_id / "metrics.jsonl", out / "metrics.jsonl")
     record.data.update(
         wall_s=round(time.time() - T0, 2),
         job_wall_s=round(summary["wall_s"], 2),
         difficulty_filter=summary.get("difficulty_filter"),
         status=summary.get("status"),
     )
-    record.write()
-    print(json.dumps({k: record.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
-
-
-def show_logs(work: Path, lines: int = 30) -> None:
-    """The end of every log of a failed run (its work dir stays out of the results archive)."""
-    for log in sorted(work.rglob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
+    record.finish()
 
 
 def _visible() -> list[str]:
@@ -343,7 +282,7 @@ def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[
 def run_trl(args: argparse.Namespace) -> None:
     import crucible_models
     import torch
-    from crucible_cli.spawn import free_port, start
+    from crucible_cli.spawn import free_port
     from crucible_trainer import tasks
     from datasets import Dataset
     from peft import LoraConfig
@@ -351,10 +290,7 @@ def run_trl(args: argparse.Namespace) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     global T0
-    path, overrides = job_source(args.job, args.overrides)
-    spec = load_job(path, overrides)
-    if spec.kind != "train":
-        raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
+    spec = train_spec(args)
     cuda = torch.cuda.is_available()
     engine = args.engine or ("vllm" if cuda else "hf")
     out = args.out.resolve()
@@ -366,34 +302,16 @@ def run_trl(args: argparse.Namespace) -> None:
     prepared = time.time() - prepared
     T0 += prepared  # preparing the copy is not the run's time (Crucible's generator casts as it loads)
     mode = spec.method.filter.mode
-    record = Record(
-        out,
-        "trl",
-        spec,
-        {
-            "eval": eval_settings(spec),
-            "gpus": 1,
-            "placement": {"trainer_cards": _visible(), "engine": engine},
-            "trl_config": config,
-            "model_dir": model_dir,
-            "bf16_copy_s": round(prepared, 1),
-            "not_matched": (
-                {"method.filter": f"{mode}: TRL trains on the job's problems unfiltered"}
-                if mode != "none"
-                else {}
-            ),
-            "command": sys.argv,
-        },
-    )
+    unfiltered = {"method.filter": f"{mode}: TRL trains on the job's problems unfiltered"}
+    placement = {"trainer_cards": _visible(), "engine": engine}
+    extra = {"eval": eval_settings(spec), "gpus": 1, "placement": placement}
+    extra |= {"trl_config": config, "model_dir": model_dir, "bf16_copy_s": round(prepared, 1)}
+    extra |= {"not_matched": unfiltered if mode != "none" else {}, "command": sys.argv}
+    record = Record(out, "trl", spec, extra)
     if engine == "vllm":  # colocate mode runs vLLM in this process through torch.distributed: a world of one
-        for key, value in {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-        }.items():
+        world = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        for key, value in (world | {"MASTER_PORT": str(free_port())}).items():
             os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -416,7 +334,7 @@ def run_trl(args: argparse.Namespace) -> None:
         record.data["trl_config"] = config
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    sandbox = start_sandbox(work)
     reward, faults = sandbox_reward(problems, spec, sandbox.url)
 
     class Saver(TrainerCallback):
@@ -440,16 +358,9 @@ def run_trl(args: argparse.Namespace) -> None:
 
     keep = set(saved_steps(spec.optim.steps, args.every))
     (out / "metrics.jsonl").unlink(missing_ok=True)
-    dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    lora = spec.model
-    peft_config = LoraConfig(
-        r=lora.lora_r,
-        lora_alpha=lora.lora_alpha,
-        lora_dropout=lora.lora_dropout,
-        target_modules=lora.target_modules,
-        task_type="CAUSAL_LM",
-    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
+    lora = {k: getattr(spec.model, k) for k in ("lora_alpha", "lora_dropout", "target_modules")}
+    peft_config = LoraConfig(r=spec.model.lora_r, task_type="CAUSAL_LM", **lora)
     saver = Saver()
     try:
         trainer = GRPOTrainer(
@@ -468,8 +379,7 @@ def run_trl(args: argparse.Namespace) -> None:
     finally:
         sandbox.stop()
     record.data.update(wall_s=round(time.time() - T0, 2), rewards=faults, status="finished")
-    record.write()
-    print(json.dumps({k: record.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
+    record.finish()
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -478,97 +388,73 @@ def run_trl(args: argparse.Namespace) -> None:
 def run_eval(args: argparse.Namespace) -> None:
     import tempfile
 
-    from crucible_cli.spawn import start
     from crucible_shared.jobs import EvalJob
-    from crucible_trainer.settings import Settings
 
-    from bench.common import run_job, spawn_generator
+    from bench.common import run_job, services
 
     runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
-    first = runs[0][1]
-    base = first["job"]["model"]["base"]
+    base = runs[0][1]["job"]["model"]["base"]
     if any(r["job"]["model"]["base"] != base for _, r in runs):
         raise SystemExit("the runs train different models: evaluate them separately")
     work = Path(tempfile.mkdtemp(prefix="crucible-tta-eval-"))
     # The saved adapters may be read from where the runs keep them (the trainer's and the generator's roots).
     roots = ",".join(sorted({str(d) for d, _ in runs} | {str(work)}))
-    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(
-        filter(None, [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots])
-    )
-    for name in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL"):
-        os.environ.pop(name, None)
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
-    generator = None
+    trainer_roots = [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots]
+    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(filter(None, trainer_roots))
+    local_events()
     # The base model's scores, shared by every run evaluated beside these (one base point for all
     # of them, evaluated once), keyed by what was evaluated.
     cache = runs[0][0].parent / "base-evals.json"
+
+    def score(settings: Any, run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict:
+        data = dict(run["eval"]["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
+        limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+        if limit is not None:
+            data["limit"] = limit
+        model = {"base": base, "chat": run["job"]["model"]["chat"]}
+        tokens = run["eval"]["max_tokens"]
+        spec = EvalJob(model=model, adapter=adapter, data=data, greedy=True, max_tokens=tokens)
+        started = time.time()
+        found = run_job(spec, label, settings)["eval"]["eval"]
+        seconds = round(time.time() - started, 1)
+        return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"), "seconds": seconds}
+
+    env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
     try:
-        generator = spawn_generator(
-            work, base, args.rows, env={"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}, timeout=900
-        )
-        settings = Settings(
-            generator_urls=[generator.url],
-            sandbox_url=sandbox.url,
-            adapter_dir=work / "adapters",
-            runs_dir=work / "jobs",
-        )
-
-        def score(run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict[str, Any]:
-            settings_ = run["eval"]
-            data = dict(settings_["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
-            limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
-            if limit is not None:
-                data["limit"] = limit
-            spec = EvalJob(
-                model={"base": base, "chat": run["job"]["model"]["chat"]},
-                adapter=adapter,
-                data=data,
-                greedy=True,
-                max_tokens=settings_["max_tokens"],
-            )
-            started = time.time()
-            found = run_job(spec, label, settings)["eval"]["eval"]
-            return {
-                "pass@1": found.get("greedy_pass@1"),
-                "problems": found.get("problems"),
-                "seconds": round(time.time() - started, 1),
-            }
-
-        for out, run in runs:
-            path = out / "evals.json"
-            evals: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-            points = run["points"]
-            final = max(p["step"] for p in points)
-            for p in points:
-                key = str(p["step"])
-                entry = evals.setdefault(key, {})
-                datasets = ["mbpp"] + (["humaneval"] if args.humaneval and p["step"] in (0, final) else [])
-                for dataset in datasets:
-                    if dataset in entry:
-                        continue
-                    if p["adapter"] is None:  # the base model: once for every run
-                        limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
-                        what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
-                        shared = json.loads(cache.read_text()) if cache.exists() else {}
-                        if what not in shared:
-                            shared[what] = score(run, None, dataset, f"base-{dataset}")
-                            latest = json.loads(cache.read_text()) if cache.exists() else {}
-                            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-                            tmp.write_text(json.dumps(latest | {what: shared[what]}, indent=1))
-                            os.replace(tmp, cache)
-                        entry[dataset] = shared[what]
-                    else:
-                        entry[dataset] = score(run, p["adapter"], dataset, f"{out.name}-{key}-{dataset}")
-                    path.write_text(json.dumps(evals, indent=1))
-                    print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
+        with services(work, base, args.rows, generator_env=env) as settings:
+            for out, run in runs:
+                path = out / "evals.json"
+                evals: dict[str, Any] = read_json(path, {})
+                final = max(p["step"] for p in run["points"])
+                for p in run["points"]:
+                    key = str(p["step"])
+                    entry = evals.setdefault(key, {})
+                    human = args.humaneval and p["step"] in (0, final)
+                    for dataset in [d for d in ["mbpp"] + ["humaneval"] * human if d not in entry]:
+                        if p["adapter"] is None:  # the base model: once for every run
+                            limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+                            what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
+                            if what not in (shared := read_json(cache, {})):
+                                shared[what] = score(settings, run, None, dataset, f"base-{dataset}")
+                                tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+                                latest = read_json(cache, {}) | {what: shared[what]}
+                                tmp.write_text(json.dumps(latest, indent=1))
+                                os.replace(tmp, cache)
+                            entry[dataset] = shared[what]
+                        else:
+                            label = f"{out.name}-{key}-{dataset}"
+                            entry[dataset] = score(settings, run, p["adapter"], dataset, label)
+                        path.write_text(json.dumps(evals, indent=1))
+                        print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
         show_logs(work)
         raise
     finally:
-        if generator is not None:
-            generator.stop()
-        sandbox.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def read_json(path: Path, default: Any) -> Any:
+    return json.loads(path.read_text()) if path.exists() else default
 
 
 # -- the comparison -------------------------------------------------------------------------------
@@ -667,15 +553,12 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     0.4
     """
     curves = {name: curve(r["run"], r["evals"]) for name, r in runs.items()}
-    trl = next((n for n, r in runs.items() if r["run"]["engine"] == "trl" and curves[n]), None)
-    one = next(
-        (
-            n
-            for n, r in runs.items()
-            if r["run"]["engine"] == "crucible" and r["run"]["gpus"] == 1 and curves[n]
-        ),
-        None,
-    )
+
+    def first(engine: str, **more: Any) -> str | None:
+        found = [n for n, r in runs.items() if r["run"]["engine"] == engine and curves[n]]
+        return next((n for n in found if all(runs[n]["run"][k] == v for k, v in more.items())), None)
+
+    trl, one = first("trl"), first("crucible", gpus=1)
     out: dict[str, Any] = {"trl_run": trl, "one_gpu_run": one, "runs": {}}
     trl_final = curves[trl][-1] if trl else None
     one_final = curves[one][-1] if one else None
@@ -728,6 +611,12 @@ def markdown(result: dict[str, Any]) -> str:
     def sec(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f} s"
 
+    def num(v: float | None, digits: int = 2) -> str:
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    def row(*cells: Any) -> str:
+        return "| " + " | ".join(str(c) for c in cells) + " |"
+
     lines = [
         "| run | GPUs | points (wall s, step, MBPP pass@1) | final | HumanEval base → final | "
         "to TRL's final | x TRL | to 1-GPU final | x 1 GPU |",
@@ -739,13 +628,9 @@ def markdown(result: dict[str, Any]) -> str:
         he = [p["humaneval"] for p in pts if "humaneval" in p]
         human = " → ".join(pct(v) for v in he) if he else "-"
         final = pct(r["final"]["pass@1"]) if r["final"] else "-"
-        over = r.get("reach_over_trl")
-        one = r.get("reach_over_one_gpu")
-        lines.append(
-            f"| {name} ({r['engine']}) | {r['gpus']} | {shown} | {final} | {human} | "
-            f"{sec(r.get('reach_trl_final_s'))} | {'-' if over is None else f'{over:.2f}'} | "
-            f"{sec(r.get('reach_one_gpu_final_s'))} | {'-' if one is None else f'{one:.2f}'} |"
-        )
+        reach = [sec(r.get("reach_trl_final_s")), num(r.get("reach_over_trl"))]
+        reach += [sec(r.get("reach_one_gpu_final_s")), num(r.get("reach_over_one_gpu"))]
+        lines.append(row(f"{name} ({r['engine']})", r["gpus"], shown, final, human, *reach))
     lines += [
         "",
         "| run | steps | median s/step (2+) | reward, first → last quarter | tokens, first → last quarter | "
@@ -754,16 +639,12 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for name, r in result["runs"].items():
         t = r.get("training") or {}
-
-        def num(v: float | None, digits: int = 2) -> str:
-            return "-" if v is None else f"{v:.{digits}f}"
-
+        reward = f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))}"
+        tokens = f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)}"
+        times = [sec(r.get("train_start_s")), sec(r.get("wall_s"))]
+        over = [num(r.get("last_point_over_trl")), num(r.get("last_point_over_one_gpu"))]
         lines.append(
-            f"| {name} | {t.get('steps', '-')} | {num(t.get('median_step_s'))} | "
-            f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))} | "
-            f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)} | "
-            f"{sec(r.get('train_start_s'))} | {sec(r.get('wall_s'))} | {num(r.get('last_point_over_trl'))} | "
-            f"{num(r.get('last_point_over_one_gpu'))} |"
+            row(name, t.get("steps", "-"), num(t.get("median_step_s")), reward, tokens, *times, *over)
         )
     if result.get("trl_final") is not None:
         lines.append(
@@ -775,21 +656,18 @@ def markdown(result: dict[str, Any]) -> str:
             cells = ", ".join(
                 f"{p['wall_s']:.0f} s: {pct(p['this'])} vs {pct(p['trl'])}" for p in r["at_trl_points"]
             )
-            lines.append(
-                f"- {name} at TRL's points ({'not lower' if r['not_lower_at_equal_wall'] else 'LOWER'}): {cells}"
-            )
+            verdict = "not lower" if r["not_lower_at_equal_wall"] else "LOWER"
+            lines.append(f"- {name} at TRL's points ({verdict}): {cells}")
     return "\n".join(lines) + "\n"
 
 
 def run_table(args: argparse.Namespace) -> None:
     runs = {}
-    for d in args.runs:
-        if not (d / "run.json").exists():
-            continue
-        evals = json.loads((d / "evals.json").read_text()) if (d / "evals.json").exists() else {}
+    for d in [d for d in args.runs if (d / "run.json").exists()]:
         lines = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
         metrics = [json.loads(line) for line in lines if line.strip()]
-        runs[d.name] = {"run": json.loads((d / "run.json").read_text()), "evals": evals, "metrics": metrics}
+        run, evals = read_json(d / "run.json", {}), read_json(d / "evals.json", {})
+        runs[d.name] = {"run": run, "evals": evals, "metrics": metrics}
     result = compare(runs)
     args.json.write_text(json.dumps(result, indent=1))
     text = markdown(result)
@@ -799,36 +677,27 @@ def run_table(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     verbs = parser.add_subparsers(dest="verb", required=True)
-    for verb in ("crucible", "trl"):
-        p = verbs.add_parser(verb)
+    crucible, trl, evaluate, table = (verbs.add_parser(v) for v in ("crucible", "trl", "eval", "table"))
+    for p in (crucible, trl):
         p.add_argument("job", help="a recipe of recipes/learning.yaml or a job spec file")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--every", type=int, default=10, help="save the adapter every N steps (and the last)")
-    verbs.choices["crucible"].add_argument(
-        "--generator-devices", help="CUDA_VISIBLE_DEVICES of each replica, comma-separated"
-    )
-    verbs.choices["crucible"].add_argument("--rows", type=int, default=128, help="rows of each generator")
-    verbs.choices["trl"].add_argument(
-        "--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU"
-    )
-    verbs.choices["trl"].add_argument(
-        "--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization"
-    )
-    p = verbs.add_parser("eval")
-    p.add_argument("runs", type=Path, nargs="+")
-    p.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")
-    p.add_argument("--humaneval-tasks", type=int, help="HumanEval problems (default: all 164)")
-    p.add_argument("--no-humaneval", dest="humaneval", action="store_false")
-    p.add_argument("--rows", type=int, default=256, help="rows of the generator")
-    p = verbs.add_parser("table")
-    p.add_argument("runs", type=Path, nargs="+")
-    p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--md", type=Path)
+    crucible.add_argument("--generator-devices", help="CUDA_VISIBLE_DEVICES of each replica, comma-separated")
+    crucible.add_argument("--rows", type=int, default=128, help="rows of each generator")
+    trl.add_argument("--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU")
+    trl.add_argument("--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization")
+    for p in (evaluate, table):
+        p.add_argument("runs", type=Path, nargs="+")
+    evaluate.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")
+    evaluate.add_argument("--humaneval-tasks", type=int, help="HumanEval problems (default: all 164)")
+    evaluate.add_argument("--no-humaneval", dest="humaneval", action="store_false")
+    evaluate.add_argument("--rows", type=int, default=256, help="rows of the generator")
+    table.add_argument("--json", type=Path, required=True)
+    table.add_argument("--md", type=Path)
     args = parser.parse_args(argv)
     {"crucible": run_crucible, "trl": run_trl, "eval": run_eval, "table": run_table}[args.verb](args)
 

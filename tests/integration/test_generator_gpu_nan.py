@@ -12,7 +12,7 @@
    token's log-probability must be finite (the engine fails a request whose logits were not, and
    logs its row: `faults.py`).
 
-Run on the GPU machine: `bash bench/gpu.sh nan-check` (`pytest -m gpu` on this file, ~4 minutes).
+Run on the GPU machine: `bash bench/gpu.sh gpu-tests tests/integration/test_generator_gpu_nan.py` (~4 minutes).
 """
 
 from __future__ import annotations
