@@ -1,10 +1,12 @@
 """The generator's modules meet through public names: no method borrows another class's `self`
 (a mixin typed `self: Engine`), and no module reaches into a private name (`_x`) that another of
-the generator's modules defines. Read from the sources."""
+the generator's modules defines; the engine and its decode paths have every member of the interface
+between them (`decoding.py`). Read from the sources."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import crucible_generator
@@ -70,3 +72,26 @@ def test_no_module_reaches_into_another_modules_private_names() -> None:
         if bad := _foreign_private_uses(tree) & (others - defined[name]):
             wrong[name] = sorted(bad)
     assert not wrong, f"private names used from another module: {wrong}"
+
+
+def _members(protocol: type) -> set[str]:
+    names = {n for n in vars(protocol) if not n.startswith("_")}
+    return names | set(getattr(protocol, "__annotations__", {}))
+
+
+def test_the_engine_and_its_decode_paths_keep_to_the_interface() -> None:
+    from crucible_generator import batching, decoding, eager, engine
+
+    assert {"record", "take_joiners", "metrics", "peft"} <= _members(decoding.Host)  # read the protocol
+    # Attributes the engine sets in `__init__` (`metrics`, `base`, `peft`) are read from its source.
+    source = Path(engine.__file__).read_text()
+    missing = {
+        n for n in _members(decoding.Host) if not hasattr(engine.Engine, n) and f"self.{n} =" not in source
+    }
+    assert not missing, f"the engine lacks these members of decoding.Host: {sorted(missing)}"
+    for path in (eager.EagerPath, batching.ContinuousPath):
+        text = Path(inspect.getfile(path)).read_text()
+        lacking = {
+            n for n in _members(decoding.DecodePath) if not hasattr(path, n) and f"self.{n}" not in text
+        }
+        assert not lacking, f"{path.__name__} lacks these members of decoding.DecodePath: {sorted(lacking)}"
