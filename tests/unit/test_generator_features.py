@@ -177,7 +177,7 @@ def test_requests_longer_than_a_capped_row_take_the_eager_path_and_stay_right(tm
         assert engine.fast is not None and engine.fast.length == 256
         # 290 + 24 tokens: past the row, and past the window (the answer's end slides).
         for prompt, fast in ((ids[:20], True), (ids[:290], False)):
-            assert engine._fits_fast(_Seq(prompt, 24)) is fast
+            assert engine.continuous is not None and engine.continuous.fits(_Seq(prompt, 24)) is fast
             got = asyncio.run(engine.generate([prompt], greedy(24)))[0].token_ids
             assert got == hf_greedy(reference, prompt, 24)
     finally:

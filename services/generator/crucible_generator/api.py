@@ -15,13 +15,13 @@ from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
+from crucible_shared.openai_protocol import ErrorInfo, ErrorResponse
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import GeneratorError
-from .protocol import ErrorInfo, ErrorResponse
 from .routes import ClientGone, router
 from .service import GeneratorService, build_service
 from .settings import Settings

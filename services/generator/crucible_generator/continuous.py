@@ -40,8 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .attention import use_packed_attention
 from .fastpath import LENGTH_BUCKET, MergedModel, StaticKVCache, bucket, prefill_mask
 from .paged import ZERO as ZERO_BLOCK
-from .paged import BlockPool, PagedCache
-from .sizing import blocks_for
+from .paged import BlockPool, PagedCache, blocks_for
 from .transfer import to_device
 
 log = logging.getLogger(__name__)
@@ -112,6 +111,7 @@ class ContinuousDecoder:
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
         self.live = torch.zeros(rows, dtype=torch.long, device=self.device)  # 1: the row decodes
         self._slots = torch.arange(self.length, device=self.device)
+        self._rows = torch.arange(rows, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         self._prefill_graphs: dict[tuple[int, int], _PrefillGraph] = {}
         # Prefill in fixed shapes (and, with graphs, replay them); tests turn it on without CUDA.
@@ -354,7 +354,7 @@ class ContinuousDecoder:
         self.cache.window = window
         self.cache.locate(b)
         # Open the slot each row writes now (a tensor value: nothing leaves the device in a graph).
-        self.mask.index_put_((self.cache._rows[:b], self.cache.write[:b]), self._open)
+        self.mask.index_put_((self._rows[:b], self.cache.write[:b]), self._open)
         mask = self.mask[:b, :slots][:, None, None, :]
         logits = self._forward(self.cache, self.input_ids[:b], mask, self.positions[:b])
         self.cache.write[:b] += self.live[:b]

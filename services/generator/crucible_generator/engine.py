@@ -1,22 +1,25 @@
 """The generation engine: continuous batching over one transformers model with many LoRA adapters.
 
 One engine thread owns the model. Requests from the event loop become *sequences* (one per prompt
-and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves them two ways:
+and sample, so `n` expands inside the batch) in a FIFO queue. The thread serves them on two decode
+paths, behind one interface (`decoding.py`: the engine picks a path per batch and is the paths'
+`Host`):
 
-* **Continuous batching** (the fast path, on by default with CUDA; `continuous.py`): sequences of
-  one adapter (or none) decode in rows of a paged KV cache (`paged.py`: blocks taken as a row
-  grows, given back when it ends) with that adapter merged into a copy of the weights. Between two
-  decode steps finished rows leave and waiting sequences of the same adapter join while free
-  blocks hold them, each prefilled into a free row; when the blocks run out mid-decode the newest
-  sequences are preempted (queued again with their tokens so far). Steps replay CUDA graphs
-  captured once per window. The queue stays FIFO: a waiting sequence of another adapter stops
-  further joins, the batch drains, and the next batch merges that adapter.
-* **Eager batches** (mixed adapters, adapters that cannot be merged, models with a feature the fast
-  path does not implement (`features.py`) or whose decode step cannot be captured as a CUDA graph,
-  requests longer than its rows, or `fast_decode=off`; `eager.py`): up
-  to `eager_batch_size` sequences (the rows full-length caches fit in; at most `max_batch_size`), a left-padded prefill, then one token per step with a dynamic KV
-  cache, dropping finished rows as it goes. Rows of different adapters share such a batch through
-  PEFT's `adapter_names` (mixed-adapter LoRA), with `"__base__"` for the base model.
+* **The continuous path** (the fast path, on by default with CUDA; `batching.py` over
+  `continuous.py`): sequences of one adapter (or none) decode in rows of a paged KV cache
+  (`paged.py`: blocks taken as a row grows, given back when it ends) with that adapter merged into
+  a copy of the weights. Between two decode steps finished rows leave and waiting sequences of the
+  same adapter join while free blocks hold them, each prefilled into a free row; when the blocks
+  run out mid-decode the newest sequences are preempted (queued again with their tokens so far).
+  Steps replay CUDA graphs captured once per window. The queue stays FIFO: a waiting sequence of
+  another adapter stops further joins, the batch drains, and the next batch merges that adapter.
+* **The eager path** (mixed adapters, adapters that cannot be merged, models with a feature the
+  fast path does not implement (`features.py`) or whose decode step cannot be captured as a CUDA
+  graph, requests longer than its rows, or `fast_decode=off`; `eager.py`): up to
+  `eager_batch_size` sequences (the rows full-length caches fit in; at most `max_batch_size`), a
+  left-padded prefill, then one token per step with a dynamic KV cache, dropping finished rows as
+  it goes. Rows of different adapters share such a batch through PEFT's `adapter_names`
+  (mixed-adapter LoRA), with `"__base__"` for the base model.
 
 A lone request waits at most `batch_wait_s` after it arrived for others to share its first batch.
 While a continuous batch runs, joiners are admitted together (one prefill serves them all) once
@@ -33,7 +36,6 @@ The event loop never blocks: results come back through `loop.call_soon_threadsaf
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import threading
@@ -46,9 +48,10 @@ import torch
 
 from . import faults
 from .adapters import AdapterRegistry
-from .batching import ContinuousBatching
+from .batching import ContinuousPath
 from .continuous import ContinuousDecoder
-from .eager import BASE_ADAPTER, EagerSession
+from .decoding import DecodePath
+from .eager import EagerPath
 from .errors import BadRequest, GeneratorError, ServerError
 from .fastpath import LENGTH_BUCKET
 from .features import fast_length
@@ -60,8 +63,9 @@ from .slots import SpareSlot, config_signature
 log = logging.getLogger(__name__)
 
 
-class Engine(ContinuousBatching):
-    """Owns the model, the batch queue, the decode loop and the LoRA adapters."""
+class Engine:
+    """Owns the model, the batch queue, the decode loop and the LoRA adapters; decodes each batch on
+    one of its decode paths (`decoding.py`), to which it is their `Host`."""
 
     def __init__(
         self,
@@ -90,29 +94,25 @@ class Engine(ContinuousBatching):
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
-        # Eager batches hold dynamic caches outside the fast path's blocks: at most this many.
-        self.eager_batch_size = min(eager_batch_size or max_batch_size, max_batch_size)
         self.batch_wait_s = batch_wait_s
-        self.join_wait_s = join_wait_s
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
         self.adapters = AdapterRegistry(max_loras=max_loras, max_lora_rank=max_lora_rank)
         self.metrics = metrics or Metrics()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = eos_ids(model, tokenizer)
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        # transformers renamed `past_key_values` to `cache`; pass whichever this version takes.
-        params = inspect.signature(type(model).forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._default_generator = make_generator(
             seed if seed is not None else int.from_bytes(os.urandom(8), "little"), self.device
         )
         self._spare: SpareSlot | None = None  # an unloaded adapter's modules, kept for reuse
-        self._live: tuple[list[int], torch.Tensor | None] = ([], None)  # the continuous batch's row index
-        self.fast: ContinuousDecoder | None = None
+        # Eager batches hold dynamic caches outside the fast path's blocks: at most this many.
+        rows = min(eager_batch_size or max_batch_size, max_batch_size)
+        self.eager = EagerPath(self, rows=rows, pad_id=self.pad_id, device=self.device)
+        self.continuous: ContinuousPath | None = None  # None: every batch decodes eagerly
         if fast_decode == "on" or (fast_decode == "auto" and self.device.type == "cuda"):
             length = fast_length(model, min(self.max_model_len, fast_context), LENGTH_BUCKET)
             if length is not None:  # None: a feature it does not implement (logged)
-                self.fast = ContinuousDecoder(
+                decoder = ContinuousDecoder(
                     model,
                     rows=max_batch_size,
                     length=length,
@@ -123,11 +123,19 @@ class Engine(ContinuousBatching):
                     on_capture=self.metrics.graph_captures.inc,
                     attention_kernels="no_cudnn" if attention_kernels == "no_cudnn" else "auto",
                 )
+                self.continuous = ContinuousPath(
+                    self, decoder, max_model_len=self.max_model_len, join_wait_s=join_wait_s
+                )
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
         self._control: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="generator-engine", daemon=True)
+
+    @property
+    def fast(self) -> ContinuousDecoder | None:
+        """The fast path's merged model and paged cache; None while every batch decodes eagerly."""
+        return self.continuous.decoder if self.continuous is not None else None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -271,8 +279,8 @@ class Engine(ContinuousBatching):
     def _detach(self, name: str) -> None:
         slot, signature = self.adapters.slot(name), config_signature(self.adapters.path(name))
         self.adapters.forget(name)
-        if self.fast is not None:
-            self.fast.merged.forget(slot)
+        if self.continuous is not None:
+            self.continuous.forget(slot)
         if self._spare is None and signature is not None and self.peft is not None:
             self._spare = SpareSlot(slot, signature)  # the next same-shaped load fills it
         else:
@@ -281,8 +289,8 @@ class Engine(ContinuousBatching):
 
     def _drop_slot(self, slot: str) -> None:
         """Delete a half-loaded adapter."""
-        if self.fast is not None:
-            self.fast.merged.forget(slot)
+        if self.continuous is not None:
+            self.continuous.forget(slot)
         self._delete_slot(slot)
 
     def _delete_slot(self, slot: str) -> None:
@@ -297,7 +305,10 @@ class Engine(ContinuousBatching):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _run_control_ops(self) -> None:
+    def control_pending(self) -> bool:
+        return bool(self._control)
+
+    def run_control_ops(self) -> None:
         with self._cond:
             ops = list(self._control)
             self._control.clear()
@@ -317,9 +328,9 @@ class Engine(ContinuousBatching):
     # --- engine thread: batching -------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.fast is not None:
+        if self.continuous is not None:
             with torch.inference_mode():
-                self.fast.capture_all()
+                self.continuous.decoder.capture_all()
             self._leave_fast_path_if_capture_failed()
         while True:
             batch = self._next_batch()
@@ -327,19 +338,35 @@ class Engine(ContinuousBatching):
                 return
             try:
                 with torch.inference_mode():
-                    if self._fits_fast(batch[0]) and self._merge(batch[0].slot):
-                        self._continuous(batch)
+                    path = self._path(batch[0])
+                    if not self._ready(path, batch[0].slot):  # an adapter the fast path cannot merge
+                        path = self.eager
+                        if len(batch) > path.rows:
+                            self.requeue(batch[path.rows :])
+                            batch = batch[: path.rows]
+                    path.decode(batch)
+                    if path is not self.eager:
                         self._leave_fast_path_if_capture_failed()
-                    else:
-                        if len(batch) > self.eager_batch_size:  # an adapter the fast path cannot merge
-                            self._requeue(batch[self.eager_batch_size :])
-                            batch = batch[: self.eager_batch_size]
-                        self._decode(batch)
             except Exception as exc:
                 log.exception("batch failed")
                 for seq in batch:
                     if seq.finish_reason is None:
-                        self._fail(seq, exc)
+                        self.fail(seq, exc)
+
+    def _path(self, seq: Sequence) -> DecodePath:
+        """The path `seq` decodes on: the continuous one when it fits there, else the eager one."""
+        if self.continuous is not None and self.continuous.fits(seq):
+            return self.continuous
+        return self.eager
+
+    def _ready(self, path: DecodePath, slot: str | None) -> bool:
+        """Get `path` ready for adapter `slot`; False when the batch must decode eagerly instead."""
+        try:
+            return path.ready(slot)
+        except Exception:
+            log.exception("merging an adapter failed; using the eager path from now on")
+            self.continuous = None
+            return False
 
     def _leave_fast_path_if_capture_failed(self) -> None:
         """A CUDA graph the fast path needed could not be captured (a model that syncs with the
@@ -347,36 +374,21 @@ class Engine(ContinuousBatching):
         eager path from now on, with one log line, rather than on a path its tests never saw run
         (`ContinuousDecoder.failure`). Called at start-up and between batches: the batch that hit
         a failure mid-way completes without graphs first (the same steps, uncaptured)."""
-        if self.fast is None or self.fast.failure is None:
+        if self.continuous is None or self.continuous.decoder.failure is None:
             return
-        reason, self.fast = self.fast.failure, None  # its merged copy, caches and graphs go
+        reason, self.continuous = (
+            self.continuous.decoder.failure,
+            None,
+        )  # its merged copy, caches and graphs go
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         log.warning("CUDA graph capture failed (%s); this model decodes on the eager path", reason)
 
-    def _fits_fast(self, seq: Sequence) -> bool:
-        """Whether `seq` can decode in a row of the continuous batch. (The lookahead step after its
-        last token writes that token's keys, at slot `longest - 1`: nothing past the row.)"""
-        if self.fast is None:
-            return False
-        longest = min(len(seq.prompt_ids) + seq.params.max_tokens, self.max_model_len)
-        return longest <= self.fast.length
-
-    def _merge(self, slot: str | None) -> bool:
-        """Merge `slot`'s adapter into the fast path's weights; False when it cannot be merged."""
-        assert self.fast is not None
-        try:
-            return self.fast.merged.select(self.peft, slot)
-        except Exception:
-            log.exception("merging an adapter failed; using the eager path from now on")
-            self.fast = None
-            return False
-
     def _next_batch(self) -> list[Sequence] | None:
-        """The next batch, FIFO: a run of sequences that all take the fast path with one adapter,
-        or a run of sequences that all take the eager path."""
+        """The next batch, FIFO: a run of sequences that all take the continuous path with one
+        adapter, or a run of sequences that all take the eager path."""
         while True:
-            self._run_control_ops()
+            self.run_control_ops()
             with self._cond:
                 if self._stopping:
                     return None
@@ -392,15 +404,14 @@ class Engine(ContinuousBatching):
                     self._cond.wait(wait_left)
                     continue
                 head = self._waiting[0]
-                limit = self.max_batch_size if self._fits_fast(head) else self.eager_batch_size
-                batch = self._take(lambda seq, head=head: self._same_batch(head, seq), limit)
+                path = self._path(head)
+
+                def joins(seq: Sequence, head: Sequence = head, path: DecodePath = path) -> bool:
+                    return self._path(seq) is path and path.joins(head, seq)
+
+                batch = self._take(joins, path.rows)
                 if batch:
                     return batch
-
-    def _same_batch(self, head: Sequence, seq: Sequence) -> bool:
-        """Whether `seq` decodes in the batch `head` opens: fast path with the same adapter, or eager."""
-        fast = self._fits_fast(head)
-        return self._fits_fast(seq) == fast and (not fast or seq.slot == head.slot)
 
     def _take(self, joins: Callable[[Sequence], bool], limit: int) -> list[Sequence]:
         """Pop waiting sequences from the head while `joins` accepts them (caller holds the lock)."""
@@ -416,18 +427,25 @@ class Engine(ContinuousBatching):
         self.metrics.waiting.set(len(self._waiting))
         return batch
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
+    def take_joiners(
+        self, joins: Callable[[Sequence], bool], limit: int, due: Callable[[int, float], bool]
+    ) -> list[Sequence]:
+        with self._cond:
+            if self._control or not self._waiting or not due(len(self._waiting), self._waiting[0].enqueued):
+                return []
+            return self._take(joins, limit)
+
+    def requeue(self, seqs: list[Sequence]) -> None:
+        with self._cond:
+            for seq in sorted(seqs, key=lambda s: s.enqueued, reverse=True):
+                self._waiting.appendleft(seq)
+            self.metrics.waiting.set(len(self._waiting))
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
         num_top = max((s.params.logprobs or 0) for s in seqs)
         return sample(logits, [s.row for s in seqs], num_top=num_top)
 
-    def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[bool], torch.Tensor]:
-        """Sample the next token of each sequence (rows of `logits`), record it, and complete or drop
-        the sequences that end; returns which ended and the tokens (on the device)."""
-        picked = self._sample(logits, seqs)
-        return self._record(seqs, Readback(picked), list(range(len(seqs)))), picked.tokens
-
-    def _record(self, seqs: list[Sequence], readback: Readback, index: list[int]) -> list[bool]:
-        """Append row `index[j]` of a sampling result to `seqs[j]`; complete or drop those that end."""
+    def record(self, seqs: list[Sequence], readback: Readback, index: list[int]) -> list[bool]:
         tokens, lps, *top = readback.lists()
         top_ids, top_lps = top if top else (None, None)
         ended = []
@@ -452,66 +470,6 @@ class Engine(ContinuousBatching):
                 ended.append(False)
         self.metrics.generation_tokens.inc(len(seqs))
         return ended
-
-    # --- engine thread: eager batches ----------------------------------------------------------
-
-    def _forward(self, input_ids, attention_mask, position_ids, cache, adapters: list[str]) -> torch.Tensor:
-        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        if self.peft is None:
-            return self.base(**inputs, **kwargs).logits[:, -1, :]
-        first = adapters[0]
-        if any(a != first for a in adapters):
-            # Rows of several adapters: PEFT's mixed-batch LoRA (slower: it splits every layer's batch).
-            return self.peft(**inputs, adapter_names=adapters, **kwargs).logits[:, -1, :]
-        if first == BASE_ADAPTER:
-            with self.peft.disable_adapter():
-                return self.peft(**inputs, **kwargs).logits[:, -1, :]
-        if self.peft.active_adapter != first:
-            self.peft.set_adapter(first)
-        return self.peft(**inputs, **kwargs).logits[:, -1, :]
-
-    def _prepare(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids, their attention mask and position ids, on the device."""
-        width = max(len(s.prompt_ids) for s in seqs)
-        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, seq in enumerate(seqs):
-            input_ids[i, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
-            mask[i, width - len(seq.prompt_ids) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
-
-    def _decode(self, seqs: list[Sequence]) -> None:
-        """Prefill `seqs` together, then decode one token per step until every row has finished."""
-        self.metrics.running.set(len(seqs))
-        inputs = self._prepare(seqs)
-        session = EagerSession(self, seqs, *inputs)
-        logits = session.prefill()
-        self.metrics.prompt_tokens.inc(int(inputs[1].sum()))
-
-        rows = seqs
-        done = [False] * len(rows)
-        while True:
-            live = [i for i, d in enumerate(done) if not d]
-            self.metrics.batch_size.observe(len(live))
-            live_logits = logits if len(live) == len(rows) else logits[torch.tensor(live, device=self.device)]
-            ended, picked = self._pick(live_logits, [rows[i] for i in live])
-            for i, end in zip(live, ended, strict=True):
-                done[i] = end
-            # Between two steps: the one safe moment to change adapters.
-            self._run_control_ops()
-            still = [i for i, d in enumerate(done) if not d]
-            if not still:
-                break
-            next_tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=self.device)
-            next_tokens[torch.tensor(live, device=self.device)] = picked
-            logits, keep = session.step(next_tokens, still)
-            if keep is not None:
-                rows = [rows[i] for i in keep]
-                done = [False] * len(rows)
-                self.metrics.running.set(len(rows))
-        self.metrics.running.set(0)
 
     # --- engine thread: stopping rules and results ---------------------------------------------
 
@@ -579,13 +537,13 @@ class Engine(ContinuousBatching):
         details = {"sample": seq.index, "token": len(seq.output_ids), "prompt_tokens": len(seq.prompt_ids)}
         details |= {"adapter": seq.adapter, "cache_row": seq.cache_row, "temperature": p.temperature}
         details |= {"top_p": p.top_p, "top_k": p.top_k, "seed": p.seed, "max_tokens": p.max_tokens}
-        self._fail(seq, faults.non_finite(seq.request.id, details, value))
+        self.fail(seq, faults.non_finite(seq.request.id, details, value))
 
     def _drop(self, seq: Sequence) -> None:
         seq.finish_reason = "abort"
         self._release(seq)
 
-    def _fail(self, seq: Sequence, exc: Exception) -> None:
+    def fail(self, seq: Sequence, exc: Exception) -> None:
         self._drop(seq)
         error = exc if isinstance(exc, GeneratorError) else ServerError(f"Generation failed: {exc}")
         seq.request.loop.call_soon_threadsafe(resolve, seq.request.future, None, error)

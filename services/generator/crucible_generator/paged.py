@@ -41,6 +41,15 @@ ZERO, TRASH = 0, 1
 RESERVED = 2
 
 
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Cache blocks that hold `tokens` slots.
+
+    >>> blocks_for(0, 16), blocks_for(1, 16), blocks_for(16, 16), blocks_for(17, 16)
+    (0, 1, 1, 2)
+    """
+    return -(-tokens // block_size)
+
+
 class BlockPool:
     """Which blocks are free and how many rows hold each one (host side, engine thread only).
 
@@ -145,7 +154,6 @@ class PagedCache:
             self.table = self.free_row.repeat(rows, 1)
         self.write = torch.zeros(rows, dtype=torch.long, device=device)
         self.window = (rows, length)
-        self._rows = torch.arange(rows, device=device)
         self._block = torch.zeros(rows, dtype=torch.long, device=device)  # this step's write block
         self._offset = torch.zeros(rows, dtype=torch.long, device=device)  # ... and slot in it
 

@@ -11,11 +11,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
-
-from .protocol import (
+from crucible_shared.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -25,6 +21,10 @@ from .protocol import (
     ModelList,
     UnloadLoRAAdapterRequest,
 )
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from .service import GeneratorService
 
 T = TypeVar("T")

@@ -45,6 +45,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .paged import blocks_for
+
 log = logging.getLogger(__name__)
 
 GIB = 2**30
@@ -77,15 +79,6 @@ def kv_bytes_per_token(config: Any, element_bytes: int) -> int:
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * element_bytes
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """Cache blocks that hold `tokens` slots.
-
-    >>> blocks_for(0, 16), blocks_for(1, 16), blocks_for(16, 16), blocks_for(17, 16)
-    (0, 1, 1, 2)
-    """
-    return -(-tokens // block_size)
 
 
 @dataclass(frozen=True)
