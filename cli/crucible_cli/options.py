@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import NoReturn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from crucible_shared.gateway_client import GatewayClient
 
 GATEWAY = typer.Option(
     os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"),
@@ -21,6 +26,19 @@ def client(url: str, key: str | None, timeout: float = 30.0):
     from crucible_shared.gateway_client import GatewayClient
 
     return GatewayClient(url, key, timeout=timeout)
+
+
+@contextmanager
+def gateway_session(url: str, key: str | None, timeout: float = 30.0) -> Iterator[GatewayClient]:
+    """The gateway's client, open for the block; a gateway error or an unreachable gateway in the
+    block exits 1 with its message (`gateway_failure`)."""
+    from crucible_shared.gateway_client import GatewayError
+
+    try:
+        with client(url, key, timeout) as gw:
+            yield gw
+    except (GatewayError, OSError) as exc:
+        gateway_failure(exc)
 
 
 def fail(message: object, code: int = 1) -> NoReturn:
