@@ -8,7 +8,18 @@ from pathlib import Path
 import typer
 
 from crucible_cli.app import app
-from crucible_cli.options import API_KEY, GATEWAY, gateway_session
+from crucible_cli.options import (
+    API_KEY,
+    DETACH,
+    GATEWAY,
+    LOCAL,
+    LOCAL_GENERATORS,
+    LOCAL_RUNS_DIR,
+    LOCAL_SANDBOX,
+    RAW,
+    SAMPLES,
+    gateway_session,
+)
 from crucible_cli.specs import SET, load_spec
 
 
@@ -49,22 +60,18 @@ def _outcome(console, final, raw: bool) -> None:
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="Job spec (YAML or JSON)."),
     overrides: list[str] = SET,
-    local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
+    local: bool = LOCAL,
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
-    detach: bool = typer.Option(False, "--detach", help="Submit and return without following the job."),
-    samples: bool = typer.Option(
-        False, "--samples", help="Also print a sampled completion and its feedback now and then."
-    ),
-    raw: bool = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts)."),
-    generator: list[str] = typer.Option(
-        None, "--generator", help="--local: generator URL (repeat for replicas)."
-    ),
-    sandbox: str = typer.Option(None, "--sandbox", help="--local: sandbox URL."),
+    detach: bool = DETACH,
+    samples: bool = SAMPLES,
+    raw: bool = RAW,
+    generator: list[str] = LOCAL_GENERATORS,
+    sandbox: str = LOCAL_SANDBOX,
     job_id: str = typer.Option(
         None, "--job-id", help="--local: resume this job (its run dir holds the checkpoints)."
     ),
-    runs_dir: Path = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs)."),
+    runs_dir: Path = LOCAL_RUNS_DIR,
 ) -> None:
     """Train: submit to the gateway and follow the job (or run it here with --local)."""
     spec = load_spec(config, "train", overrides)
@@ -174,10 +181,8 @@ def jobs(
 @app.command("watch")
 def watch(
     job_id: str,
-    samples: bool = typer.Option(
-        False, "--samples", help="Also print a sampled completion and its feedback now and then."
-    ),
-    raw: bool = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts)."),
+    samples: bool = SAMPLES,
+    raw: bool = RAW,
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
 ) -> None:

@@ -20,6 +20,17 @@ GATEWAY = typer.Option(
 API_KEY = typer.Option(
     os.environ.get("CRUCIBLE_API_KEY"), "--api-key", help="Gateway API key (env CRUCIBLE_API_KEY)."
 )
+DETACH = typer.Option(False, "--detach", help="Submit and return without following the job.")
+RAW = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts).")
+SAMPLES = typer.Option(
+    False, "--samples", help="Also print a sampled completion and its feedback now and then."
+)
+
+# A job run in this process instead of on the gateway's worker (`train`, `pipeline`).
+LOCAL = typer.Option(False, "--local", help="Run here instead of submitting to the gateway.")
+LOCAL_GENERATORS = typer.Option(None, "--generator", help="--local: generator URL (repeat for replicas).")
+LOCAL_SANDBOX = typer.Option(None, "--sandbox", help="--local: sandbox URL.")
+LOCAL_RUNS_DIR = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs).")
 
 
 def client(url: str, key: str | None, timeout: float = 30.0):
