@@ -240,3 +240,14 @@ def test_first_attempt_methods_weigh_scored_samples_only(method, options, expect
     batch, metrics = asyncio.run(method_module(config).collect(ctx, config, [3]))
     assert [s.advantage for s in batch] == pytest.approx(expected, abs=1e-3)
     assert metrics["dropped_sandbox_errors"] == 1.0 and metrics["reward_mean"] == 0.5
+
+
+def test_a_fresh_adapter_follows_the_model_section() -> None:
+    from crucible_shared.jobs import ModelSpec
+    from crucible_trainer.rl.policy import lora_config
+
+    config = lora_config(
+        ModelSpec(lora_r=8, lora_alpha=4.0, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+    )
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 4.0, 0.1)
+    assert set(config.target_modules) == {"q_proj", "v_proj"} and config.task_type == "CAUSAL_LM"

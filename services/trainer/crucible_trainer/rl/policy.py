@@ -15,12 +15,16 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
 from crucible_trainer.rl.batch import Batch, make_batch
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ class Policy:
     """Base model + LoRA adapter + AdamW over the adapter's parameters."""
 
     def __init__(self, spec: ModelSpec, optim: OptimSpec, seed: int = 0) -> None:
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import PeftModel, get_peft_model
 
         torch.manual_seed(seed)
         base, tokenizer = load_model(
@@ -40,14 +44,7 @@ class Policy:
         if spec.init_adapter:
             self.model = PeftModel.from_pretrained(base, spec.init_adapter, is_trainable=True)
         else:
-            config = LoraConfig(
-                r=spec.lora_r,
-                lora_alpha=spec.lora_alpha,
-                lora_dropout=spec.lora_dropout,
-                target_modules=spec.target_modules,
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, config)
+            self.model = get_peft_model(base, lora_config(spec))
         if spec.gradient_checkpointing is True:  # "auto" is resolved by `hardware.resolve`
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
@@ -211,6 +208,19 @@ class Policy:
         set_peft_model_state_dict(self.model, load_file(str(weights), device=self.device))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def lora_config(spec: ModelSpec) -> LoraConfig:
+    """The PEFT config of a fresh LoRA adapter as the job's model section describes it."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=spec.lora_r,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=spec.lora_dropout,
+        target_modules=spec.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def name_base(model: torch.nn.Module, base: str) -> None:
