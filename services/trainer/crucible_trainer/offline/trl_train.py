@@ -32,8 +32,8 @@ from typing import Any
 from crucible_shared.jobs import DPOConfig, ModelSpec, OptimSpec, SFTConfig
 from transformers import TrainerCallback
 
-from crucible_trainer.offline.artifacts import output_dir
 from crucible_trainer.offline.rows import COLUMNS
+from crucible_trainer.runtime.atomic import output_dir
 from crucible_trainer.runtime.cancel import Cancelled
 
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -22,6 +19,7 @@ from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
 from crucible_trainer.rl.batch import Batch, make_batch
+from crucible_trainer.runtime.atomic import output_dir
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -178,18 +176,10 @@ class Policy:
     def save_adapter(self, path: Path, gate: Callable[[], None] | None = None) -> Path:
         """Write the adapter (PEFT format) to `path` atomically: a temp dir, then a rename, which
         `gate` (a run's lease check, `JobChannel.gate`) may refuse by raising."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-        try:
+        with output_dir(path) as tmp:
             self.write_adapter(tmp)
             if gate is not None:
                 gate()
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return path
 
     def write_adapter(self, folder: Path) -> None:
