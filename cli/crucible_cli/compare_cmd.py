@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from crucible_cli.app import app
-from crucible_cli.options import API_KEY, GATEWAY, client, fail, gateway_failure
+from crucible_cli.options import API_KEY, GATEWAY, fail, gateway_session
 from crucible_cli.specs import SET, load_spec
 
 
@@ -48,7 +48,6 @@ def compare(
 
     require("crucible_trainer", command="compare")
     from crucible_shared.console import new_console
-    from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
     from crucible_trainer.online.curves import compare_runs, samples_per_step
 
@@ -64,31 +63,28 @@ def compare(
         check_comparable(specs, labels, budgets)
     console = new_console()
     runs = []
-    try:
-        with client(gateway, api_key) as gw:
-            ids = [gw.submit(spec).id for spec in specs]
-            for label, job_id in zip(labels, ids, strict=True):
-                console.print(f"{label}: {job_id}", markup=False, highlight=False)
-            for label, job_id, spec in zip(labels, ids, specs, strict=True):
-                final = follow(gw, job_id, console)
-                if final.status != JobStatus.finished:
-                    fail(f"{label} ({job_id}) {final.status.value}: {final.error}")
-                folder = out / job_id
-                folder.mkdir(parents=True, exist_ok=True)
-                text = gw.download(job_id, "metrics.jsonl").decode()
-                (folder / "metrics.jsonl").write_text(text)
-                metrics = [json.loads(line) for line in text.splitlines() if line.strip()]
-                runs.append(
-                    {
-                        "label": label,
-                        "job_id": job_id,
-                        "spec": spec,
-                        "summary": final.summary.model_dump(mode="json") if final.summary else None,
-                        "metrics": metrics,
-                    }
-                )
-    except (GatewayError, OSError) as exc:
-        gateway_failure(exc)
+    with gateway_session(gateway, api_key) as gw:
+        ids = [gw.submit(spec).id for spec in specs]
+        for label, job_id in zip(labels, ids, strict=True):
+            console.print(f"{label}: {job_id}", markup=False, highlight=False)
+        for label, job_id, spec in zip(labels, ids, specs, strict=True):
+            final = follow(gw, job_id, console)
+            if final.status != JobStatus.finished:
+                fail(f"{label} ({job_id}) {final.status.value}: {final.error}")
+            folder = out / job_id
+            folder.mkdir(parents=True, exist_ok=True)
+            text = gw.download(job_id, "metrics.jsonl").decode()
+            (folder / "metrics.jsonl").write_text(text)
+            metrics = [json.loads(line) for line in text.splitlines() if line.strip()]
+            runs.append(
+                {
+                    "label": label,
+                    "job_id": job_id,
+                    "spec": spec,
+                    "summary": final.summary.model_dump(mode="json") if final.summary else None,
+                    "metrics": metrics,
+                }
+            )
     paths = compare_runs(runs, out)
     console.print(paths["markdown"].read_text(), markup=False, highlight=False)
     console.print(f"written: {paths['markdown']}, {paths['plot']}", markup=False, highlight=False)

@@ -8,7 +8,18 @@ from pathlib import Path
 import typer
 
 from crucible_cli.app import app
-from crucible_cli.options import API_KEY, GATEWAY, client, gateway_failure
+from crucible_cli.options import (
+    API_KEY,
+    DETACH,
+    GATEWAY,
+    LOCAL,
+    LOCAL_GENERATORS,
+    LOCAL_RUNS_DIR,
+    LOCAL_SANDBOX,
+    RAW,
+    SAMPLES,
+    gateway_session,
+)
 from crucible_cli.specs import SET, load_spec
 
 
@@ -17,24 +28,28 @@ def submit_and_follow(
 ) -> None:
     """Submit a job spec; unless detached, follow it to the end (exit 1 unless it finished)."""
     from crucible_shared.console import new_console
-    from crucible_shared.gateway_client import GatewayError
-    from crucible_shared.lifecycle import JobStatus
 
-    from crucible_cli.render import follow, print_outcome
+    from crucible_cli.render import follow
 
     console = new_console()
-    try:
-        with client(gateway, api_key) as gw:
-            created = gw.submit(spec.model_dump(mode="json"))
-            if raw:
-                print(created.model_dump_json(), flush=True)
-            else:
-                console.print(f"submitted {created.id} ({created.location})", markup=False, highlight=False)
-            if detach:
-                return
-            final = follow(gw, created.id, console, samples=samples, raw=raw)
-    except (GatewayError, OSError) as exc:
-        gateway_failure(exc)
+    with gateway_session(gateway, api_key) as gw:
+        created = gw.submit(spec.model_dump(mode="json"))
+        if raw:
+            print(created.model_dump_json(), flush=True)
+        else:
+            console.print(f"submitted {created.id} ({created.location})", markup=False, highlight=False)
+        if detach:
+            return
+        final = follow(gw, created.id, console, samples=samples, raw=raw)
+    _outcome(console, final, raw)
+
+
+def _outcome(console, final, raw: bool) -> None:
+    """How a followed job ended (unless the events go out raw); exit 1 unless it finished."""
+    from crucible_shared.lifecycle import JobStatus
+
+    from crucible_cli.render import print_outcome
+
     if not raw:
         print_outcome(console, final)
     if final.status != JobStatus.finished:
@@ -45,22 +60,18 @@ def submit_and_follow(
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="Job spec (YAML or JSON)."),
     overrides: list[str] = SET,
-    local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
+    local: bool = LOCAL,
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
-    detach: bool = typer.Option(False, "--detach", help="Submit and return without following the job."),
-    samples: bool = typer.Option(
-        False, "--samples", help="Also print a sampled completion and its feedback now and then."
-    ),
-    raw: bool = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts)."),
-    generator: list[str] = typer.Option(
-        None, "--generator", help="--local: generator URL (repeat for replicas)."
-    ),
-    sandbox: str = typer.Option(None, "--sandbox", help="--local: sandbox URL."),
+    detach: bool = DETACH,
+    samples: bool = SAMPLES,
+    raw: bool = RAW,
+    generator: list[str] = LOCAL_GENERATORS,
+    sandbox: str = LOCAL_SANDBOX,
     job_id: str = typer.Option(
         None, "--job-id", help="--local: resume this job (its run dir holds the checkpoints)."
     ),
-    runs_dir: Path = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs)."),
+    runs_dir: Path = LOCAL_RUNS_DIR,
 ) -> None:
     """Train: submit to the gateway and follow the job (or run it here with --local)."""
     spec = load_spec(config, "train", overrides)
@@ -148,7 +159,6 @@ def jobs(
 ) -> None:
     """List jobs, newest first."""
     from crucible_shared.console import new_console
-    from crucible_shared.gateway_client import GatewayError
     from crucible_shared.lifecycle import JobStatus
     from crucible_shared.text import shown
     from rich.markup import escape
@@ -156,11 +166,8 @@ def jobs(
 
     if status is not None and status not in JobStatus.__members__:
         raise typer.BadParameter(f"one of {', '.join(JobStatus.__members__)}", param_hint="--status")
-    try:
-        with client(gateway, api_key) as gw:
-            listing = gw.jobs(status=status, kind=kind)
-    except (GatewayError, OSError) as exc:
-        gateway_failure(exc)
+    with gateway_session(gateway, api_key) as gw:
+        listing = gw.jobs(status=status, kind=kind)
     table = Table()
     for col in ("id", "kind", "status", "step", "name"):
         table.add_column(col)
@@ -174,53 +181,33 @@ def jobs(
 @app.command("watch")
 def watch(
     job_id: str,
-    samples: bool = typer.Option(
-        False, "--samples", help="Also print a sampled completion and its feedback now and then."
-    ),
-    raw: bool = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts)."),
+    samples: bool = SAMPLES,
+    raw: bool = RAW,
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
 ) -> None:
     """Follow a job's progress until it ends."""
     from crucible_shared.console import new_console
-    from crucible_shared.gateway_client import GatewayError
-    from crucible_shared.lifecycle import JobStatus
 
-    from crucible_cli.render import follow, print_outcome
+    from crucible_cli.render import follow
 
     console = new_console()
-    try:
-        with client(gateway, api_key) as gw:
-            final = follow(gw, job_id, console, samples=samples, raw=raw)
-    except (GatewayError, OSError) as exc:
-        gateway_failure(exc)
-    if not raw:
-        print_outcome(console, final)
-    if final.status != JobStatus.finished:
-        raise typer.Exit(1)
+    with gateway_session(gateway, api_key) as gw:
+        final = follow(gw, job_id, console, samples=samples, raw=raw)
+    _outcome(console, final, raw)
 
 
 @app.command("cancel")
 def cancel(job_id: str, gateway: str = GATEWAY, api_key: str = API_KEY) -> None:
     """Ask a job to stop."""
-    from crucible_shared.gateway_client import GatewayError
-
-    try:
-        with client(gateway, api_key) as gw:
-            job = gw.cancel(job_id)
-    except (GatewayError, OSError) as exc:
-        gateway_failure(exc)
+    with gateway_session(gateway, api_key) as gw:
+        job = gw.cancel(job_id)
     typer.echo(f"{job_id}: {job.status.value}")
 
 
 @app.command("retry")
 def retry(job_id: str, gateway: str = GATEWAY, api_key: str = API_KEY) -> None:
     """Run a failed or cancelled job again; training resumes from its last checkpoint."""
-    from crucible_shared.gateway_client import GatewayError
-
-    try:
-        with client(gateway, api_key) as gw:
-            job = gw.retry(job_id)
-    except (GatewayError, OSError) as exc:
-        gateway_failure(exc)
+    with gateway_session(gateway, api_key) as gw:
+        job = gw.retry(job_id)
     typer.echo(f"{job_id}: {job.status.value} (attempt {job.attempts})")

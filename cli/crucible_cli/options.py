@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import NoReturn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from crucible_shared.gateway_client import GatewayClient
 
 GATEWAY = typer.Option(
     os.environ.get("CRUCIBLE_GATEWAY_URL", "http://127.0.0.1:8000"),
@@ -15,12 +20,36 @@ GATEWAY = typer.Option(
 API_KEY = typer.Option(
     os.environ.get("CRUCIBLE_API_KEY"), "--api-key", help="Gateway API key (env CRUCIBLE_API_KEY)."
 )
+DETACH = typer.Option(False, "--detach", help="Submit and return without following the job.")
+RAW = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts).")
+SAMPLES = typer.Option(
+    False, "--samples", help="Also print a sampled completion and its feedback now and then."
+)
+
+# A job run in this process instead of on the gateway's worker (`train`, `pipeline`).
+LOCAL = typer.Option(False, "--local", help="Run here instead of submitting to the gateway.")
+LOCAL_GENERATORS = typer.Option(None, "--generator", help="--local: generator URL (repeat for replicas).")
+LOCAL_SANDBOX = typer.Option(None, "--sandbox", help="--local: sandbox URL.")
+LOCAL_RUNS_DIR = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs).")
 
 
 def client(url: str, key: str | None, timeout: float = 30.0):
     from crucible_shared.gateway_client import GatewayClient
 
     return GatewayClient(url, key, timeout=timeout)
+
+
+@contextmanager
+def gateway_session(url: str, key: str | None, timeout: float = 30.0) -> Iterator[GatewayClient]:
+    """The gateway's client, open for the block; a gateway error or an unreachable gateway in the
+    block exits 1 with its message (`gateway_failure`)."""
+    from crucible_shared.gateway_client import GatewayError
+
+    try:
+        with client(url, key, timeout) as gw:
+            yield gw
+    except (GatewayError, OSError) as exc:
+        gateway_failure(exc)
 
 
 def fail(message: object, code: int = 1) -> NoReturn:

@@ -12,7 +12,16 @@ import typer
 
 from crucible_cli.app import app
 from crucible_cli.jobs_cmd import run_local, submit_and_follow
-from crucible_cli.options import API_KEY, GATEWAY
+from crucible_cli.options import (
+    API_KEY,
+    DETACH,
+    GATEWAY,
+    LOCAL,
+    LOCAL_GENERATORS,
+    LOCAL_RUNS_DIR,
+    LOCAL_SANDBOX,
+    RAW,
+)
 from crucible_cli.specs import SET, load_spec
 
 
@@ -20,21 +29,19 @@ from crucible_cli.specs import SET, load_spec
 def pipeline(
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline spec (YAML or JSON, kind: pipeline)."),
     overrides: list[str] = SET,
-    local: bool = typer.Option(False, "--local", help="Run here instead of submitting to the gateway."),
+    local: bool = LOCAL,
     gateway: str = GATEWAY,
     api_key: str = API_KEY,
-    detach: bool = typer.Option(False, "--detach", help="Submit and return without following the job."),
-    raw: bool = typer.Option(False, "--json", help="Print the raw events as JSON lines (for scripts)."),
-    generator: list[str] = typer.Option(
-        None, "--generator", help="--local: generator URL (repeat for replicas)."
-    ),
-    sandbox: str = typer.Option(None, "--sandbox", help="--local: sandbox URL."),
+    detach: bool = DETACH,
+    raw: bool = RAW,
+    generator: list[str] = LOCAL_GENERATORS,
+    sandbox: str = LOCAL_SANDBOX,
     job_id: str = typer.Option(
         None,
         "--job-id",
         help="--local: run in this job's run dir (its finished stages are skipped, training resumes).",
     ),
-    runs_dir: Path = typer.Option(None, "--runs-dir", help="--local: where run dirs go (default runs/jobs)."),
+    runs_dir: Path = LOCAL_RUNS_DIR,
 ) -> None:
     """Offline pipeline: baseline, candidates, execution, datasets, SFT/DPO, merge, evaluation, analysis."""
     spec = load_spec(config, "pipeline", overrides)

@@ -200,3 +200,54 @@ def test_group_filter_fields_are_refused_where_they_do_nothing() -> None:
 
 def test_the_pre_filter_keeps_by_pass_rate_or_reward_spread() -> None:
     pass
+
+
+class _Prompts:
+    def first(self, task_index: int) -> str:
+        return f"problem {task_index}"
+
+
+class _Context:
+    """Just what first-attempt collection reads: the prompt book and sampling."""
+
+    def __init__(self, rewards: list[float | None]) -> None:
+        self.prompts = _Prompts()
+        self.rewards = rewards
+
+    async def sample(self, prompts, n: int):
+        from crucible_trainer.rl.rollout import Sample
+
+        assert [p.text for p in prompts] == ["problem 3"] and n == len(self.rewards)
+        return [Sample(3, 0, [1], [2], "", "", None, "stop", reward=r, advantage=-9.0) for r in self.rewards]
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "expected"),
+    [
+        ("reinforce", {"baseline": True}, [0.5, -0.5, -9.0]),
+        ("reinforce", {"baseline": False}, [1.0, 0.0, -9.0]),
+        ("ppo", {}, [1.0, -1.0, -9.0]),
+    ],
+)
+def test_first_attempt_methods_weigh_scored_samples_only(method, options, expected) -> None:
+    import asyncio
+
+    from crucible_shared.jobs import ReinforceConfig
+
+    config = {"reinforce": ReinforceConfig, "ppo": PPOConfig}[method](samples=3, **options)
+    # The third sample was dropped (a sandbox fault): it keeps its advantage and is not scored.
+    ctx = _Context([1.0, 0.0, None])
+    batch, metrics = asyncio.run(method_module(config).collect(ctx, config, [3]))
+    assert [s.advantage for s in batch] == pytest.approx(expected, abs=1e-3)
+    assert metrics["dropped_sandbox_errors"] == 1.0 and metrics["reward_mean"] == 0.5
+
+
+def test_a_fresh_adapter_follows_the_model_section() -> None:
+    from crucible_shared.jobs import ModelSpec
+    from crucible_trainer.rl.policy import lora_config
+
+    config = lora_config(
+        ModelSpec(lora_r=8, lora_alpha=4.0, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+    )
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 4.0, 0.1)
+    assert set(config.target_modules) == {"q_proj", "v_proj"} and config.task_type == "CAUSAL_LM"

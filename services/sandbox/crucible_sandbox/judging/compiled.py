@@ -19,7 +19,6 @@ Python run:
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable
 
 from crucible_sandbox.judging import languages, output
@@ -31,7 +30,7 @@ from crucible_sandbox.wire.messages import (
     ProgramSpec,
     RunLimits,
     RunResultData,
-    TestVerdictData,
+    StdioCase,
 )
 
 COMPILE_PROCESSES = 256  # go build, rustc and javac start threads and helpers
@@ -213,22 +212,11 @@ def _stdio(
     execute: Execute,
     base: ProgramSpec,
     files: dict[str, bytes],
-    cases: list,
+    cases: list[StdioCase],
     limits: RunLimits,
 ) -> RunResultData:
-    budget_end = time.monotonic() + limits["wall_time_s"]
-    verdicts: list[TestVerdictData] = []
-    procs: list[ProcessOutcome] = []
-    for i, case in enumerate(cases):
-        remaining = budget_end - time.monotonic()
-        if remaining <= 0:
-            verdicts.extend(
-                not_run(j, c["input"][:200], "the run's time budget ran out")
-                for j, c in enumerate(cases[i:], start=i)
-            )
-            break
-        spec: ProgramSpec = {**base, "files": files, "stdin": case["input"]}
-        proc = execute(spec, min(limits["test_time_s"], remaining), _caps(limits))
-        verdicts.append(output.judge_case(i, case["input"], case["output"], proc))
-        procs.append(proc)
-    return output.summarise_cases(verdicts, procs, len(cases), [c["output"] for c in cases])
+    def run_case(stdin: str, wall_s: float) -> ProcessOutcome:
+        spec: ProgramSpec = {**base, "files": files, "stdin": stdin}
+        return execute(spec, wall_s, _caps(limits))
+
+    return output.run_cases(cases, limits, run_case)

@@ -8,6 +8,8 @@ its end and its process exited with status 0; the frames it wrote cannot decide 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 from crucible_sandbox.judging.verdict import (
     ProcessOutcome,
@@ -15,12 +17,20 @@ from crucible_sandbox.judging.verdict import (
     as_text,
     base,
     ended_how,
+    not_run,
     not_started,
     process_status,
     same_answer,
     worst,
 )
-from crucible_sandbox.wire.messages import CellResultData, RunResultData, RunStatusName, TestVerdictData
+from crucible_sandbox.wire.messages import (
+    CellResultData,
+    RunLimits,
+    RunResultData,
+    RunStatusName,
+    StdioCase,
+    TestVerdictData,
+)
 from crucible_sandbox.wire.values import short_repr
 
 # -- stdin/stdout ---------------------------------------------------------------------------------
@@ -110,6 +120,31 @@ def judge_case(index: int, stdin: str, expected_output: str, proc: ProcessOutcom
                 }
             )
     return verdict
+
+
+def run_cases(
+    cases: list[StdioCase], limits: RunLimits, run_case: Callable[[str, float], ProcessOutcome]
+) -> RunResultData:
+    """Run each case as its own process, `run_case(stdin, wall seconds)`, and judge the lot.
+
+    The cases share the run's wall-time budget: each gets at most `test_time_s` of what is left,
+    and once it is spent the remaining cases are reported as not run.
+    """
+    budget_end = time.monotonic() + limits["wall_time_s"]
+    verdicts: list[TestVerdictData] = []
+    procs: list[ProcessOutcome] = []
+    for i, case in enumerate(cases):
+        remaining = budget_end - time.monotonic()
+        if remaining <= 0:
+            verdicts.extend(
+                not_run(j, c["input"][:200], "the run's time budget ran out")
+                for j, c in enumerate(cases[i:], start=i)
+            )
+            break
+        proc = run_case(case["input"], min(limits["test_time_s"], remaining))
+        verdicts.append(judge_case(i, case["input"], case["output"], proc))
+        procs.append(proc)
+    return summarise_cases(verdicts, procs, len(cases), [c["output"] for c in cases])
 
 
 def summarise_cases(

@@ -352,6 +352,19 @@ def same_answer(pairs: list[tuple[Any, Any]]) -> bool | None:
     return all(same(first, v) for v, _ in rest) and not all(same(first_expected, e) for _, e in rest)
 
 
+def _raised(v: TestVerdictData, error: Frame) -> None:
+    """Make `v` the error the test raised, as its error frame describes it."""
+    v.update(
+        {
+            "status": "error",
+            "exception_type": as_text(error.get("exc"), 100),
+            "message": as_text(error.get("msg"), 500) or "error",
+            "traceback": as_text(error.get("tb")),
+            "memory": error.get("memory") is True,
+        }
+    )
+
+
 def _judge_call(site: str, call: Call, index: int, source: str, rec: Frame) -> TestVerdictData:
     ms: Any = rec.get("ms")
     v: TestVerdictData = {
@@ -366,16 +379,7 @@ def _judge_call(site: str, call: Call, index: int, source: str, rec: Frame) -> T
     if rec.get("timeout") is True:
         v.update({"status": "timeout", "message": "time limit exceeded"})
     elif isinstance(rec.get("error"), dict):
-        err = rec["error"]
-        v.update(
-            {
-                "status": "error",
-                "exception_type": as_text(err.get("exc"), 100),
-                "message": as_text(err.get("msg"), 500) or "error",
-                "traceback": as_text(err.get("tb")),
-                "memory": err.get("memory") is True,
-            }
-        )
+        _raised(v, rec["error"])
     elif isinstance(rec.get("other"), dict):
         type_name, actual = (
             as_text(rec["other"].get("type"), 100),
@@ -524,15 +528,7 @@ def _judge_record(
         )
         v.update({"status": status_, "message": message})
     elif status == "error":
-        v.update(
-            {
-                "status": "error",
-                "exception_type": as_text(rec.get("exc"), 100),
-                "message": as_text(rec.get("msg"), 500) or "error",
-                "traceback": as_text(rec.get("tb")),
-                "memory": rec.get("memory") is True,
-            }
-        )
+        _raised(v, rec)
     elif status != "passed":
         v.update({"status": "error", "message": "the judge reported nothing usable for this test"})
     return v

@@ -47,7 +47,7 @@ from crucible_sandbox.judging.compile import (
     compile_cells,
     split_last_expression,
 )
-from crucible_sandbox.judging.verdict import ProcessOutcome, not_run
+from crucible_sandbox.judging.verdict import ProcessOutcome
 from crucible_sandbox.wire.channel import encode_frame, read_frame, send_spec, write_frame
 from crucible_sandbox.wire.messages import (
     JudgeSpec,
@@ -59,7 +59,6 @@ from crucible_sandbox.wire.messages import (
     SlotConfig,
     SlotInfo,
     StdioTests,
-    TestVerdictData,
     ZygoteInfo,
 )
 
@@ -346,33 +345,18 @@ class Worker:
         if syntax is not None:
             return verdict.syntax_error(syntax, [c["input"][:200] for c in cases])
         assert code is not None
-        budget_end = time.monotonic() + limits["wall_time_s"]
-        verdicts: list[TestVerdictData] = []
-        procs: list[ProcessOutcome] = []
-        for i, case in enumerate(cases):
-            remaining = budget_end - time.monotonic()
-            if remaining <= 0:
-                verdicts.extend(
-                    not_run(j, c["input"][:200], "the run's time budget ran out")
-                    for j, c in enumerate(cases[i:], start=i)
-                )
-                break
+
+        def run_case(stdin: str, wall_s: float) -> ProcessOutcome:
             spec: ProgramSpec = {
                 "kind": "stdio",
                 "source": source,
                 "program": code,
                 "limits": limits,
-                "stdin": case["input"],
+                "stdin": stdin,
             }
-            proc, _ = self.execute(
-                spec,
-                None,
-                min(limits["test_time_s"], remaining),
-                (limits["output_bytes"], limits["report_bytes"]),
-            )
-            verdicts.append(output.judge_case(i, case["input"], case["output"], proc))
-            procs.append(proc)
-        return output.summarise_cases(verdicts, procs, len(cases), [c["output"] for c in cases])
+            return self._execute_one(spec, wall_s, (limits["output_bytes"], limits["report_bytes"]))
+
+        return output.run_cases(cases, limits, run_case)
 
     def _run_only(
         self, source: str, options: RunOnly, limits: RunLimits, caps: tuple[int, int]

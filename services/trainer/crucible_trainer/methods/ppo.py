@@ -10,7 +10,7 @@ from typing import Any
 from crucible_shared.jobs import PPOConfig, TrainJob
 
 from crucible_trainer.rl.advantages import batch_normalised
-from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
+from crucible_trainer.rl.context import StepContext, collect_first_attempts
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
@@ -22,12 +22,7 @@ async def prepare(ctx: StepContext, cfg: PPOConfig, indices: list[int]) -> list[
 async def collect(
     ctx: StepContext, cfg: PPOConfig, indices: list[int]
 ) -> tuple[list[Sample], dict[str, float]]:
-    batch = await ctx.sample(first_prompts(ctx, indices), cfg.samples)
-    scored = [s for s in batch if s.reward is not None]
-    if scored:
-        for s, a in zip(scored, batch_normalised([s.reward for s in scored]), strict=True):
-            s.advantage = a
-    return batch, reward_metrics(batch)
+    return await collect_first_attempts(ctx, indices, cfg.samples, batch_normalised)
 
 
 def update_config(cfg: PPOConfig, job: TrainJob) -> UpdateConfig:

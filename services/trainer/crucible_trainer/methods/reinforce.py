@@ -9,7 +9,7 @@ from typing import Any
 from crucible_shared.jobs import ReinforceConfig, TrainJob
 
 from crucible_trainer.rl.advantages import mean_baseline
-from crucible_trainer.rl.context import StepContext, first_prompts, reward_metrics
+from crucible_trainer.rl.context import StepContext, collect_first_attempts
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
@@ -21,13 +21,8 @@ async def prepare(ctx: StepContext, cfg: ReinforceConfig, indices: list[int]) ->
 async def collect(
     ctx: StepContext, cfg: ReinforceConfig, indices: list[int]
 ) -> tuple[list[Sample], dict[str, float]]:
-    batch = await ctx.sample(first_prompts(ctx, indices), cfg.samples)
-    scored = [s for s in batch if s.reward is not None]
-    if scored:
-        rewards = [s.reward for s in scored]
-        for s, a in zip(scored, mean_baseline(rewards) if cfg.baseline else rewards, strict=True):
-            s.advantage = a
-    return batch, reward_metrics(batch)
+    # Without the baseline a sample's advantage is its reward as it is.
+    return await collect_first_attempts(ctx, indices, cfg.samples, mean_baseline if cfg.baseline else list)
 
 
 def update_config(cfg: ReinforceConfig, job: TrainJob) -> UpdateConfig:

@@ -1,8 +1,9 @@
 """Files of a pipeline run: JSONL rows, outputs that appear atomically, and content hashes.
 
-Every stage output is written to a temporary sibling and renamed into place, so a killed stage
-never leaves a half-written file that a later run would take for finished, and files hard-linked
-from another run dir (`reuse`) are replaced, never modified in place.
+Every stage output is written to a temporary sibling and renamed into place
+(`crucible_trainer.runtime.atomic`), so a killed stage never leaves a half-written file that a
+later run would take for finished, and files hard-linked from another run dir (`reuse`) are
+replaced, never modified in place.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from crucible_trainer.runtime.atomic import output_file
 from crucible_trainer.tasks.files import read_jsonl
 
 
@@ -37,34 +37,6 @@ def write_json(path: Path, value: Any) -> Path:
     with output_file(path) as tmp:
         tmp.write_text(json.dumps(value, indent=2, default=str), encoding="utf-8")
     return path
-
-
-@contextmanager
-def output_file(path: Path) -> Iterator[Path]:
-    """A temporary path that becomes `path` when the block ends without an error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def output_dir(path: Path) -> Iterator[Path]:
-    """A temporary folder that replaces `path` when the block ends without an error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def content_hash(path: Path) -> str | None:

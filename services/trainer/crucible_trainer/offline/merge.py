@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crucible_trainer.offline.artifacts import output_dir
+from crucible_trainer.runtime.atomic import output_dir
 
 
 def merge_adapter(base: str, adapter: Path, out: Path, dtype: str | None = None) -> Path:

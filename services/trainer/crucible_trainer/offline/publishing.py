@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crucible_trainer.offline.artifacts import content_hash, output_dir
+from crucible_trainer.offline.artifacts import content_hash
 from crucible_trainer.rl.publish import Publisher
+from crucible_trainer.runtime.atomic import output_dir
 
 
 @dataclass

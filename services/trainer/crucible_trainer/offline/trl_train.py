@@ -35,8 +35,8 @@ from typing import Any
 from crucible_shared.jobs import DPOConfig, ModelSpec, OptimSpec, SFTConfig
 from transformers import TrainerCallback
 
-from crucible_trainer.offline.artifacts import output_dir
 from crucible_trainer.offline.rows import COLUMNS
+from crucible_trainer.runtime.atomic import output_dir
 from crucible_trainer.runtime.cancel import Cancelled
 
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
@@ -81,7 +81,7 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
     import datasets
     import trl
     from crucible_models import load_model
-    from peft import LoraConfig, PeftModel
+    from peft import PeftModel
     from transformers.trainer_callback import PrinterCallback
 
     datasets.disable_progress_bars()
@@ -96,13 +96,9 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
     if run.start_adapter:
         model = PeftModel.from_pretrained(model, run.start_adapter, is_trainable=True)
     else:
-        peft_config = LoraConfig(
-            r=spec.lora_r,
-            lora_alpha=spec.lora_alpha,
-            lora_dropout=spec.lora_dropout,
-            target_modules=spec.target_modules,
-            task_type="CAUSAL_LM",
-        )
+        from crucible_trainer.rl.policy import lora_config
+
+        peft_config = lora_config(spec)
     name = run.method.name
     dataset = datasets.Dataset.from_list([{c: row[c] for c in COLUMNS[name]} for row in run.rows])
     args = trainer_config(

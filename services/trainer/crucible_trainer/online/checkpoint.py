@@ -10,17 +10,16 @@ never resumed from. In-process runs (no record) resume from the newest directory
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from crucible_trainer.rl.policy import Policy
+from crucible_trainer.runtime.atomic import output_dir
 from crucible_trainer.runtime.channel import JobChannel
 
 _NAME = re.compile(r"^step-(\d+)(-r\d+)?$")
@@ -30,11 +29,9 @@ def save(
     policy: Policy, run_dir: Path, step: int, extra: dict[str, Any], channel: JobChannel | None = None
 ) -> Path:
     root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     tag = channel.tag if channel is not None else ""
     final = root / f"step-{step:06d}{tag}"
-    tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=root))
-    try:
+    with output_dir(final) as tmp:
         policy.write_adapter(tmp / "adapter")
         state = {
             "step": step,
@@ -48,12 +45,6 @@ def save(
         torch.save(state, tmp / "state.pt")
         if channel is not None:
             channel.gate()
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if channel is not None:
         channel.commit(checkpoint=final.name)  # Superseded if the job is no longer this run's
     # Keep this run's two newest. Another run's are garbage once this run committed (it holds

@@ -5,6 +5,7 @@ state that lives across steps and checkpoints."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,23 @@ def first_prompts(ctx: StepContext, task_indices: list[int], group_offset: int =
         Prompt(task_index=t, group=group_offset + i, text=ctx.prompts.first(t))
         for i, t in enumerate(task_indices)
     ]
+
+
+async def collect_first_attempts(
+    ctx: StepContext,
+    task_indices: list[int],
+    samples: int,
+    advantages: Callable[[list[float]], list[float]],
+) -> tuple[list[Sample], dict[str, float]]:
+    """`samples` completions of each problem's first prompt, every scored sample weighted by
+    `advantages` of the scored rewards (in order), and the step's reward figures."""
+    batch = await ctx.sample(first_prompts(ctx, task_indices), samples)
+    scored = [s for s in batch if s.reward is not None]
+    if scored:
+        rewards = [s.reward for s in scored if s.reward is not None]
+        for s, a in zip(scored, advantages(rewards), strict=True):
+            s.advantage = a
+    return batch, reward_metrics(batch)
 
 
 def reward_metrics(batch: list[Sample]) -> dict[str, float]:

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
 from crucible_trainer.rl.batch import Batch, make_batch
+from crucible_trainer.runtime.atomic import output_dir
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,7 @@ class Policy:
     """Base model + LoRA adapter + AdamW over the adapter's parameters."""
 
     def __init__(self, spec: ModelSpec, optim: OptimSpec, seed: int = 0) -> None:
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import PeftModel, get_peft_model
 
         torch.manual_seed(seed)
         base, tokenizer = load_model(
@@ -40,14 +42,7 @@ class Policy:
         if spec.init_adapter:
             self.model = PeftModel.from_pretrained(base, spec.init_adapter, is_trainable=True)
         else:
-            config = LoraConfig(
-                r=spec.lora_r,
-                lora_alpha=spec.lora_alpha,
-                lora_dropout=spec.lora_dropout,
-                target_modules=spec.target_modules,
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, config)
+            self.model = get_peft_model(base, lora_config(spec))
         if spec.gradient_checkpointing is True:  # "auto" is resolved by `hardware.resolve`
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
@@ -181,18 +176,10 @@ class Policy:
     def save_adapter(self, path: Path, gate: Callable[[], None] | None = None) -> Path:
         """Write the adapter (PEFT format) to `path` atomically: a temp dir, then a rename, which
         `gate` (a run's lease check, `JobChannel.gate`) may refuse by raising."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-        try:
+        with output_dir(path) as tmp:
             self.write_adapter(tmp)
             if gate is not None:
                 gate()
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return path
 
     def write_adapter(self, folder: Path) -> None:
@@ -211,6 +198,19 @@ class Policy:
         set_peft_model_state_dict(self.model, load_file(str(weights), device=self.device))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def lora_config(spec: ModelSpec) -> LoraConfig:
+    """The PEFT config of a fresh LoRA adapter as the job's model section describes it."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=spec.lora_r,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=spec.lora_dropout,
+        target_modules=spec.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def name_base(model: torch.nn.Module, base: str) -> None:
