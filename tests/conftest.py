@@ -3,8 +3,9 @@ memory given back after tests that ran jobs in-process, and an opt-in log of eac
 
 `CRUCIBLE_TEST_RSS_LOG=PATH` appends one JSON line per test to PATH: its id, the xdist worker that
 ran it, the process's resident memory before and after the test (setup and teardown included) and
-its peak during the test, in MiB, and the test's seconds. `python -m tests.rss_report PATH` sums
-it up (docs/testing.md).
+its peak during the test, in MiB, the test's seconds, and the CPU seconds of the process and of the
+child processes it reaped during the test. `python -m tests.rss_report PATH` sums it up
+(docs/testing.md).
 """
 
 import json
@@ -60,9 +61,10 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     peak_reset = _reset_peak()
-    before, started = resident_bytes(), time.monotonic()
+    before, started, cpu = resident_bytes(), time.monotonic(), os.times()
     yield
     after, peak = resident_bytes(), _peak_bytes() if peak_reset else None
+    cpu_end = os.times()
     mib = 1 << 20
     row = {
         "test": item.nodeid,
@@ -72,6 +74,11 @@ def pytest_runtest_protocol(item, nextitem):
         "rss_after_mb": round(after / mib, 1),
         "peak_mb": None if peak is None else round(peak / mib, 1),
         "seconds": round(time.monotonic() - started, 2),
+        # CPU time is what a loaded machine inflates least: compare runs by it.
+        "cpu_s": round(cpu_end.user + cpu_end.system - cpu.user - cpu.system, 2),
+        "children_cpu_s": round(
+            cpu_end.children_user + cpu_end.children_system - cpu.children_user - cpu.children_system, 2
+        ),
     }
     with open(path, "a") as f:  # one write per line: workers appending at once do not interleave
         f.write(json.dumps(row) + "\n")

@@ -55,9 +55,11 @@ def test_each_test_logs_its_growth_and_peak(tmp_path) -> None:
     kept, freed = rows["test_keeps_memory"], rows["test_frees_memory"]
     assert kept["rss_after_mb"] - kept["rss_before_mb"] > 150 and kept["worker"] == "main"
     assert freed["rss_after_mb"] - freed["rss_before_mb"] < 50
+    assert kept["cpu_s"] >= 0 and kept["children_cpu_s"] >= 0 and kept["seconds"] >= 0
     if freed["peak_mb"] is not None:  # where the kernel lets a process reset its peak
         assert freed["peak_mb"] - freed["rss_before_mb"] > 150
     report = subprocess.run(
         [sys.executable, "-m", "tests.rss_report", str(log)], cwd=ROOT, capture_output=True, text=True
     )
     assert report.returncode == 0 and "test_keeps_memory" in report.stdout.split("by peak")[0]
+    assert "test_growing.py" in report.stdout.split("by seconds")[1]
