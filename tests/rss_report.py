@@ -41,7 +41,7 @@ def by_file(rows: list[dict]) -> list[tuple[str, float]]:
 
 
 def slowest_files(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """Each test file's seconds and CPU seconds (this process and the children it reaped), longest
+    """Each test file's seconds and CPU seconds (the test process and those it started), longest
     first."""
     total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for row in rows:
