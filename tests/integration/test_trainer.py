@@ -20,6 +20,11 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 
+# The stale-policy probe (a generator request and two scoring passes, seconds a step) is checked
+# by the GRPO and tampering tests here and the overlapped run; other tests of jobs turn it off.
+NO_STALE_CHECK = {"stale_check": False}
+
+
 def tiny_job(**overrides) -> TrainJob:
     spec = {
         "kind": "train",
@@ -178,6 +183,7 @@ def test_srrl_step_refines_failed_attempts(stack_generator, sandbox, stack_dirs)
         method={"name": "srrl", "c1": 2, "c2": 2, "budget": 6},
         optim={"steps": 1},
         reward={"kind": "fraction"},
+        publish=NO_STALE_CHECK,
     )
     summary = train(spec, "srrl-it", settings_for(stack_generator, sandbox, stack_dirs))
     row = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
@@ -215,7 +221,7 @@ def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> Non
         channel = LocalChannel("cancel-it")
         job = asyncio.create_task(
             run_train_job(
-                tiny_job(optim={"steps": 50}),
+                tiny_job(optim={"steps": 50}, publish=NO_STALE_CHECK),
                 "cancel-it",
                 settings_for(stack_generator, sandbox, stack_dirs),
                 channel,
@@ -242,6 +248,7 @@ def test_killed_job_resumes_exactly(stack_generator, sandbox, stack_dirs, tmp_pa
         data={"dataset": "mbpp", "ids": [601, 602, 603]},
         optim={"steps": 3},
         eval={"data": {"dataset": "mbpp", "ids": [11]}, "max_tokens": 16},
+        publish=NO_STALE_CHECK,
     )
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
