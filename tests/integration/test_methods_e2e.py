@@ -60,6 +60,9 @@ def test_reinforce_and_ppo_jobs(gateway, workers, stack_dirs) -> None:
             **BASE,
             "method": {"name": "reinforce", "samples": 3, "baseline": False},
             "reward": {"kind": "all_pass", "length_penalty": alpha},
+            # One step: without a baseline every sample's advantage is its non-zero reward, so
+            # the first step trains (PPO below keeps two: its groups may all tie).
+            "optim": {**BASE["optim"], "steps": 1},
         },
     )
     # The length penalty is in every reward: all_pass (1/0) minus alpha * tokens / 100. (No baseline:
