@@ -3,8 +3,9 @@ memory given back after tests that ran jobs in-process, and an opt-in log of eac
 
 `CRUCIBLE_TEST_RSS_LOG=PATH` appends one JSON line per test to PATH: its id, the xdist worker that
 ran it, the process's resident memory before and after the test (setup and teardown included) and
-its peak during the test, in MiB, and the test's seconds. `python -m tests.rss_report PATH` sums
-it up (docs/testing.md).
+its peak during the test, in MiB, the test's seconds, and the CPU seconds the test took in this
+process and in the processes it started (services, workers, commands: running or ended). `python -m tests.rss_report PATH` sums it up
+(docs/testing.md).
 """
 
 import json
@@ -51,6 +52,34 @@ def _peak_bytes() -> int | None:
     return None
 
 
+def _children_cpu_seconds() -> float:
+    """CPU seconds of every process this one started, directly or not: those it has reaped, and
+    those still running (with what they reaped). The difference over a test is what it cost
+    there, a session's services included, whether they ended during the test or not."""
+    times = os.times()
+    total = times.children_user + times.children_system
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        # After the name: state, ppid, ... utime (14th field of the line), stime, cutime, cstime.
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = sum(int(x) for x in fields[11:15])
+    mine, frontier = set(), [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in mine]
+        mine.update(children)
+        frontier.extend(children)
+    return total + sum(ticks[pid] for pid in mine) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With CRUCIBLE_TEST_RSS_LOG set: one line per test of this process's memory around it, to
@@ -60,9 +89,10 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     peak_reset = _reset_peak()
-    before, started = resident_bytes(), time.monotonic()
+    before, started, cpu, children = resident_bytes(), time.monotonic(), os.times(), _children_cpu_seconds()
     yield
     after, peak = resident_bytes(), _peak_bytes() if peak_reset else None
+    cpu_end, children_end = os.times(), _children_cpu_seconds()
     mib = 1 << 20
     row = {
         "test": item.nodeid,
@@ -72,6 +102,9 @@ def pytest_runtest_protocol(item, nextitem):
         "rss_after_mb": round(after / mib, 1),
         "peak_mb": None if peak is None else round(peak / mib, 1),
         "seconds": round(time.monotonic() - started, 2),
+        # CPU time is what a loaded machine inflates least: compare runs by it.
+        "cpu_s": round(cpu_end.user + cpu_end.system - cpu.user - cpu.system, 2),
+        "children_cpu_s": round(children_end - children, 2),
     }
     with open(path, "a") as f:  # one write per line: workers appending at once do not interleave
         f.write(json.dumps(row) + "\n")

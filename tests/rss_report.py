@@ -1,6 +1,7 @@
 """`python -m tests.rss_report PATH [--top N]`: what a run logged with CRUCIBLE_TEST_RSS_LOG=PATH
 (tests/conftest.py), summed up: the tests and test files after which a worker stayed most grown,
-the highest peaks, and each worker's memory at its first and last test.
+the highest peaks, each worker's memory at its first and last test, and the test files that take
+longest (seconds and CPU seconds, a file being what `--dist loadfile` gives one worker).
 
 >>> rows = [
 ...     {"test": "t/a.py::x", "worker": "gw0", "rss_before_mb": 100, "rss_after_mb": 900, "peak_mb": 1200},
@@ -11,6 +12,8 @@ the highest peaks, and each worker's memory at its first and last test.
 [('t/a.py', 850.0), ('t/b.py', -10.0)]
 >>> workers(rows)
 {'gw0': (100, 950), 'gw1': (100, 90)}
+>>> slowest_files([{"test": "t/a.py::x", "seconds": 2, "cpu_s": 1.5}, {"test": "t/a.py::y", "seconds": 1}])
+[('t/a.py', 3.0, 1.5)]
 """
 
 from __future__ import annotations
@@ -35,6 +38,17 @@ def by_file(rows: list[dict]) -> list[tuple[str, float]]:
     for row in rows:
         total[row["test"].split("::", 1)[0]] += growth(row)
     return sorted(total.items(), key=lambda kv: -kv[1])
+
+
+def slowest_files(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """Each test file's seconds and CPU seconds (the test process and those it started), longest
+    first."""
+    total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for row in rows:
+        t = total[row["test"].split("::", 1)[0]]
+        t[0] += float(row.get("seconds") or 0)
+        t[1] += float(row.get("cpu_s") or 0) + float(row.get("children_cpu_s") or 0)
+    return sorted(((name, s, c) for name, (s, c) in total.items()), key=lambda x: -x[1])
 
 
 def workers(rows: list[dict]) -> dict[str, tuple[float, float]]:
@@ -62,6 +76,9 @@ def main() -> None:
     print(f"\ntests by what their worker kept (MiB), top {args.top}:")
     for row in sorted(rows, key=growth, reverse=True)[: args.top]:
         print(f"  {growth(row):+8.0f}  {row['test']}  ({row['worker']})")
+    print(f"\ntest files by seconds (and CPU seconds), top {args.top}:")
+    for name, seconds, cpu in slowest_files(rows)[: args.top]:
+        print(f"  {seconds:8.1f}  {cpu:8.1f}  {name}")
     peaks = [r for r in rows if r.get("peak_mb") is not None]
     print(f"\ntests by peak resident memory (MiB), top {args.top}:")
     for row in sorted(peaks, key=lambda r: -r["peak_mb"])[: args.top]:

@@ -1,5 +1,9 @@
 """The README path as a new user takes it: the two commands it starts with, and `crucible demo`
-run as `make demo` runs it (its own embedded Redis, every service spawned, the real model)."""
+run as `make demo` runs it (its own embedded Redis, every service spawned, the real model), for
+two of the demo job's four steps in micro-batches of two: every part of the demo runs (evaluate,
+train, publish and hot-swap each version, evaluate again, the story), at about half the CPU time
+and a third of the trainer's peak memory. That the demo job is the example spec is
+tests/unit/test_examples.py's."""
 
 from __future__ import annotations
 
@@ -31,13 +35,17 @@ def test_the_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> Non
     assert re.search(r"^demo: setup\n\t\$\(BIN\)/crucible demo$", makefile, re.M)
 
 
+STEPS = 2
+
+
 @pytest.mark.slow
 def test_make_demo_trains_hot_swaps_and_shows_what_changed(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # a laptop: the embedded Redis
     env.update(COLUMNS="200", NO_COLOR="1")
     state = tmp_path / "demo"
+    fewer = ["--steps", str(STEPS), "--set", "optim.micro_batch=2"]
     demo = subprocess.Popen(
-        [sys.executable, "-m", "crucible_cli", "demo", "--state-dir", str(state)],
+        [sys.executable, "-m", "crucible_cli", "demo", "--state-dir", str(state), *fewer],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -56,14 +64,14 @@ def test_make_demo_trains_hot_swaps_and_shows_what_changed(tmp_path) -> None:
     assert "the problems it trained on" in text and "MBPP/672" in text and "MBPP/678" in text, text[-4000:]
     (run_dir,) = (state / "jobs").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "eval_label" not in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if "eval_label" not in r] == list(range(1, STEPS + 1))
     # One adapter version per step, hot-swapped into the generator: the after-evaluation was
     # served by the last one, and its answers are not the base model's.
     events = text.count("hot-swapped into the generator")
-    assert events == 4, text[-4000:]
+    assert events == STEPS, text[-4000:]
     before, after = (
         json.loads((run_dir / "eval" / w / "report.json").read_text()) for w in ("before", "after")
     )
-    assert before["model"] == "smollm2-135m-instruct" and after["model"] == f"{run_dir.name}-v4"
+    assert before["model"] == "smollm2-135m-instruct" and after["model"] == f"{run_dir.name}-v{STEPS}"
     answers = lambda report: [s["completion"] for p in report["problems"] for s in p["samples"]]  # noqa: E731
     assert len(answers(after)) == 16 and answers(after) != answers(before)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainer import settings_for, tiny_job
+from tests.integration.test_trainer import NO_STALE_CHECK, settings_for, tiny_job
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,10 @@ def test_a_killed_rank_fails_the_job_and_a_retry_resumes(stack_generator, sandbo
 
     settings = two_ranks(stack_generator, sandbox, stack_dirs)
     spec = tiny_job(
-        optim={"steps": 2}, rollout={"max_tokens": 32}, distributed={"train_gpus": 2, "timeout_s": 60}
+        optim={"steps": 2},
+        rollout={"max_tokens": 32},
+        distributed={"train_gpus": 2, "timeout_s": 60},
+        publish=NO_STALE_CHECK,  # rank 0's probe is the first test's
     )
     run_dir = Path(settings.runs_dir) / "dist-kill"
 

@@ -31,7 +31,10 @@ def game_job(method: dict, **sections) -> TrainJob:
         "kind": "train",
         "method": {"name": "spiral", **method},
         "rollout": {"max_tokens": 8, "temperature": 1.0},
-        "optim": {"lr": 5e-4, "steps": 2, "micro_batch": 16},
+        # Micro-batches of 2: the update's peak memory is about 2.5 MB per token of a micro-batch,
+        # and a turn's prompt holds the rules and the board: micro-batches of 4 peaked at 4.9 GB
+        # (a step's 6-10 turns in one micro-batch of 16 would hold them all at once).
+        "optim": {"lr": 5e-4, "steps": 2, "micro_batch": 2},
         # The stale-policy probe (4-5 s a step here) is test_trainer's; these tests are the games'.
         "publish": {"every": 1, "staleness_window": 1, "stale_check": False},
         "eval": None,

@@ -24,7 +24,8 @@ TINY_TRAIN = {
     "data": {"dataset": "mbpp", "ids": [601, 602]},
     "rollout": {"group_size": 4, "max_tokens": 48},
     "reward": {"kind": "graded"},
-    "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
+    # Micro-batches of 2: the update's peak memory is about 2.5 MB per token of a micro-batch.
+    "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 2},
     "eval": None,
     "checkpoint": {"every": 1},
     "publish": {"stale_check": False},  # tested in test_trainer; here a job's lifecycle is

@@ -21,7 +21,8 @@ BASE = {
     "kind": "train",
     "data": {"dataset": "mbpp", "ids": [601, 602]},
     "rollout": {"max_tokens": 48, "temperature": 1.0},
-    "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 8},
+    # Micro-batches of 2: the update's peak memory is about 2.5 MB per token of a micro-batch.
+    "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 2},
     "eval": None,
     "checkpoint": {"every": 10},
     "publish": {"stale_check": False},  # tested in test_trainer; here the methods' updates are
@@ -59,6 +60,9 @@ def test_reinforce_and_ppo_jobs(gateway, workers, stack_dirs) -> None:
             **BASE,
             "method": {"name": "reinforce", "samples": 3, "baseline": False},
             "reward": {"kind": "all_pass", "length_penalty": alpha},
+            # One step: without a baseline every sample's advantage is its non-zero reward, so
+            # the first step trains (PPO below keeps two: its groups may all tie).
+            "optim": {**BASE["optim"], "steps": 1},
         },
     )
     # The length penalty is in every reward: all_pass (1/0) minus alpha * tokens / 100. (No baseline:

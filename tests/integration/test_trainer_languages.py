@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainer import settings_for, tiny_job, train
+from tests.integration.test_trainer import NO_STALE_CHECK, settings_for, tiny_job, train
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,7 @@ def test_grpo_step_rewarded_by_cpp_runs(stack_generator, sandbox, stack_dirs) ->
         data={"dataset": "stdio", "path": CPP, "ids": ["crucible-stdio-cpp/1"]},
         optim={"steps": 1, "problems_per_step": 1},
         rollout={"max_tokens": 96},
+        publish=NO_STALE_CHECK,
     )
     summary = train(spec, "grpo-cpp", settings_for(stack_generator, sandbox, stack_dirs))
     assert summary["status"] == "finished"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-GROWING = """
+GROWING = r"""
 KEPT = []
 
 def test_keeps_memory():
@@ -23,6 +23,11 @@ def test_frees_memory():
 
 def test_nothing():
     pass
+
+def test_busy_child():
+    import subprocess, sys
+    busy = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", busy], check=True)
 """
 
 
@@ -51,13 +56,16 @@ def test_each_test_logs_its_growth_and_peak(tmp_path) -> None:
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     rows = {r["test"].rsplit("::", 1)[1]: r for r in map(json.loads, log.read_text().splitlines())}
-    assert set(rows) == {"test_keeps_memory", "test_frees_memory", "test_nothing"}
+    assert set(rows) == {"test_keeps_memory", "test_frees_memory", "test_nothing", "test_busy_child"}
     kept, freed = rows["test_keeps_memory"], rows["test_frees_memory"]
     assert kept["rss_after_mb"] - kept["rss_before_mb"] > 150 and kept["worker"] == "main"
     assert freed["rss_after_mb"] - freed["rss_before_mb"] < 50
+    assert kept["cpu_s"] >= 0 and kept["seconds"] >= 0 and rows["test_nothing"]["children_cpu_s"] < 0.1
+    assert rows["test_busy_child"]["children_cpu_s"] >= 0.45  # the CPU of a process the test started
     if freed["peak_mb"] is not None:  # where the kernel lets a process reset its peak
         assert freed["peak_mb"] - freed["rss_before_mb"] > 150
     report = subprocess.run(
         [sys.executable, "-m", "tests.rss_report", str(log)], cwd=ROOT, capture_output=True, text=True
     )
     assert report.returncode == 0 and "test_keeps_memory" in report.stdout.split("by peak")[0]
+    assert "test_growing.py" in report.stdout.split("by seconds")[1]
