@@ -5,7 +5,9 @@
 # and by the sandbox's Dockerfile. Without root it names the packages to install and fails.
 set -eu
 missing=""
-need() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+# Looked up on the sandbox runs' PATH (crucible_sandbox.judging.languages.RUN_PATH), not the
+# caller's: a rustc under ~/.cargo/bin is not one the sandbox's runs can use.
+need() { PATH=/usr/local/bin:/usr/bin:/bin command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
 need g++ g++
 need javac openjdk-17-jdk-headless
 need node nodejs
