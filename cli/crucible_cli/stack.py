@@ -306,21 +306,26 @@ class Stack:
                     except OSError:
                         pass
 
-        def wait_all(seconds: float) -> bool:
-            """Until every process exited (True), `seconds` passed or a signal came (False)."""
-            deadline, seen = time.monotonic() + seconds, hurry.count
+        def wait_all(seconds: float, seen: int) -> bool:
+            """Until every process exited (True), `seconds` passed or a signal came since the
+            count was `seen` (False)."""
+            deadline = time.monotonic() + seconds
             while any(proc.popen.poll() is None for proc in procs):
                 if time.monotonic() > deadline or hurry.count != seen:
                     return False
                 time.sleep(0.05)
             return True
 
+        # The count is read before each SIGTERM goes out: a Ctrl-C that comes between the signal
+        # and the wait (the process may answer the SIGTERM at once) still shortens that wait.
+        seen = hurry.count
         signal_all(signal.SIGTERM)
-        if wait_all(grace_s):
+        if wait_all(grace_s, seen):
             return
         if again_s:
+            seen = hurry.count
             signal_all(signal.SIGTERM)
-            if wait_all(again_s):
+            if wait_all(again_s, seen):
                 return
         signal_all(signal.SIGKILL)
         for proc in procs:

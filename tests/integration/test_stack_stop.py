@@ -190,3 +190,38 @@ def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
     for pid in left:
         os.killpg(pid, signal.SIGKILL)
     assert not left, f"processes left behind: {left}"
+
+
+def test_a_ctrl_c_right_after_the_sigterm_still_shortens_the_grace(monkeypatch) -> None:
+    """A Ctrl-C that lands between the stop's SIGTERM and its wait (the moment a process answers
+    the SIGTERM, seen on a loaded machine) cuts that grace period short like any other: the wait
+    must not start counting from after it."""
+    import os
+    import signal
+    import subprocess
+
+    from crucible_cli import stack as stack_mod
+
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)"
+    popen = subprocess.Popen(
+        [sys.executable, "-c", stubborn], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert popen.stdout is not None and popen.stdout.readline().strip() == "ready"
+    hurry = stack_mod.Hurry()
+    real_killpg = os.killpg
+
+    def killpg_then_ctrl_c(pgid: int, sig: int) -> None:
+        real_killpg(pgid, sig)
+        if sig == signal.SIGTERM:
+            hurry.count += 1  # the Ctrl-C, counted by the stop's handler, before the wait begins
+
+    monkeypatch.setattr(stack_mod.os, "killpg", killpg_then_ctrl_c)
+    started = time.monotonic()
+    try:
+        worker = stack_mod.Proc("worker", popen, "", Path("worker.log"), [], {})
+        stack_mod.Stack._stop_group([worker], 120, again_s=120, hurry=hurry)
+    finally:
+        if popen.poll() is None:
+            real_killpg(popen.pid, signal.SIGKILL)
+    assert popen.poll() is not None  # ended by the SIGKILL after both cut-short waits
+    assert time.monotonic() - started < 60  # neither 120 s grace period was waited out
