@@ -26,6 +26,7 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS =
 JUDGE_UIDS = 32768  # the judge of slot i runs as uid_base + JUDGE_UIDS + i
 JUDGE_MEMORY_MB = 2048
 SAMPLE_S = 0.02
+SCRATCH_SAMPLE_S = 0.005  # the scratch walk's interval where no tmpfs bounds it (Landlock mode)
 SCRATCH_ENTRIES = 4096  # as the full mode's scratch tmpfs (`rootfs.scratch_options`: nr_inodes)
 
 
