@@ -33,6 +33,54 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def latency(took_ms: list[float]) -> dict[str, float]:
+    """How many calls, and their median, 99th percentile and slowest, in milliseconds.
+
+    >>> latency([3.0, 1.0, 2.0])
+    {'n': 3, 'p50_ms': 2.0, 'p99_ms': 3.0, 'max_ms': 3.0}
+    """
+    import statistics
+
+    p50, p99 = statistics.median(took_ms), percentile(took_ms, 0.99)
+    return {"n": len(took_ms), "p50_ms": p50, "p99_ms": p99, "max_ms": max(took_ms)}
+
+
+def counters(url: str, names: dict[str, str]) -> dict[str, float] | None:
+    """The Prometheus counters `names` (key -> metric name) of the server at `url`, by key; None for
+    a server without them (not Crucible's)."""
+    import re
+
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found = {k: re.search(rf"^{n}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M) for k, n in names.items()}
+    return {k: float(m.group(1)) for k, m in found.items() if m} or None
+
+
+def md_table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
+    """A Markdown table; `align` gives each column's `---` suffix (`:` right-aligns), default left.
+
+    >>> print(md_table(["a", "b"], [[1, 2.5]], align=" :"))
+    | a | b |
+    |---|---:|
+    | 1 | 2.5 |
+    """
+    rule = "|" + "".join("---" + align[i : i + 1].strip() + "|" for i in range(len(header)))
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
+    return "\n".join([lines[0], rule, *lines[1:]])
+
+
+def dump(path: Path, data: Any) -> None:
+    """`data` as indented JSON at `path` (its folder made), replaced at once: a reader never sees half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
 def card() -> str:
     """The first visible GPU's name, else `cpu` (also without torch installed)."""
     try:
@@ -67,6 +115,17 @@ def recipes(path: Path = RECIPES) -> dict[str, dict[str, Any]]:
     return {name: resolve(name) for name in table}
 
 
+def job_source(job: str, overrides: list[str]) -> tuple[Path, list[str], dict[str, Any]]:
+    """A job spec file as it is, or a recipe of recipes/learning.yaml resolved: the spec's path,
+    the recipe's overrides then `overrides`, and the recipe (empty for a file)."""
+    if Path(job).is_file():
+        return Path(job), overrides, {}
+    known = recipes()
+    if job not in known:
+        raise SystemExit(f"{job}: neither a spec file nor a recipe ({', '.join(known)})")
+    return ROOT / known[job]["spec"], [*known[job]["set"], *overrides], known[job]
+
+
 def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) -> Any:
     """The job spec in `source` (a YAML or JSON file, or the spec itself) with `--set` overrides
     applied in order, validated by the spec models (`crucible_cli.specs`: the same overrides as
@@ -87,6 +146,15 @@ def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) 
         lines = validation_lines(exc, overrides)
         where = "the job" if isinstance(source, dict) else source
         raise SystemExit(f"{where}: invalid job spec:\n" + "\n".join(f"  {line}" for line in lines)) from None
+
+
+def sandbox(work: Path | None = None, **env: str) -> Any:
+    """A sandbox server started here (isolation on, a free port), `env` added to its settings, its
+    log under `work` when given."""
+    from crucible_cli.spawn import start
+
+    log = work / "sandbox.log" if work else None
+    return start("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT", log=log, timeout=300)
 
 
 def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int = 4, env: dict | None = None,
@@ -121,10 +189,9 @@ def services(work: Path, model: str, rows: int | str = 128, *, generator_url: st
     settings of every generator."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from crucible_cli.spawn import start
     from crucible_trainer.settings import Settings
 
-    sandbox = start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
+    server = sandbox(work)
     generators: list[Any] = []
 
     def one(i: int) -> Any:
@@ -142,11 +209,11 @@ def services(work: Path, model: str, rows: int | str = 128, *, generator_url: st
                 list(pool.map(one, range(replicas)))
         urls = [generator_url] if generator_url else [g.url for g in generators]
         paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}
-        yield Settings(generator_urls=urls, sandbox_url=sandbox.url, **paths, **settings)
+        yield Settings(generator_urls=urls, sandbox_url=server.url, **paths, **settings)
     finally:
         for generator in generators:
             generator.stop()
-        sandbox.stop()
+        server.stop()
 
 
 @contextmanager

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import counters, dump, md_table, sandbox
 
 RUNS = {  # name -> `crucible eval` arguments
     "mbpp-greedy": ["--dataset", "mbpp", "--split", "test", "--n", "0"],
@@ -59,16 +59,6 @@ TABLE += ["generation_s", "execution_s", "execution_hidden", "decode_steps", "ro
 TABLE += ["joined"]
 
 
-def scrape(url: str) -> dict[str, float] | None:
-    """The generator's counters (None for a server without Crucible's metrics)."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return None
-    found = {k: re.search(rf"^{n}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M) for k, n in COUNTERS.items()}
-    return {k: float(m.group(1)) for k, m in found.items() if m} or None
-
-
 def evaluate(server: str, url: str, run: str, args: argparse.Namespace, sandbox: str, out: Path) -> dict:
     """One named evaluation through `crucible eval` against `url`: its report's figures, the
     generator's counters over it."""
@@ -79,9 +69,10 @@ def evaluate(server: str, url: str, run: str, args: argparse.Namespace, sandbox:
     cmd += ["--seed", str(args.seed), "--concurrency", str(args.concurrency), "--generator", url]
     cmd += ["--sandbox", sandbox, "--out", str(out), "--quiet"] + (["--limit", str(limit)] if limit else [])
     cmd += ["--model", args.model] if args.model else []
-    before, started = scrape(url), time.perf_counter()
+    before, started = counters(url, COUNTERS), time.perf_counter()
     subprocess.run(cmd, check=True)
-    wall, after, report = time.perf_counter() - started, scrape(url), load_report(out / "report.json")
+    wall, after = time.perf_counter() - started, counters(url, COUNTERS)
+    report = load_report(out / "report.json")
     t = report.timing
     row = {"server": server, "run": run, "tasks": report.num_problems, "wall_s": round(wall, 2)}
     row["data"] = report.data.describe() if report.data else None
@@ -139,11 +130,9 @@ def main() -> None:
     with ExitStack() as stack:
         sandbox_url = args.sandbox
         if not sandbox_url:
-            sandbox = start(
-                "crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300
-            )
-            stack.callback(sandbox.stop)
-            sandbox_url = sandbox.url
+            server = sandbox(work)
+            stack.callback(server.stop)
+            sandbox_url = server.url
         servers = [(*spec.split("=", 1), None) for spec in args.server]
         servers += [(name, None, settings) for name, _, settings in (v.partition("=") for v in variants)]
         for name, url, settings in servers:
@@ -167,14 +156,13 @@ def main() -> None:
                 if generator is not None:
                     generator.stop()
     where = f"{platform.node()}: {platform.processor() or platform.machine()}"
-    table = [f"Machine: {where}. Command: `python bench/eval_variants.py {' '.join(sys.argv[1:])}`.\n"]
-    table += ["| " + " | ".join(TABLE) + " |", "|" + "---|" * len(TABLE)]
-    table += ["| " + " | ".join(cell(row, k) for k in TABLE) + " |" for row in rows]
-    (work / "summary.md").write_text("\n".join(table) + "\n")
-    (work / "summary.json").write_text(json.dumps({"command": sys.argv, "runs": rows}, indent=1))
-    print("\n".join(table))
+    table = f"Machine: {where}. Command: `python bench/eval_variants.py {' '.join(sys.argv[1:])}`.\n\n"
+    table += md_table(TABLE, [[cell(row, k) for k in TABLE] for row in rows])
+    (work / "summary.md").write_text(table + "\n")
+    dump(work / "summary.json", {"command": sys.argv, "runs": rows})
+    print(table)
     if args.json:
-        args.json.write_text(json.dumps({"limit": args.limit, "runs": rows}, indent=1))
+        dump(args.json, {"limit": args.limit, "runs": rows})
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import gateway, percentile  # noqa: E402
+from bench.common import dump, gateway, latency  # noqa: E402
 
 
 async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dict:
@@ -47,14 +45,7 @@ async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dic
         for s in opened:
             s.cancel()
         await asyncio.gather(*opened, return_exceptions=True)
-    return {
-        "streams": streams,
-        "streams_open_while_measuring": alive,
-        "calls": calls,
-        "p50_ms": statistics.median(took),
-        "p99_ms": percentile(took, 0.99),
-        "max_ms": max(took),
-    }
+    return {"streams": streams, "streams_open_while_measuring": alive, "calls": calls, **latency(took)}
 
 
 def main() -> None:
@@ -80,9 +71,7 @@ def main() -> None:
             f"{row['streams_open_while_measuring']} open)"
         )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "rows": rows}
-        args.json.write_text(json.dumps(result, indent=1))
+        dump(args.json, {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "rows": rows})
 
 
 if __name__ == "__main__":

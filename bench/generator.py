@@ -15,12 +15,15 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from common import percentile  # beside this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import md_table, percentile
 
 PROMPT_STARTS = [
     "def fibonacci(n):",
@@ -133,26 +136,22 @@ def hot_swap(url: str, model, swaps: int, rank: int, job: str) -> dict[str, list
 
 def markdown(results: dict) -> str:
     env, swap = results["environment"], results["hot_swap"]
-    lines = [
+    head = ["concurrent clients", "service tokens/s", "in-process `generate` tokens/s (same batch)", "ratio"]
+    rows = [[r["concurrency"], *(f"{r[k]:.1f}" for k in ("service_tps", "inprocess_tps")), f"{r['ratio']:.2f}"]
+            for r in results["throughput"]]  # fmt: skip
+    steps = {"save": "adapter saved", "load_returned": "`load_lora_adapter` returned"}
+    steps["first_token"] = "first token served by it"
+    swaps = [[label, *(f"{percentile(swap[k], q):.3f}" for q in (0.5, 0.9))] for k, label in steps.items()]
+    return "\n".join([
         f"Device: {env['device']} ({env['dtype']}), {env['cpus']} CPU cores, torch {env['torch']}, model "
         f"`{env['model']}`, {results['max_tokens']} new tokens per request (greedy, `ignore_eos`), "
         f"{results['rounds']} rounds after a warm-up, service and in-process rounds alternating (the ratio "
         "is the median of the per-round ratios).\n",
-        "| concurrent clients | service tokens/s | in-process `generate` tokens/s (same batch) | ratio |",
-        "|---:|---:|---:|---:|",
-    ]
-    for r in results["throughput"]:
-        lines.append(
-            f"| {r['concurrency']} | {r['service_tps']:.1f} | {r['inprocess_tps']:.1f} | {r['ratio']:.2f} |"
-        )
-    lines += [
+        md_table(head, rows, "::::"),
         f"\nHot-swap of a rank-{results['rank']} all-linear LoRA adapter, {len(swap['first_token'])} swaps "
-    ]
-    lines[-1] += "(seconds from the start of `save_pretrained`):\n\n| step | p50 | p90 |\n|---|---:|---:|"
-    steps = {"save": "adapter saved", "load_returned": "`load_lora_adapter` returned"}
-    for key, label in (steps | {"first_token": "first token served by it"}).items():
-        lines.append(f"| {label} | {percentile(swap[key], 0.5):.3f} | {percentile(swap[key], 0.9):.3f} |")
-    return "\n".join(lines)
+        "(seconds from the start of `save_pretrained`):\n",
+        md_table(["step", "p50", "p90"], swaps, " ::"),
+    ])  # fmt: skip
 
 
 def main() -> None:

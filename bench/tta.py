@@ -37,28 +37,16 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_job, local_events, recipes, show_logs  # noqa: E402
+from bench import common  # noqa: E402
 
 
 def train_spec(args: argparse.Namespace, *more: str) -> Any:
     """The training job of `args.job` (a spec file as it is, or a recipe resolved) with the
     overrides of `args` and `more`."""
-    path, overrides = Path(args.job), [*args.overrides, *more]
-    if not path.is_file():
-        known = recipes()
-        if args.job not in known:
-            raise SystemExit(f"{args.job}: neither a spec file nor a recipe ({', '.join(known)})")
-        path, overrides = ROOT / known[args.job]["spec"], [*known[args.job]["set"], *overrides]
-    spec = load_job(path, overrides)
+    spec = common.load_job(*common.job_source(args.job, [*args.overrides, *more])[:2])
     if spec.kind != "train":
         raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
     return spec
-
-
-def start_sandbox(work: Path) -> Any:
-    from crucible_cli.spawn import start
-
-    return start("crucible_sandbox", {}, "CRUCIBLE_SANDBOX_PORT", log=work / "sandbox.log", timeout=300)
 
 
 def saved_steps(steps: int, every: int) -> list[int]:
@@ -101,9 +89,7 @@ class Record:
         self.write()
 
     def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        os.replace(tmp, self.path)
+        common.dump(self.path, self.data)
 
     def finish(self) -> None:
         self.write()
@@ -114,8 +100,6 @@ class Record:
 
 
 def run_crucible(args: argparse.Namespace) -> None:
-    from bench.common import run_job, services
-
     full = train_spec(args)
     spec = train_spec(args, "eval=null")  # evaluated afterwards, off the run's clock
     devices = args.generator_devices.split(",") if args.generator_devices else [None]
@@ -128,14 +112,14 @@ def run_crucible(args: argparse.Namespace) -> None:
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    local_events()
+    common.local_events()
     job_id = f"tta-{out.name}"
     try:
-        with services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
+        with common.services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
             record.data["train_start_s"] = round(time.time() - T0, 2)
-            summary = run_job(spec, job_id, settings)
+            summary = common.run_job(spec, job_id, settings)
     except BaseException:
-        show_logs(work)
+        common.show_logs(work)
         raise
     published = work / "adapters" / job_id
     for step in saved_steps(spec.optim.steps, args.every):
@@ -334,8 +318,8 @@ def run_trl(args: argparse.Namespace) -> None:
         record.data["trl_config"] = config
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    sandbox = start_sandbox(work)
-    reward, faults = sandbox_reward(problems, spec, sandbox.url)
+    server = common.sandbox(work)
+    reward, faults = sandbox_reward(problems, spec, server.url)
 
     class Saver(TrainerCallback):
         """The adapter at every saved step, with its wall time; the step's log row kept."""
@@ -377,7 +361,7 @@ def run_trl(args: argparse.Namespace) -> None:
         record.write()
         trainer.train()
     finally:
-        sandbox.stop()
+        server.stop()
     record.data.update(wall_s=round(time.time() - T0, 2), rewards=faults, status="finished")
     record.finish()
 
@@ -390,8 +374,6 @@ def run_eval(args: argparse.Namespace) -> None:
 
     from crucible_shared.jobs import EvalJob
 
-    from bench.common import run_job, services
-
     runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
     base = runs[0][1]["job"]["model"]["base"]
     if any(r["job"]["model"]["base"] != base for _, r in runs):
@@ -401,7 +383,7 @@ def run_eval(args: argparse.Namespace) -> None:
     roots = ",".join(sorted({str(d) for d, _ in runs} | {str(work)}))
     trainer_roots = [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots]
     os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(filter(None, trainer_roots))
-    local_events()
+    common.local_events()
     # The base model's scores, shared by every run evaluated beside these (one base point for all
     # of them, evaluated once), keyed by what was evaluated.
     cache = runs[0][0].parent / "base-evals.json"
@@ -415,13 +397,13 @@ def run_eval(args: argparse.Namespace) -> None:
         tokens = run["eval"]["max_tokens"]
         spec = EvalJob(model=model, adapter=adapter, data=data, greedy=True, max_tokens=tokens)
         started = time.time()
-        found = run_job(spec, label, settings)["eval"]["eval"]
+        found = common.run_job(spec, label, settings)["eval"]["eval"]
         seconds = round(time.time() - started, 1)
         return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"), "seconds": seconds}
 
     env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
     try:
-        with services(work, base, args.rows, generator_env=env) as settings:
+        with common.services(work, base, args.rows, generator_env=env) as settings:
             for out, run in runs:
                 path = out / "evals.json"
                 evals: dict[str, Any] = read_json(path, {})
@@ -436,18 +418,15 @@ def run_eval(args: argparse.Namespace) -> None:
                             what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
                             if what not in (shared := read_json(cache, {})):
                                 shared[what] = score(settings, run, None, dataset, f"base-{dataset}")
-                                tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-                                latest = read_json(cache, {}) | {what: shared[what]}
-                                tmp.write_text(json.dumps(latest, indent=1))
-                                os.replace(tmp, cache)
+                                common.dump(cache, read_json(cache, {}) | {what: shared[what]})
                             entry[dataset] = shared[what]
                         else:
                             label = f"{out.name}-{key}-{dataset}"
                             entry[dataset] = score(settings, run, p["adapter"], dataset, label)
-                        path.write_text(json.dumps(evals, indent=1))
+                        common.dump(path, evals)
                         print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
-        show_logs(work)
+        common.show_logs(work)
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -614,38 +593,34 @@ def markdown(result: dict[str, Any]) -> str:
     def num(v: float | None, digits: int = 2) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
 
-    def row(*cells: Any) -> str:
-        return "| " + " | ".join(str(c) for c in cells) + " |"
-
-    lines = [
-        "| run | GPUs | points (wall s, step, MBPP pass@1) | final | HumanEval base → final | "
-        "to TRL's final | x TRL | to 1-GPU final | x 1 GPU |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|",
-    ]
+    curves, trained = [], []
     for name, r in result["runs"].items():
-        pts = r["points"]
+        pts, t = r["points"], r.get("training") or {}
         shown = "; ".join(f"{p['wall_s']:.0f}, {p['step']}, {pct(p['pass@1'])}" for p in pts)
-        he = [p["humaneval"] for p in pts if "humaneval" in p]
-        human = " → ".join(pct(v) for v in he) if he else "-"
+        human = " → ".join(pct(p["humaneval"]) for p in pts if "humaneval" in p) or "-"
         final = pct(r["final"]["pass@1"]) if r["final"] else "-"
         reach = [sec(r.get("reach_trl_final_s")), num(r.get("reach_over_trl"))]
         reach += [sec(r.get("reach_one_gpu_final_s")), num(r.get("reach_over_one_gpu"))]
-        lines.append(row(f"{name} ({r['engine']})", r["gpus"], shown, final, human, *reach))
-    lines += [
-        "",
-        "| run | steps | median s/step (2+) | reward, first → last quarter | tokens, first → last quarter | "
-        "start-up (to the job) | wall | last point x TRL | last point x 1 GPU |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|",
-    ]
-    for name, r in result["runs"].items():
-        t = r.get("training") or {}
+        curves.append([f"{name} ({r['engine']})", r["gpus"], shown, final, human, *reach])
         reward = f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))}"
         tokens = f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)}"
         times = [sec(r.get("train_start_s")), sec(r.get("wall_s"))]
         over = [num(r.get("last_point_over_trl")), num(r.get("last_point_over_one_gpu"))]
-        lines.append(
-            row(name, t.get("steps", "-"), num(t.get("median_step_s")), reward, tokens, *times, *over)
+        trained.append(
+            [name, t.get("steps", "-"), num(t.get("median_step_s")), reward, tokens, *times, *over]
         )
+    head = ["run", "GPUs", "points (wall s, step, MBPP pass@1)", "final", "HumanEval base → final"]
+    head += ["to TRL's final", "x TRL", "to 1-GPU final", "x 1 GPU"]
+    lines = [common.md_table(head, curves, " : : ::::"), ""]
+    head = [
+        "run",
+        "steps",
+        "median s/step (2+)",
+        "reward, first → last quarter",
+        "tokens, first → last quarter",
+    ]
+    head += ["start-up (to the job)", "wall", "last point x TRL", "last point x 1 GPU"]
+    lines.append(common.md_table(head, trained, " ::  ::::"))
     if result.get("trl_final") is not None:
         lines.append(
             f"\nTRL's final pass@1: {pct(result['trl_final'])} at {sec(result['trl_final_wall_s'])}; "
@@ -666,10 +641,10 @@ def run_table(args: argparse.Namespace) -> None:
     for d in [d for d in args.runs if (d / "run.json").exists()]:
         lines = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
         metrics = [json.loads(line) for line in lines if line.strip()]
-        run, evals = read_json(d / "run.json", {}), read_json(d / "evals.json", {})
-        runs[d.name] = {"run": run, "evals": evals, "metrics": metrics}
+        runs[d.name] = {"run": read_json(d / "run.json", {}), "evals": read_json(d / "evals.json", {})}
+        runs[d.name]["metrics"] = metrics
     result = compare(runs)
-    args.json.write_text(json.dumps(result, indent=1))
+    common.dump(args.json, result)
     text = markdown(result)
     if args.md:
         args.md.write_text(text)
