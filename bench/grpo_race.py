@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import job_source, load_job, run_job, services, step_medians, step_rows  # noqa: E402
+from bench.common import dump, job_source, load_job, run_job, services, step_medians, step_rows  # noqa: E402
 
 OFFLINE = ROOT / "recipes" / "offline_smollm2.yaml"
 # Printed per step; the first six also as medians over steps 2+ (the time split).
@@ -178,7 +178,7 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
     }
     figures |= {"spec": str(args.spec), "overrides": args.overrides, "model": spec.model.base}
     figures |= {"humaneval": scores or None}
-    args.json.write_text(json.dumps(figures, indent=1))
+    dump(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_job, run_job, services, step_rows  # noqa: E402
+from bench.common import dump, load_job, md_table, run_job, services, step_rows  # noqa: E402
 
 PIPELINE, GRPO = ROOT / "recipes" / "offline_smollm2.yaml", ROOT / "recipes" / "grpo_smollm2.yaml"
 DPO = ["train={name: dpo, beta: 0.1, epochs: 2, max_length: 1024}"]  # the base model as reference
@@ -141,25 +141,23 @@ def table(work: Path) -> tuple[dict[str, Any], str]:
             rows[-1] |= {"train_steps": r["steps"], "seconds": round(r["wall_s"], 1)}
     for r in rows:
         r["pass@1"] = round(100 * r.pop("eval")["greedy_pass@1"], 2)
-    lines = ["| run | seed | greedy pass@1 (MBPP test) | generated samples | train rows | steps | seconds "]
-    lines[0] += "(all its stages) |"
-    lines += ["|---|---|---:|---:|---:|---:|---:|"]
+    head = ["run", "seed", "greedy pass@1 (MBPP test)", "generated samples", "train rows", "steps"]
+    head.append("seconds (all its stages)")
+    cells = []
     for r in rows:
-        cells = [
+        shown = [
             r["row"],
             r["seed"],
             f"{r['pass@1']:.1f}%",
             r.get("samples") or "-",
             r.get("train_rows", "-"),
         ]
-        lines.append("| " + " | ".join(map(str, [*cells, r.get("train_steps", "-"), r["seconds"]])) + " |")
-    lines += ["", "| job | stage | seconds |", "|---|---|---:|"]
-    for seed, d in sorted(data.get("seeds", {}).items()):
-        lines += [f"| data-s{seed} | {k} | {v:.1f} |" for k, v in d["stages_s"].items()]
-    for method in ("sft", "dpo"):
-        for seed, r in sorted(train.get(method, {}).items()):
-            lines += [f"| {method}-s{seed} | {k} | {v:.1f} |" for k, v in r["stages_s"].items()]
-    return {"rows": rows, "parts": parts}, "\n".join(lines) + "\n"
+        cells.append([*shown, r.get("train_steps", "-"), r["seconds"]])
+    jobs = {f"data-s{seed}": d for seed, d in sorted(data.get("seeds", {}).items())}
+    jobs |= {f"{m}-s{seed}": r for m in ("sft", "dpo") for seed, r in sorted(train.get(m, {}).items())}
+    stages = [[job, k, f"{v:.1f}"] for job, d in jobs.items() for k, v in d["stages_s"].items()]
+    text = md_table(head, cells, "  :::::") + "\n\n" + md_table(["job", "stage", "seconds"], stages, "  :")
+    return {"rows": rows, "parts": parts}, text + "\n"
 
 
 def main() -> None:
@@ -181,9 +179,9 @@ def main() -> None:
             result = {"data": part_data, "train": part_train, "rl": part_rl}[args.part](args, settings)
         result["part_wall_s"] = time.perf_counter() - started
         for folder in (args.work, args.out):
-            (folder / f"offline-{args.part}.json").write_text(json.dumps(result, indent=1))
+            dump(folder / f"offline-{args.part}.json", result)
     results, markdown = table(args.work)
-    (args.out / "offline-results.json").write_text(json.dumps(results, indent=1))
+    dump(args.out / "offline-results.json", results)
     (args.out / "offline-results.md").write_text(markdown)
     print(markdown)
 

@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import card, load_job, recipes, run_job, services, spawn_generator  # noqa: E402
+from bench.common import card, dump, load_job, recipes, run_job, services, spawn_generator  # noqa: E402
 
 RUNS = ROOT / "recipes" / "selfplay.yaml"
 TINY = ["optim.steps=2", "method.games_per_step=2", "method.arena.every=1", "method.arena.games=2"]
@@ -262,8 +262,7 @@ def main() -> None:
         except ImportError as exc:  # the JSON is the result; the figure is a convenience
             print(f"no plot: {exc}", flush=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        dump(args.json, result)
     print(f"total {result['total_s']:.0f} s", flush=True)
 
 
