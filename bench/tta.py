@@ -67,33 +67,21 @@ def eval_settings(spec: Any) -> dict[str, Any]:
     return {"data": {"dataset": "mbpp", "split": "test"}, "max_tokens": spec.rollout.max_tokens}
 
 
-class Record:
-    """`DIR/run.json`, rewritten as points arrive."""
+class Record(dict):
+    """`DIR/run.json`: the run, rewritten whenever it changes (`save`)."""
 
     def __init__(self, out: Path, engine: str, spec: Any, extra: dict[str, Any]) -> None:
-        self.path = out / "run.json"
-        out.mkdir(parents=True, exist_ok=True)
-        self.data: dict[str, Any] = {
-            "run": out.name,
-            "engine": engine,
-            "t0": T0,
-            "job": spec.model_dump(mode="json"),
-            "eval": extra.pop("eval"),
-            "points": [{"step": 0, "wall_s": 0.0, "adapter": None}],
-            **extra,
-        }
-        self.write()
+        super().__init__(run=out.name, engine=engine, t0=T0, job=spec.model_dump(mode="json"), **extra)
+        self.path, self["points"] = out / "run.json", [{"step": 0, "wall_s": 0.0, "adapter": None}]
+        self.save()
+
+    def save(self, **changes: Any) -> None:
+        self.update(changes)
+        common.dump(self.path, self)
 
     def point(self, step: int, wall_s: float, adapter: str) -> None:
-        self.data["points"].append({"step": step, "wall_s": round(wall_s, 2), "adapter": adapter})
-        self.write()
-
-    def write(self) -> None:
-        common.dump(self.path, self.data)
-
-    def finish(self) -> None:
-        self.write()
-        print(json.dumps({k: self.data[k] for k in ("run", "points", "wall_s", "train_start_s")}))
+        self["points"].append({"step": step, "wall_s": round(wall_s, 2), "adapter": adapter})
+        self.save()
 
 
 # -- Crucible -------------------------------------------------------------------------------------
@@ -116,7 +104,7 @@ def run_crucible(args: argparse.Namespace) -> None:
     job_id = f"tta-{out.name}"
     try:
         with common.services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
-            record.data["train_start_s"] = round(time.time() - T0, 2)
+            record["train_start_s"] = round(time.time() - T0, 2)
             summary = common.run_job(spec, job_id, settings)
     except BaseException:
         common.show_logs(work)
@@ -129,13 +117,13 @@ def run_crucible(args: argparse.Namespace) -> None:
         written = max(p.stat().st_mtime for p in source.iterdir() if p.is_file())
         record.point(step, written - T0, str(target))
     shutil.copy2(work / "jobs" / job_id / "metrics.jsonl", out / "metrics.jsonl")
-    record.data.update(
-        wall_s=round(time.time() - T0, 2),
-        job_wall_s=round(summary["wall_s"], 2),
-        difficulty_filter=summary.get("difficulty_filter"),
-        status=summary.get("status"),
-    )
-    record.finish()
+    ran = {"difficulty_filter": summary.get("difficulty_filter"), "status": summary.get("status")}
+    finish(record, wall_s=round(time.time() - T0, 2), job_wall_s=round(summary["wall_s"], 2), **ran)
+
+
+def finish(record: Record, **last: Any) -> None:
+    record.save(**last)
+    print(json.dumps({k: record[k] for k in ("run", "points", "wall_s", "train_start_s")}))
 
 
 def _visible() -> list[str]:
@@ -315,7 +303,7 @@ def run_trl(args: argparse.Namespace) -> None:
         config["vllm_max_model_length"] = max(
             config["vllm_max_model_length"], longest + spec.rollout.max_tokens
         )
-        record.data["trl_config"] = config
+        record["trl_config"] = config
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     server = common.sandbox(work)
@@ -357,13 +345,11 @@ def run_trl(args: argparse.Namespace) -> None:
             callbacks=[saver],
         )
         saver.trainer = trainer
-        record.data["train_start_s"] = round(time.time() - T0, 2)
-        record.write()
+        record.save(train_start_s=round(time.time() - T0, 2))
         trainer.train()
     finally:
         server.stop()
-    record.data.update(wall_s=round(time.time() - T0, 2), rewards=faults, status="finished")
-    record.finish()
+    finish(record, wall_s=round(time.time() - T0, 2), rewards=faults, status="finished")
 
 
 # -- evaluation -----------------------------------------------------------------------------------
