@@ -148,6 +148,26 @@ def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) 
         raise SystemExit(f"{where}: invalid job spec:\n" + "\n".join(f"  {line}" for line in lines)) from None
 
 
+def random_adapter(
+    model_dir: str, path: Path, rank: int = 16, b_std: float = 0.0, dtype: str = "float32"
+) -> str:
+    """A seeded rank-`rank` all-linear LoRA adapter of the model in `model_dir`, saved at `path`;
+    `b_std` > 0 draws its lora_B too (else zero, PEFT's default), so that it changes every layer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if b_std and "lora_B" in name:
+                p.normal_(0, b_std)
+    peft_model.save_pretrained(path)
+    return str(path)
+
+
 def sandbox(work: Path | None = None, **env: str) -> Any:
     """A sandbox server started here (isolation on, a free port), `env` added to its settings, its
     log under `work` when given."""

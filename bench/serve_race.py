@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import counters, dump, md_table, percentile
+from bench.common import counters, dump, md_table, percentile, random_adapter
 from bench.generator import hot_swap
 
 TEXT = (
@@ -114,19 +114,8 @@ def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
     their request model."""
     import tempfile
 
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    peft_model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 1e-3)
     path = Path(tempfile.mkdtemp()) / f"race-r{rank}"
-    peft_model.save_pretrained(path)
-    del peft_model, base
+    random_adapter(model_dir, path, rank, b_std=1e-3, dtype="bfloat16")
     loaded = {}
     for name, (url, _) in servers.items():
         lora = f"race-r{rank}-{path.parent.name}"  # a server that stays up between races keeps the last one

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import random_adapter
 
 
 def record(response: httpx.Response) -> dict:
@@ -24,18 +28,6 @@ def record(response: httpx.Response) -> dict:
     except ValueError:
         return {"status": response.status_code, "content_type": "text/plain", "body": response.text}
     return {"status": response.status_code, "body": body}
-
-
-def make_adapter(model_dir: str, root: Path) -> str:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
-    peft_model.save_pretrained(root / "v10")
-    return str(root / "v10")
 
 
 def main() -> None:
@@ -47,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp())
-    adapter = make_adapter(args.model_dir, root)
+    adapter = random_adapter(args.model_dir, root / "v10")
     bodies: dict[str, httpx.Response] = {}
     # A fresh connection per request: vLLM 0.22 resets the connection after an unhandled error.
     with httpx.Client(base_url=args.url, timeout=120, headers={"Connection": "close"}) as http:
