@@ -1,5 +1,7 @@
-"""The policy update alone, timed with its micro-batches in the batch's order and filled longest
-first (`optim.length_buckets` false / true), side by side on one policy.
+"""The policy update alone, timed in two arms side by side on one policy: `--compare buckets`,
+micro-batches in the batch's order or filled longest first (`optim.length_buckets` false / true);
+`--compare precision`, a bf16/fp16 base model's adapted layers with PEFT's casting (activations cast
+to the float32 adapter's dtype) or under autocast (`rl/policy.py`'s mixed precision).
 
 The job is bench/multi_gpu.py's GRPO spec (`kl_beta` 0.01: every sequence trains and the reference is
 scored), resolved for the machine (`hardware.resolve`), its update built by the method. The batch is
@@ -8,7 +10,8 @@ completions of 1 to `--max-tokens` tokens. The arms alternate `--repeats` times 
 each; the figures are per-arm medians of the update's own metrics.
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
-    python bench/update_speed.py --shape smollm2-135m --out /tmp/u.json      # a real shape (GPU)
+    python bench/update_speed.py --model smollm2-135m-instruct --out /tmp/u.json   # the built-in (GPU)
+    python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
 """
 
 from __future__ import annotations
@@ -35,9 +38,38 @@ KEYS |= {
 }
 
 
+def batch_order(policy: Any, optim: Any) -> Any:
+    return optim.model_copy(update={"length_buckets": False})
+
+
+def length_buckets(policy: Any, optim: Any) -> Any:
+    return optim.model_copy(update={"length_buckets": True})
+
+
+def peft_casting(policy: Any, optim: Any) -> Any:
+    from crucible_trainer.rl.policy import set_input_casting
+
+    set_input_casting(policy.model, enabled=True)
+    policy.compute_dtype = None
+    return optim
+
+
+def mixed(policy: Any, optim: Any) -> Any:
+    from crucible_trainer.rl.policy import set_input_casting
+
+    policy.compute_dtype = policy.model.get_base_model().dtype
+    set_input_casting(policy.model, enabled=False)
+    return optim
+
+
+# --compare -> (before, after): each arm sets the policy up and returns the optimizer spec to use.
+ARMS = {"buckets": (batch_order, length_buckets), "precision": (peft_casting, mixed)}
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", help="a real model's shape with random weights (bench/model_shapes.py)")
+    p.add_argument("--model", help="an installed model or checkpoint instead (e.g. smollm2-135m-instruct)")
     p.add_argument("--prompts", type=int, default=8, help="groups (problems) in the batch")
     p.add_argument("--group", type=int, default=8, help="samples per group")
     p.add_argument("--max-tokens", type=int, default=128, help="longest completion")
@@ -46,6 +78,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--kl-beta", type=float, default=0.01, help="method.kl_beta (> 0: the reference is scored)"
     )
     p.add_argument("--repeats", type=int, default=3, help="timed updates per arm (after one warm-up each)")
+    p.add_argument("--compare", choices=sorted(ARMS), default="buckets", help="which two arms")
+    p.add_argument("--dtype", help="model.dtype (default: bf16 on a GPU, float32 on a CPU)")
+    p.add_argument("--profile", type=Path, help="also write a PyTorch profile of one update per arm here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
@@ -71,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="crucible-update-speed-") as tmp:
         from bench.multi_gpu import local_model
 
-        model = local_model(argparse.Namespace(tiny=not args.shape, shape=args.shape), Path(tmp))
+        shape = argparse.Namespace(tiny=not args.shape, shape=args.shape)
+        model = args.model or local_model(shape, Path(tmp))
         report = run(args, model)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "updates"}, indent=2))
@@ -88,16 +124,16 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
     sets = [f"optim.problems_per_step={args.prompts}", f"method.group_size={args.group}"]
     sets += [f"rollout.max_tokens={args.max_tokens}", f"optim.micro_batch={args.micro_batch}"]
-    shape = argparse.Namespace(
-        tiny=False, strategy="ddp", overrides=[*sets, f"method.kl_beta={args.kl_beta}"]
-    )
+    sets += [f"method.kl_beta={args.kl_beta}", *([f"model.dtype={args.dtype}"] if args.dtype else [])]
+    shape = argparse.Namespace(tiny=False, strategy="ddp", overrides=sets)
     spec, chosen = hardware.resolve(TrainJob.model_validate(job(shape, model, 1)))
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
-    arms: dict[str, list[dict[str, float]]] = {"batch_order": [], "length_buckets": []}
+    setups = {f.__name__: f for f in ARMS[args.compare]}
+    arms: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
     for repeat in range(args.repeats + 1):
         for arm in arms:
-            optim = spec.optim.model_copy(update={"length_buckets": arm == "length_buckets"})
+            optim = setups[arm](policy, spec.optim)
             cfg = method_module(spec.method).update_config(
                 spec.method, spec.model_copy(update={"optim": optim})
             )
@@ -107,6 +143,9 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             if repeat:  # the first of each arm warms up
                 arms[arm].append(metrics)
 
+    if args.profile:
+        args.profile.write_text("\n".join(profiled(policy, batch, spec, setups[arm], update) for arm in arms))
+
     def median(rows: list[dict[str, float]], key: str) -> float | None:
         values = [r[key] for r in rows if key in r]
         return statistics.median(values) if values else None
@@ -114,9 +153,11 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     medians = {
         arm: {key: median(rows, metric or key) for key, metric in KEYS.items()} for arm, rows in arms.items()
     }
-    before, after = medians["batch_order"]["update_s"], medians["length_buckets"]["update_s"]
+    before, after = (medians[f.__name__]["update_s"] for f in ARMS[args.compare])
     out = {
-        "model": args.shape or "tiny",
+        "model": args.model or args.shape or "tiny",
+        "compare": args.compare,
+        "dtype": str(policy.model.get_base_model().dtype).removeprefix("torch."),
         "settings": chosen,
         "batch": len(batch),
         "max_tokens": args.max_tokens,
@@ -124,6 +165,27 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     out["completion_tokens_mean"] = statistics.mean(len(s.completion_ids) for s in batch)
     out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": args.kl_beta, "repeats": args.repeats}
     return out | {"medians": medians, "speedup": round(before / after, 3) if after else None, "updates": arms}
+
+
+def profiled(policy: Any, batch: list[Any], spec: Any, setup: Any, update: Any) -> str:
+    """One more update of arm `setup`, profiled: its kernels by device time, then by host time."""
+    from crucible_trainer.methods import method_module
+    from torch.profiler import ProfilerActivity, profile
+
+    optim = setup(policy, spec.optim)
+    cfg = method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if policy.device.startswith("cuda") else []
+    )
+    with profile(activities=activities) as prof:
+        update(policy, batch, cfg, seed=0)
+    table = prof.key_averages()
+    device = "cuda_time_total" if len(activities) > 1 else "cpu_time_total"
+    return (
+        f"# {setup.__name__}\n"
+        + table.table(sort_by=device, row_limit=25)
+        + table.table(sort_by="cpu_time_total", row_limit=12)
+    )
 
 
 if __name__ == "__main__":

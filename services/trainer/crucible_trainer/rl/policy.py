@@ -3,6 +3,12 @@
 Log-probabilities are computed for exactly the token ids the generator sampled (never by
 re-tokenising text), left-padded so every completion ends at the last position and only the
 last `max_completion + 1` logits are materialised.
+
+Mixed precision: the adapter's weights and their optimizer state stay float32 (PEFT upcasts them)
+while a bf16/fp16 base model computes in its own dtype. Forwards run under autocast with PEFT's
+input casting off, so each adapted layer multiplies the activations as they are (the small
+adapter matrices are cast, not the activations: no float32 copy of every layer's input and
+output, no float32 matmuls), and the gradients still reach the float32 weights.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +53,15 @@ class Policy:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.model.train()
+        self.compute_dtype = base.dtype if base.dtype in (torch.bfloat16, torch.float16) else None
+        if self.compute_dtype is not None:
+            set_input_casting(self.model, enabled=False)
+        # Kernels to run a step again with when its gradient is not finite: PyTorch 2.11's default
+        # cuDNN attention backward returns NaN gradients for some masked shapes (one random
+        # left-padded micro-batch in about 40 at the 1.5B shape on an H200); the others do not.
+        self.fallbacks: list[Callable[[], AbstractContextManager]] = (
+            [without_cudnn_attention] if self.device.startswith("cuda") else []
+        )
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
         self.make_optimizer(optim)
@@ -99,15 +114,28 @@ class Policy:
                 for n, p in params.items():
                     p.copy_(current[n])
 
+    def precision(self) -> AbstractContextManager:
+        """Autocast to the base model's dtype when it is bf16/fp16 (see the module docstring)."""
+        if self.compute_dtype is None:
+            return nullcontext()
+        return torch.autocast(torch.device(self.device).type, dtype=self.compute_dtype)
+
+    def attempts(self) -> Iterator[AbstractContextManager]:
+        """The kernels an optimizer step runs under: the default, then each fallback in turn."""
+        yield nullcontext()
+        for fallback in self.fallbacks:
+            yield fallback()
+
     def _forward(self, batch: Batch) -> torch.Tensor:
         k = batch.tail
-        out = self.runner(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            logits_to_keep=k + 1,
-            use_cache=False,
-        )
+        with self.precision():
+            out = self.runner(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                logits_to_keep=k + 1,
+                use_cache=False,
+            )
         logits = out.logits[:, -(k + 1) : -1, :].float()
         targets = batch.input_ids[:, -k:]
         picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
@@ -151,9 +179,9 @@ class Policy:
     def step(self) -> float:
         """Clip, step the optimizer and the schedule; returns the pre-clip gradient norm.
 
-        A non-finite norm (an overflow, or a faulty attention kernel: PyTorch 2.11's default cuDNN
-        SDPA backward returns NaN gradients for some masked shapes on H100s) skips the step: one
-        NaN in the adapter would be published to the generators and poison every later rollout."""
+        A non-finite norm (an overflow, or a faulty attention kernel: see `fallbacks`) skips the
+        step (`update` runs it again under the fallbacks first): one NaN in the adapter would be
+        published to the generators and poison every later rollout."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.max_grad_norm:
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
@@ -198,6 +226,22 @@ class Policy:
         set_peft_model_state_dict(self.model, load_file(str(weights), device=self.device))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def set_input_casting(model: torch.nn.Module, *, enabled: bool) -> None:
+    """PEFT's cast of each adapted layer's input to the adapter's dtype, on or off."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.cast_input_dtype_enabled = enabled
+
+
+def without_cudnn_attention() -> AbstractContextManager:
+    """Scaled-dot-product attention with any kernel but cuDNN's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def lora_config(spec: ModelSpec) -> LoraConfig:

@@ -146,7 +146,7 @@ def update(
     zero = torch.zeros((), dtype=torch.float32, device=policy.device)
     loss_sum, clip_sum, kl_sum = zero, zero, zero
     grad_norm_sum = 0.0
-    counts = {"micro": 0, "steps": 0, "skipped": 0}
+    counts = {"micro": 0, "steps": 0, "skipped": 0, "retried": 0}
     for iteration in range(cfg.iterations):
         if iteration > 0:
             rng.shuffle(order)
@@ -156,24 +156,41 @@ def update(
         for micro in plan:
             if cfg.length_buckets:
                 micro = bucketed(micro, lengths)
-            for m, idx in enumerate(micro):
-                parallel.begin(last=m == len(micro) - 1)
-                with timer.part("forward_backward"):
-                    if not idx:  # no share of this micro-batch on this rank: its collectives still run
-                        parallel.backward(parallel.idle_loss(policy))
-                        continue
-                    out = _micro_loss(policy, samples, idx, cfg, norm, old, ref, tis, iteration == 0, keep)
-                    parallel.backward(out.loss)
-                loss_sum = loss_sum + out.loss.detach()
-                clip_sum = clip_sum + out.stats[0]
-                kl_sum = kl_sum + out.stats[1]
-                ratio_sum = ratio_sum + out.stats[2]
-                ratio_n += 1
-                counts["micro"] += 1
-            with timer.part("allreduce"):
-                parallel.reduce(policy)
-            with timer.part("optimizer"):
-                grad_norm = policy.step()  # skipped when not finite (Policy.step)
+            # A step whose gradient is not finite is run again under the policy's fallback kernels
+            # (`Policy.fallbacks`: attention without cuDNN on CUDA), then skipped if still not finite.
+            for attempt, kernels in enumerate(policy.attempts()):
+                step_sums = [zero, zero, zero, zero]  # loss, clip fraction, KL, ratio
+                step_micro = 0
+                with kernels:
+                    for m, idx in enumerate(micro):
+                        parallel.begin(last=m == len(micro) - 1)
+                        with timer.part("forward_backward"):
+                            if not idx:  # no share of this micro-batch here: its collectives still run
+                                parallel.backward(parallel.idle_loss(policy))
+                                continue
+                            out = _micro_loss(
+                                policy, samples, idx, cfg, norm, old, ref, tis, iteration == 0, keep
+                            )
+                            parallel.backward(out.loss)
+                        values = [out.loss.detach(), *out.stats[:3]]
+                        step_sums = [a + b for a, b in zip(step_sums, values, strict=True)]
+                        step_micro += 1
+                with timer.part("allreduce"):
+                    parallel.reduce(policy)
+                with timer.part("optimizer"):
+                    grad_norm = policy.step()  # skipped when not finite (Policy.step)
+                if math.isfinite(grad_norm):
+                    break
+                if attempt == 0 and policy.fallbacks:
+                    counts["retried"] += 1
+            loss_sum, clip_sum, kl_sum = (
+                loss_sum + step_sums[0],
+                clip_sum + step_sums[1],
+                kl_sum + step_sums[2],
+            )
+            ratio_sum = ratio_sum + step_sums[3]
+            ratio_n += step_micro
+            counts["micro"] += step_micro
             if math.isfinite(grad_norm):
                 grad_norm_sum += grad_norm
                 counts["steps"] += 1
@@ -192,6 +209,7 @@ def update(
     metrics["grad_norm"] = grad_norm_sum / max(counts["steps"], 1)
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
+    metrics["update/retried_nonfinite_steps"] = float(counts["retried"])
     # Where the update's time goes (wall times; each optimizer step reads the gradient norm, so
     # they include the device's work): scoring old / reference log-probs (with the gather of every
     # rank's share), then the passes of forward, backward and optimizer steps (with the gradients'

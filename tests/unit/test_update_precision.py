@@ -1,0 +1,148 @@
+"""The update's mixed precision and its second attempt at a step whose gradient is not finite.
+
+Mixed precision: a bf16 base model with a float32 adapter computes under autocast with PEFT's
+input casting off (`rl/policy.py`). Its gradient must still reach the float32 adapter weights and
+be as close to the float32 model's gradient as PEFT's own path (activations cast to float32 in
+every adapted layer) is.
+
+Second attempt: a step whose gradient is not finite runs again under `Policy.fallbacks` (on CUDA,
+attention without cuDNN's kernels), and is skipped only if that is not finite either. A forward
+hook that poisons the activations outside the fallback plays the faulty kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.families import build_family, save_lora
+from tests.unit.test_update_buckets import MAX_TOKENS, batch, grads
+
+
+@pytest.fixture(scope="module")
+def adapter_model(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("precision")
+    model = build_family("qwen2", root)
+    return model, save_lora(model, root / "adapter", seed=5, rank=4, scale=0.05)
+
+
+def make_policy(model: Path, adapter: str, dtype: str):
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.rl.policy import Policy
+
+    spec = TrainJob.model_validate(
+        {
+            "model": {"base": str(model), "device": "cpu", "dtype": dtype, "init_adapter": adapter},
+            "optim": {"lr": 1e-2, "micro_batch": 3, "max_grad_norm": 1.0},
+            "seed": 3,
+        }
+    )
+    return Policy(spec.model, spec.optim, spec.seed)
+
+
+def one_gradient(policy) -> torch.Tensor:
+    """The flattened float32 gradient of the summed log-probs of the test batch (one forward)."""
+    from crucible_trainer.rl.batch import make_batch
+
+    samples = batch()
+    b = make_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id, "cpu")
+    policy.model.zero_grad(set_to_none=True)
+    policy.token_logprobs(b).sum().backward()
+    got = grads(policy)
+    return torch.cat([got[n].float().flatten() for n in sorted(got)])
+
+
+def test_bf16_base_trains_a_float32_adapter_as_closely_as_peft_casting(adapter_model) -> None:
+    from crucible_trainer.rl.policy import set_input_casting
+
+    exact = one_gradient(make_policy(*adapter_model, "float32"))
+    mixed_policy = make_policy(*adapter_model, "bfloat16")
+    assert mixed_policy.compute_dtype is torch.bfloat16
+    adapter = [p for p in mixed_policy.model.parameters() if p.requires_grad]
+    assert adapter and all(p.dtype == torch.float32 for p in adapter)  # master weights stay float32
+    mixed = one_gradient(mixed_policy)
+    # PEFT's own path on the same bf16 policy: inputs cast to the adapter's float32, no autocast.
+    set_input_casting(mixed_policy.model, enabled=True)
+    mixed_policy.compute_dtype = None
+    casting = one_gradient(mixed_policy)
+
+    def error(g: torch.Tensor) -> float:
+        return float((g - exact).norm() / exact.norm())
+
+    assert exact.norm() > 0 and torch.isfinite(mixed).all()
+    assert float(torch.nn.functional.cosine_similarity(mixed, exact, dim=0)) > 0.99
+    assert error(mixed) < max(2 * error(casting), 0.02), (error(mixed), error(casting))
+
+
+def test_float32_base_computes_without_autocast(adapter_model) -> None:
+    policy = make_policy(*adapter_model, "float32")
+    assert policy.compute_dtype is None
+    assert policy.fallbacks == []  # a CPU has no cuDNN attention to fall back from
+    with policy.precision():
+        assert not torch.is_autocast_enabled("cpu")
+
+
+class Poison:
+    """A forward hook on the embeddings that makes every activation NaN while `on`."""
+
+    def __init__(self, policy) -> None:
+        self.on = True
+        embeddings = policy.model.get_input_embeddings()
+        embeddings.register_forward_hook(lambda _m, _i, out: out * math.nan if self.on else out)
+
+    @contextmanager
+    def cured(self):
+        self.on = False
+        try:
+            yield
+        finally:
+            self.on = True
+
+
+def adapter_state(policy) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("cured", [True, False], ids=["fallback-finite", "fallback-not-finite"])
+def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, adapter_model) -> None:
+    from crucible_trainer.rl.update import UpdateConfig, update
+
+    policy = make_policy(*adapter_model, "float32")
+    poison = Poison(policy)
+    policy.fallbacks = [poison.cured if cured else contextmanager(lambda: (yield))]
+    before = adapter_state(policy)
+    cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
+    metrics = update(policy, batch(), cfg, seed=7)
+    after = adapter_state(policy)
+    assert metrics["update/retried_nonfinite_steps"] == 1.0
+    if cured:
+        assert metrics["update/optimizer_steps"] == 1.0 and metrics["update/skipped_nonfinite_steps"] == 0
+        # The poisoned attempt's figures are not counted; the step moved the adapter, finitely.
+        assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+        assert all(torch.isfinite(p).all() for p in after.values())
+        assert any(not torch.equal(before[n], after[n]) for n in before)
+    else:
+        assert metrics["update/optimizer_steps"] == 0 and metrics["update/skipped_nonfinite_steps"] == 1
+        assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_a_finite_step_runs_once(adapter_model) -> None:
+    from crucible_trainer.rl.update import UpdateConfig, update
+
+    policy = make_policy(*adapter_model, "float32")
+    calls = []
+
+    @contextmanager
+    def fallback():
+        calls.append(1)
+        yield
+
+    policy.fallbacks = [fallback]
+    cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
+    metrics = update(policy, batch(), cfg, seed=7)
+    assert calls == [] and metrics["update/retried_nonfinite_steps"] == 0.0
+    assert metrics["update/optimizer_steps"] == 1.0
