@@ -6,8 +6,8 @@ to the float32 adapter's dtype) or under autocast (`rl/policy.py`'s mixed precis
 The job is bench/multi_gpu.py's GRPO spec (`kl_beta` 0.01: every sequence trains and the reference is
 scored), resolved for the machine (`hardware.resolve`), its update built by the method. The batch is
 synthetic and seeded: `--prompts` groups of `--group` samples sharing a 30-120 token prompt,
-completions of 1 to `--max-tokens` tokens. The arms alternate `--repeats` times after a warm-up
-each; the figures are per-arm medians of the update's own metrics.
+completions of `--min-tokens` (1) to `--max-tokens` tokens. The arms alternate `--repeats` times
+after a warm-up each; the figures are per-arm medians of the update's own metrics.
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --model smollm2-135m-instruct --out /tmp/u.json   # the built-in (GPU)
@@ -73,6 +73,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="groups (problems) in the batch")
     p.add_argument("--group", type=int, default=8, help="samples per group")
     p.add_argument("--max-tokens", type=int, default=128, help="longest completion")
+    p.add_argument(
+        "--min-tokens", type=int, default=1, help="shortest completion (= --max-tokens: all of one length)"
+    )
     p.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch")
     p.add_argument(
         "--kl-beta", type=float, default=0.01, help="method.kl_beta (> 0: the reference is scored)"
@@ -94,7 +97,9 @@ def synthetic_batch(args: argparse.Namespace, vocab: int) -> list[Any]:
     for g in range(args.prompts):
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(30, 120))]
         for _ in range(args.group):
-            completion = [rng.randrange(10, vocab) for _ in range(rng.randint(1, args.max_tokens))]
+            completion = [
+                rng.randrange(10, vocab) for _ in range(rng.randint(args.min_tokens, args.max_tokens))
+            ]
             advantage = rng.gauss(0, 1)
             out.append(Sample(g, g, prompt, completion, "", "", None, None, reward=0.0, advantage=advantage))
     return out

@@ -23,10 +23,12 @@ def test_tiny_run_reports_both_arms(tmp_path) -> None:
 
 def test_precision_arms_on_a_bf16_tiny_model(tmp_path) -> None:
     out = tmp_path / "precision.json"
-    argv = ["--prompts", "2", "--group", "2", "--max-tokens", "8", "--repeats", "1", "--compare", "precision"]
+    argv = ["--prompts", "2", "--group", "2", "--min-tokens", "8", "--max-tokens", "8", "--repeats", "1"]
+    argv += ["--compare", "precision"]
     update_speed.main([*argv, "--dtype", "bfloat16", "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["compare"] == "precision" and report["dtype"] == "bfloat16"
+    assert report["completion_tokens_mean"] == 8  # every completion of one length
     assert set(report["medians"]) == {"peft_casting", "mixed"} and report["speedup"] > 0
     for arm in ("peft_casting", "mixed"):
         assert report["medians"][arm]["forward_backward_s"] > 0
