@@ -129,6 +129,7 @@ class TinyPolicy:
         self.table = torch.nn.Parameter(torch.randn(vocab, vocab) * 0.1)
         self.opt = torch.optim.SGD([self.table], lr=0.5)
         self.pad_id, self.device = 0, "cpu"
+        self.fallbacks: list = []  # kernels to run a non-finite step again with (none on a CPU)
 
     def token_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         k = batch.tail

@@ -120,12 +120,6 @@ class Policy:
             return nullcontext()
         return torch.autocast(torch.device(self.device).type, dtype=self.compute_dtype)
 
-    def attempts(self) -> Iterator[AbstractContextManager]:
-        """The kernels an optimizer step runs under: the default, then each fallback in turn."""
-        yield nullcontext()
-        for fallback in self.fallbacks:
-            yield fallback()
-
     def _forward(self, batch: Batch) -> torch.Tensor:
         k = batch.tail
         with self.precision():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -158,10 +159,10 @@ def update(
                 micro = bucketed(micro, lengths)
             # A step whose gradient is not finite is run again under the policy's fallback kernels
             # (`Policy.fallbacks`: attention without cuDNN on CUDA), then skipped if still not finite.
-            for attempt, kernels in enumerate(policy.attempts()):
+            for attempt, kernels in enumerate([nullcontext, *policy.fallbacks]):
                 step_sums = [zero, zero, zero, zero]  # loss, clip fraction, KL, ratio
                 step_micro = 0
-                with kernels:
+                with kernels():
                     for m, idx in enumerate(micro):
                         parallel.begin(last=m == len(micro) - 1)
                         with timer.part("forward_backward"):
