@@ -47,18 +47,12 @@ def length_buckets(policy: Any, optim: Any) -> Any:
 
 
 def peft_casting(policy: Any, optim: Any) -> Any:
-    from crucible_trainer.rl.policy import set_input_casting
-
-    set_input_casting(policy.model, enabled=True)
-    policy.compute_dtype = None
+    policy.mixed_precision(False)
     return optim
 
 
 def mixed(policy: Any, optim: Any) -> Any:
-    from crucible_trainer.rl.policy import set_input_casting
-
-    policy.compute_dtype = policy.model.get_base_model().dtype
-    set_input_casting(policy.model, enabled=False)
+    policy.mixed_precision(True)
     return optim
 
 

@@ -57,8 +57,6 @@ def one_gradient(policy) -> torch.Tensor:
 
 
 def test_bf16_base_trains_a_float32_adapter_as_closely_as_peft_casting(adapter_model) -> None:
-    from crucible_trainer.rl.policy import set_input_casting
-
     exact = one_gradient(make_policy(*adapter_model, "float32"))
     mixed_policy = make_policy(*adapter_model, "bfloat16")
     assert mixed_policy.compute_dtype is torch.bfloat16
@@ -66,8 +64,7 @@ def test_bf16_base_trains_a_float32_adapter_as_closely_as_peft_casting(adapter_m
     assert adapter and all(p.dtype == torch.float32 for p in adapter)  # master weights stay float32
     mixed = one_gradient(mixed_policy)
     # PEFT's own path on the same bf16 policy: inputs cast to the adapter's float32, no autocast.
-    set_input_casting(mixed_policy.model, enabled=True)
-    mixed_policy.compute_dtype = None
+    mixed_policy.mixed_precision(False)
     casting = one_gradient(mixed_policy)
 
     def error(g: torch.Tensor) -> float:

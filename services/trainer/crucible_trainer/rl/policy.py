@@ -53,9 +53,7 @@ class Policy:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.model.train()
-        self.compute_dtype = base.dtype if base.dtype in (torch.bfloat16, torch.float16) else None
-        if self.compute_dtype is not None:
-            set_input_casting(self.model, enabled=False)
+        self.mixed_precision(True)
         # Kernels to run a step again with when its gradient is not finite: PyTorch 2.11's default
         # cuDNN attention backward returns NaN gradients for some masked shapes (one random
         # left-padded micro-batch in about 40 at the 1.5B shape on an H200); the others do not.
@@ -113,6 +111,13 @@ class Policy:
             with torch.no_grad():
                 for n, p in params.items():
                     p.copy_(current[n])
+
+    def mixed_precision(self, on: bool) -> None:
+        """Autocast with PEFT's input casting off (on; only a bf16/fp16 base model computes in its
+        own dtype), or PEFT's own casting of every adapted layer's input (off)."""
+        dtype = self.model.get_base_model().dtype
+        self.compute_dtype = dtype if on and dtype in (torch.bfloat16, torch.float16) else None
+        set_input_casting(self.model, enabled=self.compute_dtype is None)
 
     def precision(self) -> AbstractContextManager:
         """Autocast to the base model's dtype when it is bf16/fp16 (see the module docstring)."""
