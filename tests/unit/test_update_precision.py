@@ -1,6 +1,6 @@
 """The update's mixed precision and its second attempt at a step whose gradient is not finite.
 
-Mixed precision: a bf16 base model with a float32 adapter computes under autocast with PEFT's
+Mixed precision (on every family's tiny checkpoint): a bf16 base model with a float32 adapter computes under autocast with PEFT's
 input casting off (`rl/policy.py`). Its gradient must still reach the float32 adapter weights and
 be as close to the float32 model's gradient as PEFT's own path (activations cast to float32 in
 every adapted layer) is.
@@ -19,15 +19,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.families import build_family, save_lora
+from tests.families import FAMILIES, build_family, save_lora
 from tests.unit.test_update_buckets import MAX_TOKENS, batch, grads
+
+
+def family_with_adapter(root: Path, family: str) -> tuple[Path, str]:
+    model = build_family(family, root)
+    return model, save_lora(model, root / "adapter", seed=5, rank=4, scale=0.05)
 
 
 @pytest.fixture(scope="module")
 def adapter_model(tmp_path_factory) -> tuple[Path, str]:
-    root = tmp_path_factory.mktemp("precision")
-    model = build_family("qwen2", root)
-    return model, save_lora(model, root / "adapter", seed=5, rank=4, scale=0.05)
+    return family_with_adapter(tmp_path_factory.mktemp("precision"), "qwen2")
 
 
 def make_policy(model: Path, adapter: str, dtype: str):
@@ -56,7 +59,9 @@ def one_gradient(policy) -> torch.Tensor:
     return torch.cat([got[n].float().flatten() for n in sorted(got)])
 
 
-def test_bf16_base_trains_a_float32_adapter_as_closely_as_peft_casting(adapter_model) -> None:
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_bf16_base_trains_a_float32_adapter_as_closely_as_peft_casting(family, tmp_path) -> None:
+    adapter_model = family_with_adapter(tmp_path, family)
     exact = one_gradient(make_policy(*adapter_model, "float32"))
     mixed_policy = make_policy(*adapter_model, "bfloat16")
     assert mixed_policy.compute_dtype is torch.bfloat16
