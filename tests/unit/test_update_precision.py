@@ -12,6 +12,7 @@ hook that poisons the activations outside the fallback plays the faulty kernel.
 
 from __future__ import annotations
 
+import logging
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,7 +111,7 @@ def adapter_state(policy) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("cured", [True, False], ids=["fallback-finite", "fallback-not-finite"])
-def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, adapter_model) -> None:
+def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, adapter_model, caplog) -> None:
     from crucible_trainer.rl.update import UpdateConfig, update
 
     policy = make_policy(*adapter_model, "float32")
@@ -118,9 +119,14 @@ def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, adapter_
     policy.fallbacks = [poison.cured if cured else contextmanager(lambda: (yield))]
     before = adapter_state(policy)
     cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
-    metrics = update(policy, batch(), cfg, seed=7)
+    with caplog.at_level(logging.WARNING, logger="crucible_trainer.rl.update"):
+        metrics = update(policy, batch(), cfg, seed=7)
     after = adapter_state(policy)
     assert metrics["update/retried_nonfinite_steps"] == 1.0
+    # The log says what happened: a retry, and "skipped" only when the retry did not cure it.
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "gradient norm nan is not finite: running the step again with fallback kernels"
+    assert said[1:] == ([] if cured else ["gradient norm nan is not finite: optimizer step skipped"])
     if cured:
         assert metrics["update/optimizer_steps"] == 1.0 and metrics["update/skipped_nonfinite_steps"] == 0
         # The poisoned attempt's figures are not counted; the step moved the adapter, finitely.

@@ -13,7 +13,6 @@ output, no float32 matmuls), and the gradients still reach the float32 weights.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -29,8 +28,6 @@ from crucible_trainer.runtime.atomic import output_dir
 
 if TYPE_CHECKING:
     from peft import LoraConfig
-
-log = logging.getLogger(__name__)
 
 
 class Policy:
@@ -179,7 +176,7 @@ class Policy:
         """Clip, step the optimizer and the schedule; returns the pre-clip gradient norm.
 
         A non-finite norm (an overflow, or a faulty attention kernel: see `fallbacks`) skips the
-        step (`update` runs it again under the fallbacks first): one NaN in the adapter would be
+        step (`update` runs it again under the fallbacks first, and logs it): one NaN in the adapter would be
         published to the generators and poison every later rollout."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.max_grad_norm:
@@ -187,7 +184,6 @@ class Policy:
         else:
             norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
         if not math.isfinite(norm):
-            log.warning("gradient norm %s is not finite: optimizer step skipped", norm)
             self.optimizer.zero_grad(set_to_none=True)
             return norm
         self.optimizer.step()

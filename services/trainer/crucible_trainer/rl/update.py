@@ -25,6 +25,7 @@ reports its model FLOPs, tokens per second and share of the card's peak (`rl/thr
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -41,6 +42,8 @@ from crucible_trainer.rl.parallel import LOCAL, Parallel
 from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.timing import PartTimer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -182,7 +185,13 @@ def update(
                     grad_norm = policy.step()  # skipped when not finite (Policy.step)
                 if math.isfinite(grad_norm):
                     break
-                if attempt == 0 and policy.fallbacks:
+                again = attempt < len(policy.fallbacks)
+                log.warning(
+                    "gradient norm %s is not finite: %s",
+                    grad_norm,
+                    "running the step again with fallback kernels" if again else "optimizer step skipped",
+                )
+                if attempt == 0 and again:
                     counts["retried"] += 1
             loss_sum, clip_sum, kl_sum = (
                 loss_sum + step_sums[0],
