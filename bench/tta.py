@@ -479,13 +479,15 @@ def curve(run: dict[str, Any], evals: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def reach(points: list[dict[str, Any]], target: float) -> float | None:
-    """Wall time of the first point at or above `target` (0 when the base model is), or None.
+    """Wall time of the first trained point (step > 0) at or above `target`, or None. The base
+    model reaching it says only that the target is no gain: `compare` gives no ratio then.
 
-    >>> pts = [{"wall_s": 0, "pass@1": 0.5}, {"wall_s": 60, "pass@1": 0.53}, {"wall_s": 90, "pass@1": 0.56}]
-    >>> reach(pts, 0.53), reach(pts, 0.55), reach(pts, 0.6)
-    (60, 90, None)
+    >>> pts = [{"step": 0, "wall_s": 0, "pass@1": 0.5}, {"step": 10, "wall_s": 60, "pass@1": 0.53},
+    ...        {"step": 20, "wall_s": 90, "pass@1": 0.56}]
+    >>> reach(pts, 0.53), reach(pts, 0.55), reach(pts, 0.6), reach(pts, 0.5)
+    (60, 90, None, 60)
     """
-    return next((p["wall_s"] for p in points if p["pass@1"] >= target), None)
+    return next((p["wall_s"] for p in points if p["step"] and p["pass@1"] >= target), None)
 
 
 def at(points: list[dict[str, Any]], wall_s: float) -> float | None:
@@ -516,6 +518,10 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     (0.625, 0.625)
     >>> c["runs"]["c1"]["last_point_over_trl"]
     0.4
+    >>> flat = compare({"trl": mk("trl", 1, [(0, 0, .50), (10, 200, .49), (20, 400, .50)]),
+    ...                 "c1": mk("crucible", 1, [(0, 0, .50), (10, 80, .53)])})
+    >>> flat["trl_gained"], flat["runs"]["c1"]["reach_over_trl"], flat["runs"]["c1"]["goal_half_trl_met"]
+    (False, None, False)
     """
     curves = {name: curve(r["run"], r["evals"]) for name, r in runs.items()}
 
@@ -529,6 +535,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     one_final = curves[one][-1] if one else None
     if trl_final:
         out.update(trl_final=trl_final["pass@1"], trl_final_wall_s=trl_final["wall_s"])
+        out["trl_gained"] = trl_final["pass@1"] > curves[trl][0]["pass@1"]
     if one_final:
         out.update(one_gpu_final=one_final["pass@1"], one_gpu_final_wall_s=one_final["wall_s"])
     for name, r in runs.items():
@@ -544,7 +551,8 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "training": training(r["run"]["engine"], r.get("metrics", [])),
         }
         if trl_final and name != trl and pts:
-            t = reach(pts, trl_final["pass@1"])
+            # TRL's final no better than the base it started from: a time to reach it is no figure.
+            t = reach(pts, trl_final["pass@1"]) if out["trl_gained"] else None
             row["reach_trl_final_s"] = t
             row["reach_over_trl"] = round(t / trl_final["wall_s"], 3) if t is not None else None
             row["goal_half_trl_met"] = t is not None and t <= 0.5 * trl_final["wall_s"]
@@ -612,6 +620,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"\nTRL's final pass@1: {pct(result['trl_final'])} at {sec(result['trl_final_wall_s'])}; "
             "goal: Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time."
         )
+        if not result.get("trl_gained", True):
+            lines.append(
+                "TRL's final is no gain over the base model: there is no time to reach it to compare."
+            )
     for name, r in result["runs"].items():
         if "not_lower_at_equal_wall" in r:
             cells = ", ".join(
