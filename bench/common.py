@@ -321,7 +321,8 @@ def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     """A training job's per-step metrics rows (its `metrics.jsonl`, evaluations left out)."""
-    return [row for row in read_jsonl(run_dir / "metrics.jsonl") if "eval_label" not in row]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [row for line in lines if "eval_label" not in (row := json.loads(line))]
 
 
 def samples_per_s(rows: list[dict]) -> float | None:

@@ -360,7 +360,7 @@ def run_eval(args: argparse.Namespace) -> None:
 
     from crucible_shared.jobs import EvalJob
 
-    runs = [(d.resolve(), common.read_json(d / "run.json")) for d in args.runs]
+    runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
     base = runs[0][1]["job"]["model"]["base"]
     if any(r["job"]["model"]["base"] != base for _, r in runs):
         raise SystemExit("the runs train different models: evaluate them separately")
