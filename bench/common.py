@@ -10,6 +10,7 @@ or as `common` when run as `python bench/<script>.py` beside it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -21,6 +22,36 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "learning.yaml"
+
+
+def argument_parser(
+    doc: str | None, *, job: bool = False, overrides: bool = False
+) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, its help the script's docstring as written; with `job` or
+    `overrides`, the arguments of `job_arguments`."""
+    out = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if job or overrides:
+        job_arguments(out, job)
+    return out
+
+
+def job_arguments(parser: argparse.ArgumentParser, job: bool = True) -> None:
+    """`job` (a job spec file or a recipe of recipes/learning.yaml) and its `--set` overrides
+    (`args.overrides`), or the overrides alone."""
+    if job:
+        parser.add_argument("job", help="a job spec file (YAML/JSON) or a recipe of recipes/learning.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """The JSON at `path`, or `default` when there is no such file."""
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of the JSON-lines file at `path` (blank lines skipped), none when there is no such file."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -29,22 +29,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import counters, dump, md_table, sandbox
+from bench.common import argument_parser, counters, dump, md_table, sandbox
 
 RUNS = {  # name -> `crucible eval` arguments
-    "mbpp-greedy": ["--dataset", "mbpp", "--split", "test", "--n", "0"],
-    "humaneval-greedy": ["--dataset", "humaneval", "--n", "0"],
-    "mbpp-sampled": [
-        "--dataset",
-        "mbpp",
-        "--split",
-        "test",
-        "--n",
-        "10",
-        "--temperature",
-        "0.8",
-        "--no-greedy",
-    ],
+    "mbpp-greedy": "--dataset mbpp --split test --n 0",
+    "humaneval-greedy": "--dataset humaneval --n 0",
+    "mbpp-sampled": "--dataset mbpp --split test --n 10 --temperature 0.8 --no-greedy",
 }
 COUNTERS = {
     "steps": "crucible_generator_batch_size_count",
@@ -65,7 +55,15 @@ def evaluate(server: str, url: str, run: str, args: argparse.Namespace, sandbox:
     from crucible_trainer.evaluation import load_report
 
     limit = args.sampled_limit if run == "mbpp-sampled" and args.sampled_limit else args.limit
-    cmd = [sys.executable, "-m", "crucible_cli", "eval", *RUNS[run], "--max-tokens", str(args.max_tokens)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "crucible_cli",
+        "eval",
+        *RUNS[run].split(),
+        "--max-tokens",
+        str(args.max_tokens),
+    ]
     cmd += ["--seed", str(args.seed), "--concurrency", str(args.concurrency), "--generator", url]
     cmd += ["--sandbox", sandbox, "--out", str(out), "--quiet"] + (["--limit", str(limit)] if limit else [])
     cmd += ["--model", args.model] if args.model else []
@@ -100,9 +98,7 @@ def cell(row: dict[str, Any], key: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     parser.add_argument("--runs", default="mbpp-greedy", help="comma-separated: " + ", ".join(RUNS))
     parser.add_argument("--limit", type=int, help="every run: only the first N tasks")
     parser.add_argument("--sampled-limit", type=int, help="mbpp-sampled: only the first N tasks")

@@ -10,7 +10,6 @@ per N and the ratio of p99 with streams open to p99 with none (side by side, one
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -23,7 +22,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import dump, gateway, latency  # noqa: E402
+from bench.common import argument_parser, dump, gateway, latency  # noqa: E402
 
 
 async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dict:
@@ -49,9 +48,7 @@ async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     parser.add_argument("--streams", default="0,64,512", help="comma-separated numbers of open streams")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--json", type=Path)

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import dump, job_source, load_job, run_job, services, step_medians, step_rows  # noqa: E402
+from bench import common  # noqa: E402
 
 OFFLINE = ROOT / "recipes" / "offline_smollm2.yaml"
 # Printed per step; the first six also as medians over steps 2+ (the time split).
@@ -50,7 +50,7 @@ def sft_stage(job: dict[str, Any]) -> Any:
     sets += [f"generate.max_tokens={job['rollout']['max_tokens']}", f"stages={json.dumps(stages)}"]
     sets += [f"eval.data={json.dumps(evaluation['data'])}"]
     sets += [f"eval.max_tokens={evaluation.get('max_tokens', 256)}"]
-    return load_job(OFFLINE, [*sets, f"seed={job['seed']}"])
+    return common.load_job(OFFLINE, [*sets, f"seed={job['seed']}"])
 
 
 def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
     for label, loaded in (("before", None), ("after", adapter)) if adapter else (("before", None),):
         spec = {"kind": "eval", "model": {"base": job.model.base, "chat": job.model.chat}, "adapter": loaded}
         spec |= {"data": {"dataset": "humaneval"}, "greedy": True, "max_tokens": max_tokens}
-        found = run_job(load_job(spec), f"humaneval-{label}", settings)["eval"]["eval"]
+        found = common.run_job(common.load_job(spec), f"humaneval-{label}", settings)["eval"]["eval"]
         scores[label] = {"greedy_pass@1": found.get("greedy_pass@1"), "problems": found.get("problems")}
     return scores
 
@@ -89,11 +89,7 @@ def gpu_memory() -> dict[str, float]:
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("job", help="a job spec file (YAML/JSON) or a recipe of recipes/learning.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    parser = common.argument_parser(__doc__, job=True)
     parser.add_argument("--sft-first", action="store_true", help="SFT on passing candidates first (above)")
     parser.add_argument("--humaneval", action="store_true", help="greedy HumanEval pass@1 before and after")
     parser.add_argument("--keep-reports", type=Path, help="copy the evaluation reports (every answer) here")
@@ -107,7 +103,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--generator-device", help="CUDA_VISIBLE_DEVICES of the spawned generator")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    args.spec, args.overrides, recipe = job_source(args.job, args.overrides)
+    args.spec, args.overrides, recipe = common.job_source(args.job, args.overrides)
     args.sft_first = args.sft_first or bool(recipe.get("sft_first"))
     args.humaneval = args.humaneval or bool(recipe.get("humaneval"))
     return args
@@ -115,24 +111,24 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    spec = load_job(args.spec, args.overrides)
+    spec = common.load_job(args.spec, args.overrides)
     if spec.kind != "train":
         raise SystemExit(f"{args.spec} holds a {spec.kind!r} job: this benchmark times training jobs")
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
     job_id, sft, scores = f"race-{spec.method.name}", {}, {}
     where = {"generator_url": args.generator_url, "device": args.generator_device}
     loras = max(4, spec.overlap.max_staleness + 2)
-    with services(work, spec.model.base, args.generator_rows, max_loras=loras, **where) as settings:
+    with common.services(work, spec.model.base, args.generator_rows, max_loras=loras, **where) as settings:
         started = time.perf_counter()
         if args.sft_first:  # then the job from the SFT adapter, whose LoRA settings it takes
             job = spec.model_dump(mode="json")
-            done = run_job(sft_stage(job), f"sft-s{spec.seed}", settings)
+            done = common.run_job(sft_stage(job), f"sft-s{spec.seed}", settings)
             sft = {"adapter": done["adapter"], "seconds": done["wall_s"], "rounds": done.get("rounds")}
             sft["base_eval"] = done.get("eval", {}).get("before")
             lora = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
             model = {k: v for k, v in job["model"].items() if k not in lora}
-            spec = load_job({**job, "model": {**model, "init_adapter": done["adapter"]}})
-        summary = run_job(spec, job_id, settings)
+            spec = common.load_job({**job, "model": {**model, "init_adapter": done["adapter"]}})
+        summary = common.run_job(spec, job_id, settings)
         total, memory = time.perf_counter() - started, gpu_memory()
         if args.humaneval:
             t = time.perf_counter()
@@ -141,7 +137,7 @@ def main() -> None:
             print("humaneval:", json.dumps(scores), flush=True)
         if args.keep_reports:
             keep_reports(settings.runs_dir, job_id, args.keep_reports)
-    report(args, spec, summary, step_rows(work / "jobs" / job_id), total, memory, sft, scores)
+    report(args, spec, summary, common.step_rows(work / "jobs" / job_id), total, memory, sft, scores)
 
 
 def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict], total: float,
@@ -152,7 +148,7 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
         figures = " ".join(f"{k.split('/')[-1]} {r.get(k, float('nan')):.2f}" for k in KEYS)
         extra = f" c2_rescue {r['c2_rescue_rate']:.2f}" if "c2_rescue_rate" in r else ""
         print(f"step {r['step']}: {figures} stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}")
-    timing = step_medians(rows)
+    timing = common.step_medians(rows)
     split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in KEYS[:6]}
     print(f"median step (steps 2+): {timing['median_step_s']:.2f} s; split: " + json.dumps(split))
     updated = timing["median_updated_step_s"]
@@ -178,7 +174,7 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
     }
     figures |= {"spec": str(args.spec), "overrides": args.overrides, "model": spec.model.base}
     figures |= {"humaneval": scores or None}
-    dump(args.json, figures)
+    common.dump(args.json, figures)
 
 
 if __name__ == "__main__":

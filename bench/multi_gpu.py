@@ -64,7 +64,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts (ranks = replicas = N)")
     p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy (N > 1)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    common.job_arguments(p, job=False)
     p.add_argument("--generator-batch", type=int, default=128, help="rows each replica decodes at once")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

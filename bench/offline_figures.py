@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import dump, load_job, md_table, run_job, services, step_rows  # noqa: E402
+from bench.common import argument_parser, dump, load_job, md_table, read_json, run_job, services, step_rows  # noqa: E402
 
 PIPELINE, GRPO = ROOT / "recipes" / "offline_smollm2.yaml", ROOT / "recipes" / "grpo_smollm2.yaml"
 DPO = ["train={name: dpo, beta: 0.1, epochs: 2, max_length: 1024}"]  # the base model as reference
@@ -120,7 +120,7 @@ def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 
 def table(work: Path) -> tuple[dict[str, Any], str]:
     files = {p: work / f"offline-{p}.json" for p in ("data", "train", "rl")}
-    parts = {p: json.loads(f.read_text()) for p, f in files.items() if f.exists()}
+    parts = {p: read_json(f) for p, f in files.items() if f.exists()}
     data, train, rl = parts.get("data", {}), parts.get("train", {}), parts.get("rl", {})
     rows: list[dict[str, Any]] = []
     if "base" in data:
@@ -161,9 +161,7 @@ def table(work: Path) -> tuple[dict[str, Any], str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     parser.add_argument("part", choices=["data", "train", "rl", "table"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--work", type=Path, default=Path("/root/offline"))

@@ -37,7 +37,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import dump, sandbox  # noqa: E402
+from bench.common import argument_parser, dump, sandbox  # noqa: E402
 
 
 def mbpp() -> tuple[list[dict], list[dict]]:
@@ -268,9 +268,7 @@ def languages(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     parser.add_argument("what", choices=["throughput", "cpu", "languages"])
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument(

@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RECIPES, card, recipes, samples_per_s  # noqa: E402
+from bench.common import RECIPES, argument_parser, card, read_json, recipes, samples_per_s  # noqa: E402
 
 RACE = ROOT / "bench" / "grpo_race.py"
 
@@ -177,7 +177,7 @@ def markdown(summary: dict[str, Any], described: str) -> str:
 
 
 def load_runs(folder: Path, recipe: str) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{recipe}-seed*.json"))]
+    return [read_json(p) for p in sorted(folder.glob(f"{recipe}-seed*.json"))]
 
 
 def write_summary(folder: Path, recipe: str) -> dict[str, Any]:
@@ -201,7 +201,7 @@ def run_one(recipe: str, seed: int, race: list[str], folder: Path) -> dict[str, 
     if done.returncode != 0 or not out.exists():
         print(f"{recipe} seed {seed}: failed (exit {done.returncode}); log: {log}", flush=True)
         return None
-    result = record(recipe, seed, json.loads(out.read_text()), ["python", *command[1:]], wall)
+    result = record(recipe, seed, read_json(out), ["python", *command[1:]], wall)
     (folder / f"{recipe}-seed{seed}.json").write_text(json.dumps(result, indent=1))
     print(
         f"{recipe} seed {seed}: before {result['before']} after {result['after']} in {wall:.0f} s", flush=True
@@ -230,9 +230,7 @@ def main() -> None:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     parser.add_argument("verb", choices=["list", "run", "summary", "compare"])
     parser.add_argument("recipe", nargs="*", help="run/summary: one recipe; compare: two")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

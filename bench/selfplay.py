@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import card, dump, load_job, recipes, run_job, services, spawn_generator  # noqa: E402
+from bench import common  # noqa: E402
 
 RUNS = ROOT / "recipes" / "selfplay.yaml"
 TINY = ["optim.steps=2", "method.games_per_step=2", "method.arena.every=1", "method.arena.games=2"]
@@ -56,24 +56,21 @@ PANELS = {
 
 def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The run's job: its recipe, then `--tiny`'s budget, the model, the evaluation tasks, `--set`."""
-    recipe, tokens = recipes(RUNS)[name], 8 if name.startswith("ttt") else 48
+    recipe, tokens = common.recipes(RUNS)[name], 8 if name.startswith("ttt") else 48
     sets = [*recipe["set"], *([*TINY, f"rollout.max_tokens={tokens}"] if args.tiny else [])]
     sets += [
         f"model.base={args.model}",
         f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null",
     ]
-    return load_job(ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
+    return common.load_job(ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
 
 
 def collect(
     name: str, run_dir: Path, out_dir: Path | None, spec: dict[str, Any], wall: float
 ) -> dict[str, Any]:
     """One run's figures from its run dir (what it wrote, also when it was interrupted)."""
-    summary = run_dir / "summary.json"
-    status = json.loads(summary.read_text()).get("status") if summary.exists() else "lost"
-    metrics = run_dir / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    rows = [json.loads(line) for line in lines if line.strip()]
+    status = common.read_json(run_dir / "summary.json", {"status": "lost"}).get("status")
+    rows = common.read_jsonl(run_dir / "metrics.jsonl")
     steps, evals = [r for r in rows if "games" in r], {r["eval_label"]: r for r in rows if "eval_label" in r}
     by_step = lambda label: evals[label]["step"]  # noqa: E731
     series: dict[str, list[list[float]]] = {}
@@ -180,7 +177,7 @@ def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, 
             if before is None and args.eval_tasks:
                 spec = {"kind": "eval", "model": {"base": args.model}, "max_tokens": 256}
                 spec["data"] = {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}
-                summary = run_job(load_job(spec), "before", settings)
+                summary = common.run_job(common.load_job(spec), "before", settings)
                 before = {**summary.get("eval", {}), "wall_s": summary["wall_s"]}
                 print("before:", json.dumps(before), flush=True)
             late = time.time() - deadline
@@ -202,12 +199,9 @@ def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    names = ", ".join(recipes(RUNS))
+    parser = common.argument_parser(__doc__, overrides=True)
+    names = ", ".join(common.recipes(RUNS))
     parser.add_argument("--runs", default=names.replace(" ", ""), help=f"comma-separated: {names}")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--eval-tasks", type=int, default=500, help="MBPP test tasks (0: no MBPP evaluation)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     # Four trainers beside five generators overfill an 80 GB card.
@@ -222,19 +216,25 @@ def main() -> None:
     if args.tiny:
         args.eval_tasks = 2
     names = [n for n in args.runs.split(",") if n]
-    if unknown := set(names) - set(recipes(RUNS)):
-        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(recipes(RUNS))}")
+    if unknown := set(names) - set(common.recipes(RUNS)):
+        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(common.recipes(RUNS))}")
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-    t0, work, cuda = time.perf_counter(), Path(tempfile.mkdtemp(prefix="crucible-selfplay-")), card() != "cpu"
+    t0, work, cuda = (
+        time.perf_counter(),
+        Path(tempfile.mkdtemp(prefix="crucible-selfplay-")),
+        common.card() != "cpu",
+    )
     # Game turns are short: 64 rows of 1,024 slots each (a quarter of the evaluation generator's KV
     # cache), so five generators leave room for two trainers (~16 GiB each at micro-batch 32) on 80 GB.
     game_env = {"CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"} if cuda else {}
-    with services(work, args.model, 128 if cuda else 32, max_loras=8) as settings:
+    with common.services(work, args.model, 128 if cuda else 32, max_loras=8) as settings:
 
         def game_generator(name: str) -> Any:
             log = f"generator-{name}.log"
-            return spawn_generator(work, args.model, 64 if cuda else 32, max_loras=8, env=game_env, log=log)
+            return common.spawn_generator(
+                work, args.model, 64 if cuda else 32, max_loras=8, env=game_env, log=log
+            )
 
         with ThreadPoolExecutor(len(names)) as pool:  # side by side
             generators = dict(zip(names, pool.map(game_generator, names), strict=True))
@@ -252,7 +252,7 @@ def main() -> None:
         for key, value in sorted(run["final_5_steps"].items()):
             if key.endswith(("win_rate", "illegal_rate", "accuracy", "invalid_rate")) or "rae/" in key:
                 print(f"  {key}: {value:.3f}", flush=True)
-    result = {"device": card(), "total_s": time.perf_counter() - t0, "services_s": started_s}
+    result = {"device": common.card(), "total_s": time.perf_counter() - t0, "services_s": started_s}
     result["args"] = {k: v for k, v in vars(args).items() if k not in ("json", "out_dir")}
     result |= {**played, "rae_vs_shared": compare(played["runs"])}
     print("rae vs shared:", json.dumps(result["rae_vs_shared"], indent=1), flush=True)
@@ -262,7 +262,7 @@ def main() -> None:
         except ImportError as exc:  # the JSON is the result; the figure is a convenience
             print(f"no plot: {exc}", flush=True)
     if args.json:
-        dump(args.json, result)
+        common.dump(args.json, result)
     print(f"total {result['total_s']:.0f} s", flush=True)
 
 

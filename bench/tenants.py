@@ -28,7 +28,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import dump, gateway, latency, sandbox  # noqa: E402
+from bench.common import argument_parser, dump, gateway, latency, sandbox  # noqa: E402
 
 KEY_A, KEY_B = "bench-tenant-a-0123456789", "bench-tenant-b-0123456789"
 F = "def f(x): return x + 1"
@@ -138,9 +138,7 @@ def bench_gateway(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     sb = sub.add_parser("sandbox")
     sb.add_argument("--workers", type=int, default=4)

@@ -392,7 +392,7 @@ def run_eval(args: argparse.Namespace) -> None:
         with common.services(work, base, args.rows, generator_env=env) as settings:
             for out, run in runs:
                 path = out / "evals.json"
-                evals: dict[str, Any] = read_json(path, {})
+                evals: dict[str, Any] = common.read_json(path, {})
                 final = max(p["step"] for p in run["points"])
                 for p in run["points"]:
                     key = str(p["step"])
@@ -402,9 +402,9 @@ def run_eval(args: argparse.Namespace) -> None:
                         if p["adapter"] is None:  # the base model: once for every run
                             limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
                             what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
-                            if what not in (shared := read_json(cache, {})):
+                            if what not in (shared := common.read_json(cache, {})):
                                 shared[what] = score(settings, run, None, dataset, f"base-{dataset}")
-                                common.dump(cache, read_json(cache, {}) | {what: shared[what]})
+                                common.dump(cache, common.read_json(cache, {}) | {what: shared[what]})
                             entry[dataset] = shared[what]
                         else:
                             label = f"{out.name}-{key}-{dataset}"
@@ -416,10 +416,6 @@ def run_eval(args: argparse.Namespace) -> None:
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def read_json(path: Path, default: Any) -> Any:
-    return json.loads(path.read_text()) if path.exists() else default
 
 
 # -- the comparison -------------------------------------------------------------------------------
@@ -637,10 +633,11 @@ def markdown(result: dict[str, Any]) -> str:
 def run_table(args: argparse.Namespace) -> None:
     runs = {}
     for d in [d for d in args.runs if (d / "run.json").exists()]:
-        lines = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
-        metrics = [json.loads(line) for line in lines if line.strip()]
-        runs[d.name] = {"run": read_json(d / "run.json", {}), "evals": read_json(d / "evals.json", {})}
-        runs[d.name]["metrics"] = metrics
+        runs[d.name] = {
+            "run": common.read_json(d / "run.json", {}),
+            "evals": common.read_json(d / "evals.json", {}),
+        }
+        runs[d.name]["metrics"] = common.read_jsonl(d / "metrics.jsonl")
     result = compare(runs)
     common.dump(args.json, result)
     text = markdown(result)
@@ -650,13 +647,11 @@ def run_table(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser = common.argument_parser(__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
     crucible, trl, evaluate, table = (verbs.add_parser(v) for v in ("crucible", "trl", "eval", "table"))
     for p in (crucible, trl):
-        p.add_argument("job", help="a recipe of recipes/learning.yaml or a job spec file")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+        common.job_arguments(p)
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--every", type=int, default=10, help="save the adapter every N steps (and the last)")
     crucible.add_argument("--generator-devices", help="CUDA_VISIBLE_DEVICES of each replica, comma-separated")
