@@ -71,7 +71,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m
 # Time to accuracy (bench/tta.py): the recipe raced against TRL, and where its runs keep their results.
-TTA_RECIPE=${TTA_RECIPE:-qwen-pre-lr1e4-s40}
+TTA_RECIPE=${TTA_RECIPE:-qwen-tta}
 TTA=/root/results/tta
 race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
   echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
@@ -191,8 +191,16 @@ PY
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
     bash bench/gpu.sh bg c2 tta-2gpu ;;
+  qwen-tta-1gpu)  # one card, after `qwen-setup`, in the background (then `wait-bg`): seeds 0, 1, 2 of Crucible's
+    # job then TRL's, each run evaluated as soon as it ends, so a lease cut short keeps whole pairs
+    subs=()
+    for s in 0 1 2; do
+      subs+=("tta-crucible:crucible-s$s:0:-:--set:seed=$s:--set:data.seed=$s" "tta-eval:0:crucible-s$s")
+      subs+=("tta-trl:--out:$TTA/trl-s$s:--set:seed=$s:--set:data.seed=$s" "tta-eval:0:trl-s$s")
+    done
+    CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg tta seq "${subs[@]}" ;;
   tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: Crucible's job of
-    # TTA_RECIPE (default qwen-pre-lr1e4-s40, seed 0) on these cards, adapters every 10 steps with their times;
+    # TTA_RECIPE (default qwen-tta, seed 0) on these cards, adapters every 10 steps with their times;
     # more than one trainer card: DDP ranks (distributed.train_gpus); `-`: the generator on the trainer's card
     label=$2 cards=$3 gens=$4; shift 4
     ranks=$(tr ',' '\n' <<< "$cards" | grep -c .)
