@@ -191,7 +191,9 @@ class Zygote:
                     over_memory = True
                     break
                 # A run's directory on a shared disk past the full mode's scratch size: ended like a
-                # run over its memory (that scratch is a tmpfs, which is memory).
+                # run over its memory (that scratch is a tmpfs, which is memory). Checked at every
+                # wake, the one for the program's exit too: a writer that finished between two
+                # samples is still judged over the limit.
                 if scratch and self.iso.scratch_over(program, others):
                     over_memory = True
                     break
@@ -205,11 +207,6 @@ class Zygote:
         if gone:
             self.iso.end_run(pids, program, spare)
             raise SystemExit(0)
-        # Samples can lose the race against a fast writer on a busy machine (5,000 empty files
-        # take a few milliseconds): a run whose directory ends past the limit is judged over it
-        # all the same, whatever it printed or returned.
-        if scratch and not (over_memory or timed_out or stop) and self.iso.scratch_over(program, others):
-            over_memory = True
         return [statuses[pid] for pid in pids], timed_out, over_memory
 
     def _receive(self) -> bytes:
