@@ -220,11 +220,8 @@ def main() -> None:
         parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(common.recipes(RUNS))}")
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-    t0, work, cuda = (
-        time.perf_counter(),
-        Path(tempfile.mkdtemp(prefix="crucible-selfplay-")),
-        common.card() != "cpu",
-    )
+    t0 = time.perf_counter()
+    work, cuda = Path(tempfile.mkdtemp(prefix="crucible-selfplay-")), common.card() != "cpu"
     # Game turns are short: 64 rows of 1,024 slots each (a quarter of the evaluation generator's KV
     # cache), so five generators leave room for two trainers (~16 GiB each at micro-batch 32) on 80 GB.
     game_env = {"CRUCIBLE_GENERATOR_MAX_MODEL_LEN": "1024"} if cuda else {}

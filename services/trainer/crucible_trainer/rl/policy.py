@@ -176,8 +176,8 @@ class Policy:
         """Clip, step the optimizer and the schedule; returns the pre-clip gradient norm.
 
         A non-finite norm (an overflow, or a faulty attention kernel: see `fallbacks`) skips the
-        step (`update` runs it again under the fallbacks first, and logs it): one NaN in the adapter would be
-        published to the generators and poison every later rollout."""
+        step (`update` runs it again under the fallbacks first, and logs it): one NaN in the adapter
+        would be published to the generators and poison every later rollout."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.max_grad_norm:
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
