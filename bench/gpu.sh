@@ -191,16 +191,16 @@ PY
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
     bash bench/gpu.sh bg c2 tta-2gpu ;;
-  qwen-tta-seeds)  # [CARDS: 1 or 2] after `qwen-setup`, in the background (then `wait-bg`): seeds 0, 1, 2 of
-    # Crucible's job and of TRL's, each run evaluated on its card as soon as it ends. One card: the
-    # pairs one after the other (a lease cut short keeps whole pairs); two: Crucible on 0, TRL on 1
+  qwen-tta-seeds)  # [CARDS: 1 or 2] after `qwen-setup`, in the background (then `wait-bg`): seeds SEEDS
+    # (default "0 1 2") of Crucible's job and of TRL's, each run evaluated on its card as soon as it ends.
+    # One card: the pairs one after the other (a lease cut short keeps whole pairs); two: Crucible on 0, TRL on 1
     cards=${2:-1} c=() t=()
-    for s in 0 1 2; do
+    for s in ${SEEDS:-0 1 2}; do
       c+=("tta-crucible:crucible-s$s:0:-:--set:seed=$s:--set:data.seed=$s" "tta-eval:0:crucible-s$s")
       t+=("tta-trl:--out:$TTA/trl-s$s:--set:seed=$s:--set:data.seed=$s" "tta-eval:$((cards - 1)):trl-s$s")
     done
     if [ "$cards" = 1 ]; then
-      pairs=(); for i in 0 2 4; do pairs+=("${c[@]:i:2}" "${t[@]:i:2}"); done
+      pairs=(); for ((i = 0; i < ${#c[@]}; i += 2)); do pairs+=("${c[@]:i:2}" "${t[@]:i:2}"); done
       CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg tta seq "${pairs[@]}"
     else
       CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg crucible seq "${c[@]}"
