@@ -69,7 +69,7 @@ bench: setup toolchains
 	$(BIN)/python bench/sandbox.py languages
 	$(BIN)/python bench/generator.py
 	$(BIN)/python bench/decode_attention.py
-	$(BIN)/python bench/gateway_streams.py
+	$(BIN)/python bench/gateway.py streams
 
 # The compose stack for real (docs/deploy.md, "Testing the deployment"): builds the images, runs the
 # demo job through the gateway, restarts and kills services. Needs Docker; not part of `make test`.

