@@ -1,10 +1,9 @@
-"""Decode-step attention at SmolLM2-135M's shapes (9 query heads on 3 key/value heads, head dim 64,
-30 layers): the keys and values expanded per query head (`repeat_kv`, what transformers' SDPA path
-does under a mask up to at least 5.17) against the packed grouping the fast path uses
-(`crucible_generator/attention.py`), side by side over the continuous batch's windows.
+"""Decode-step attention at SmolLM2-135M's shapes (docs/benchmarks.md, "Decode attention on the CPU"): the
+keys and values expanded per query head (transformers' SDPA path under a mask) against the packed
+grouping of `crucible_generator/attention.py`, over the continuous batch's windows; milliseconds per
+decode step (all layers' attention) and the ratio packed / expanded.
 
-Usage: python bench/decode_attention.py [--device cuda] [--json out.json]
-Prints milliseconds per decode step (all layers' attention only) and the ratio packed / expanded.
+    python bench/decode_attention.py [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Evaluations of the base model (docs/benchmarks.md, "Evaluation baselines"): named evaluations
-(`--runs`) through `crucible eval` (the path every evaluation takes) against generators, one after
-the other, each report kept and summed up in one table (`<out>/summary.{md,json}`, `--json`).
+(`--runs`) through `crucible eval` against running servers (`--server NAME=URL`) or a Crucible
+generator started here (`MAX_BATCH_SIZE` `--batch-size`), each report kept and summed up in one
+table (`<out>/summary.{md,json}`, `--json`). A Crucible generator's own counters are read before and
+after each evaluation: decode steps, rows per step, admissions into running batches.
 
   mbpp-greedy       MBPP test split (tasks 11-510), one greedy answer each: greedy pass@1
   humaneval-greedy  HumanEval (164 problems), greedy pass@1
   mbpp-sampled      MBPP test split, n=10 samples at T=0.8 (top_p 0.95): pass@1 and pass@10
-
-The generators: running servers (`--server NAME=URL`), Crucible generators started here with other
-settings (`--variant NAME[=KEY=VALUE,...]`, KEY a generator setting without `CRUCIBLE_GENERATOR_`),
-else one started here (`MAX_BATCH_SIZE` `--batch-size`). A Crucible generator's own counters are read
-before and after each evaluation: decode steps, rows per step, admissions into running batches.
-
-    python bench/eval_variants.py --runs mbpp-greedy,humaneval-greedy --concurrency 64 --out runs/baselines
-    python bench/eval_variants.py --limit 500 --server vllm=http://127.0.0.1:8101 --variant rows128=MAX_BATCH_SIZE=128
 """
 
 from __future__ import annotations
@@ -103,7 +97,6 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="every run: only the first N tasks")
     parser.add_argument("--sampled-limit", type=int, help="mbpp-sampled: only the first N tasks")
     parser.add_argument("--server", action="append", default=[], help="NAME=URL of a running server")
-    parser.add_argument("--variant", action="append", default=[], help="NAME[=KEY=VALUE,...] (above)")
     parser.add_argument("--sandbox", help="sandbox URL (default: start one here)")
     parser.add_argument("--model", help="model or adapter name on the generator (default: its base)")
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -116,7 +109,6 @@ def main() -> None:
     runs = [n for n in args.runs.split(",") if n]
     if unknown := set(runs) - set(RUNS):
         parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
-    variants = args.variant or ([] if args.server else [f"crucible=MAX_BATCH_SIZE={args.batch_size}"])
 
     from crucible_cli.spawn import start
 
@@ -129,28 +121,24 @@ def main() -> None:
             server = sandbox(work)
             stack.callback(server.stop)
             sandbox_url = server.url
-        servers = [(*spec.split("=", 1), None) for spec in args.server]
-        servers += [(name, None, settings) for name, _, settings in (v.partition("=") for v in variants)]
-        for name, url, settings in servers:
-            generator = None
-            if settings is not None:
-                pairs = [p.split("=", 1) for p in settings.split(",") if p]
-                env = {"CRUCIBLE_GENERATOR_LOG_LEVEL": "warning"} | {
-                    f"CRUCIBLE_GENERATOR_{k.upper()}": v for k, v in pairs
-                }
-                log = work / f"generator-{name}.log"
-                generator = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=log, timeout=600)
-            try:
-                for run in runs:
-                    folder = work / (
-                        name if len(runs) == 1 else run if len(servers) == 1 else f"{name}/{run}"
-                    )
-                    found = evaluate(name, (url or generator.url).rstrip("/"), run, args, sandbox_url, folder)
-                    rows.append(found | {"settings": settings})
-                    print(json.dumps(rows[-1]), flush=True)
-            finally:
-                if generator is not None:
-                    generator.stop()
+        servers = dict(spec.split("=", 1) for spec in args.server)
+        settings = None if servers else f"MAX_BATCH_SIZE={args.batch_size}"
+        if not servers:
+            env = {
+                "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
+                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.batch_size),
+            }
+            log = work / "generator-crucible.log"
+            generator = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=log, timeout=600)
+            stack.callback(generator.stop)
+            servers = {"crucible": generator.url}
+        for name, url in servers.items():
+            for run in runs:
+                folder = work / (name if len(runs) == 1 else run if len(servers) == 1 else f"{name}/{run}")
+                rows.append(
+                    evaluate(name, url.rstrip("/"), run, args, sandbox_url, folder) | {"settings": settings}
+                )
+                print(json.dumps(rows[-1]), flush=True)
     where = f"{platform.node()}: {platform.processor() or platform.machine()}"
     table = f"Machine: {where}. Command: `python bench/eval_variants.py {' '.join(sys.argv[1:])}`.\n\n"
     table += md_table(TABLE, [[cell(row, k) for k in TABLE] for row in rows])

@@ -3,8 +3,8 @@
 Throughput: 1, 8 and 32 concurrent clients sending one greedy `ignore_eos` completion at a time,
 against the same prompts as one batch through an in-process `model.generate` (same device and
 dtype), rounds alternating. Hot-swap: 20 times, perturb a rank-16 LoRA, save it, load it under a new
-name, ask it for one token: p50/p90 of each, from the start of the save. `--url`: a running generator.
-Prints a Markdown table (docs/benchmarks.md); `--json` keeps the raw numbers.
+name, ask it for one token: p50/p90 of each, from the start of the save. Prints a Markdown table
+(docs/benchmarks.md, "Generator"); `--json` keeps the raw numbers.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ PROMPT_STARTS = [
     "import math\n\ndef circle_area(r):",
     "def flatten(nested):\n    # flatten a list of lists",
 ]
+SWAPS, RANK = 20, 16  # hot-swaps of a rank-16 all-linear adapter
 
 
 def prompts(count: int) -> list[str]:
@@ -159,16 +160,9 @@ def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--served-name", default=None, help="`model` of requests (default: --model)")
-    parser.add_argument("--url", default=None, help="benchmark a running generator instead of spawning one")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--swaps", type=int, default=20)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--batch-wait-ms", type=float, default=10.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
 
@@ -176,37 +170,32 @@ def main() -> None:
     from crucible_cli.spawn import start
     from crucible_models import load_model, pick_device, pick_dtype
 
-    device = pick_device(args.device)
-    model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
-    served = args.served_name or args.model
-    server = None
-    if not args.url:
-        settings = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "MAX_LORAS": "4"}
-        settings |= {"MAX_BATCH_SIZE": max(args.concurrency), "BATCH_WAIT_MS": args.batch_wait_ms}
-        settings |= {"MAX_LORA_RANK": max(64, args.rank), "LOG_LEVEL": "warning"}
-        settings["ADAPTER_ROOTS"] = tempfile.gettempdir()  # where hot_swap saves its versions
-        env = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in settings.items()}
-        server = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", timeout=600)
-    url = args.url.rstrip("/") if args.url else server.url
+    device = pick_device("auto")
+    model, tokenizer = load_model(args.model, device=device, dtype="auto")
+    settings = {"MODEL": args.model, "DEVICE": "auto", "DTYPE": "auto", "MAX_LORAS": "4", "MAX_LORA_RANK": 64}
+    settings |= {"MAX_BATCH_SIZE": max(args.concurrency), "BATCH_WAIT_MS": 10.0, "LOG_LEVEL": "warning"}
+    settings["ADAPTER_ROOTS"] = tempfile.gettempdir()  # where hot_swap saves its versions
+    env = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in settings.items()}
+    server = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", timeout=600)
     try:
         throughput = []
         for concurrency in args.concurrency:
             row = {"concurrency": concurrency}
+            batch = prompts(concurrency)
             row |= asyncio.run(
-                measure(url, served, model, tokenizer, prompts(concurrency), args.max_tokens, args.rounds)
+                measure(server.url, args.model, model, tokenizer, batch, args.max_tokens, args.rounds)
             )
             print(json.dumps(row), flush=True)
             throughput.append(row)
-        swaps = hot_swap(url, model, args.swaps, args.rank, job="bench")
+        swaps = hot_swap(server.url, model, SWAPS, RANK, job="bench")
     finally:
-        if server is not None:
-            server.stop()
+        server.stop()
 
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
-    dtype = str(pick_dtype(device, args.dtype)).removeprefix("torch.")
+    dtype = str(pick_dtype(device, "auto")).removeprefix("torch.")
     environment = {"device": name, "dtype": dtype, "cpus": os.cpu_count(), "torch": torch.__version__}
     results = {"environment": environment | {"model": args.model}, "max_tokens": args.max_tokens}
-    results |= {"rounds": args.rounds, "rank": args.rank, "throughput": throughput, "hot_swap": swaps}
+    results |= {"rounds": args.rounds, "rank": RANK, "throughput": throughput, "hot_swap": swaps}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(markdown(results))

@@ -1,18 +1,11 @@
-"""One training job, timed: a job spec (or a recipe of recipes/learning.yaml) plus `--set` overrides,
-run in-process through the worker's entry point against a sandbox and a generator spawned for it
-(or `--generator-url`, e.g. vLLM). Prints every step's time split (generate / execute / train /
-publish), the medians over steps 2+ (all of them, and those that updated the policy), greedy pass@1
-before and after from the job's own evaluation and the trainer's peak GPU memory; `--json` keeps it
-all (what bench/seeds.py reads).
+"""One training job, timed (docs/benchmarks.md, "GRPO throughput race"): a job spec or a recipe of
+recipes/learning.yaml plus `--set` overrides, run in-process through the worker's entry point
+against a sandbox and a generator spawned for it (or `--generator-url`, e.g. vLLM). Prints every
+step's time split, the medians over steps 2+, greedy pass@1 before and after and the trainer's peak
+GPU memory; `--json` keeps it all (what bench/seeds.py reads).
 
-  python bench/grpo_race.py recipes/grpo_smollm2.yaml --set optim.steps=8 --set optim.micro_batch=64 \\
-      --set eval=null                        # the GRPO race (bash bench/gpu.sh race 8)
-  python bench/grpo_race.py pre-t07 --set seed=1 --set data.seed=1 --json out.json   # a recipe
-
-`--sft-first`: a pipeline first (baseline evaluation, 8 candidates per train problem at T=1, SFT on
-up to 4 distinct passing ones: recipes/offline_smollm2.yaml), then the job from that adapter; the
-run's "before" is the base model's, the job's own is reported as "sft". `--humaneval`: greedy
-pass@1 on HumanEval's 164 tasks before and after, as two evaluation jobs.
+    python bench/grpo_race.py recipes/grpo_smollm2.yaml --set optim.steps=8 --set eval=null
+    python bench/grpo_race.py pre-t07 --set seed=1 --set data.seed=1 --json out.json   # a recipe
 """
 
 from __future__ import annotations
@@ -90,7 +83,12 @@ def gpu_memory() -> dict[str, float]:
 
 def parse() -> argparse.Namespace:
     parser = common.argument_parser(__doc__, job=True)
-    parser.add_argument("--sft-first", action="store_true", help="SFT on passing candidates first (above)")
+    parser.add_argument(
+        "--sft-first",
+        action="store_true",
+        help="first SFT on the model's passing candidates (recipes/offline_smollm2.yaml), then the job "
+        "from that adapter: `before` is the base model's evaluation, the job's own is `sft`",
+    )
     parser.add_argument("--humaneval", action="store_true", help="greedy HumanEval pass@1 before and after")
     parser.add_argument("--keep-reports", type=Path, help="copy the evaluation reports (every answer) here")
     parser.add_argument("--generator-url", help="an external generator (default: spawn Crucible's)")

@@ -1,14 +1,9 @@
-"""Random-weight checkpoints with the exact shapes of real models, built where they run (no weights travel).
+"""Random-weight checkpoints with the exact shapes of real models, built where they run (no weights
+travel): the published config (`SHAPES`) with seeded random weights, saved to `OUT/<name>`, and the
+built-in tokenizer padded to the model's vocabulary with placeholder tokens no text encodes to.
+Random weights write garbage: measure with `ignore_eos` and fixed lengths, never learning.
 
-    python bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes [--device cuda]
-
-Each model is its published config (`SHAPES`, from its `config.json` on the hub) with seeded random
-weights (bf16, initialised on the GPU when there is one), saved to `OUT/<name>` for Crucible's
-generator, vLLM and a job's `model.base`. The tokenizer is the built-in model's (SmolLM2's 49,152
-tokens and chat template), its vocabulary padded to the model's with placeholder tokens
-`<|pad_NNNNNN|>` that no text encodes to: the embedding and output shapes (and every step's logits)
-are the real ones, and every id the model samples decodes. Random weights write garbage: measure
-with `ignore_eos` and fixed lengths, never learning. `--tiny`: 2 layers (a quick check on a CPU).
+    python bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes [--tiny]
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Samples/s and s/step of the same GRPO job on 1, 2, 4 GPUs, with the split between generation and
-update (docs/benchmarks.md, "One job over several GPUs").
+"""Samples/s and s/step of the same GRPO job on 1, 2, 4 GPUs, split between generation and update
+(docs/benchmarks.md, "One job over several GPUs"): per GPU count N, one sandbox, N generator replicas
+and the race's job (recipes/grpo_smollm2.yaml, JOB, then `--set`) with `distributed.train_gpus: N`,
+through the worker's entry point; medians of the job's own metrics over the steps after the first.
 
     python bench/multi_gpu.py --gpus 1,2,4 --out multi_gpu.json                 # SmolLM2-135M
     python bench/multi_gpu.py --shape qwen2.5-coder-1.5b --gpus 1,2,4 --out multi_gpu_1p5b.json
     python bench/multi_gpu.py --tiny --gpus 1,2 --out /tmp/multi_gpu.json       # CPU, gloo: a check
-
-Per GPU count N: one sandbox, N generator replicas (replica i on GPU i) and the race's job
-(recipes/grpo_smollm2.yaml, then JOB below, then `--set` overrides) with `distributed.train_gpus: N`,
-through the worker's entry point (N > 1: its torchrun launcher). Figures: medians over the steps after
-the first of the job's own metrics, samples/s and the speed-up over N = 1 against issue 26's targets.
-64 problems x 8 samples: replicas only help once one replica holds more rows than it decodes at once
-(128); `kl_beta` 0.01 keeps every sequence in the update (random-weight shapes earn every answer the
-same reward, and run every completion to the token limit).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Self-play figures (SPIRAL) in a fixed budget: the runs of recipes/selfplay.yaml, tic-tac-toe and the
-code-output game, each with role-conditioned advantages (RAE) and with one shared baseline.
+"""Self-play figures (docs/benchmarks.md, "Self-play"): the runs of recipes/selfplay.yaml, each
+`crucible train --local` with a generator of its own, `--parallel` at a time, interrupted like a
+Ctrl-C at `--deadline-s`; meanwhile an evaluation job scores the base model on MBPP. Writes `--json`
+(every run's metric series, MBPP before / halfway / after, RAE against shared) and, into
+`--out-dir`, each run's metrics.jsonl, games.md and curve, and `selfplay.png`.
 
-Each run is `crucible train --local` of its recipe (plus `--set` overrides for all), `--parallel` at a
-time, each with a generator of its own (the runs share one GPU; one shared generator would queue their
-short turns behind each other's batches), interrupted like a Ctrl-C at `--deadline-s` (its figures so
-far kept, marked partial). Meanwhile an evaluation job gives the base model's MBPP-test greedy pass@1.
-Writes `--json` (every run's metric series, MBPP before / halfway / after, RAE against shared) and into
-`--out-dir` each run's metrics.jsonl, games.md and curve, and `selfplay.png`.
-
-Usage: python bench/selfplay.py [--runs ttt-role,ttt-shared,code-role,code-shared] [--set FIELD=VALUE ...]
-           [--eval-tasks 500] [--deadline-s 720] [--parallel 2] [--json out.json] [--out-dir dir]
-       python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
+    python bench/selfplay.py [--runs ttt-role,code-role] [--set FIELD=VALUE ...] [--json out.json]
+    python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Serving race: tokens/s of OpenAI-compatible completion servers under closed-loop clients, and the
-time to hot-swap a LoRA adapter, side by side (docs/benchmarks.md, "Real vLLM beside Crucible's
-generator"). Each of `--clients` clients sends one greedy `/v1/completions` request at a time (the
-same prompt as token ids, `--max-tokens` with `ignore_eos`) for `--seconds`; rounds alternate
-between the servers after a warm-up round each, and each server's figure is its rounds' median.
+"""Serving race (docs/benchmarks.md, "Real vLLM beside Crucible's generator"): tokens/s of
+OpenAI-compatible servers under closed-loop clients, rounds alternating between the servers after a
+warm-up each (a server's figure: its rounds' median), then `--swaps` LoRA hot-swaps per server.
 `--adapter-rank R`: every request names a random rank-R adapter loaded into every server first.
-Then `--swaps` hot-swaps per server (`generator.hot_swap`). Crucible's `/metrics` is read around
-the measured rounds (did steady-state decoding capture graphs?).
 
     python bench/serve_race.py --server vllm=http://127.0.0.1:8001@base \\
-        --server crucible=http://127.0.0.1:8002@smollm2-135m-instruct --model-dir /root/models/m \\
-        --clients 1 8 32 128 --json race.json
+        --server crucible=http://127.0.0.1:8002@smollm2-135m-instruct --model-dir /root/models/m --json race.json
 
 `NAME=URL@MODEL`: MODEL is the `model` field the server expects for its base model.
 """

@@ -1,23 +1,15 @@
-"""Time to accuracy: the same GRPO job run by Crucible and by TRL's `GRPOTrainer`, each saving its
-adapter every N steps with the wall time since its process started; every saved adapter is then
-evaluated through Crucible's own evaluation path and the curves compared (docs/benchmarks.md,
-"Time to accuracy against TRL").
+"""Time to accuracy (docs/benchmarks.md, "Time to accuracy against TRL"): the same GRPO job run by
+Crucible and by TRL's `GRPOTrainer`, each saving its adapter every N steps with the wall time since
+its process started; every saved adapter is then evaluated through Crucible's evaluation jobs (off
+the runs' clocks) and the curves compared.
 
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
     python bench/tta.py eval DIR [DIR ...] [--tasks 500] [--humaneval-tasks 164]
     python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md
 
-RECIPE: a recipe of recipes/learning.yaml or a job spec file, `--set` overriding it. Both engines
-take everything from the one spec (`trl_config` maps it; the sandbox scores TRL's completions as
-Crucible's rollouts do). What TRL has no counterpart for is recorded, not emulated: Crucible's
-difficulty filter runs inside its job and counts in its wall time; TRL trains unfiltered.
-`crucible` runs the job through the worker's entry point with `eval=null` (evaluation never counts
-in a run's wall time); `distributed.train_gpus` > 1 trains over DDP ranks on the visible cards.
-Each run writes `DIR/run.json` as it goes: the job, the points `{step, wall_s, adapter}` (step 0:
-the base model at 0 s) and what the run reported. `eval` scores the base model and every saved
-adapter greedily on the job's evaluation problems (HumanEval on the base and the last adapter)
-into `DIR/evals.json`, skipping what is already there. A CPU check: tests/unit/test_bench_tta.py.
+RECIPE: a recipe of recipes/learning.yaml or a job spec file. Each run writes `DIR/run.json` (the
+job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json`.
 """
 
 from __future__ import annotations

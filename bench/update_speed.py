@@ -1,16 +1,10 @@
-"""The policy update alone, timed in two arms side by side on one policy: `--compare buckets`,
-micro-batches in the batch's order or filled longest first (`optim.length_buckets` false / true);
-`--compare precision`, a bf16/fp16 base model's adapted layers with PEFT's casting (activations cast
-to the float32 adapter's dtype) or under autocast (`rl/policy.py`'s mixed precision).
-
-The job is bench/multi_gpu.py's GRPO spec (`kl_beta` 0.01: every sequence trains and the reference is
-scored), resolved for the machine (`hardware.resolve`), its update built by the method. The batch is
-synthetic and seeded: `--prompts` groups of `--group` samples sharing a 30-120 token prompt,
-completions of `--min-tokens` (1) to `--max-tokens` tokens. The arms alternate `--repeats` times
-after a warm-up each; the figures are per-arm medians of the update's own metrics.
+"""The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
+the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
+(`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`). The job
+is bench/multi_gpu.py's GRPO spec; the batch is synthetic and seeded; the figures are per-arm medians
+of the update's own metrics.
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
-    python bench/update_speed.py --model smollm2-135m-instruct --out /tmp/u.json   # the built-in (GPU)
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
 """
 
