@@ -319,6 +319,15 @@ def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
     return summary
 
 
+def evaluation(settings: Any, label: str, model: dict[str, Any], data: dict[str, Any], max_tokens: int,
+               adapter: str | None = None, **spec: Any) -> dict[str, Any]:  # fmt: skip
+    """An evaluation job of `model` (its `base`, `chat`...), or of `adapter` on it, on `data`, through
+    the worker's entry point: its headline figures (`greedy_pass@1`, `problems`...) and `wall_s`."""
+    spec |= {"kind": "eval", "model": model, "adapter": adapter, "data": data, "max_tokens": max_tokens}
+    summary = run_job(load_job(spec), label, settings)
+    return {**summary["eval"]["eval"], "wall_s": summary["wall_s"]}
+
+
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     """A training job's per-step metrics rows (its `metrics.jsonl`, evaluations left out)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -49,12 +49,12 @@ def sft_stage(job: dict[str, Any]) -> Any:
 def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
     """Greedy pass@1 on HumanEval (164) of the job's base model and of `adapter`, each an evaluation
     job with the job's prompts and max tokens."""
-    max_tokens = job.eval.max_tokens if job.eval else job.rollout.max_tokens
+    model, max_tokens = {"base": job.model.base, "chat": job.model.chat}, (job.eval or job.rollout).max_tokens
     scores: dict[str, Any] = {}
     for label, loaded in (("before", None), ("after", adapter)) if adapter else (("before", None),):
-        spec = {"kind": "eval", "model": {"base": job.model.base, "chat": job.model.chat}, "adapter": loaded}
-        spec |= {"data": {"dataset": "humaneval"}, "greedy": True, "max_tokens": max_tokens}
-        found = common.run_job(common.load_job(spec), f"humaneval-{label}", settings)["eval"]["eval"]
+        found = common.evaluation(
+            settings, f"humaneval-{label}", model, {"dataset": "humaneval"}, max_tokens, loaded, greedy=True
+        )
         scores[label] = {"greedy_pass@1": found.get("greedy_pass@1"), "problems": found.get("problems")}
     return scores
 

@@ -170,10 +170,8 @@ def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, 
                 print(f"started {name}", flush=True)
                 continue
             if before is None and args.eval_tasks:
-                spec = {"kind": "eval", "model": {"base": args.model}, "max_tokens": 256}
-                spec["data"] = {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}
-                summary = common.run_job(common.load_job(spec), "before", settings)
-                before = {**summary.get("eval", {}), "wall_s": summary["wall_s"]}
+                data = {"dataset": "mbpp", "split": "test", "limit": args.eval_tasks}
+                before = common.evaluation(settings, "before", {"base": args.model}, data, 256)
                 print("before:", json.dumps(before), flush=True)
             late = time.time() - deadline
             for name, p in procs.items():

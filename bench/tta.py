@@ -350,8 +350,6 @@ def run_trl(args: argparse.Namespace) -> None:
 def run_eval(args: argparse.Namespace) -> None:
     import tempfile
 
-    from crucible_shared.jobs import EvalJob
-
     runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
     base = runs[0][1]["job"]["model"]["base"]
     if any(r["job"]["model"]["base"] != base for _, r in runs):
@@ -371,12 +369,9 @@ def run_eval(args: argparse.Namespace) -> None:
         limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
         if limit is not None:
             data["limit"] = limit
-        model = {"base": base, "chat": run["job"]["model"]["chat"]}
-        tokens = run["eval"]["max_tokens"]
-        spec = EvalJob(model=model, adapter=adapter, data=data, greedy=True, max_tokens=tokens)
-        started = time.time()
-        found = common.run_job(spec, label, settings)["eval"]["eval"]
-        seconds = round(time.time() - started, 1)
+        model, tokens = {"base": base, "chat": run["job"]["model"]["chat"]}, run["eval"]["max_tokens"]
+        found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
+        seconds = round(found["wall_s"], 1)
         return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"), "seconds": seconds}
 
     env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
