@@ -1,30 +1,15 @@
 #!/usr/bin/env bash
-# Real vLLM (OpenAI-compatible server, runtime LoRA loading) on the GPU machine (Python 3.12,
-# torch 2.11.0+cu130, no internet, at most 64 MiB carried per call). vLLM 0.20.0-0.26.0 pin
-# torch==2.11.0; 0.22.0 is the one tested.
-#
-# Why it fits: on Hopper the FA2 kernels are never used (FA3 is), the MoE kernels (_moe_C) serve only
-# MoE models and the Rust frontend is opt-in; the rest plus the Python wheels the server imports,
-# re-packed with xz, is one ~117 MB tarball in two carried parts. (MoE models: keep _moe_C in
-# `prepare`, a third part. Non-Hopper GPUs: keep FA2, or TRITON_ATTN.)
-#
-# Here, from the repository root: `bash bench/gpu-vllm.sh prepare` (.carry/vllm/{s1,s2,site.sha256}).
-# On the GPU machine, each call right after the previous returns (the machine stays warm only
-# briefly): 1. carry [.carry/vllm/s1]: `stage .carry/vllm/s1`; 2. carry [.carry/vllm/s2,
-# .carry/vllm/site.sha256]: `stage .carry/vllm/s2 && install .carry/vllm/site.sha256`; then the
-# model as for every GPU benchmark (`bench/gpu.sh part-a`, `setup`) and `bench/gpu.sh vllm-up`
-# (the project's launch profile, `profile` below), `vllm-check` (`check` below + the fixtures).
-# The server outlives its call (own session). Environment: NAME (served model name for `check`,
+# Real vLLM 0.22.0 (torch 2.11.0+cu130) on the GPU machine, carried in two parts of at most 64 MiB:
+# without the FA2 kernels (Hopper runs FA3), the MoE kernels and the Rust frontend, one ~117 MB xz
+# tarball. Here: `bash bench/gpu-vllm.sh prepare` (.carry/vllm/{s1,s2,site.sha256}); there, call 1
+# carries s1: `stage .carry/vllm/s1`; call 2 carries s2 and site.sha256: `stage .carry/vllm/s2 &&
+# install .carry/vllm/site.sha256`; then `bench/gpu.sh part-a`, `setup`, `vllm-up` (`profile`
+# below), `vllm-check`. The server outlives its call. Environment: NAME (served name for `check`,
 # default "base"), PORT (8001), GPU_UTIL (0.3), WAIT (health wait, s, 420).
 set -euo pipefail
 VLLM_VERSION=${VLLM_VERSION:-0.22.0}
-# What vLLM's OpenAI server imports that the GPU image lacks (read from import failures under
-# `pip install --no-deps`; the image already has torch, transformers, tokenizers, numpy, aiohttp,
-# httpx, anyio, uvloop, prometheus-client, pyyaml, triton, peft, ...). llguidance and xgrammar
-# are imported at module level by the structured-output code; xgrammar 0.2.6 is the small build
-# (0.2.0-0.2.5 are ~45 MB) and wants apache-tvm-ffi>=0.1.10.
-# openai stays on 2.x: openai 3.x imports httpx2, which the machine lacks (seen there:
-# "ModuleNotFoundError: No module named 'httpx2'").
+# What vLLM's server imports that the GPU image lacks (from import failures under --no-deps);
+# xgrammar 0.2.6 is the small build; openai stays on 2.x (3.x imports httpx2, which the machine lacks).
 DEPS="fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0
 typing_inspection==0.4.5 typing_extensions==4.16.0 uvicorn==0.54.0 python-multipart==0.0.34
 prometheus-fastapi-instrumentator==8.1.0 opentelemetry-api==1.45.2 openai==2.54.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1
@@ -40,9 +25,7 @@ PLAT="$PLAT --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 NAME=${NAME:-base} PORT=${PORT:-8001}
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-# vLLM 0.22 turns the FlashInfer top-k/top-p sampler on by default and then imports flashinfer
-# (not carried: ~1 GB of kernels) -> "ModuleNotFoundError: No module named 'flashinfer'" at engine
-# start. Off, it samples with PyTorch. Attention runs on vLLM's own FA3 either way.
+# Otherwise vLLM imports flashinfer (~1 GB, not carried) for its sampler; off, it samples with PyTorch.
 export VLLM_USE_FLASHINFER_SAMPLER=0
 # The machine's NVLink-multicast guards; keep them in every process we start.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

