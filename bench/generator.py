@@ -9,7 +9,6 @@ name, ask it for one token: p50/p90 of each, from the start of the save. Prints 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import md_table, percentile
+from bench.common import argument_parser, md_table, percentile
 
 PROMPT_STARTS = [
     "def fibonacci(n):",
@@ -158,7 +157,7 @@ def markdown(results: dict) -> str:
 def main() -> None:
     # The generator sets this for itself; the in-process baseline gets the same OpenMP behaviour.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=64)

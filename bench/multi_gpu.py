@@ -28,29 +28,19 @@ TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
 JOB = ["optim.problems_per_step=64", "optim.steps=4", "eval=null", "method.kl_beta=0.01"]  # 3 timed steps
 TINY = ["optim.problems_per_step=2", "method.group_size=4", "rollout.max_tokens=8", "optim.steps=2"]
 TINY += ["optim.micro_batch=4", "data.limit=4"]
-SPLIT = {  # report key -> the job's metric (median over the steps after the first)
-    "generate_s": "time/generate_s",
-    "rollout_s": "time/rollout_s",
-    "execute_tail_s": "time/execute_tail_s",  # the part of the rollout after the last completion
-    "update_command_s": "time/update_command_s",  # the update's parts: handing the batch over,
-    "update_score_s": "time/update_score_s",  # scoring the reference,
-    "update_passes_s": "time/update_passes_s",  # forward, backward and optimizer steps
-    "update_ref_s": "time/update_ref_s",  # the passes' parts (device time, rl/timing.py):
-    "update_old_s": "time/update_old_s",
-    "update_forward_backward_s": "time/update_forward_backward_s",
-    "update_allreduce_s": "time/update_allreduce_s",  # DDP; FSDP's reduce-scatter is in the backward
-    "update_optimizer_s": "time/update_optimizer_s",
-    "update_s": "time/train_s",
-    "publish_s": "publish/total_s",
-    "stale_wait_s": "time/stale_wait_s",
-}
+# Report key -> the job's metric, medians over the steps after the first: the rollout, the update and
+# its parts (docs/benchmarks.md, "What every step reports"), publishing, the unhidden stale check.
+PARTS = ["generate", "rollout", "execute_tail", "update_command", "update_score", "update_passes"]
+PARTS += ["update_ref", "update_old", "update_forward_backward", "update_allreduce", "update_optimizer"]
+SPLIT = {f"{part}_s": f"time/{part}_s" for part in PARTS}
+SPLIT |= {"update_s": "time/train_s", "publish_s": "publish/total_s", "stale_wait_s": "time/stale_wait_s"}
 # The update's model FLOPs per second per GPU (rl/throughput.py) and the fraction of the card's peak.
 FIGURES = ("tokens_per_s_per_gpu", "peak_fraction")
 PERF = [f"perf/update{p}_{f}" for p in ("", "_train", "_ref", "_old") for f in FIGURES]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = common.argument_parser(__doc__, overrides=True)
     p.add_argument("--model", default="smollm2-135m-instruct", help="model.base of the job")
     p.add_argument("--shape", help="build this shape with random weights (bench/model_shapes.py)")
     p.add_argument(
@@ -58,7 +48,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts (ranks = replicas = N)")
     p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy (N > 1)")
-    common.job_arguments(p, job=False)
     p.add_argument("--generator-batch", type=int, default=128, help="rows each replica decodes at once")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

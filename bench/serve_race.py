@@ -11,7 +11,6 @@ warm-up each (a server's figure: its rounds' median), then `--swaps` LoRA hot-sw
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import counters, dump, md_table, percentile, random_adapter
+from bench.common import argument_parser, counters, dump, md_table, percentile, random_adapter
 from bench.generator import hot_swap
 
 TEXT = (
@@ -123,7 +122,7 @@ def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--server", action="append", required=True, help="NAME=URL@MODEL (repeat)")
     parser.add_argument(
         "--model-dir", required=True, help="the served model's directory (tokenizer, LoRA base)"

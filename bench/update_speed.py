@@ -24,6 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import argument_parser  # noqa: E402
+
 KEYS = {"update_s": None, "score_s": "time/update_score_s", "ref_s": "time/update_ref_s"}  # key -> metric
 KEYS |= {"forward_backward_s": "time/update_forward_backward_s", "optimizer_s": "time/update_optimizer_s"}
 KEYS |= {
@@ -55,7 +57,7 @@ ARMS = {"buckets": (batch_order, length_buckets), "precision": (peft_casting, mi
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argument_parser(__doc__)
     p.add_argument("--shape", help="a real model's shape with random weights (bench/model_shapes.py)")
     p.add_argument("--model", help="an installed model or checkpoint instead (e.g. smollm2-135m-instruct)")
     p.add_argument("--prompts", type=int, default=8, help="groups (problems) in the batch")

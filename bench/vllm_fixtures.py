@@ -10,7 +10,6 @@ per answer: `{"status": ..., "body": ...}`, or `"content_type": "text/plain"` fo
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import random_adapter
+from bench.common import argument_parser, random_adapter
 
 
 def record(response: httpx.Response) -> dict:
@@ -31,7 +30,7 @@ def record(response: httpx.Response) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True, help="the served base model name")
     parser.add_argument("--model-dir", required=True)
