@@ -19,6 +19,7 @@ import time
 T0 = time.time()  # a run's clock starts with its process, before its imports
 
 import argparse  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
@@ -558,6 +559,65 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def seed_means(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The runs of one setting (engine, cards, placement, overlap) over two or more seeds as one
+    run for `compare`: at each step that all of them evaluated, their mean wall time and mean
+    pass@1 (MBPP, and HumanEval where all have it). The seeds' own runs stay in the table beside it.
+
+    >>> mk = lambda engine, pts: {"run": {"engine": engine, "gpus": 1, "job": {}, "points": [
+    ...     {"step": s, "wall_s": w} for s, w, _ in pts]},
+    ...     "evals": {str(s): {"mbpp": {"pass@1": p}} for s, _, p in pts}}
+    >>> m = seed_means({"a": mk("trl", [(0, 0, .5), (10, 100, .52)]),
+    ...                 "b": mk("trl", [(0, 0, .5), (10, 120, .56), (20, 200, .6)]),
+    ...                 "c": mk("crucible", [(0, 0, .5), (10, 60, .6)])})
+    >>> list(m), m["trl, 1 GPU, mean of 2 seeds"]["run"]["points"]
+    (['trl, 1 GPU, mean of 2 seeds'], [{'step': 0, 'wall_s': 0.0}, {'step': 10, 'wall_s': 110.0}])
+    >>> m["trl, 1 GPU, mean of 2 seeds"]["evals"]["10"]
+    {'mbpp': {'pass@1': 0.54}}
+    """
+    import statistics
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in [r for r in runs.values() if curve(r["run"], r["evals"])]:  # evaluated runs only
+        run = r["run"]
+        overlap = (run["job"].get("overlap") or {}).get("max_staleness")
+        label = f"{run['engine']}, {run['gpus']} GPU" + (", overlapped" if overlap else "")
+        if run["gpus"] > 1:  # DDP replicas and a generator on its own card are different settings
+            label += f", {json.dumps(run.get('placement'), sort_keys=True)}"
+        groups.setdefault(label, []).append(r)
+    out = {}
+    for label, group in groups.items():
+        if len(group) < 2:
+            continue
+        evaluated = [
+            {p["step"]: p for p in r["run"]["points"] if "mbpp" in r["evals"].get(str(p["step"]), {})}
+            for r in group
+        ]
+        steps = sorted(set.intersection(*(set(e) for e in evaluated)))
+        points, evals = [], {}
+        for step in steps:
+            wall = statistics.fmean(e[step]["wall_s"] for e in evaluated)
+            points.append({"step": step, "wall_s": round(wall, 2)})
+            found = [r["evals"][str(step)] for r in group]
+            evals[str(step)] = {
+                d: {"pass@1": round(statistics.fmean(f[d]["pass@1"] for f in found), 4)}
+                for d in ("mbpp", "humaneval")
+                if all(d in f for f in found)
+            }
+        first = group[0]["run"]
+        run = {
+            "engine": first["engine"],
+            "gpus": first["gpus"],
+            "placement": first.get("placement"),
+            "points": points,
+            "wall_s": round(
+                statistics.fmean(r["run"].get("wall_s") or points[-1]["wall_s"] for r in group), 2
+            ),
+        }
+        out[f"{label}, mean of {len(group)} seeds"] = {"run": run, "evals": evals}
+    return out
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The comparison as Markdown: one row per run, then the points."""
 
@@ -617,6 +677,40 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SEED_KEYS = ("seed", "data.seed")
+
+
+def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each evaluated run as a learning row (docs/results/<card>/learning/), named
+    `[trl-]<recipe>[+<override>...]-seed<N>.json` (overrides besides the seeds' in the name too):
+    greedy MBPP pass@1 before and after, HumanEval where evaluated.
+
+    >>> run = {"engine": "crucible", "job": {"seed": 1, "model": {"base": "m"}},
+    ...        "command": ["bench/tta.py", "crucible", "r", "--set", "seed=1", "--set", "optim.lr=1"],
+    ...        "points": [{"step": 0, "wall_s": 0}, {"step": 10, "wall_s": 9}]}
+    >>> evals = {"0": {"mbpp": {"pass@1": 0.5}}, "10": {"mbpp": {"pass@1": 0.6}}}
+    >>> rows = learning_rows({"c": {"run": run, "evals": evals}})
+    >>> list(rows), rows["r+optim.lr=1-seed1.json"]["after"]
+    (['r+optim.lr=1-seed1.json'], 0.6)
+    """
+    rows = {}
+    for name, r in runs.items():
+        run, pts = r["run"], curve(r["run"], r["evals"])
+        if len(pts) < 2:
+            continue
+        recipe, seed, command = run["command"][2], run["job"]["seed"], run["command"]
+        sets = [v for k, v in itertools.pairwise(command) if k == "--set"]
+        sets = [v for v in sets if v.split("=")[0] not in SEED_KEYS]
+        row = {"recipe": recipe, "overrides": sets, "engine": run["engine"], "seed": seed, "run": name}
+        row |= {"before": pts[0]["pass@1"], "after": pts[-1]["pass@1"], "steps": pts[-1]["step"]}
+        row |= {"wall_s": pts[-1]["wall_s"], "model": run["job"]["model"]["base"]}
+        row |= {"humaneval_before": pts[0].get("humaneval"), "humaneval_after": pts[-1].get("humaneval")}
+        row["command"] = " ".join(["python", *run["command"]])
+        prefix = "trl-" if run["engine"] == "trl" else ""
+        rows[f"{prefix}{'+'.join([recipe, *sets])}-seed{seed}.json"] = row
+    return rows
+
+
 def run_table(args: argparse.Namespace) -> None:
     runs = {}
     for d in [d for d in args.runs if (d / "run.json").exists()]:
@@ -626,8 +720,15 @@ def run_table(args: argparse.Namespace) -> None:
         }
         runs[d.name]["metrics"] = common.read_jsonl(d / "metrics.jsonl")
     result = compare(runs)
-    common.dump(args.json, result)
     text = markdown(result)
+    means = seed_means(runs)
+    if means:
+        result["over_seeds"] = compare(means)
+        text += "\nOver seeds (each setting's mean curve):\n\n" + markdown(result["over_seeds"])
+    common.dump(args.json, result)
+    if args.learning:
+        for file, row in learning_rows(runs).items():
+            common.dump(args.learning / file, row)
     if args.md:
         args.md.write_text(text)
     print(text)
@@ -653,6 +754,7 @@ def main(argv: list[str] | None = None) -> None:
     evaluate.add_argument("--rows", type=int, default=256, help="rows of the generator")
     table.add_argument("--json", type=Path, required=True)
     table.add_argument("--md", type=Path)
+    table.add_argument("--learning", type=Path, help="also each run's learning row, in this folder")
     args = parser.parse_args(argv)
     {"crucible": run_crucible, "trl": run_trl, "eval": run_eval, "table": run_table}[args.verb](args)
 
