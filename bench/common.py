@@ -304,14 +304,14 @@ def show_logs(work: Path, lines: int = 30) -> None:
         print(f"== {log.relative_to(work)}", *tail, sep="\n", file=sys.stderr)
 
 
-def run_job(spec: Any, job_id: str, settings: Any) -> dict[str, Any]:
-    """A parsed job (train, eval or pipeline) through the worker's own entry point, in this process;
-    its summary plus `wall_s`. Raises when the job does not finish."""
+def run_job(spec: Any, job_id: str, settings: Any, on_event: Any = None) -> dict[str, Any]:
+    """A parsed job (train, eval or pipeline) through the worker's own entry point, in this process
+    (its events to `on_event(kind, event)`); its summary plus `wall_s`. Raises when it does not finish."""
     from crucible_trainer.runtime.channel import LocalChannel
     from crucible_trainer.runtime.entry import execute
 
     started = time.perf_counter()
-    summary = execute(spec, job_id, settings, LocalChannel(job_id))
+    summary = execute(spec, job_id, settings, LocalChannel(job_id, on_event))
     if summary.get("status") != "finished":
         raise RuntimeError(f"{job_id}: {summary.get('status')}")
     summary["wall_s"] = time.perf_counter() - started

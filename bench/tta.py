@@ -72,6 +72,14 @@ class Record(dict):
         self.update(changes)
         common.dump(self.path, self)
 
+    def phase(self, kind: str, event: dict[str, Any]) -> None:
+        """When the job first reported each kind of event (`status` per status, `metrics` per
+        step up to the third), seconds since the run began: where its start-up goes."""
+        key = f"{kind}:{event.get('status') or event.get('step') or ''}".rstrip(":")
+        phases = self.setdefault("phases", {})
+        if kind != "metrics" or int(event.get("step") or 0) <= 3:
+            phases.setdefault(key, round(time.time() - T0, 2))
+
     def point(self, step: int, wall_s: float, adapter: str) -> None:
         self["points"].append({"step": step, "wall_s": round(wall_s, 2), "adapter": adapter})
         self.save()
@@ -98,7 +106,7 @@ def run_crucible(args: argparse.Namespace) -> None:
     try:
         with common.services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
             record["train_start_s"] = round(time.time() - T0, 2)
-            summary = common.run_job(spec, job_id, settings)
+            summary = common.run_job(spec, job_id, settings, record.phase)
     except BaseException:
         common.show_logs(work)
         raise

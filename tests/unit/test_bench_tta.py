@@ -94,6 +94,11 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
             assert (Path(p["adapter"]) / "adapter_model.safetensors").is_file()
         assert record["eval"]["max_tokens"] == 24 and record["job"]["optim"]["steps"] == 2
     assert json.loads((tmp_path / "trl" / "run.json").read_text())["rewards"]["scored"] == 2 * 2 * 2
+    # Crucible's start-up, phase by phase: the job's first events in the order they came
+    phases = json.loads((tmp_path / "crucible-1gpu" / "run.json").read_text())["phases"]
+    order = ["status:starting", "settings", "metrics:1", "metrics:2", "status:finished"]
+    assert [k for k in phases if k in order] == order
+    assert sorted(phases[k] for k in order) == [phases[k] for k in order]
 
     runs = [str(tmp_path / "crucible-1gpu"), str(tmp_path / "trl")]
     run("eval", *runs, "--tasks", "2", "--humaneval-tasks", "1", "--rows", "8")
