@@ -100,7 +100,7 @@ def trainer_env(
         "CRUCIBLE_TRAINER_SANDBOX_URL": sandbox.url,
         "CRUCIBLE_TRAINER_ADAPTER_DIR": str(dirs["adapters"]),
         "CRUCIBLE_TRAINER_RUNS_DIR": str(dirs["runs"]),
-        "CRUCIBLE_TRAINER_HEARTBEAT_S": "1",
+        "CRUCIBLE_TRAINER_HEARTBEAT_S": "0.5",
         "CRUCIBLE_TRAINER_CANCEL_POLL_S": "0.5",
         "WANDB_MODE": "disabled",
     }
@@ -112,8 +112,10 @@ def gateway(redis_url, stack_dirs) -> Iterator[Service]:
         "REDIS_URL": redis_url,
         "CRUCIBLE_GATEWAY_RUNS_DIR": str(stack_dirs["runs"]),
         "CRUCIBLE_GATEWAY_ADAPTER_DIR": str(stack_dirs["adapters"]),
-        "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": "15",
-        "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "1",
+        # A lost worker's job is reaped 6 s after its last heartbeat (two tests of test_gateway
+        # wait it out), as on test_fencing's stack: the trainers beat every 0.5 s (trainer_env).
+        "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": "6",
+        "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "0.5",
     }
     with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as service:
         yield service

@@ -31,7 +31,10 @@ def two_ranks(stack_generator, sandbox, stack_dirs):
 
 def test_two_rank_job_finishes_and_publishes(stack_generator, sandbox, stack_dirs) -> None:
     settings = two_ranks(stack_generator, sandbox, stack_dirs)
-    summary = run(tiny_job(distributed={"train_gpus": 2}), "dist-ok", settings)
+    # Completions of 32 tokens (tiny_job's 64 took half the test): eight samples a step still
+    # split four to a rank, and the update of every step runs over both.
+    spec = tiny_job(rollout={"max_tokens": 32}, distributed={"train_gpus": 2})
+    summary = run(spec, "dist-ok", settings)
     assert summary["status"] == "finished"
     assert (Path(summary["adapter"]) / "adapter_model.safetensors").exists()
     rows = [
@@ -52,8 +55,11 @@ def test_a_killed_rank_fails_the_job_and_a_retry_resumes(stack_generator, sandbo
 
     settings = two_ranks(stack_generator, sandbox, stack_dirs)
     spec = tiny_job(
+        # What is checked is the failure and the resume, not the update: groups of two samples of
+        # 24 tokens (two to a rank), a few seconds a step.
+        method={"name": "grpo", "group_size": 2},
         optim={"steps": 2},
-        rollout={"max_tokens": 32},
+        rollout={"max_tokens": 24},
         distributed={"train_gpus": 2, "timeout_s": 60},
         publish=NO_STALE_CHECK,  # rank 0's probe is the first test's
     )

@@ -22,10 +22,12 @@ TINY_TRAIN = {
     "name": "tiny",
     "method": {"name": "grpo"},
     "data": {"dataset": "mbpp", "ids": [601, 602]},
-    "rollout": {"group_size": 4, "max_tokens": 48},
+    # A job's lifecycle, not what it learns (test_trainer's): two samples of 24 tokens a step, as
+    # test_fencing's jobs, a few seconds on a CPU (eight of 48 took about 20).
+    "rollout": {"group_size": 2, "max_tokens": 24},
     "reward": {"kind": "graded"},
     # Micro-batches of 2: the update's peak memory is about 2.5 MB per token of a micro-batch.
-    "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 2, "micro_batch": 2},
+    "optim": {"lr": 5e-4, "steps": 2, "problems_per_step": 1, "micro_batch": 2},
     "eval": None,
     "checkpoint": {"every": 1},
     "publish": {"stale_check": False},  # tested in test_trainer; here a job's lifecycle is

@@ -23,6 +23,10 @@ pytestmark = pytest.mark.slow
 # The stale-policy probe (a generator request and two scoring passes, seconds a step) is checked
 # by the GRPO and tampering tests here and the overlapped run; other tests of jobs turn it off.
 NO_STALE_CHECK = {"stale_check": False}
+# For tests of what happens around a step (tampering caught, cancel, kill and resume) rather than
+# what it learns: groups of two samples of 24 tokens, a few seconds a step on a CPU where
+# tiny_job's eight of 64 take about 20.
+SHORT_STEPS = {"method": {"name": "grpo", "group_size": 2}, "rollout": {"max_tokens": 24}}
 
 
 def tiny_job(**overrides) -> TrainJob:
@@ -165,7 +169,7 @@ def test_a_generator_serving_other_weights_fails_the_step(
 
     events: list[dict] = []
     channel = LocalChannel("stale-it", lambda kind, event: events.append(event))
-    spec = tiny_job(optim={"steps": 3}, checkpoint={"every": 1})
+    spec = tiny_job(**SHORT_STEPS, optim={"steps": 3, "problems_per_step": 1}, checkpoint={"every": 1})
     with pytest.raises(StalePolicyError, match=r"stale-it-v1 \(version 1\)"):
         train(spec, "stale-it", settings_for(stack_generator, sandbox, stack_dirs), channel)
     run_dir = stack_dirs["runs"] / "stale-it"
@@ -221,7 +225,7 @@ def test_cancel_stops_a_running_job(stack_generator, sandbox, stack_dirs) -> Non
         channel = LocalChannel("cancel-it")
         job = asyncio.create_task(
             run_train_job(
-                tiny_job(optim={"steps": 50}, publish=NO_STALE_CHECK),
+                tiny_job(**SHORT_STEPS, optim={"steps": 50, "problems_per_step": 1}, publish=NO_STALE_CHECK),
                 "cancel-it",
                 settings_for(stack_generator, sandbox, stack_dirs),
                 channel,
@@ -245,6 +249,7 @@ def test_killed_job_resumes_exactly(stack_generator, sandbox, stack_dirs, tmp_pa
     """Killed after a checkpoint and resumed, a job trains on the same problems in the same order
     as one that never stopped (three problems, two per step: the order crosses epochs)."""
     spec = tiny_job(
+        **SHORT_STEPS,
         data={"dataset": "mbpp", "ids": [601, 602, 603]},
         optim={"steps": 3},
         eval={"data": {"dataset": "mbpp", "ids": [11]}, "max_tokens": 16},
