@@ -4,7 +4,8 @@ gradients.
 On tiny random-weight checkpoints with a random LoRA adapter, a policy whose passes run through
 torch.compile (inductor) and one that runs them eager must agree, token by token and gradient by
 gradient, within float32 rounding: the whole update (training, the KL reference scored with the
-adapter's starting weights swapped in, a second pass whose `log p_old` comes from the first), and
+adapter disabled, a second pass whose `log p_old` comes from the first), the reference scored with
+the starting adapter's weights swapped in, and
 the padding of each batch to a multiple of 64 tokens (masked: no log-prob or gradient moves). A
 step whose compiled gradient is not finite runs again eager. The spec field is checked as the
 others are.
@@ -13,8 +14,10 @@ Inductor's C++ kernels are built quickly here (`quick_compiler`: no vector instr
 the tests check what compiling changes (tracing, padding, dynamic shapes, autograd), not gcc's
 code generation, and a cold compile of one forward and backward takes ~20 s on a 2-core machine
 instead of ~40 s (inductor caches them on disk afterwards). The default run compiles one family
-(Llama); `CRUCIBLE_TEST_COMPILE=1` also runs the other families, gradient checkpointing, a bf16
-base under autocast and a no-grad `log p_old` pass (several minutes cold).
+(Llama, its reference the base model); `CRUCIBLE_TEST_COMPILE=1` also runs the other families
+(their reference the starting adapter swapped in), a reference graph beside the adapter's,
+gradient checkpointing, a bf16 base under autocast and a no-grad `log p_old` pass (several
+minutes cold).
 """
 
 from __future__ import annotations
@@ -72,6 +75,16 @@ def make_policy(model: Path, adapter: str | None, compile: bool | str = False, *
         }
     )
     return Policy(spec.model, spec.optim, spec.seed)
+
+
+def randomised(policy):
+    """`policy` with a seeded random LoRA B (PEFT starts it at zero), the same in every policy."""
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return policy
 
 
 class Compiled:
@@ -134,16 +147,18 @@ def recorded(
 
 
 def test_a_compiled_update_gives_the_eager_gradients(adapter_model, quick_compiler) -> None:
-    """Two passes of one optimizer step each, a KL term (the reference scored with the starting
-    adapter swapped in), micro-batches of 5, 5 and 1 rows padded to two widths."""
+    """Two passes of one optimizer step each, a KL term (the reference scored with the adapter
+    disabled, as a job without `init_adapter` does), micro-batches of 5, 5 and 1 rows padded to
+    two widths."""
     from crucible_trainer.rl.update import UpdateConfig
 
     cfg = UpdateConfig(
         micro_batch=5, max_tokens=MAX_TOKENS, iterations=2, kl_beta=0.05, clip_eps=0.001, aggregation="token"
     )
     samples = longer_batch()
-    want, eager_metrics = recorded(make_policy(*adapter_model), cfg, samples)
-    policy = make_policy(*adapter_model, compile="default")
+    model, _ = adapter_model
+    want, eager_metrics = recorded(randomised(make_policy(model, None)), cfg, samples)
+    policy = randomised(make_policy(model, None, compile="default"))
     compiled = Compiled(policy)
     got, metrics = recorded(policy, cfg, samples)
     # Every pass went through the compiled function, in whole graphs: one for training, one for
@@ -155,6 +170,31 @@ def test_a_compiled_update_gives_the_eager_gradients(adapter_model, quick_compil
     for key in ("loss", "kl", "clip_fraction", "update/ratio_mean_iter1"):
         assert metrics[key] == pytest.approx(eager_metrics[key], rel=1e-4, abs=1e-6), key
     assert metrics["kl"] > 0 and metrics["clip_fraction"] > 0  # the second pass's ratios moved
+
+
+@every_family
+@pytest.mark.slow
+def test_the_reference_with_the_adapter_disabled_compiles_to_the_eager_scores(
+    adapter_model, quick_compiler
+) -> None:
+    """A job without `init_adapter` scores the reference with PEFT's adapter disabled: a graph of
+    its own beside the adapter's (the switch is a module attribute the graphs must not ignore)."""
+    model, _ = adapter_model
+    eager = randomised(make_policy(model, None))
+    compiled = randomised(make_policy(model, None, compile="default"))
+    counted = Compiled(compiled)
+    prompts = [s.prompt_ids for s in batch()]
+    comps = [s.completion_ids for s in batch()]
+    adapted = eager.score(prompts, comps, micro_batch=5)
+    want = eager.score(prompts, comps, micro_batch=5, reference=True)
+    got_adapted = compiled.score(prompts, comps, micro_batch=5)  # this graph first, then the reference
+    got = compiled.score(prompts, comps, micro_batch=5, reference=True)
+    assert counted.calls == 4 and counted.graphs == 2 and counted.breaks == 0
+    for g, w in [*zip(got, want, strict=True), *zip(got_adapted, adapted, strict=True)]:
+        assert len(g) == len(w) and g == pytest.approx(w, abs=1e-5)
+    assert (
+        max(abs(x - y) for w, a in zip(want, adapted, strict=True) for x, y in zip(w, a, strict=True)) > 1e-3
+    )
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "phi3"])
