@@ -155,6 +155,17 @@ PY
     shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
     python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/$1.json" "${@:3}" \
       2>&1 | tee "${OUT:-/tmp}/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
+  update-compile)  # [MODE] [extra]: eager against compiled update passes (optim.compile MODE, default
+    # `default`; also reduce-overhead), 135M then the 1.5B shape at the benchmark's batch (after `setup`; long: `bg`)
+    bash bench/gpu.sh update-compile-135m "${2:-default}" "${@:3}"
+    bash bench/gpu.sh update-compile-1p5b "${2:-default}" "${@:3}" ;;
+  update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: one of the two (bench/update_speed.py), JSON and log in $OUT
+    mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)
+    [ "$1" = update-compile-1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32)
+    command -v cc > /dev/null || echo "no C compiler here: inductor's Triton kernels need one for their launchers"
+    python3 bench/update_speed.py "${model[@]}" --compare compile --set optim.compile="$mode" --prompts 64 \
+      --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "${OUT:-/tmp}/$1-$mode.json" "${@:3}" \
+      2>&1 | tee "${OUT:-/tmp}/$1-$mode.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
   learn)  # METHOD STEPS EVAL_TASKS [--tag T] [grpo_race.py arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi

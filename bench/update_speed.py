@@ -1,11 +1,14 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
 the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
-(`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`). The job
-is bench/multi_gpu.py's GRPO spec; the batch is synthetic and seeded; the figures are per-arm medians
-of the update's own metrics.
+(`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
+`--compare compile`, eager or compiled passes (`optim.compile`: "default" unless `--set` names
+another mode). The job is bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is
+synthetic and seeded; the figures are per-arm medians of the update's own metrics, and each arm's
+first (warm-up) update is reported apart (`warmup_s`: with compile on, the compiler's time is there).
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
+    python bench/update_speed.py --compare compile --set optim.compile=reduce-overhead --out /tmp/c.json
 """
 
 from __future__ import annotations
@@ -52,12 +55,26 @@ def mixed(policy: Any, optim: Any) -> Any:
     return optim
 
 
+def eager(policy: Any, optim: Any) -> Any:
+    policy.run_eager = True
+    return optim
+
+
+def compiled(policy: Any, optim: Any) -> Any:
+    policy.run_eager = False
+    return optim
+
+
 # --compare -> (before, after): each arm sets the policy up and returns the optimizer spec to use.
-ARMS = {"buckets": (batch_order, length_buckets), "precision": (peft_casting, mixed)}
+ARMS = {
+    "buckets": (batch_order, length_buckets),
+    "precision": (peft_casting, mixed),
+    "compile": (eager, compiled),
+}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argument_parser(__doc__)
+    p = argument_parser(__doc__, overrides=True)
     p.add_argument("--shape", help="a real model's shape with random weights (bench/model_shapes.py)")
     p.add_argument("--model", help="an installed model or checkpoint instead (e.g. smollm2-135m-instruct)")
     p.add_argument("--prompts", type=int, default=8, help="groups (problems) in the batch")
@@ -120,13 +137,21 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     sets = [f"optim.problems_per_step={args.prompts}", f"method.group_size={args.group}"]
     sets += [f"rollout.max_tokens={args.max_tokens}", f"optim.micro_batch={args.micro_batch}"]
     sets += [f"method.kl_beta={args.kl_beta}", *([f"model.dtype={args.dtype}"] if args.dtype else [])]
+    if args.compare == "compile" and not any(o.startswith("optim.compile=") for o in args.overrides):
+        sets.append("optim.compile=default")
+    sets += args.overrides
     shape = argparse.Namespace(tiny=False, strategy="ddp", overrides=sets)
     spec, chosen = hardware.resolve(TrainJob.model_validate(job(shape, model, 1)))
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
     setups = {f.__name__: f for f in ARMS[args.compare]}
     arms: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
+    warmup: dict[str, float] = {}
+    start = compiled_graphs()
+    graphs: list[int] = []  # graphs traced by this run after the warm-ups and at the end
     for repeat in range(args.repeats + 1):
+        if repeat == 1:
+            graphs.append(compiled_graphs() - start)
         for arm in arms:
             optim = setups[arm](policy, spec.optim)
             cfg = method_module(spec.method).update_config(
@@ -137,6 +162,9 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             metrics["update_s"] = time.perf_counter() - started
             if repeat:  # the first of each arm warms up
                 arms[arm].append(metrics)
+            else:
+                warmup[arm] = metrics["update_s"]
+    graphs.append(compiled_graphs() - start)
 
     if args.profile:
         args.profile.write_text("\n".join(profiled(policy, batch, spec, setups[arm], update) for arm in arms))
@@ -159,7 +187,21 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     }
     out["completion_tokens_mean"] = statistics.mean(len(s.completion_ids) for s in batch)
     out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": args.kl_beta, "repeats": args.repeats}
+    out |= {"overrides": args.overrides, "compile": spec.optim.compile, "warmup_s": warmup}
+    if spec.optim.compile:
+        # The compiler's time: the compiled arm's warm-up beyond its median update; graphs traced
+        # after the warm-ups mean shapes the warm-up did not meet (or recompiles).
+        out["compile_s"] = (
+            warmup["compiled"] - medians["compiled"]["update_s"] if "compiled" in warmup else None
+        )
+        out["graphs"] = {"after_warmup": graphs[0], "at_end": graphs[-1]}
     return out | {"medians": medians, "speedup": round(before / after, 3) if after else None, "updates": arms}
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has traced in this process (0 when nothing is compiled)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
 
 
 def profiled(policy: Any, batch: list[Any], spec: Any, setup: Any, update: Any) -> str:

@@ -32,3 +32,42 @@ def test_precision_arms_on_a_bf16_tiny_model(tmp_path) -> None:
     assert set(report["medians"]) == {"peft_casting", "mixed"} and report["speedup"] > 0
     for arm in ("peft_casting", "mixed"):
         assert report["medians"][arm]["forward_backward_s"] > 0
+
+
+def test_compile_arms_switch_one_compiled_policy(tmp_path, monkeypatch) -> None:
+    """The arms' wiring, not the compiler (tests/unit/test_update_compile.py compiles): torch.compile
+    stands aside, so the compiled arm runs the padded batches through the plain function."""
+    import torch
+    from crucible_trainer.rl.policy import Policy
+
+    calls = []
+
+    def not_compiled(fn, **kwargs):
+        def run(*inputs):
+            calls.append(kwargs)
+            return fn(*inputs)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", not_compiled)
+    forwards = []
+    plain = Policy._logprobs
+
+    def logprobs(self, input_ids, attention_mask, position_ids, tail_mask):
+        forwards.append((self.run_eager, tail_mask.shape[1]))  # completions of 8 tokens at most
+        return plain(self, input_ids, attention_mask, position_ids, tail_mask)
+
+    monkeypatch.setattr(Policy, "_logprobs", logprobs)
+    out = tmp_path / "compile.json"
+    argv = ["--prompts", "2", "--group", "2", "--max-tokens", "8", "--repeats", "1", "--compare", "compile"]
+    update_speed.main([*argv, "--set", "optim.compile=reduce-overhead", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["compile"] == "reduce-overhead" and report["overrides"] == ["optim.compile=reduce-overhead"]
+    assert set(report["medians"]) == {"eager", "compiled"} and set(report["warmup_s"]) == {
+        "eager",
+        "compiled",
+    }
+    assert report["compile_s"] is not None and report["graphs"] == {"after_warmup": 0, "at_end": 0}
+    assert calls and all(c == {"mode": "reduce-overhead"} for c in calls)
+    # The eager arm's forwards are eager and unpadded; the compiled arm's tails are padded to 64.
+    assert {(eager, tail == 64) for eager, tail in forwards} == {(True, False), (False, True)}

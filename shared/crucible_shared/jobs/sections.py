@@ -83,6 +83,13 @@ class OptimSpec(_Spec):
         description="Fill each optimizer step's micro-batches longest first, so each pads to its own "
         "longest sequence (the same gradients, less padding); false: in the batch's order.",
     )
+    compile: Literal[False, "default", "reduce-overhead"] = Field(
+        False,
+        description="Run the update's forward and backward passes (training, the old and reference "
+        "scoring) through torch.compile in this mode (reduce-overhead: also CUDA graphs), each "
+        "micro-batch padded to a multiple of 64 tokens so few shapes occur; false: eager. One "
+        "process only (distributed.train_gpus 1).",
+    )
     max_grad_norm: float | None = Field(
         1.0, gt=0, le=1e6, description="Gradient clipping (None disables it)."
     )

@@ -74,6 +74,17 @@ class TrainJob(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _check_compile(self) -> TrainJob:
+        """Compiled passes are built for one process: DDP and FSDP wrap the model they would trace."""
+        if self.optim.compile and self.distributed.train_gpus > 1:
+            raise invalid(
+                "optim.compile",
+                f"compiled passes run in one process for now (distributed.train_gpus is "
+                f"{self.distributed.train_gpus}); set optim.compile to false or train_gpus to 1",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_games(self) -> TrainJob:
         """A game job makes its own prompts and rewards: the fields that feed problems and their
         rewards would be ignored."""

@@ -59,6 +59,8 @@ class DataParallel(Parallel):
 
     # -- wrapping -----------------------------------------------------------------------------
     def wrap(self, policy: Any) -> None:
+        if policy.compile_mode is not None:  # the spec refuses it (TrainJob._check_compile)
+            raise ValueError("optim.compile runs in one process: DDP and FSDP are not compiled yet")
         if any(getattr(m, "gradient_checkpointing", False) is True for m in policy.model.modules()):
             # Reentrant checkpointing runs backward hooks twice, which DDP's reducer refuses.
             policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

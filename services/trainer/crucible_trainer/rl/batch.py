@@ -1,6 +1,7 @@
 """The update's batches: prompt + completion token ids left-padded into one tensor, the
 completion tokens right-aligned in a tail (`Batch`), and per-token values placed like that tail
-(`right_align`), so only the last `tail + 1` logits of a forward pass are needed."""
+(`right_align`), so only the last `tail + 1` logits of a forward pass are needed; `padded` rounds a
+batch's shape up for compiled forwards."""
 
 from __future__ import annotations
 
@@ -34,6 +35,45 @@ def make_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: i
             tail_mask[i, tail - len(c) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return Batch(ids.to(device), mask.to(device), positions.to(device), tail_mask.to(device), tail)
+
+
+def padded(batch: Batch, multiple: int, pad_id: int, rows: int = 1) -> Batch:
+    """`batch` with more left padding: its tail and its width rounded up to multiples of `multiple`
+    (the width holds the tail and the position before it), so that batches of many lengths take a
+    few shapes (a compiled forward is traced once per shape), and at least `rows` rows (copies of
+    the last, their tails masked). The new positions are masked, like the padding already there:
+    every real token's log-prob is unchanged, and the first rows and last `batch.tail` columns of
+    the tail are the original tail.
+
+    >>> b = padded(make_batch([[5, 6, 7, 8, 9]], [[10]], 0, "cpu"), 4, 0)
+    >>> b.input_ids.tolist(), b.attention_mask.tolist()
+    ([[0, 0, 5, 6, 7, 8, 9, 10]], [[0, 0, 1, 1, 1, 1, 1, 1]])
+    >>> b.position_ids.tolist(), b.tail, b.tail_mask.tolist()
+    ([[0, 0, 0, 1, 2, 3, 4, 5]], 4, [[0.0, 0.0, 0.0, 1.0]])
+    >>> two = padded(make_batch([[5, 6, 7, 8, 9]], [[10]], 0, "cpu"), 4, 0, rows=2)
+    >>> two.input_ids[1].tolist(), two.tail_mask.tolist()
+    ([0, 0, 5, 6, 7, 8, 9, 10], [[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    """
+    tail = -(-batch.tail // multiple) * multiple
+    width = -(-max(batch.input_ids.shape[1], tail + 1) // multiple) * multiple
+    left = width - batch.input_ids.shape[1]
+
+    def pad(t: torch.Tensor, n: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (n, 0), value=value) if n else t
+
+    extra = max(0, rows - batch.input_ids.shape[0])
+
+    def more(t: torch.Tensor, masked: bool = False) -> torch.Tensor:
+        copies = t[-1:].expand(extra, -1)
+        return torch.cat([t, torch.zeros_like(copies) if masked else copies]) if extra else t
+
+    return Batch(
+        more(pad(batch.input_ids, left, pad_id)),
+        more(pad(batch.attention_mask, left, 0)),
+        more(pad(batch.position_ids, left, 0)),
+        more(pad(batch.tail_mask, tail - batch.tail, 0.0), masked=True),
+        tail,
+    )
 
 
 def right_align(rows: list[list[float]], tail: int, device: str) -> torch.Tensor:

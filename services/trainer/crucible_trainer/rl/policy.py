@@ -9,13 +9,24 @@ while a bf16/fp16 base model computes in its own dtype. Forwards run under autoc
 input casting off, so each adapted layer multiplies the activations as they are (the small
 adapter matrices are cast, not the activations: no float32 copy of every layer's input and
 output, no float32 matmuls), and the gradients still reach the float32 weights.
+
+Compiled passes (`optim.compile`): the log-probs of a batch (the model's forward under autocast
+and the log-softmax of the kept logits) run through torch.compile, forward and backward, for
+training and for the no-grad scoring of `log p_old` and of the reference (each a graph of its own:
+the grad mode and the disabled adapter are part of what a graph assumes). Each batch is padded on
+the left to a multiple of `COMPILE_MULTIPLE` tokens (`batch.padded`; masked, so no log-prob
+changes) and its batch and length dimensions are marked dynamic, so the graphs are traced once and
+a few shapes occur (each of which CUDA graphs record once under `reduce-overhead`). A step run again
+because its gradient was not finite (`fallbacks`) runs eager: a compiled graph keeps the attention
+kernel chosen when it was traced. Off (the default), the eager forward is the one it always was.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,11 +34,16 @@ import torch
 from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
-from crucible_trainer.rl.batch import Batch, make_batch
+from crucible_trainer.rl.batch import Batch, make_batch, padded
 from crucible_trainer.runtime.atomic import output_dir
 
 if TYPE_CHECKING:
     from peft import LoraConfig
+
+log = logging.getLogger(__name__)
+
+# A compiled forward's batches are padded to a multiple of this many tokens (and completion tail).
+COMPILE_MULTIPLE = 64
 
 
 class Policy:
@@ -46,7 +62,13 @@ class Policy:
             self.model = PeftModel.from_pretrained(base, spec.init_adapter, is_trainable=True)
         else:
             self.model = get_peft_model(base, lora_config(spec))
-        if spec.gradient_checkpointing is True:  # "auto" is resolved by `hardware.resolve`
+        if spec.gradient_checkpointing is True and optim.compile:
+            # The non-reentrant form, which torch.compile traces into its graph, without the hook
+            # that makes the embeddings' output require grad (what the reentrant form needs; the
+            # compiler breaks its graph at it).
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.disable_input_require_grads()
+        elif spec.gradient_checkpointing is True:  # "auto" is resolved by `hardware.resolve`
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.model.train()
@@ -59,6 +81,18 @@ class Policy:
         )
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
+        self.compile_mode: str | None = optim.compile or None
+        self._compiled: Callable[..., torch.Tensor] | None = None
+        self.run_eager = False  # True: eager forwards although compiled (a retry, a benchmark's arm)
+        if self.compile_mode is not None:
+            # The graphs of an earlier policy in this process (a worker's last job) are dropped:
+            # each model adds graphs to the same function, which stops compiling after a few.
+            torch._dynamo.reset()
+            self._compiled = torch.compile(self._logprobs, mode=self.compile_mode)
+            log.info("optim.compile %s: forward and backward passes compiled on first use", self.compile_mode)
+            # A step run again runs eager (and, on CUDA, without cuDNN attention): the compiled
+            # graph's kernels, attention's included, are those chosen when it was traced.
+            self.fallbacks = [together(self.eager, *self.fallbacks)]
         self.make_optimizer(optim)
         self.max_grad_norm = optim.max_grad_norm
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -122,21 +156,54 @@ class Policy:
             return nullcontext()
         return torch.autocast(torch.device(self.device).type, dtype=self.compute_dtype)
 
+    @contextmanager
+    def eager(self) -> Iterator[None]:
+        """Forwards without the compiled graphs, for a while (a no-op when nothing is compiled)."""
+        before, self.run_eager = self.run_eager, True
+        try:
+            yield
+        finally:
+            self.run_eager = before
+
     def _forward(self, batch: Batch) -> torch.Tensor:
-        k = batch.tail
+        if self._compiled is None or self.run_eager:
+            return self._logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.tail_mask)
+        # Two rows at least: the compiler gives a dimension of size 1 a graph of its own.
+        wide = padded(batch, COMPILE_MULTIPLE, self.pad_id, rows=2)
+        inputs = (wide.input_ids, wide.attention_mask, wide.position_ids, wide.tail_mask)
+        for t in inputs:  # one graph for every batch size and length
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(t, 1)
+        rows = batch.input_ids.shape[0]
+        if self.compile_mode == "reduce-overhead":
+            # Each call is a step of its own: the CUDA graph's outputs are overwritten by the next
+            # replay, so the log-probs are copied out (scoring keeps many before reading any).
+            torch.compiler.cudagraph_mark_step_begin()
+            return self._compiled(*inputs)[:rows, -batch.tail :].clone()
+        return self._compiled(*inputs)[:rows, -batch.tail :]
+
+    def _logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        tail_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """[B, K] log-probabilities of the last K tokens (K: `tail_mask`'s width) under `tail_mask`."""
+        k = tail_mask.shape[1]
         with self.precision():
             out = self.runner(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
                 logits_to_keep=k + 1,
                 use_cache=False,
             )
         logits = out.logits[:, -(k + 1) : -1, :].float()
-        targets = batch.input_ids[:, -k:]
+        targets = input_ids[:, -k:]
         picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
         logp = picked - torch.logsumexp(logits, dim=-1)
-        return logp * batch.tail_mask
+        return logp * tail_mask
 
     @torch.no_grad()
     def score(
@@ -230,6 +297,19 @@ def set_input_casting(model: torch.nn.Module, *, enabled: bool) -> None:
     for module in model.modules():
         if isinstance(module, BaseTunerLayer):
             module.cast_input_dtype_enabled = enabled
+
+
+def together(*contexts: Callable[[], AbstractContextManager]) -> Callable[[], AbstractContextManager]:
+    """One context that enters each of `contexts` (factories) in order."""
+
+    @contextmanager
+    def entered() -> Iterator[None]:
+        with ExitStack() as stack:
+            for make in contexts:
+                stack.enter_context(make())
+            yield
+
+    return entered
 
 
 def without_cudnn_attention() -> AbstractContextManager:
