@@ -61,11 +61,12 @@ def make_policy(model: Path, adapter: str):
     return Policy(spec.model, spec.optim, spec.seed)
 
 
-def recorded_update(model: Path, adapter: str, cfg) -> list[dict[str, torch.Tensor]]:
-    """Every optimizer step's gradients of `update` on a fresh policy (the steps are taken)."""
+def recorded(
+    policy, cfg, samples: list | None = None
+) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+    """Every optimizer step's gradients of `update` on `policy` (the steps are taken), and its metrics."""
     from crucible_trainer.rl.update import update
 
-    policy = make_policy(model, adapter)
     steps: list[dict[str, torch.Tensor]] = []
     inner = policy.step
 
@@ -74,8 +75,12 @@ def recorded_update(model: Path, adapter: str, cfg) -> list[dict[str, torch.Tens
         return inner()
 
     policy.step = step
-    update(policy, batch(), cfg, seed=7)
-    return steps
+    return steps, update(policy, samples or batch(), cfg, seed=7)
+
+
+def recorded_update(model: Path, adapter: str, cfg) -> list[dict[str, torch.Tensor]]:
+    """Every optimizer step's gradients of `update` on a fresh policy (the steps are taken)."""
+    return recorded(make_policy(model, adapter), cfg)[0]
 
 
 def grads(policy) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from tests.families import family_config, save_checkpoint, save_lora
-from tests.unit.test_update_buckets import MAX_TOKENS, assert_close, batch, grads
+from tests.unit.test_update_buckets import MAX_TOKENS, assert_close, batch, grads, recorded
 
 every_family = pytest.mark.skipif(
     os.environ.get("CRUCIBLE_TEST_COMPILE") != "1",
@@ -127,23 +127,6 @@ def longer_batch() -> list:
             for c, a in (([7, 8], 0.7), ([9], -0.7))
         ),
     ]
-
-
-def recorded(
-    policy, cfg, samples: list | None = None
-) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
-    """Every optimizer step's gradients of `update` on `policy` (the steps are taken), and its metrics."""
-    from crucible_trainer.rl.update import update
-
-    steps: list[dict[str, torch.Tensor]] = []
-    inner = policy.step
-
-    def step() -> float:
-        steps.append(grads(policy))
-        return inner()
-
-    policy.step = step
-    return steps, update(policy, samples or batch(), cfg, seed=7)
 
 
 def test_a_compiled_update_gives_the_eager_gradients(adapter_model, quick_compiler) -> None:
