@@ -132,6 +132,14 @@ BASH_UNLINKED_FILL = (
     'for i in $(seq 3 15); do eval "exec $i>f$i" && rm f$i && head -c 16000000 /dev/zero >&$i || exit 1; done\n'
     "echo WROTE-ALL\n"
 )
+# Never more than one 16 MB file at a time, each freed before the next: no sample of what the
+# directory holds sees past the scratch, yet 320 MB went to the work root's disk. Where that is
+# sampled (Landlock), the kernel's count of what the run wrote ends it all the same; in the full
+# mode the scratch tmpfs alone bounds it, and such a run may pass.
+BASH_CHURN_FILL = (
+    "for i in $(seq 1 20); do exec 3>f && rm f && head -c 16000000 /dev/zero >&3 && exec 3>&- || exit 1; done\n"
+    "echo CHURNED\n"
+)
 BASH_INODE_FILL = "mkdir d; for i in $(seq 1 5000); do : > d/$i || exit 1; done; echo WROTE-ALL\n"
 
 # name -> (language, program, acceptable statuses)
@@ -156,6 +164,7 @@ HOSTILE: dict[str, tuple[str, str, set[str]]] = {
     "bash_disk_fill": ("bash", BASH_DISK_FILL, CONTAINED),
     "bash_inode_fill": ("bash", BASH_INODE_FILL, CONTAINED),
     "bash_unlinked_fill": ("bash", BASH_UNLINKED_FILL, CONTAINED),
+    "bash_churn_fill": ("bash", BASH_CHURN_FILL, CONTAINED | {"passed"}),  # held to more below
 }
 BENIGN = [
     {"language": "cpp", "code": '#include <cstdio>\nint main() { puts("benign"); }\n'},
@@ -227,6 +236,9 @@ def test_language_attacks_are_contained(sandbox_mode) -> None:
             assert escape not in out, f"{mode} {name}: {out}"
         if "read" in name:
             assert out.count("denied") >= len(SECRETS), f"{mode} {name}: {out}"
+    if mode == "landlock":
+        churn = results[where["bash_churn_fill"]]
+        assert churn["status"] == "memory_exceeded", churn
     included = results[where["cpp_include_outside_at_compile_time"]]
     diagnostics = included["compile"]["stderr"]
     assert "task_id" not in diagnostics and "root:" not in diagnostics, diagnostics  # nothing of either file

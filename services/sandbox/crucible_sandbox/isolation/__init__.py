@@ -59,9 +59,13 @@ Fallbacks, each reported by `GET /health` (`isolation`):
   (`landlock`) gives each run read access to the same trees minus the packages, write access to
   its own directory under `work_root` only (the judge none; a second layer narrows the slot's
   ruleset to the run's directory, which is removed after the run; the zygote samples it every
-  20 ms and ends the run, as over its memory, once it holds more than the full mode's scratch:
+  5 ms and ends the run, as over its memory, once it holds more than the full mode's scratch:
   `tmpfs_mb` MiB or 4096 entries, files its processes hold open after unlinking them included;
-  between two samples a run can write past that, by what it writes meanwhile), no TCP, and no signals or
+  between two samples a run can write past that, by what it writes meanwhile; a run that wrote
+  more than twice `tmpfs_mb` MiB to files in all, as the kernel counts its reaped processes'
+  `write_bytes`, is judged over its memory too, even if it freed them before any sample; where
+  a verdict is given before the zygote reports, with tests whose harness reports the end, only
+  the samples bound it), no TCP, and no signals or
   abstract sockets outside the run (it cannot hide that a path exists). Without Landlock either
   (kernel older than 5.13, or disabled), runs see the host's files as the service's uid does:
   `filesystem: "host"`. An interpreter under a directory the run uid cannot enter (a pyenv in

@@ -28,6 +28,9 @@ JUDGE_MEMORY_MB = 2048
 SAMPLE_S = 0.02
 SCRATCH_SAMPLE_S = 0.005  # the scratch walk's interval where no tmpfs bounds it (Landlock mode)
 SCRATCH_ENTRIES = 4096  # as the full mode's scratch tmpfs (`rootfs.scratch_options`: nr_inodes)
+# What a run may write to files in all, in scratch sizes, where its scratch is sampled: a bound no
+# sample can miss (a writer can fill and free its files between two samples of a starved zygote).
+WRITTEN_SCRATCHES = 2
 
 
 def _load_libc() -> ctypes.CDLL:
@@ -237,6 +240,27 @@ class Isolation:
                     seen.add(st.st_ino)
                     total += st.st_blocks * 512
         return total
+
+    def written(self) -> int | None:
+        """Bytes this zygote and the processes it has reaped wrote to files (the kernel's
+        `write_bytes`, counted as page-cache pages are dirtied; a reaped child's count includes
+        its own reaped children's). None where scratch is not sampled or the kernel keeps no count."""
+        if not self.sampled_scratch:
+            return None
+        try:
+            with open("/proc/self/io", "rb") as f:
+                return int(f.read().split(b"write_bytes:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def wrote_past_scratch(self, before: int | None) -> bool:
+        """Whether the run reaped since `written()` returned `before` wrote more to files than
+        `WRITTEN_SCRATCHES` scratches, in all: files it unlinked while holding them, and freed
+        before a sample, count too."""
+        if before is None:
+            return False
+        after = self.written()
+        return after is not None and after - before > WRITTEN_SCRATCHES * self.cfg.tmpfs_mb << 20
 
     def scratch_over(self, program: int, exclude: set[int | None]) -> bool:
         """Whether the run's directory holds more than the full mode's scratch may: `tmpfs_mb` MiB

@@ -244,10 +244,12 @@ class Zygote:
                 continue  # a KILL that arrived after its run had already ended
             _, wall_s, judged, memory_mb = RUN_MSG.unpack(message)
             pids = [judge_.pid, program.pid] if judged else [program.pid]
+            written = self.iso.written()
             statuses, timed_out, over_memory = self._wait(
                 pids, wall_s, memory_mb, None if judged else judge_.pid
             )
-            self.iso.end_run(pids, program.pid, None if judged else judge_.pid)
+            self.iso.end_run(pids, program.pid, None if judged else judge_.pid)  # reaps what is left
+            over_memory = over_memory or self.iso.wrote_past_scratch(written)
             program_status = statuses[-1]
             judge_status = statuses[0] if judged else 0
             program = self._prepare(False)
