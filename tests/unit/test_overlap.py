@@ -190,6 +190,9 @@ class FakePolicy:
     def save_adapter(self, path):
         return path
 
+    async def call(self, fn, *args):
+        return fn(*args)
+
 
 def test_a_version_in_use_stays_loaded_until_its_rollout_ends(tmp_path) -> None:
     async def go() -> list[str]:

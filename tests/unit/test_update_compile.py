@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -237,6 +238,26 @@ def test_a_non_finite_compiled_step_runs_again_eager(adapter_model) -> None:
 def test_compile_is_off_by_default_and_off_means_eager(adapter_model) -> None:
     policy = make_policy(*adapter_model)
     assert policy.compile_mode is None and policy._compiled is None and policy.fallbacks == []
+
+
+def test_a_jobs_policy_work_runs_on_one_thread_of_its_own(adapter_model) -> None:
+    """CUDA graphs are recorded per thread: every call of a job (updates, scores, saves) must land on
+    the policy's one thread, however many are in flight, never on the loop's or a pool's."""
+    import asyncio
+    import threading
+
+    policy = make_policy(*adapter_model)
+
+    async def go() -> set[int]:
+        def where() -> int:
+            time.sleep(0.01)  # overlapping calls: a pool would spread them over threads
+            return threading.get_ident()
+
+        return set(await asyncio.gather(*(policy.call(where) for _ in range(8))))
+
+    threads = asyncio.run(go())
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert asyncio.run(go()) == threads  # and the same thread for the job's next event loop
 
 
 # -- the spec -----------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ class OverlappedSteps:
         )
         ucfg = dataclasses.replace(self.method.update_config(spec.method, spec), tis_cap=spec.overlap.cap)
         metrics.update(
-            await asyncio.to_thread(self.hooks.update_policy, policy, got.samples, ucfg, spec.seed + step)
+            await policy.call(self.hooks.update_policy, policy, got.samples, ucfg, spec.seed + step)
         )
         self.hooks.gate()  # a run paused in its update and superseded meanwhile stops here
         t2 = time.perf_counter()

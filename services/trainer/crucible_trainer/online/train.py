@@ -168,7 +168,7 @@ class TrainRun(JobRun):
             stopping = self.channel.stop_requested()
             if stopping or step % spec.checkpoint.every == 0 or step == spec.optim.steps:
                 extra = {"version": version, "sampler": drawn, "method": self.method_state}
-                await asyncio.to_thread(checkpoint.save, policy, self.run_dir, step, extra, self.channel)
+                await policy.call(checkpoint.save, policy, self.run_dir, step, extra, self.channel)
             self.events.step_event(step, metrics)
             self.channel.progress(step, spec.optim.steps, metrics, publisher.model_name)
             if self.channel.superseded():
@@ -188,9 +188,7 @@ class TrainRun(JobRun):
                 pool, policy, publisher.model_name, version, probe
             )
         self.channel.gate()
-        final_adapter = await asyncio.to_thread(
-            policy.save_adapter, self.run_dir / "adapter", self.channel.gate
-        )
+        final_adapter = await policy.call(policy.save_adapter, self.run_dir / "adapter", self.channel.gate)
         self.summary.update(
             steps=spec.optim.steps,
             adapter=str(final_adapter),
@@ -213,7 +211,7 @@ class TrainRun(JobRun):
             await publisher.adopt(0)  # an earlier run's versions, if any, are not this run's
             await asyncio.to_thread(resume_events, self.events, 0)  # nor its rows and journals
             return 1, 0
-        state = await asyncio.to_thread(checkpoint.restore, policy, found)
+        state = await policy.call(checkpoint.restore, policy, found)
         extra = state["extra"]
         if "sampler" in extra:
             sampler.load(extra["sampler"])
@@ -339,7 +337,7 @@ class TrainRun(JobRun):
         t2 = time.perf_counter()
         metrics.update(checked)
         ucfg = self.method.update_config(spec.method, spec)
-        metrics.update(await asyncio.to_thread(self.update_policy, policy, samples, ucfg, spec.seed + step))
+        metrics.update(await policy.call(self.update_policy, policy, samples, ucfg, spec.seed + step))
         self.channel.gate()  # a run paused in its update and superseded meanwhile stops here
         t3 = time.perf_counter()
         metrics["lr"] = policy.lr

@@ -19,16 +19,22 @@ changes) and its batch and length dimensions are marked dynamic, so the graphs a
 a few shapes occur (each of which CUDA graphs record once under `reduce-overhead`). A step run again
 because its gradient was not finite (`fallbacks`) runs eager: a compiled graph keeps the attention
 kernel chosen when it was traced. Off (the default), the eager forward is the one it always was.
+
+Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
+a pool's: CUDA graphs (`reduce-overhead`) are recorded per thread, so a pool would record each
+shape's graphs again for every thread an update happened to land on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from crucible_models import load_model
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
     from peft import LoraConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A compiled forward's batches are padded to a multiple of this many tokens (and completion tail).
 COMPILE_MULTIPLE = 64
@@ -94,6 +101,7 @@ class Policy:
             # graph's kernels, attention's included, are those chosen when it was traced.
             self.fallbacks = [together(self.eager, *self.fallbacks)]
         self.make_optimizer(optim)
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="policy")  # see `call`
         self.max_grad_norm = optim.max_grad_norm
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -104,6 +112,11 @@ class Policy:
             if spec.init_adapter
             else None
         )
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the policy's own thread, awaited from the job's event loop: every update,
+        score and save of a job runs on that one thread (see the module's docstring)."""
+        return await asyncio.get_running_loop().run_in_executor(self.thread, fn, *args)
 
     def make_optimizer(self, optim: OptimSpec) -> None:
         """AdamW over the trainable parameters, with its warm-up schedule (made again when the

@@ -14,7 +14,6 @@ unloaded when its last rollout ends.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections import Counter
@@ -74,7 +73,7 @@ class Publisher:
         path = self.path(version)
         self.channel.gate()
         gated = () if self.channel.token is None else (self.channel.gate,)  # in-process: no lease
-        await asyncio.to_thread(policy.save_adapter, path, *gated)
+        await policy.call(policy.save_adapter, path, *gated)
         saved = time.perf_counter()
         name = self.name(version)
         await self.load(name, path)
@@ -171,8 +170,8 @@ async def stale_check(
     if not comp or len(gen_lp) != len(comp):
         return {"stale/diff": float("nan"), "stale/ok": 0.0}
     prompt_ids = list(s.prompt_token_ids or [])
-    now = (await asyncio.to_thread(policy.score, [prompt_ids], [comp]))[0]
-    base = (await asyncio.to_thread(policy.score, [prompt_ids], [comp], 16, True))[0]
+    now = (await policy.call(policy.score, [prompt_ids], [comp]))[0]
+    base = (await policy.call(policy.score, [prompt_ids], [comp], 16, True))[0]
     diff = sum(abs(a - b) for a, b in zip(now, gen_lp, strict=True)) / len(comp)
     diff_base = sum(abs(a - b) for a, b in zip(base, gen_lp, strict=True)) / len(comp)
     moved = sum(abs(a - b) for a, b in zip(now, base, strict=True)) / len(comp)
