@@ -89,7 +89,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 model_dir, base, prompt = sys.argv[1], os.environ.get("NAME", "base"), "def fibonacci(n):\n"
 url = f"http://127.0.0.1:{os.environ.get('PORT', '8001')}"
 
-
 def call(method, path, body=None):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url + path, data, {"Content-Type": "application/json"}, method=method)
@@ -100,7 +99,6 @@ def call(method, path, body=None):
     except urllib.error.HTTPError as e:
         code, text = e.code, e.read().decode()
     return code, text, round(time.perf_counter() - t, 4)
-
 
 def complete(model, **kw):
     code, text, dt = call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 24,
@@ -114,15 +112,12 @@ def complete(model, **kw):
         r["top_logprobs_first"] = lp.get("top_logprobs", [None])[0]
     return r
 
-
 def adapter(op, **body):  # load or unload: status, seconds, the answer's start
     code, text, dt = call("POST", f"/v1/{op}_lora_adapter", body)
     return {"status": code, "s": dt, "body": text[:200]}
 
-
 def models():
     return [m["id"] for m in json.loads(call("GET", "/v1/models")[1])["data"]]
-
 
 def parity(result, model):  # max |logprob diff| of the server's greedy tokens, teacher-forced through `model`
     ids, lps = result.get("token_ids") or [], result.get("token_logprobs") or []
@@ -132,7 +127,6 @@ def parity(result, model):  # max |logprob diff| of the server's greedy tokens, 
     with torch.no_grad():
         lp = torch.log_softmax(model(torch.tensor([start + ids], device="cuda")).logits[0].float(), -1)
     return round(max(abs(lp[len(start) - 1 + k, t].item() - b) for k, (t, b) in enumerate(zip(ids, lps))), 4)
-
 
 out = {"models": models(), "base": complete(base)}
 tok = AutoTokenizer.from_pretrained(model_dir)
