@@ -134,8 +134,9 @@ if not (target / "config.json").exists():
 print("dense checkpoint:", target)
 PY
     nvidia-smi --query-gpu=name,memory.total --format=csv ;;
-  trl)  # STEPS [vllm]: TRL's GRPOTrainer, HF generation or vLLM in colocate mode
-    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:-} ;;
+  trl)  # STEPS [vllm]: TRL's GRPOTrainer on the race's job (bench/tta.py trl), HF generation or vLLM in colocate mode
+    python3 bench/tta.py trl recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") --engine "${3:-hf}" --every "${2:-8}" \
+      --out "${OUT:-/tmp}/trl" ;;
   race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
     python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") "${@:3}" --json "${OUT:-/tmp}/race.json" ;;
   race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the 1.5B (6 steps) or 7B (3) shape (after `shapes`);
@@ -145,9 +146,9 @@ PY
       export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
       $(shape_sets "/root/shapes/qwen2.5-coder-${size/p/.}" "${2:-$steps}") "${extra[@]}" --json "${OUT:-/tmp}/$1.json" ;;
-  trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
-    python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
-      --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
+  trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), race-1p5b's job
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/tta.py trl examples/grpo_qwen1p5b.yaml \
+      $(shape_sets /root/shapes/qwen2.5-coder-1.5b "${2:-6}") --engine vllm --every "${2:-6}" --out "${OUT:-/tmp}/trl-1p5b" ;;
   multi-gpu)  # [GPUS] [extra]: bench/multi_gpu.py at SmolLM2-135M then the 1.5B shape (long: `bg`)
     bash bench/gpu.sh multi-gpu-135m "${2:-1,2,4}" "${@:3}"
     bash bench/gpu.sh multi-gpu-1p5b "${2:-1,2,4}" "${@:3}" ;;
@@ -285,7 +286,7 @@ PY
     bash bench/gpu.sh race "${2:-24}" ;;
   race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one card
     bash bench/gpu.sh trl "${2:-24}" vllm > "${OUT:-/tmp}/trl-vllm.log" 2>&1 || echo "TRL failed"
-    grep -E "^step|^total|Error" "${OUT:-/tmp}/trl-vllm.log" | tail -30
+    grep -E "^\{|Error" "${OUT:-/tmp}/trl-vllm.log" | tail -30   # its run, median step included
     for s in 0 1 2; do
       python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "${2:-24}") --set overlap.max_staleness=$s \
         --json "${OUT:-/tmp}/race-s$s.json" | tail -4
