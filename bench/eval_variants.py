@@ -1,8 +1,9 @@
 """Evaluations of the base model (docs/benchmarks.md, "Evaluation baselines"): named evaluations
-(`--runs`) through `crucible eval` against running servers (`--server NAME=URL`) or a Crucible
-generator started here (`MAX_BATCH_SIZE` `--batch-size`), each report kept and summed up in one
-table (`<out>/summary.{md,json}`, `--json`). A Crucible generator's own counters are read before and
-after each evaluation: decode steps, rows per step, admissions into running batches.
+(`--runs`) through `crucible eval` (256 new tokens, seed 0) against running servers (`--server
+NAME=URL`) or a Crucible generator started here (`MAX_BATCH_SIZE` `--batch-size`), each report kept
+and summed up in one table (`<out>/summary.{md,json}`, `--json`). A Crucible generator's own
+counters are read before and after each evaluation: decode steps, rows per step, admissions into
+running batches.
 
   mbpp-greedy       MBPP test split (tasks 11-510), one greedy answer each: greedy pass@1
   humaneval-greedy  HumanEval (164 problems), greedy pass@1
@@ -18,12 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import argument_parser, counters, dump, md_table, sandbox
+from bench.common import argument_parser, counters, dump, md_table, sandbox, spawn_generator
 
 RUNS = {  # name -> `crucible eval` arguments
     "mbpp-greedy": "--dataset mbpp --split test --n 0",
@@ -56,11 +56,12 @@ def evaluate(server: str, url: str, run: str, args: argparse.Namespace, sandbox:
         "eval",
         *RUNS[run].split(),
         "--max-tokens",
-        str(args.max_tokens),
+        "256",
+        "--seed",
+        "0",
     ]
-    cmd += ["--seed", str(args.seed), "--concurrency", str(args.concurrency), "--generator", url]
-    cmd += ["--sandbox", sandbox, "--out", str(out), "--quiet"] + (["--limit", str(limit)] if limit else [])
-    cmd += ["--model", args.model] if args.model else []
+    cmd += ["--concurrency", str(args.concurrency), "--generator", url, "--sandbox", sandbox]
+    cmd += ["--out", str(out), "--quiet", *(["--limit", str(limit)] if limit else [])]
     before, started = counters(url, COUNTERS), time.perf_counter()
     subprocess.run(cmd, check=True)
     wall, after = time.perf_counter() - started, counters(url, COUNTERS)
@@ -97,10 +98,6 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="every run: only the first N tasks")
     parser.add_argument("--sampled-limit", type=int, help="mbpp-sampled: only the first N tasks")
     parser.add_argument("--server", action="append", default=[], help="NAME=URL of a running server")
-    parser.add_argument("--sandbox", help="sandbox URL (default: start one here)")
-    parser.add_argument("--model", help="model or adapter name on the generator (default: its base)")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=256, help="generation requests in flight")
     parser.add_argument("--batch-size", type=int, default=64, help="MAX_BATCH_SIZE of the default generator")
     parser.add_argument("--json", type=Path)
@@ -109,36 +106,26 @@ def main() -> None:
     runs = [n for n in args.runs.split(",") if n]
     if unknown := set(runs) - set(RUNS):
         parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
-
-    from crucible_cli.spawn import start
-
     work = args.out or Path(tempfile.mkdtemp(prefix="crucible-evals-"))
     work.mkdir(parents=True, exist_ok=True)
+    servers = dict(spec.split("=", 1) for spec in args.server)
+    settings = None if servers else f"MAX_BATCH_SIZE={args.batch_size}"
+    started = [sandbox(work)]
     rows: list[dict[str, Any]] = []
-    with ExitStack() as stack:
-        sandbox_url = args.sandbox
-        if not sandbox_url:
-            server = sandbox(work)
-            stack.callback(server.stop)
-            sandbox_url = server.url
-        servers = dict(spec.split("=", 1) for spec in args.server)
-        settings = None if servers else f"MAX_BATCH_SIZE={args.batch_size}"
+    try:
         if not servers:
-            env = {
-                "CRUCIBLE_GENERATOR_LOG_LEVEL": "warning",
-                "CRUCIBLE_GENERATOR_MAX_BATCH_SIZE": str(args.batch_size),
-            }
-            log = work / "generator-crucible.log"
-            generator = start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=log, timeout=600)
-            stack.callback(generator.stop)
-            servers = {"crucible": generator.url}
+            model, log = "smollm2-135m-instruct", "generator-crucible.log"
+            started.append(spawn_generator(work, model, args.batch_size, log=log, timeout=600))
+            servers = {"crucible": started[-1].url}
         for name, url in servers.items():
             for run in runs:
                 folder = work / (name if len(runs) == 1 else run if len(servers) == 1 else f"{name}/{run}")
-                rows.append(
-                    evaluate(name, url.rstrip("/"), run, args, sandbox_url, folder) | {"settings": settings}
-                )
+                rows.append(evaluate(name, url.rstrip("/"), run, args, started[0].url, folder))
+                rows[-1]["settings"] = settings
                 print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for server in reversed(started):
+            server.stop()
     where = f"{platform.node()}: {platform.processor() or platform.machine()}"
     table = f"Machine: {where}. Command: `python bench/eval_variants.py {' '.join(sys.argv[1:])}`.\n\n"
     table += md_table(TABLE, [[cell(row, k) for k in TABLE] for row in rows])

@@ -53,8 +53,15 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m O=${OUT:-/tmp} QWEN=qwen2.5-coder-1.5b-instruct
 TTA=/root/results/tta TTA_RECIPE=${TTA_RECIPE:-qwen-tta}  # time to accuracy (bench/tta.py): where, which recipe
+race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
+  echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
+}
+shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape (kl_beta 0.01: all train)
+  echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
+    --set logging.wandb_mode=disabled --set method.kl_beta=0.01
+}
 grpo_race() {  # STEPS ARGS...: recipes/grpo_smollm2.yaml as the GRPO race's job: micro-batches of 64, no evaluation
-  python3 bench/grpo_race.py recipes/grpo_smollm2.yaml --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null "${@:2}"
+  python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "$1") "${@:2}"
 }
 dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the built-in model's, made by `setup`)
   python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
@@ -114,8 +121,9 @@ print("dense checkpoint:", target)'
       subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
       CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" "seeds:${recipes[$i]}$steps"
     done ;;
-  trl)  # STEPS [vllm]: TRL's GRPOTrainer, HF generation or vLLM in colocate mode
-    python3 bench/trl_grpo_baseline.py $M smol.gguf data/mbpp.jsonl "${2:-8}" ${3:+"$3"} ;;
+  trl)  # STEPS [vllm]: TRL's GRPOTrainer on the race's job (bench/tta.py trl), HF generation or vLLM in colocate mode
+    python3 bench/tta.py trl recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") --engine "${3:-hf}" --every "${2:-8}" \
+      --out "$O/trl" ;;
   race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
     grpo_race "${2:-8}" "${@:3}" --json "$O/race.json" ;;
   race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the 1.5B (6 steps) or 7B (3) shape (after `shapes`)
@@ -124,11 +132,10 @@ print("dense checkpoint:", target)'
     [ "$size" = 7b ] && { steps=3 extra=(--generator-rows auto)
       export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
-      --set model.base="/root/shapes/qwen2.5-coder-${size/p/.}" --set optim.steps="${2:-$steps}" --set eval=null \
-      --set checkpoint.every=10000 --set logging.wandb_mode=disabled --set method.kl_beta=0.01 "${extra[@]}" --json "$O/$1.json" ;;
-  trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), in race-1p5b's setup
-    python3 bench/trl_grpo_baseline.py /root/shapes/qwen2.5-coder-1.5b - data/mbpp.jsonl "${2:-6}" vllm --lora-r 32 \
-      --max-tokens 512 --lr 1e-5 --micro-batch 8 --gradient-checkpointing --beta 0.01 ;;
+      $(shape_sets "/root/shapes/qwen2.5-coder-${size/p/.}" "${2:-$steps}") "${extra[@]}" --json "$O/$1.json" ;;
+  trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), race-1p5b's job
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/tta.py trl examples/grpo_qwen1p5b.yaml \
+      $(shape_sets /root/shapes/qwen2.5-coder-1.5b "${2:-6}") --engine vllm --every "${2:-6}" --out "$O/trl-1p5b" ;;
   multi-gpu|update-compile)  # [GPUS|MODE] [extra]: the two below, 135M then the 1.5B shape (long: `bg`)
     for size in 135m 1p5b; do bash bench/gpu.sh "$1-$size" "${@:2}"; done ;;
   multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: bench/multi_gpu.py over 1,2,4 GPUs, JSON and log in $OUT
@@ -255,7 +262,7 @@ print("dense checkpoint:", target)'
     bash bench/gpu.sh race "${2:-24}" ;;
   race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one card
     bash bench/gpu.sh trl "${2:-24}" vllm > "$O/trl-vllm.log" 2>&1 || echo "TRL failed"
-    grep -E "^step|^total|Error" "$O/trl-vllm.log" | tail -30
+    grep -E "^\{|Error" "$O/trl-vllm.log" | tail -30   # its run, median step included
     for s in 0 1 2; do
       grpo_race "${2:-24}" --set overlap.max_staleness=$s --json "$O/race-s$s.json" | tail -4
     done ;;

@@ -51,11 +51,12 @@ def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
     job with the job's prompts and max tokens."""
     model, max_tokens = {"base": job.model.base, "chat": job.model.chat}, (job.eval or job.rollout).max_tokens
     scores: dict[str, Any] = {}
-    for label, loaded in (("before", None), ("after", adapter)) if adapter else (("before", None),):
+    for label, loaded in [("before", None), ("after", adapter)][: 2 if adapter else 1]:
+        data = {"dataset": "humaneval"}
         found = common.evaluation(
-            settings, f"humaneval-{label}", model, {"dataset": "humaneval"}, max_tokens, loaded, greedy=True
+            settings, f"humaneval-{label}", model, data, max_tokens, loaded, greedy=True
         )
-        scores[label] = {"greedy_pass@1": found.get("greedy_pass@1"), "problems": found.get("problems")}
+        scores[label] = {k: found.get(k) for k in ("greedy_pass@1", "problems")}
     return scores
 
 
@@ -92,13 +93,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--humaneval", action="store_true", help="greedy HumanEval pass@1 before and after")
     parser.add_argument("--keep-reports", type=Path, help="copy the evaluation reports (every answer) here")
     parser.add_argument("--generator-url", help="an external generator (default: spawn Crucible's)")
-    parser.add_argument(
-        "--generator-rows",
-        type=lambda v: v if v == "auto" else int(v),
-        default=128,
-        help="rows of the spawned generator (runs sharing a card: 64); auto: from memory",
-    )
-    parser.add_argument("--generator-device", help="CUDA_VISIBLE_DEVICES of the spawned generator")
+    parser.add_argument("--generator-rows", type=lambda v: v if v == "auto" else int(v), default=128,
+                        help="rows of the spawned generator (runs sharing a card: 64); auto: from memory")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.spec, args.overrides, recipe = common.job_source(args.job, args.overrides)
@@ -114,9 +110,9 @@ def main() -> None:
         raise SystemExit(f"{args.spec} holds a {spec.kind!r} job: this benchmark times training jobs")
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
     job_id, sft, scores = f"race-{spec.method.name}", {}, {}
-    where = {"generator_url": args.generator_url, "device": args.generator_device}
     loras = max(4, spec.overlap.max_staleness + 2)
-    with common.services(work, spec.model.base, args.generator_rows, max_loras=loras, **where) as settings:
+    where = {"generator_url": args.generator_url, "max_loras": loras}
+    with common.services(work, spec.model.base, args.generator_rows, **where) as settings:
         started = time.perf_counter()
         if args.sft_first:  # then the job from the SFT adapter, whose LoRA settings it takes
             job = spec.model_dump(mode="json")
@@ -171,8 +167,7 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
         "stale_check_final": summary.get("stale_check"),
     }
     figures |= {"spec": str(args.spec), "overrides": args.overrides, "model": spec.model.base}
-    figures |= {"humaneval": scores or None}
-    common.dump(args.json, figures)
+    common.dump(args.json, figures | {"humaneval": scores or None})
 
 
 if __name__ == "__main__":

@@ -37,14 +37,12 @@ def limits(tasks: int) -> list[str]:
     return [f"eval.data.limit={tasks}", f"data.limit={tasks}"] if tasks < 500 else []
 
 
-def pipeline(
-    args: argparse.Namespace, job_id: str, seed: int, stages: list[str], sets: list[str], settings: Any
-):
+def pipeline(args: argparse.Namespace, job_id: str, seed: int, stages: list[str], sets: list[str],
+             settings: Any) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
     """One pipeline job of the recipe: its summary and the seconds of each stage it ran."""
     spec = load_job(PIPELINE, [f"seed={seed}", f"stages={json.dumps(stages)}", *limits(args.tasks), *sets])
     summary = run_job(spec, job_id, settings)
-    times = {k: v["seconds"] for k, v in summary["stages"].items() if v["status"] == "ran"}
-    return summary, times
+    return summary, {k: v["seconds"] for k, v in summary["stages"].items() if v["status"] == "ran"}
 
 
 def part_data(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
@@ -52,11 +50,9 @@ def part_data(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     for seed in args.seeds:
         stages = ["baseline"] * (seed == args.seeds[0]) + ["generate", "annotate", "build", "analyze"]
         summary, times = pipeline(args, f"data-s{seed}", seed, stages, [], settings)
-        analysis = json.loads((Path(summary["run_dir"]) / "analysis" / "analysis.json").read_text())
-        analysis = analysis["rounds"]["round-1"]
+        analysis = read_json(Path(summary["run_dir"]) / "analysis" / "analysis.json")["rounds"]["round-1"]
         analysis.pop("per_problem_pass_rate")
-        counts = summary["rounds"]["round-1"]
-        out["seeds"][seed] = {"stages_s": times, "counts": counts, "analysis": analysis}
+        out["seeds"][seed] = {"stages_s": times, "counts": summary["rounds"]["round-1"], "analysis": analysis}
         if "eval" in summary:
             out["base"] = summary["eval"]["before"] | {"seconds": summary["stages"]["baseline"]["seconds"]}
     return out
@@ -68,17 +64,13 @@ def part_train(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         for seed in args.seeds:
             merge = ["merge"] if (method, seed) == ("sft", args.seeds[0]) else []  # once, for its time
             sets = [f"reuse=data-s{seed}", *(DPO if method == "dpo" else [])]  # the data job's baseline too
-            stages = ["build", "train", *merge, "evaluate"]
-            summary, times = pipeline(args, f"{method}-s{seed}", seed, stages, sets, settings)
-            record = json.loads((Path(summary["run_dir"]) / "pipeline.json").read_text())["stages"]
+            summary, times = pipeline(args, f"{method}-s{seed}", seed, ["build", "train", *merge, "evaluate"],
+                                      sets, settings)  # fmt: skip
+            record = read_json(Path(summary["run_dir"]) / "pipeline.json")["stages"]
             rows = summary["rounds"]["round-1"]["nbest" if method == "sft" else "pairs"]
-            out.setdefault(method, {})[seed] = {
-                "eval": summary["eval"]["after"],
-                "stages_s": times,
-                "train": record["round-1/train"]["detail"],
-                "rows": rows,
-                "adapter": summary.get("adapter"),
-            }
+            out.setdefault(method, {})[seed] = {"eval": summary["eval"]["after"], "stages_s": times,
+                                                "train": record["round-1/train"]["detail"], "rows": rows,
+                                                "adapter": summary.get("adapter")}  # fmt: skip
     return out
 
 
@@ -94,23 +86,23 @@ def grpo(
         sets += ["method.kl_beta=0.02"]
     job_id = f"{'sft-grpo' if adapter else 'grpo'}-s{seed}"
     summary = run_job(load_job(GRPO, sets), job_id, settings)
-    steps_done = step_rows(Path(summary["run_dir"]))
-    seconds = sorted(r["time/step_s"] for r in steps_done)
-    result = {"eval": summary["eval"]["after"], "steps": len(steps_done), "wall_s": summary["wall_s"]}
-    result |= {"samples": int(sum(r.get("samples", 0) for r in steps_done)), "train_s": sum(seconds)}
+    done = step_rows(Path(summary["run_dir"]))
+    seconds = sorted(r["time/step_s"] for r in done)
+    result = {"eval": summary["eval"]["after"], "steps": len(done), "wall_s": summary["wall_s"]}
+    result |= {"samples": int(sum(r.get("samples", 0) for r in done)), "train_s": sum(seconds)}
     result |= {"median_step_s": seconds[len(seconds) // 2]}
-    result["reward_mean"] = sum(r.get("reward_mean", 0) for r in steps_done) / max(1, len(steps_done))
+    result["reward_mean"] = sum(r.get("reward_mean", 0) for r in done) / max(1, len(done))
     print(f"{job_id}: {json.dumps(result)}", flush=True)
     return result
 
 
 def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     seed = args.seeds[0]
-    adapter = json.loads((args.work / "offline-train.json").read_text())["sft"][str(seed)]["adapter"]
-    data = json.loads((args.work / "offline-data.json").read_text())
+    adapter = read_json(args.work / "offline-train.json")["sft"][str(seed)]["adapter"]
     sft_rl = grpo(args, args.rl_steps, seed, adapter, settings)
     # Matched budget: SFT-then-GRPO generated the K candidates per problem plus its rollouts.
-    matched = data["seeds"][str(seed)]["counts"]["candidates"] + sft_rl["samples"]
+    matched = read_json(args.work / "offline-data.json")["seeds"][str(seed)]["counts"]["candidates"]
+    matched += sft_rl["samples"]
     alone = grpo(args, math.ceil(matched / STEP_SAMPLES), seed, None, settings)
     return {
         "sft_grpo": {**sft_rl, "samples_total": matched, "sft_adapter": adapter},
@@ -119,44 +111,36 @@ def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 
 
 def table(work: Path) -> tuple[dict[str, Any], str]:
-    files = {p: work / f"offline-{p}.json" for p in ("data", "train", "rl")}
-    parts = {p: read_json(f) for p, f in files.items() if f.exists()}
+    """Every part's results as rows (a run, its seed, greedy pass@1, samples, seconds) and as
+    Markdown, with the seconds of each job's stages."""
+    found = {p: read_json(work / f"offline-{p}.json") for p in ("data", "train", "rl")}
+    parts = {p: part for p, part in found.items() if part is not None}
     data, train, rl = parts.get("data", {}), parts.get("train", {}), parts.get("rl", {})
     rows: list[dict[str, Any]] = []
     if "base" in data:
-        rows.append({"row": "base", "seed": "-", "eval": data["base"], "samples": 0})
-        rows[-1]["seconds"] = data["base"]["seconds"]
+        base = data["base"]
+        rows.append({"row": "base", "seed": "-", "eval": base, "samples": 0, "seconds": base["seconds"]})
     for method, label in (("sft", "SFT on rejection-sampled candidates"), ("dpo", "DPO on pass/fail pairs")):
         for seed, r in sorted(train.get(method, {}).items()):
             gen = data.get("seeds", {}).get(seed, {})
             seconds = round(sum(gen.get("stages_s", {}).values()) + sum(r["stages_s"].values()), 1)
             samples = gen.get("counts", {}).get("candidates")
             rows.append({"row": label, "seed": seed, "eval": r["eval"], "samples": samples})
-            rows[-1]["seconds"] = seconds
-            rows[-1] |= {"train_rows": r["rows"], "train_steps": r["train"]["steps"]}
+            rows[-1] |= {"seconds": seconds, "train_rows": r["rows"], "train_steps": r["train"]["steps"]}
     for key, label in (("sft_grpo", "SFT then GRPO"), ("grpo", "GRPO alone, matched samples")):
-        if key in rl:
-            r = rl[key]
+        if r := rl.get(key):
             rows.append({"row": label, "seed": "0", "eval": r["eval"], "samples": r["samples_total"]})
             rows[-1] |= {"train_steps": r["steps"], "seconds": round(r["wall_s"], 1)}
     for r in rows:
         r["pass@1"] = round(100 * r.pop("eval")["greedy_pass@1"], 2)
     head = ["run", "seed", "greedy pass@1 (MBPP test)", "generated samples", "train rows", "steps"]
-    head.append("seconds (all its stages)")
-    cells = []
-    for r in rows:
-        shown = [
-            r["row"],
-            r["seed"],
-            f"{r['pass@1']:.1f}%",
-            r.get("samples") or "-",
-            r.get("train_rows", "-"),
-        ]
-        cells.append([*shown, r.get("train_steps", "-"), r["seconds"]])
+    cells = [[r["row"], r["seed"], f"{r['pass@1']:.1f}%", r.get("samples") or "-", r.get("train_rows", "-"),
+              r.get("train_steps", "-"), r["seconds"]] for r in rows]  # fmt: skip
     jobs = {f"data-s{seed}": d for seed, d in sorted(data.get("seeds", {}).items())}
     jobs |= {f"{m}-s{seed}": r for m in ("sft", "dpo") for seed, r in sorted(train.get(m, {}).items())}
     stages = [[job, k, f"{v:.1f}"] for job, d in jobs.items() for k, v in d["stages_s"].items()]
-    text = md_table(head, cells, "  :::::") + "\n\n" + md_table(["job", "stage", "seconds"], stages, "  :")
+    text = md_table([*head, "seconds (all its stages)"], cells, "  :::::")
+    text += "\n\n" + md_table(["job", "stage", "seconds"], stages, "  :")
     return {"rows": rows, "parts": parts}, text + "\n"
 
 
@@ -170,7 +154,6 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=500, help="< 500: the first N test and train tasks only")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.part != "table":
         started = time.perf_counter()
         with services(args.work, "smollm2-135m-instruct") as settings:

@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RECIPES, argument_parser, card, read_json, recipes, samples_per_s  # noqa: E402
+from bench.common import RECIPES, argument_parser, card, dump, read_json, recipes, samples_per_s  # noqa: E402
 
 RACE = ROOT / "bench" / "grpo_race.py"
 
@@ -36,11 +36,9 @@ def card_name() -> str:
     """`gpu-h100`, `gpu-h200`, ... for the visible GPU, else `cpu`."""
     name = card().lower()
     known = next((m for m in ("h100", "h200", "a100", "l40s") if m in name), None)
-    return (
-        name
-        if name == "cpu"
-        else "gpu-" + (known or "".join(c if c.isalnum() else "-" for c in name).strip("-"))
-    )
+    if name == "cpu":
+        return name
+    return "gpu-" + (known or "".join(c if c.isalnum() else "-" for c in name).strip("-"))
 
 
 def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) -> list[str]:
@@ -70,21 +68,13 @@ def record(recipe: str, seed: int, race: dict[str, Any], command: list[str], wal
     >>> r["recipe"], r["seed"], r["before"], r["after"], r["steps"], r["samples_per_s"], r["command"]
     ('pre', 1, 0.036, 0.07, 2, 4.0, 'python bench/grpo_race.py')
     """
-    evals = race.get("eval") or {}
+    evals, rows = race.get("eval") or {}, race.get("rows", [])
     score = {label: (evals.get(label) or {}).get("greedy_pass@1") for label in evals}
-    out = {
-        "recipe": recipe,
-        "seed": seed,
-        "before": score.get("before"),
-        "after": score.get("after"),
-        "eval_tasks": (evals.get("after") or {}).get("problems"),
-        "steps": len(race.get("rows", [])),
-        "samples_per_s": samples_per_s(race.get("rows", [])),
-        "wall_s": round(wall_s, 1),
-        "command": shlex.join(command),
-        **({"sft": score["sft"]} if "sft" in evals else {}),
-        "model": race.get("model") or (race.get("job") or {}).get("model", {}).get("base"),
-    }
+    out = {"recipe": recipe, "seed": seed, "before": score.get("before"), "after": score.get("after")}
+    out |= {"eval_tasks": (evals.get("after") or {}).get("problems"), "steps": len(rows)}
+    out |= {"samples_per_s": samples_per_s(rows), "wall_s": round(wall_s, 1), "command": shlex.join(command)}
+    out |= {"sft": score["sft"]} if "sft" in evals else {}
+    out["model"] = race.get("model") or (race.get("job") or {}).get("model", {}).get("base")
     for label, found in (race.get("humaneval") or {}).items():
         if label in ("before", "after"):
             out[f"humaneval_{label}"] = found.get("greedy_pass@1")
@@ -139,22 +129,18 @@ def compare(a: str, runs_a: list[dict[str, Any]], b: str, runs_b: list[dict[str,
     by_a = {r["seed"]: r for r in runs_a if r.get("after") is not None}
     by_b = {r["seed"]: r for r in runs_b if r.get("after") is not None}
     seeds = sorted(by_a.keys() & by_b.keys())
-    diffs = [round(by_b[s]["after"] - by_a[s]["after"], 6) for s in seeds]
+    per_seed = [{"seed": s, "a": by_a[s]["after"], "b": by_b[s]["after"]} for s in seeds]
+    diffs = [round(p["b"] - p["a"], 6) for p in per_seed]
     speeds = [(by_a[s].get("samples_per_s"), by_b[s].get("samples_per_s")) for s in seeds]
     ratios = [round(vb / va, 6) for va, vb in speeds if va and vb]
-    per_seed = [
-        {"seed": s, "a": by_a[s]["after"], "b": by_b[s]["after"], "b_minus_a": d}
-        for s, d in zip(seeds, diffs, strict=True)
-    ]
-    return {
+    out = {
         "a": a,
         "b": b,
         "seeds": seeds,
-        "per_seed": per_seed,
-        "difference": mean_std(diffs) if diffs else None,
-        "b_better": sum(d > 0 for d in diffs),
-        "samples_per_s_ratio": mean_std(ratios) if ratios else None,
+        "per_seed": [p | {"b_minus_a": d} for p, d in zip(per_seed, diffs, strict=True)],
     }
+    out |= {"difference": mean_std(diffs) if diffs else None, "b_better": sum(d > 0 for d in diffs)}
+    return out | {"samples_per_s_ratio": mean_std(ratios) if ratios else None}
 
 
 def markdown(summary: dict[str, Any], described: str) -> str:
@@ -169,10 +155,10 @@ def markdown(summary: dict[str, Any], described: str) -> str:
         )
 
     wall = summary.get("wall_s", {}).get("mean")
-    if wall is None:
-        return f"| {summary['recipe']} ({described}) | 0 | - | - | - | - | - |\n"
-    per_seed = ", ".join(f"{100 * r['after']:.1f}" for r in summary.get("per_seed", []))
-    cells = [str(len(summary["seeds"])), pm("before"), pm("after"), pm("gain"), per_seed, f"{wall:.0f} s"]
+    cells = ["0", *["-"] * 5]
+    if wall is not None:
+        per_seed = ", ".join(f"{100 * r['after']:.1f}" for r in summary.get("per_seed", []))
+        cells = [str(len(summary["seeds"])), pm("before"), pm("after"), pm("gain"), per_seed, f"{wall:.0f} s"]
     return f"| {summary['recipe']} ({described}) | " + " | ".join(cells) + " |\n"
 
 
@@ -193,8 +179,7 @@ def run_one(recipe: str, seed: int, race: list[str], folder: Path) -> dict[str, 
     out = Path(tempfile.mkdtemp(prefix=f"seeds-{recipe}-{seed}-")) / "race.json"
     command = [sys.executable, str(RACE.relative_to(ROOT) if RACE.is_relative_to(ROOT) else RACE), *race]
     keep = ["--keep-reports", str(folder / "reports" / f"{recipe}-seed{seed}"), "--json", str(out)]
-    log = folder / "logs" / f"{recipe}-seed{seed}.log"
-    started = time.perf_counter()
+    log, started = folder / "logs" / f"{recipe}-seed{seed}.log", time.perf_counter()
     with log.open("w") as handle:
         done = subprocess.run([*command, *keep], cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
@@ -202,7 +187,7 @@ def run_one(recipe: str, seed: int, race: list[str], folder: Path) -> dict[str, 
         print(f"{recipe} seed {seed}: failed (exit {done.returncode}); log: {log}", flush=True)
         return None
     result = record(recipe, seed, read_json(out), ["python", *command[1:]], wall)
-    (folder / f"{recipe}-seed{seed}.json").write_text(json.dumps(result, indent=1))
+    dump(folder / f"{recipe}-seed{seed}.json", result)
     print(
         f"{recipe} seed {seed}: before {result['before']} after {result['after']} in {wall:.0f} s", flush=True
     )
@@ -213,23 +198,21 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     known = recipes(RECIPES)
     if args.recipe not in known:
         raise SystemExit(f"unknown recipe {args.recipe!r}: one of {', '.join(known)} ({RECIPES})")
-    folder = args.folder
-    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (args.folder / "logs").mkdir(parents=True, exist_ok=True)
 
     def one(seed: int) -> dict[str, Any] | None:
-        return run_one(args.recipe, seed, race_arguments(known[args.recipe], args, seed) + extra, folder)
+        return run_one(args.recipe, seed, race_arguments(known[args.recipe], args, seed) + extra, args.folder)
 
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
         results = list(pool.map(one, args.seeds))
-    summary = write_summary(folder, args.recipe)
+    summary = write_summary(args.folder, args.recipe)
     print(json.dumps({k: summary.get(k) for k in ("recipe", "seeds", "before", "after", "gain")}))
     return 0 if all(results) else 1
 
 
 def main() -> None:
     argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argument_parser(__doc__)
     parser.add_argument("verb", choices=["list", "run", "summary", "compare"])
     parser.add_argument("recipe", nargs="*", help="run/summary: one recipe; compare: two")
@@ -246,20 +229,18 @@ def main() -> None:
         for name, recipe in recipes(RECIPES).items():
             race = shlex.join(race_arguments(recipe, args, 0))
             print(f"{name:18} {recipe.get('about', '')}\n{'':18} python bench/grpo_race.py {race}")
-        return
-    if len(args.recipe) != (2 if args.verb == "compare" else 1):
+    elif len(args.recipe) != (2 if args.verb == "compare" else 1):
         raise SystemExit(f"{args.verb} takes {'two recipes' if args.verb == 'compare' else 'one recipe'}")
-    if args.verb == "compare":
+    elif args.verb == "compare":
         a, b = args.recipe
         result = compare(a, load_runs(args.folder, a), b, load_runs(args.folder, b))
         (args.folder / f"compare-{a}-vs-{b}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
-        return
-    args.recipe = args.recipe[0]
-    if args.verb == "summary":
-        print(json.dumps(write_summary(args.folder, args.recipe), indent=1))
-        return
-    raise SystemExit(cmd_run(args, extra))
+    elif args.verb == "summary":
+        print(json.dumps(write_summary(args.folder, args.recipe[0]), indent=1))
+    else:
+        args.recipe = args.recipe[0]
+        raise SystemExit(cmd_run(args, extra))
 
 
 if __name__ == "__main__":

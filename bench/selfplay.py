@@ -93,33 +93,33 @@ def collect(
     }
 
 
+def baseline_figures(run: dict[str, Any], baseline: str) -> dict[str, Any]:
+    """A run's mean squared advantage under the baseline it trained with and under both as
+    shadows, its illegal and arena win rates at the first and last step, its MBPP scores."""
+    series = run["series"]
+
+    def mean(key: str) -> float | None:
+        return statistics.fmean(v for _, v in series[key]) if series.get(key) else None
+
+    def ends(key: str) -> list[float | None]:
+        points = series.get(key) or [[None, None]]
+        return [points[0][1], points[-1][1]]
+
+    arena = sorted(k for k in series if re.fullmatch(r"arena/[^/]+/win_rate", k))
+    out = {"advantage_sq_trained": mean(f"rae/advantage_sq_{baseline}")}
+    out |= {f"advantage_sq_{b}_shadow": mean(f"rae/advantage_sq_{b}") for b in ("role", "shared")}
+    out |= {"illegal_rate_first_last": ends("game/illegal_rate")}
+    out |= {"arena_win_rate_first_last": {k: ends(k) for k in arena}}
+    return out | {"mbpp_greedy_pass@1": run["mbpp_greedy_pass@1"]}
+
+
 def compare(runs: dict[str, Any]) -> dict[str, Any]:
     """RAE against the shared baseline, per game: the same figures side by side."""
     out: dict[str, Any] = {}
     for game, prefix in (("tictactoe", "ttt"), ("code_output", "code")):
         pair = {b: runs.get(f"{prefix}-{b}") for b in ("role", "shared")}
-        if not all(pair.values()):
-            continue
-        out[game] = {}
-        for baseline, run in pair.items():
-            series = run["series"]
-
-            def mean(key: str, series: dict = series) -> float | None:
-                return statistics.fmean(v for _, v in series[key]) if series.get(key) else None
-
-            def ends(key: str, series: dict = series) -> list[float | None]:
-                points = series.get(key) or [[None, None]]
-                return [points[0][1], points[-1][1]]
-
-            arena = sorted(k for k in series if re.fullmatch(r"arena/[^/]+/win_rate", k))
-            out[game][baseline] = {
-                "advantage_sq_trained": mean(f"rae/advantage_sq_{baseline}"),
-                "advantage_sq_role_shadow": mean("rae/advantage_sq_role"),
-                "advantage_sq_shared_shadow": mean("rae/advantage_sq_shared"),
-                "illegal_rate_first_last": ends("game/illegal_rate"),
-                "arena_win_rate_first_last": {k: ends(k) for k in arena},
-                "mbpp_greedy_pass@1": run["mbpp_greedy_pass@1"],
-            }
+        if all(pair.values()):
+            out[game] = {baseline: baseline_figures(run, baseline) for baseline, run in pair.items()}
     return out
 
 

@@ -1,12 +1,13 @@
 """Time to accuracy (docs/benchmarks.md, "Time to accuracy against TRL"): the same GRPO job run by
 Crucible and by TRL's `GRPOTrainer`, each saving its adapter every N steps with the wall time since
 its process started; every saved adapter is then evaluated through Crucible's evaluation jobs (off
-the runs' clocks) and the curves compared.
+the runs' clocks) and the curves compared. `trl` on its own is also the GRPO race's TRL baseline
+(`bash bench/gpu.sh trl`): it prints its median step, and `DIR/metrics.jsonl` keeps every step.
 
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
     python bench/tta.py eval DIR [DIR ...] [--tasks 500] [--humaneval-tasks 164]
-    python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md
+    python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md [--learning DIR]
 
 RECIPE: a recipe of recipes/learning.yaml or a job spec file. Each run writes `DIR/run.json` (the
 job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json`.
@@ -23,6 +24,7 @@ import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -60,11 +62,17 @@ def eval_settings(spec: Any) -> dict[str, Any]:
     return {"data": {"dataset": "mbpp", "split": "test"}, "max_tokens": spec.rollout.max_tokens}
 
 
+def visible_cards() -> list[str]:
+    found = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [d for d in found.split(",") if d] if found else []
+
+
 class Record(dict):
     """`DIR/run.json`: the run, rewritten whenever it changes (`save`)."""
 
     def __init__(self, out: Path, engine: str, spec: Any, extra: dict[str, Any]) -> None:
-        super().__init__(run=out.name, engine=engine, t0=T0, job=spec.model_dump(mode="json"), **extra)
+        job = spec.model_dump(mode="json")
+        super().__init__(run=out.name, engine=engine, t0=T0, job=job, **extra, command=sys.argv)
         self.path, self["points"] = out / "run.json", [{"step": 0, "wall_s": 0.0, "adapter": None}]
         self.save()
 
@@ -76,13 +84,19 @@ class Record(dict):
         """When the job first reported each kind of event (`status` per status, `metrics` per
         step up to the third), seconds since the run began: where its start-up goes."""
         key = f"{kind}:{event.get('status') or event.get('step') or ''}".rstrip(":")
-        phases = self.setdefault("phases", {})
         if kind != "metrics" or int(event.get("step") or 0) <= 3:
-            phases.setdefault(key, round(time.time() - T0, 2))
+            self.setdefault("phases", {}).setdefault(key, round(time.time() - T0, 2))
 
     def point(self, step: int, wall_s: float, adapter: str) -> None:
         self["points"].append({"step": step, "wall_s": round(wall_s, 2), "adapter": adapter})
         self.save()
+
+    def finish(self, **last: Any) -> None:
+        """The run's last figures saved, and printed with its training summary (median step...)."""
+        self.save(wall_s=round(time.time() - T0, 2), **last)
+        rows = common.read_jsonl(self.path.parent / "metrics.jsonl")
+        shown = {k: self.get(k) for k in ("run", "points", "wall_s", "train_start_s")}
+        print(json.dumps(shown | {"training": training(self["engine"], rows)}))
 
 
 # -- Crucible -------------------------------------------------------------------------------------
@@ -92,17 +106,15 @@ def run_crucible(args: argparse.Namespace) -> None:
     full = train_spec(args)
     spec = train_spec(args, "eval=null")  # evaluated afterwards, off the run's clock
     devices = args.generator_devices.split(",") if args.generator_devices else [None]
-    ranks, visible = spec.distributed.train_gpus, _visible()
-    out = args.out.resolve()
+    ranks, visible, out = spec.distributed.train_gpus, visible_cards(), args.out.resolve()
     gpus = max(ranks, len({d for d in devices if d is not None} | set(visible)))
     placement = {"trainer_cards": visible, "train_ranks": ranks, "generator_cards": devices}
-    extra = {"eval": eval_settings(full), "gpus": gpus, "placement": placement, "command": sys.argv}
+    extra = {"eval": eval_settings(full), "gpus": gpus, "placement": placement}
     record = Record(out, "crucible", spec, extra)
-    work = out / "work"
+    work, job_id = out / "work", f"tta-{out.name}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     common.local_events()
-    job_id = f"tta-{out.name}"
     try:
         with common.services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
             record["train_start_s"] = round(time.time() - T0, 2)
@@ -110,26 +122,15 @@ def run_crucible(args: argparse.Namespace) -> None:
     except BaseException:
         common.show_logs(work)
         raise
-    published = work / "adapters" / job_id
     for step in saved_steps(spec.optim.steps, args.every):
-        source, target = published / f"v{step}", out / "adapters" / f"step-{step}"
+        source, target = work / "adapters" / job_id / f"v{step}", out / "adapters" / f"step-{step}"
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
         written = max(p.stat().st_mtime for p in source.iterdir() if p.is_file())
         record.point(step, written - T0, str(target))
     shutil.copy2(work / "jobs" / job_id / "metrics.jsonl", out / "metrics.jsonl")
     ran = {"difficulty_filter": summary.get("difficulty_filter"), "status": summary.get("status")}
-    finish(record, wall_s=round(time.time() - T0, 2), job_wall_s=round(summary["wall_s"], 2), **ran)
-
-
-def finish(record: Record, **last: Any) -> None:
-    record.save(**last)
-    print(json.dumps({k: record[k] for k in ("run", "points", "wall_s", "train_start_s")}))
-
-
-def _visible() -> list[str]:
-    found = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [d for d in found.split(",") if d] if found else []
+    record.finish(job_wall_s=round(summary["wall_s"], 2), **ran)
 
 
 # -- TRL ------------------------------------------------------------------------------------------
@@ -146,22 +147,21 @@ def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool
     >>> c["learning_rate"], c["max_completion_length"], c["loss_type"], c["lr_scheduler_type"], c["beta"]
     (0.0001, 256, 'dapo', 'constant', 0.0)
     """
-    method, optim = spec.method, spec.optim
+    method, optim, rollout = spec.method, spec.optim, spec.rollout
     if method.name != "grpo":
         raise SystemExit(f"method {method.name!r}: this race compares GRPO jobs")
     batch = optim.problems_per_step * method.group_size
     micro = optim.micro_batch if optim.micro_batch != "auto" else 8
     if batch % micro:
         raise SystemExit(f"optim.micro_batch {micro} must divide the step's {batch} completions")
-    loss = {"token": "dapo", "sequence": "grpo", "dr_grpo": "dr_grpo"}[method.loss]
     config: dict[str, Any] = {
         "output_dir": str(out / "trl"),
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": batch // micro,  # one generation of the whole step per update
         "num_generations": method.group_size,
-        "max_completion_length": spec.rollout.max_tokens,
-        "temperature": spec.rollout.temperature,
-        "top_p": spec.rollout.top_p,
+        "max_completion_length": rollout.max_tokens,
+        "temperature": rollout.temperature,
+        "top_p": rollout.top_p,
         "learning_rate": optim.lr,
         "lr_scheduler_type": "constant_with_warmup" if optim.warmup_steps else "constant",
         "warmup_steps": optim.warmup_steps,
@@ -171,7 +171,7 @@ def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool
         "beta": method.kl_beta,
         "epsilon": method.clip_eps,
         "num_iterations": method.num_iterations,
-        "loss_type": loss,
+        "loss_type": {"token": "dapo", "sequence": "grpo", "dr_grpo": "dr_grpo"}[method.loss],
         "scale_rewards": method.scale,
         "logging_steps": 1,
         "save_strategy": "no",
@@ -183,12 +183,9 @@ def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool
         "use_cpu": not cuda,
     }
     if engine == "vllm":
-        config.update(
-            use_vllm=True,
-            vllm_mode="colocate",
-            vllm_gpu_memory_utilization=vllm_memory,
-            vllm_max_model_length=int(os.environ.get("CRUCIBLE_GENERATOR_MAX_MODEL_LEN", "2048")),
-        )
+        max_len = int(os.environ.get("CRUCIBLE_GENERATOR_MAX_MODEL_LEN", "2048"))
+        config |= {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": vllm_memory}
+        config["vllm_max_model_length"] = max_len
     return config
 
 
@@ -224,7 +221,7 @@ def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[
     from crucible_trainer import tasks
     from crucible_trainer.rl.rewards import reward as reward_of
 
-    limits, chat = spec.reward.limits(), spec.model.chat
+    limits, chat, penalty = spec.reward.limits(), spec.model.chat, spec.reward.length_penalty
     faults = {"scored": 0, "sandbox_errors": 0}
 
     async def judge(requests: list[Any]) -> list[Any]:
@@ -235,15 +232,11 @@ def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         lengths = [len(ids) for ids in kw.get("completion_ids") or [[]] * len(texts)]
         found = [problems[i] for i in task_index]
-        requests = [
-            t.run_request(tasks.answer_to_code(t, x, chat=chat), limits)
-            for t, x in zip(found, texts, strict=True)
-        ]
+        codes = [tasks.answer_to_code(t, x, chat=chat) for t, x in zip(found, texts, strict=True)]
+        requests = [t.run_request(code, limits) for t, code in zip(found, codes, strict=True)]
         scores = []
         for result, length in zip(asyncio.run(judge(requests)), lengths, strict=True):
-            value = reward_of(
-                result, spec.reward.kind, generated_tokens=length, length_penalty=spec.reward.length_penalty
-            )
+            value = reward_of(result, spec.reward.kind, generated_tokens=length, length_penalty=penalty)
             faults["scored"] += 1
             faults["sandbox_errors"] += value is None
             scores.append(0.0 if value is None else value)
@@ -257,30 +250,26 @@ def run_trl(args: argparse.Namespace) -> None:
     import torch
     from crucible_cli.spawn import free_port
     from crucible_trainer import tasks
+    from crucible_trainer.rl.context import PromptBook
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     global T0
-    spec = train_spec(args)
-    cuda = torch.cuda.is_available()
+    spec, cuda, out = train_spec(args), torch.cuda.is_available(), args.out.resolve()
     engine = args.engine or ("vllm" if cuda else "hf")
-    out = args.out.resolve()
     config = trl_config(spec, out, engine, args.vllm_memory, cuda)
-    model_dir = crucible_models.resolve_model_path(spec.model.base)
-    prepared = time.time()
-    if cuda:
-        model_dir = bf16_copy(model_dir)
+    model_dir, prepared = crucible_models.resolve_model_path(spec.model.base), time.time()
+    model_dir = bf16_copy(model_dir) if cuda else model_dir
     prepared = time.time() - prepared
     T0 += prepared  # preparing the copy is not the run's time (Crucible's generator casts as it loads)
     mode = spec.method.filter.mode
     unfiltered = {"method.filter": f"{mode}: TRL trains on the job's problems unfiltered"}
-    placement = {"trainer_cards": _visible(), "engine": engine}
+    placement = {"trainer_cards": visible_cards(), "engine": engine}
     extra = {"eval": eval_settings(spec), "gpus": 1, "placement": placement}
     extra |= {"trl_config": config, "model_dir": model_dir, "bf16_copy_s": round(prepared, 1)}
-    extra |= {"not_matched": unfiltered if mode != "none" else {}, "command": sys.argv}
-    record = Record(out, "trl", spec, extra)
+    record = Record(out, "trl", spec, extra | {"not_matched": unfiltered if mode != "none" else {}})
     if engine == "vllm":  # colocate mode runs vLLM in this process through torch.distributed: a world of one
         world = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
         for key, value in (world | {"MASTER_PORT": str(free_port())}).items():
@@ -289,39 +278,26 @@ def run_trl(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     problems = tasks.load_tasks(spec.data)
-    chat = spec.model.chat
-
-    def prompt(task: Any) -> str:  # what Crucible's PromptBook sends the generator
-        if not chat:
-            return tasks.build_completion_prompt(task)
-        return tokenizer.apply_chat_template(
-            tasks.build_messages(task), add_generation_prompt=True, tokenize=False
-        )
-
-    data = Dataset.from_list([{"prompt": prompt(t), "task_index": i} for i, t in enumerate(problems)])
+    prompts = PromptBook(problems, spec.model.chat, tokenizer)  # what Crucible's generator is sent
+    data = Dataset.from_list([{"prompt": prompts.first(i), "task_index": i} for i in range(len(problems))])
     if engine == "vllm":  # room for the longest prompt and its answer (vLLM refuses a longer request)
         longest = max(len(tokenizer(p).input_ids) for p in data["prompt"])
-        config["vllm_max_model_length"] = max(
-            config["vllm_max_model_length"], longest + spec.rollout.max_tokens
-        )
+        needed = longest + spec.rollout.max_tokens
+        config["vllm_max_model_length"] = max(config["vllm_max_model_length"], needed)
         record["trl_config"] = config
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    server = common.sandbox(work)
+    (out / "work").mkdir(parents=True, exist_ok=True)
+    server = common.sandbox(out / "work")
     reward, faults = sandbox_reward(problems, spec, server.url)
+    keep = set(saved_steps(spec.optim.steps, args.every))
 
     class Saver(TrainerCallback):
         """The adapter at every saved step, with its wall time; the step's log row kept."""
 
-        trainer: Any = None
-
         def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
-            step = state.global_step
-            if step in keep:
-                wall = time.time() - T0
-                target = out / "adapters" / f"step-{step}"
-                self.trainer.model.save_pretrained(target)
-                record.point(step, wall, str(target))
+            if state.global_step in keep:
+                wall, target = time.time() - T0, out / "adapters" / f"step-{state.global_step}"
+                trainer.model.save_pretrained(target)
+                record.point(state.global_step, wall, str(target))
 
         def on_log(self, targs: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
             if logs:
@@ -329,28 +305,18 @@ def run_trl(args: argparse.Namespace) -> None:
                 with (out / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(row, default=str) + "\n")
 
-    keep = set(saved_steps(spec.optim.steps, args.every))
     (out / "metrics.jsonl").unlink(missing_ok=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
     lora = {k: getattr(spec.model, k) for k in ("lora_alpha", "lora_dropout", "target_modules")}
     peft_config = LoraConfig(r=spec.model.lora_r, task_type="CAUSAL_LM", **lora)
-    saver = Saver()
     try:
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=reward,
-            args=GRPOConfig(**config),
-            train_dataset=data,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-            callbacks=[saver],
-        )
-        saver.trainer = trainer
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**config), train_dataset=data,
+                              processing_class=tokenizer, peft_config=peft_config, callbacks=[Saver()])  # fmt: skip
         record.save(train_start_s=round(time.time() - T0, 2))
         trainer.train()
     finally:
         server.stop()
-    finish(record, wall_s=round(time.time() - T0, 2), rewards=faults, status="finished")
+    record.finish(rewards=faults, status="finished")
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -366,8 +332,9 @@ def run_eval(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="crucible-tta-eval-"))
     # The saved adapters may be read from where the runs keep them (the trainer's and the generator's roots).
     roots = ",".join(sorted({str(d) for d, _ in runs} | {str(work)}))
-    trainer_roots = [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots]
-    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(filter(None, trainer_roots))
+    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(
+        filter(None, [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots])
+    )
     common.local_events()
     # The base model's scores, shared by every run evaluated beside these (one base point for all
     # of them, evaluated once), keyed by what was evaluated.
@@ -376,25 +343,23 @@ def run_eval(args: argparse.Namespace) -> None:
     def score(settings: Any, run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict:
         data = dict(run["eval"]["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
         limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
-        if limit is not None:
-            data["limit"] = limit
+        data |= {"limit": limit} if limit is not None else {}
         model, tokens = {"base": base, "chat": run["job"]["model"]["chat"]}, run["eval"]["max_tokens"]
         found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
-        seconds = round(found["wall_s"], 1)
-        return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"), "seconds": seconds}
+        return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
+                "seconds": round(found["wall_s"], 1)}  # fmt: skip
 
-    env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
     try:
+        env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
         with common.services(work, base, args.rows, generator_env=env) as settings:
             for out, run in runs:
-                path = out / "evals.json"
-                evals: dict[str, Any] = common.read_json(path, {})
+                evals: dict[str, Any] = common.read_json(out / "evals.json", {})
                 final = max(p["step"] for p in run["points"])
                 for p in run["points"]:
-                    key = str(p["step"])
-                    entry = evals.setdefault(key, {})
-                    human = args.humaneval and p["step"] in (0, final)
-                    for dataset in [d for d in ["mbpp"] + ["humaneval"] * human if d not in entry]:
+                    entry = evals.setdefault(str(p["step"]), {})
+                    for dataset in ["mbpp", "humaneval"][: 1 + (p["step"] in (0, final))]:
+                        if dataset in entry:
+                            continue
                         if p["adapter"] is None:  # the base model: once for every run
                             limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
                             what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
@@ -403,9 +368,9 @@ def run_eval(args: argparse.Namespace) -> None:
                                 common.dump(cache, common.read_json(cache, {}) | {what: shared[what]})
                             entry[dataset] = shared[what]
                         else:
-                            label = f"{out.name}-{key}-{dataset}"
+                            label = f"{out.name}-{p['step']}-{dataset}"
                             entry[dataset] = score(settings, run, p["adapter"], dataset, label)
-                        common.dump(path, evals)
+                        common.dump(out / "evals.json", evals)
                         print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
         common.show_logs(work)
@@ -433,27 +398,23 @@ def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     >>> training("trl", rows)
     {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8, 'tokens_first': 100.0, 'tokens_last': 100.0}
     """
-    import statistics
-
     seconds, reward, tokens = STEP_KEYS[engine]
     rows = [r for r in rows if seconds in r]
     if not rows:
         return {}
-    later = rows[1:] or rows
     quarter = max(1, len(rows) // 4)
 
     def mean(part: list[dict[str, Any]], key: str) -> float | None:
         found = [float(r[key]) for r in part if r.get(key) is not None]
         return round(statistics.fmean(found), 4) if found else None
 
-    return {
+    out = {
         "steps": len(rows),
-        "median_step_s": round(statistics.median(float(r[seconds]) for r in later), 3),
-        "reward_first": mean(rows[:quarter], reward),
-        "reward_last": mean(rows[-quarter:], reward),
-        "tokens_first": mean(rows[:quarter], tokens),
-        "tokens_last": mean(rows[-quarter:], tokens),
+        "median_step_s": round(statistics.median(float(r[seconds]) for r in rows[1:] or rows), 3),
     }
+    for name, key in (("reward", reward), ("tokens", tokens)):
+        out |= {f"{name}_first": mean(rows[:quarter], key), f"{name}_last": mean(rows[-quarter:], key)}
+    return out
 
 
 def curve(run: dict[str, Any], evals: dict[str, Any]) -> list[dict[str, Any]]:
@@ -461,12 +422,9 @@ def curve(run: dict[str, Any], evals: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p in run["points"]:
         found = evals.get(str(p["step"]), {})
-        if "mbpp" not in found:
-            continue
-        row = {"wall_s": p["wall_s"], "step": p["step"], "pass@1": found["mbpp"]["pass@1"]}
-        if "humaneval" in found:
-            row["humaneval"] = found["humaneval"]["pass@1"]
-        out.append(row)
+        if "mbpp" in found:
+            out.append({"wall_s": p["wall_s"], "step": p["step"], "pass@1": found["mbpp"]["pass@1"]})
+            out[-1] |= {"humaneval": found["humaneval"]["pass@1"]} if "humaneval" in found else {}
     return out
 
 
@@ -491,6 +449,10 @@ def at(points: list[dict[str, Any]], wall_s: float) -> float | None:
     """
     before = [p for p in points if p["wall_s"] <= wall_s]
     return before[-1]["pass@1"] if before else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -523,46 +485,39 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     trl, one = first("trl"), first("crucible", gpus=1)
     out: dict[str, Any] = {"trl_run": trl, "one_gpu_run": one, "runs": {}}
-    trl_final = curves[trl][-1] if trl else None
-    one_final = curves[one][-1] if one else None
+    trl_final, one_final = curves[trl][-1] if trl else None, curves[one][-1] if one else None
     if trl_final:
         out.update(trl_final=trl_final["pass@1"], trl_final_wall_s=trl_final["wall_s"])
         out["trl_gained"] = trl_final["pass@1"] > curves[trl][0]["pass@1"]
     if one_final:
         out.update(one_gpu_final=one_final["pass@1"], one_gpu_final_wall_s=one_final["wall_s"])
     for name, r in runs.items():
-        pts = curves[name]
-        row: dict[str, Any] = {
-            "engine": r["run"]["engine"],
-            "gpus": r["run"]["gpus"],
-            "placement": r["run"].get("placement"),
-            "points": pts,
-            "wall_s": r["run"].get("wall_s"),
-            "train_start_s": r["run"].get("train_start_s"),
-            "final": pts[-1] if pts else None,
-            "training": training(r["run"]["engine"], r.get("metrics", [])),
-        }
+        pts, run = curves[name], r["run"]
+        row: dict[str, Any] = {"engine": run["engine"], "gpus": run["gpus"], "placement": run.get("placement"),
+                               "points": pts, "wall_s": run.get("wall_s"), "train_start_s": run.get("train_start_s"),
+                               "final": pts[-1] if pts else None,
+                               "training": training(run["engine"], r.get("metrics", []))}  # fmt: skip
         if trl_final and name != trl and pts:
             # TRL's final no better than the base it started from: a time to reach it is no figure.
             t = reach(pts, trl_final["pass@1"]) if out["trl_gained"] else None
-            row["reach_trl_final_s"] = t
-            row["reach_over_trl"] = round(t / trl_final["wall_s"], 3) if t is not None else None
+            row |= {"reach_trl_final_s": t, "reach_over_trl": ratio(t, trl_final["wall_s"])}
             row["goal_half_trl_met"] = t is not None and t <= 0.5 * trl_final["wall_s"]
             # The same number of steps, free of evaluation noise: the last saved point's time over TRL's.
-            row["last_point_over_trl"] = round(pts[-1]["wall_s"] / trl_final["wall_s"], 3)
+            row["last_point_over_trl"] = ratio(pts[-1]["wall_s"], trl_final["wall_s"])
             equal = [(p["wall_s"], p["pass@1"], at(pts, p["wall_s"])) for p in curves[trl] if p["step"]]
             row["at_trl_points"] = [{"wall_s": w, "trl": a, "this": b} for w, a, b in equal]
             row["not_lower_at_equal_wall"] = all(b is not None and b >= a for _, a, b in equal)
-        if one_final and name != one and r["run"]["engine"] == "crucible" and pts:
-            base_t = reach(curves[one], one_final["pass@1"])
-            t = reach(pts, one_final["pass@1"])
-            row["reach_one_gpu_final_s"] = t
-            row["one_gpu_reach_s"] = base_t
-            row["reach_over_one_gpu"] = round(t / base_t, 3) if t is not None and base_t else None
+        if one_final and name != one and run["engine"] == "crucible" and pts:
+            t, base_t = reach(pts, one_final["pass@1"]), reach(curves[one], one_final["pass@1"])
+            row |= {
+                "reach_one_gpu_final_s": t,
+                "one_gpu_reach_s": base_t,
+                "reach_over_one_gpu": ratio(t, base_t),
+            }
             row["goal_0p6_one_gpu_met"] = (
                 row["reach_over_one_gpu"] is not None and row["reach_over_one_gpu"] <= 0.6
             )
-            row["last_point_over_one_gpu"] = round(pts[-1]["wall_s"] / one_final["wall_s"], 3)
+            row["last_point_over_one_gpu"] = ratio(pts[-1]["wall_s"], one_final["wall_s"])
         out["runs"][name] = row
     return out
 
@@ -583,8 +538,6 @@ def seed_means(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     >>> m["trl, 1 GPU, mean of 2 seeds"]["evals"]["10"]
     {'mbpp': {'pass@1': 0.54}}
     """
-    import statistics
-
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in [r for r in runs.values() if curve(r["run"], r["evals"])]:  # evaluated runs only
         run = r["run"]
@@ -594,92 +547,68 @@ def seed_means(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             label += f", {json.dumps(run.get('placement'), sort_keys=True)}"
         groups.setdefault(label, []).append(r)
     out = {}
-    for label, group in groups.items():
-        if len(group) < 2:
-            continue
-        evaluated = [
-            {p["step"]: p for p in r["run"]["points"] if "mbpp" in r["evals"].get(str(p["step"]), {})}
-            for r in group
-        ]
-        steps = sorted(set.intersection(*(set(e) for e in evaluated)))
+    for label, group in [(k, g) for k, g in groups.items() if len(g) > 1]:
+        evaluated = [{p["step"]: p for p in r["run"]["points"] if "mbpp" in r["evals"].get(str(p["step"]), {})}
+                     for r in group]  # fmt: skip
         points, evals = [], {}
-        for step in steps:
+        for step in sorted(set.intersection(*(set(e) for e in evaluated))):
             wall = statistics.fmean(e[step]["wall_s"] for e in evaluated)
             points.append({"step": step, "wall_s": round(wall, 2)})
             found = [r["evals"][str(step)] for r in group]
-            evals[str(step)] = {
-                d: {"pass@1": round(statistics.fmean(f[d]["pass@1"] for f in found), 4)}
-                for d in ("mbpp", "humaneval")
-                if all(d in f for f in found)
-            }
-        first = group[0]["run"]
-        run = {
-            "engine": first["engine"],
-            "gpus": first["gpus"],
-            "placement": first.get("placement"),
-            "points": points,
-            "wall_s": round(
-                statistics.fmean(r["run"].get("wall_s") or points[-1]["wall_s"] for r in group), 2
-            ),
-        }
+            evals[str(step)] = {d: {"pass@1": round(statistics.fmean(f[d]["pass@1"] for f in found), 4)}
+                                for d in ("mbpp", "humaneval") if all(d in f for f in found)}  # fmt: skip
+        wall = statistics.fmean(r["run"].get("wall_s") or points[-1]["wall_s"] for r in group)
+        run = {k: group[0]["run"].get(k) for k in ("engine", "gpus", "placement")}
+        run |= {"points": points, "wall_s": round(wall, 2)}
         out[f"{label}, mean of {len(group)} seeds"] = {"run": run, "evals": evals}
     return out
 
 
+def cell(value: float | None, form: str = "{:.2f}") -> str:
+    """`value` formatted, `-` for none.
+
+    >>> cell(0.5512, "{:.1%}"), cell(None), cell(171.6, "{:.0f} s")
+    ('55.1%', '-', '172 s')
+    """
+    return "-" if value is None else form.format(value)
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The comparison as Markdown: one row per run, then the points."""
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{100 * v:.1f}%"
-
-    def sec(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0f} s"
-
-    def num(v: float | None, digits: int = 2) -> str:
-        return "-" if v is None else f"{v:.{digits}f}"
-
+    pct, sec = "{:.1%}", "{:.0f} s"
     curves, trained = [], []
     for name, r in result["runs"].items():
         pts, t = r["points"], r.get("training") or {}
-        shown = "; ".join(f"{p['wall_s']:.0f}, {p['step']}, {pct(p['pass@1'])}" for p in pts)
-        human = " → ".join(pct(p["humaneval"]) for p in pts if "humaneval" in p) or "-"
-        final = pct(r["final"]["pass@1"]) if r["final"] else "-"
-        reach = [sec(r.get("reach_trl_final_s")), num(r.get("reach_over_trl"))]
-        reach += [sec(r.get("reach_one_gpu_final_s")), num(r.get("reach_over_one_gpu"))]
+        shown = "; ".join(f"{p['wall_s']:.0f}, {p['step']}, {cell(p['pass@1'], pct)}" for p in pts)
+        human = " → ".join(cell(p["humaneval"], pct) for p in pts if "humaneval" in p) or "-"
+        reach = [cell(r.get("reach_trl_final_s"), sec), cell(r.get("reach_over_trl"))]
+        reach += [cell(r.get("reach_one_gpu_final_s"), sec), cell(r.get("reach_over_one_gpu"))]
+        final = cell(r["final"]["pass@1"], pct) if r["final"] else "-"
         curves.append([f"{name} ({r['engine']})", r["gpus"], shown, final, human, *reach])
-        reward = f"{num(t.get('reward_first'))} → {num(t.get('reward_last'))}"
-        tokens = f"{num(t.get('tokens_first'), 0)} → {num(t.get('tokens_last'), 0)}"
-        times = [sec(r.get("train_start_s")), sec(r.get("wall_s"))]
-        over = [num(r.get("last_point_over_trl")), num(r.get("last_point_over_one_gpu"))]
-        trained.append(
-            [name, t.get("steps", "-"), num(t.get("median_step_s")), reward, tokens, *times, *over]
-        )
+        reward = f"{cell(t.get('reward_first'))} → {cell(t.get('reward_last'))}"
+        tokens = f"{cell(t.get('tokens_first'), '{:.0f}')} → {cell(t.get('tokens_last'), '{:.0f}')}"
+        times = [cell(r.get("train_start_s"), sec), cell(r.get("wall_s"), sec)]
+        over = [cell(r.get("last_point_over_trl")), cell(r.get("last_point_over_one_gpu"))]
+        steps = [name, t.get("steps", "-"), cell(t.get("median_step_s"))]
+        trained.append([*steps, reward, tokens, *times, *over])
     head = ["run", "GPUs", "points (wall s, step, MBPP pass@1)", "final", "HumanEval base → final"]
     head += ["to TRL's final", "x TRL", "to 1-GPU final", "x 1 GPU"]
-    lines = [common.md_table(head, curves, " : : ::::"), ""]
-    head = [
-        "run",
-        "steps",
-        "median s/step (2+)",
-        "reward, first → last quarter",
-        "tokens, first → last quarter",
-    ]
-    head += ["start-up (to the job)", "wall", "last point x TRL", "last point x 1 GPU"]
-    lines.append(common.md_table(head, trained, " ::  ::::"))
+    lines = [common.md_table(head, curves, " : : ::::")]
+    head = ["run", "steps", "median s/step (2+)", "reward, first → last quarter"]
+    head += ["tokens, first → last quarter", "start-up (to the job)", "wall", "last point x TRL"]
+    head += ["last point x 1 GPU"]
+    lines += ["", common.md_table(head, trained, " ::  ::::")]
     if result.get("trl_final") is not None:
-        lines.append(
-            f"\nTRL's final pass@1: {pct(result['trl_final'])} at {sec(result['trl_final_wall_s'])}; "
-            "goal: Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time."
-        )
+        lines.append(f"\nTRL's final pass@1: {cell(result['trl_final'], pct)} at {cell(result['trl_final_wall_s'], sec)}; "
+                     "goal: Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time.")  # fmt: skip
         if not result.get("trl_gained", True):
             lines.append(
                 "TRL's final is no gain over the base model: there is no time to reach it to compare."
             )
     for name, r in result["runs"].items():
         if "not_lower_at_equal_wall" in r:
-            cells = ", ".join(
-                f"{p['wall_s']:.0f} s: {pct(p['this'])} vs {pct(p['trl'])}" for p in r["at_trl_points"]
-            )
+            cells = ", ".join(f"{p['wall_s']:.0f} s: {cell(p['this'], pct)} vs {cell(p['trl'], pct)}"
+                              for p in r["at_trl_points"])  # fmt: skip
             verdict = "not lower" if r["not_lower_at_equal_wall"] else "LOWER"
             lines.append(f"- {name} at TRL's points ({verdict}): {cells}")
     return "\n".join(lines) + "\n"
@@ -713,30 +642,24 @@ def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         row |= {"before": pts[0]["pass@1"], "after": pts[-1]["pass@1"], "steps": pts[-1]["step"]}
         row |= {"wall_s": pts[-1]["wall_s"], "model": run["job"]["model"]["base"]}
         row |= {"humaneval_before": pts[0].get("humaneval"), "humaneval_after": pts[-1].get("humaneval")}
-        row["command"] = " ".join(["python", *run["command"]])
+        row["command"] = " ".join(["python", *command])
         prefix = "trl-" if run["engine"] == "trl" else ""
         rows[f"{prefix}{'+'.join([recipe, *sets])}-seed{seed}.json"] = row
     return rows
 
 
 def run_table(args: argparse.Namespace) -> None:
-    runs = {}
-    for d in [d for d in args.runs if (d / "run.json").exists()]:
-        runs[d.name] = {
-            "run": common.read_json(d / "run.json", {}),
-            "evals": common.read_json(d / "evals.json", {}),
-        }
-        runs[d.name]["metrics"] = common.read_jsonl(d / "metrics.jsonl")
-    result = compare(runs)
+    runs = {d.name: {"run": common.read_json(d / "run.json", {}), "evals": common.read_json(d / "evals.json", {}),
+                     "metrics": common.read_jsonl(d / "metrics.jsonl")}
+            for d in args.runs if (d / "run.json").exists()}  # fmt: skip
+    result, means = compare(runs), seed_means(runs)
     text = markdown(result)
-    means = seed_means(runs)
     if means:
         result["over_seeds"] = compare(means)
         text += "\nOver seeds (each setting's mean curve):\n\n" + markdown(result["over_seeds"])
     common.dump(args.json, result)
-    if args.learning:
-        for file, row in learning_rows(runs).items():
-            common.dump(args.learning / file, row)
+    for file, row in learning_rows(runs).items() if args.learning else ():
+        common.dump(args.learning / file, row)
     if args.md:
         args.md.write_text(text)
     print(text)
@@ -758,7 +681,6 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("runs", type=Path, nargs="+")
     evaluate.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")
     evaluate.add_argument("--humaneval-tasks", type=int, help="HumanEval problems (default: all 164)")
-    evaluate.add_argument("--no-humaneval", dest="humaneval", action="store_false")
     evaluate.add_argument("--rows", type=int, default=256, help="rows of the generator")
     table.add_argument("--json", type=Path, required=True)
     table.add_argument("--md", type=Path)
