@@ -23,6 +23,8 @@ from bench import common
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 WINDOWS = [(64, 256), (128, 256), (256, 512), (256, 768)]
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPE, REPEATS = (torch.bfloat16, 50) if DEVICE.type == "cuda" else (torch.float32, 3)  # steps timed
 
 
 def expanded(module, query, key, value, mask, scaling=None):
@@ -33,42 +35,35 @@ def expanded(module, query, key, value, mask, scaling=None):
     return out.transpose(1, 2), None
 
 
-def ms_per_step(
-    attend, rows: int, slots: int, device: torch.device, dtype: torch.dtype, repeats: int
-) -> float:
+def ms_per_step(attend, rows: int, slots: int) -> float:
     """Milliseconds of one decode step's attention over every layer, after two warm-up steps."""
     module = types.SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS)
-    query = torch.randn(rows, HEADS, 1, DIM, device=device, dtype=dtype)
-    caches = [torch.randn(2, rows, KV_HEADS, slots, DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
-    mask = torch.zeros(rows, 1, 1, slots, device=device, dtype=dtype)
-    mask[:, :, :, slots // 2 :] = torch.finfo(dtype).min  # half the window beyond the rows' ends
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    for step in range(repeats + 2):
+    query = torch.randn(rows, HEADS, 1, DIM, device=DEVICE, dtype=DTYPE)
+    caches = [torch.randn(2, rows, KV_HEADS, slots, DIM, device=DEVICE, dtype=DTYPE) for _ in range(LAYERS)]
+    mask = torch.zeros(rows, 1, 1, slots, device=DEVICE, dtype=DTYPE)
+    mask[:, :, :, slots // 2 :] = torch.finfo(DTYPE).min  # half the window beyond the rows' ends
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else lambda: None
+    for step in range(REPEATS + 2):
         if step == 2:
             sync()
             started = time.perf_counter()
         for k, v in caches:
             attend(module, query, k, v, mask, scaling=DIM**-0.5)
     sync()
-    return 1000 * (time.perf_counter() - started) / repeats
+    return 1000 * (time.perf_counter() - started) / REPEATS
 
 
 def main() -> None:
-    parser = common.argument_parser(__doc__)
-    common.options(parser, device="cuda" if torch.cuda.is_available() else "cpu", json=None)
-    args = common.options(parser, repeats=(0, "steps timed (0: 50 on CUDA, 3 on a CPU)")).parse_args()
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    repeats = args.repeats or (50 if device.type == "cuda" else 3)
+    args = common.options(common.argument_parser(__doc__), json=None).parse_args()
     rows = []
     for batch, slots in WINDOWS:
-        arms = {"expanded": expanded, "packed": packed_gqa_sdpa}
         ms = {
-            name: ms_per_step(attend, batch, slots, device, dtype, repeats) for name, attend in arms.items()
+            name: ms_per_step(attend, batch, slots)
+            for name, attend in (("expanded", expanded), ("packed", packed_gqa_sdpa))
         }
         rows.append({"rows": batch, "slots": slots, **ms, "ratio": ms["packed"] / ms["expanded"]})
         print(rows[-1], flush=True)
-    print(f"\n{device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}), {dtype}")
+    print(f"\n{DEVICE} ({torch.cuda.get_device_name() if DEVICE.type == 'cuda' else 'CPU'}), {DTYPE}")
     head = ["rows x slots", "expanded ms/step", "packed ms/step", "packed / expanded"]
     cells = [
         [f"{r['rows']} x {r['slots']}", *(f"{r[k]:.2f}" for k in ("expanded", "packed", "ratio"))]
@@ -76,7 +71,7 @@ def main() -> None:
     ]
     print(common.md_table(head, cells, " :::"))
     if args.json:
-        common.dump(Path(args.json), {"device": str(device), "dtype": str(dtype), "rows": rows})
+        common.dump(Path(args.json), {"device": str(DEVICE), "dtype": str(DTYPE), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ def pad_tokenizer(folder: Path, vocab_size: int) -> int:
     return max(0, vocab_size - start)
 
 
-def build(name: str, out: Path, device: str, dtype: str, seed: int, tiny: bool) -> dict[str, Any]:
-    """Build, save and check one shape (`tiny`: 2 layers of it); returns what was built."""
+def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
+    """Build (bf16, seed 0, on the GPU when there is one), save and check one shape (`tiny`: 2 layers
+    of it); returns what was built."""
     import crucible_models
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,13 +71,12 @@ def build(name: str, out: Path, device: str, dtype: str, seed: int, tiny: bool) 
     config = config_for(SHAPES[name] | ({"num_hidden_layers": 2} if tiny else {}), tokenizer)
     target = out / (f"{name}-tiny" if tiny else name)
     target.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
-    model.generation_config.update(
-        **{k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    )
+    ids = {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    model.generation_config.update(**ids)
     model.save_pretrained(target)
     del model
     tokenizer.save_pretrained(target)
@@ -87,11 +87,8 @@ def build(name: str, out: Path, device: str, dtype: str, seed: int, tiny: bool) 
     assert max(saved(text).input_ids) < config.vocab_size - added, "text encoded to a placeholder"
     assert saved.decode([config.vocab_size - 1]) == PLACEHOLDER.format(config.vocab_size - 1)
     built = {"name": name, "path": str(target), "parameters": params, "vocab_size": config.vocab_size}
-    return built | {
-        "placeholder_tokens": added,
-        "dtype": dtype,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    seconds = round(time.perf_counter() - started, 1)
+    return built | {"placeholder_tokens": added, "dtype": "bfloat16", "seconds": seconds}
 
 
 def tiny_model(out: Path) -> str:
@@ -109,12 +106,9 @@ def tiny_model(out: Path) -> str:
 
 
 def local_model(shape: str | None, tmp: Path) -> str:
-    """The checkpoint of `shape` (random weights, built on the GPU when there is one), or without a
-    shape the tiny model, in `tmp`, which the trainer and the generators may then read."""
-    if shape:
-        model = build(shape, tmp, "cuda" if common.card() != "cpu" else "cpu", "bfloat16", 0, False)["path"]
-    else:
-        model = tiny_model(tmp / "tiny")
+    """The checkpoint of `shape`, or without a shape the tiny model, in `tmp`, which the trainer and
+    the generators may then read."""
+    model = build(shape, tmp)["path"] if shape else tiny_model(tmp / "tiny")
     roots = [str(tmp), str(common.ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
     os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
     return model
@@ -123,20 +117,8 @@ def local_model(shape: str | None, tmp: Path) -> str:
 def main() -> None:
     parser = common.argument_parser(__doc__)
     parser.add_argument("names", nargs="+", choices=sorted(SHAPES))
-    common.options(
-        parser, out=Path, device=(None, "where weights are initialised (default: cuda if present)")
-    )
-    args = common.options(
-        parser, dtype="bfloat16", seed=0, tiny=(False, "2 layers: check the script cheaply")
-    ).parse_args()
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    print(
-        json.dumps(
-            [build(n, args.out, device, args.dtype, args.seed, args.tiny) for n in args.names], indent=2
-        )
-    )
+    args = common.options(parser, out=Path, tiny=(False, "2 layers: check the script cheaply")).parse_args()
+    print(json.dumps([build(name, args.out, args.tiny) for name in args.names], indent=2))
 
 
 if __name__ == "__main__":

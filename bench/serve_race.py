@@ -155,12 +155,8 @@ def main() -> None:
         for name, (url, _) in servers.items():
             swap = hot_swap(url, model, args.swaps, 16, job=f"race-{name}")
             results["hot_swap"][name] = {
-                key: {
-                    "p50": common.percentile(values, 0.5),
-                    "p90": common.percentile(values, 0.9),
-                    "all": values,
-                }
-                for key, values in swap.items()
+                key: {"p50": common.percentile(v, 0.5), "p90": common.percentile(v, 0.9), "all": v}
+                for key, v in swap.items()
             }
     if args.json:
         common.dump(Path(args.json), results)
