@@ -82,7 +82,6 @@ def tenants(args: Any) -> dict:
 
 
 if __name__ == "__main__":
-    common.commands(__doc__, {
-        "streams": (streams, {"streams": ("0,64,512", "comma-separated numbers of open streams"), "calls": 200}),
-        "tenants": (tenants, {"jobs": (1000, "tenant A's queued jobs"), "calls": (500, "B's calls of each route")}),
-    })  # fmt: skip
+    streams_options = {"streams": ("0,64,512", "comma-separated numbers of open streams"), "calls": 200}
+    tenants_options = {"jobs": (1000, "tenant A's queued jobs"), "calls": (500, "B's calls of each route")}
+    common.commands(__doc__, {"streams": (streams, streams_options), "tenants": (tenants, tenants_options)})

@@ -91,6 +91,10 @@ def hot_swap(url: str, model: Any, swaps: int, rank: int, job: str) -> dict[str,
     lora_b = [p for n, p in peft_model.named_parameters() if "lora_B" in n]
     timings: dict[str, list[float]] = {"save": [], "load_returned": [], "first_token": []}
     with tempfile.TemporaryDirectory() as root, httpx.Client(base_url=url, timeout=120) as http:
+
+        def post(path: str, **body: Any) -> None:
+            http.post(path, json=body).raise_for_status()
+
         for step in range(swaps):
             with torch.no_grad():
                 for p in lora_b:
@@ -99,17 +103,12 @@ def hot_swap(url: str, model: Any, swaps: int, rank: int, job: str) -> dict[str,
             t0 = time.perf_counter()
             peft_model.save_pretrained(path)
             timings["save"].append(time.perf_counter() - t0)
-            http.post(
-                "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}
-            ).raise_for_status()
+            post("/v1/load_lora_adapter", lora_name=name, lora_path=str(path))
             timings["load_returned"].append(time.perf_counter() - t0)
-            one_token = {"model": name, "prompt": "def f(x):", "max_tokens": 1, "temperature": 0}
-            http.post("/v1/completions", json=one_token).raise_for_status()
+            post("/v1/completions", model=name, prompt="def f(x):", max_tokens=1, temperature=0)
             timings["first_token"].append(time.perf_counter() - t0)
             if step:
-                http.post(
-                    "/v1/unload_lora_adapter", json={"lora_name": f"{job}-v{step - 1}"}
-                ).raise_for_status()
+                post("/v1/unload_lora_adapter", lora_name=f"{job}-v{step - 1}")
         http.post("/v1/unload_lora_adapter", json={"lora_name": f"{job}-v{swaps - 1}"})
     peft_model.unload()
     return timings
@@ -122,9 +121,8 @@ def markdown(results: dict) -> str:
             for r in results["throughput"]]  # fmt: skip
     steps = {"save": "adapter saved", "load_returned": "`load_lora_adapter` returned"}
     steps["first_token"] = "first token served by it"
-    swaps = [
-        [label, *(f"{common.percentile(swap[k], q):.3f}" for q in (0.5, 0.9))] for k, label in steps.items()
-    ]
+    pct = common.percentile
+    swaps = [[label, f"{pct(swap[k], 0.5):.3f}", f"{pct(swap[k], 0.9):.3f}"] for k, label in steps.items()]
     return "\n".join([
         f"Device: {env['device']} ({env['dtype']}), {env['cpus']} CPU cores, torch {env['torch']}, model "
         f"`{env['model']}`, {results['max_tokens']} new tokens per request (greedy, `ignore_eos`), "
@@ -149,11 +147,8 @@ def main() -> None:
 
     device = pick_device("auto")
     model, tokenizer = load_model(args.model, device=device, dtype="auto")
-    # hot_swap saves its versions under the temporary folder; a lone request waits 10 ms for others.
-    env = {
-        "CRUCIBLE_GENERATOR_ADAPTER_ROOTS": tempfile.gettempdir(),
-        "CRUCIBLE_GENERATOR_BATCH_WAIT_MS": "10",
-    }
+    env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": tempfile.gettempdir()}  # where hot_swap saves its versions
+    env["CRUCIBLE_GENERATOR_BATCH_WAIT_MS"] = "10"  # a lone request waits 10 ms for others
     work = Path(tempfile.mkdtemp(prefix="generator-bench-"))
     server = common.spawn_generator(work, args.model, max(args.concurrency), env=env)
     try:

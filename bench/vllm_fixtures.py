@@ -29,14 +29,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp())
     load = {"lora_name": "job42-v10", "lora_path": common.random_adapter(args.model_dir, root / "v10")}
-    chat = [{"role": "user", "content": "Write add(a, b) in Python."}]
-    completion = {"model": args.model, "prompt": "x", "max_tokens": 4}
+    sampled = {"model": args.model, "prompt": "def add(a, b):", "n": 2, "max_tokens": 32, "seed": 7}
+    chat = {"model": args.model, "messages": [{"role": "user", "content": "Write add(a, b) in Python."}]}
+    chat |= {"max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    completion, ids = {"model": args.model, "prompt": "x", "max_tokens": 4}, {"return_token_ids": True}
     # Each fixture's request, in the order sent: (file name, path, body; None: a GET).
     requests = [
-        ("completion_n2_logprobs_token_ids", "/v1/completions", {"model": args.model, "prompt": "def add(a, b):",
-         "n": 2, "max_tokens": 32, "seed": 7, "logprobs": 0, "return_token_ids": True}),
-        ("chat_completion_logprobs_token_ids", "/v1/chat/completions", {"model": args.model, "messages": chat,
-         "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2, "return_token_ids": True}),
+        ("completion_n2_logprobs_token_ids", "/v1/completions", sampled | {"logprobs": 0} | ids),
+        ("chat_completion_logprobs_token_ids", "/v1/chat/completions", chat | ids),
         ("load_lora_adapter_ok", "/v1/load_lora_adapter", load),
         ("error_lora_already_loaded", "/v1/load_lora_adapter", load),
         ("models_with_lora", "/v1/models", None),
