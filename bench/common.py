@@ -70,7 +70,7 @@ def options(parser: argparse.ArgumentParser, **table: Any) -> argparse.ArgumentP
 
 def commands(doc: str | None, table: dict[str, tuple[Callable[[Any], dict], dict[str, Any]]]) -> None:
     """A benchmark of sub-commands: `table` maps each name to its function and its `options` (and
-    `--json`); runs the one named with the parsed arguments, prints its figures and keeps them."""
+    `--json`); runs the one named with the parsed arguments, prints its figures and keeps them there."""
     parser = argument_parser(doc)
     verbs = parser.add_subparsers(dest="what", required=True)
     for name, (_, table_) in table.items():
@@ -78,7 +78,9 @@ def commands(doc: str | None, table: dict[str, tuple[Callable[[Any], dict], dict
     args = parser.parse_args()
     figures = table[args.what][0](args)
     print(json.dumps(figures, indent=1))
-    report(args.json, figures)
+    if args.json:  # with the command that measured them, the CPU count and the load average
+        context = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg()}
+        dump(Path(args.json), context | figures)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -148,14 +150,6 @@ def dump(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
-
-
-def report(path: str | Path | None, figures: dict[str, Any]) -> None:
-    """`figures` as JSON at `path` (when there is one) with the command that measured them, the
-    CPU count and the load average."""
-    if path:
-        context = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg()}
-        dump(Path(path), context | figures)
 
 
 def alternate(arms: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, list[Any]]:
