@@ -80,11 +80,11 @@ def synthetic_batch(args: argparse.Namespace, vocab: int) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from bench.model_shapes import local_model
+
     args = parse(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="crucible-update-speed-") as tmp:
-        from bench.model_shapes import local_model
-
         report = run(args, args.model or local_model(args.shape, Path(tmp)))
     common.dump(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if k != "updates"}, indent=2))
