@@ -63,7 +63,7 @@ def main() -> None:
         }
         rows.append({"rows": batch, "slots": slots, **ms, "ratio": ms["packed"] / ms["expanded"]})
         print(rows[-1], flush=True)
-    print(f"\n{DEVICE} ({torch.cuda.get_device_name() if DEVICE.type == 'cuda' else 'CPU'}), {DTYPE}")
+    print(f"\n{DEVICE} ({common.card()}), {DTYPE}")
     head = ["rows x slots", "expanded ms/step", "packed ms/step", "packed / expanded"]
     cells = [
         [f"{r['rows']} x {r['slots']}", *(f"{r[k]:.2f}" for k in ("expanded", "packed", "ratio"))]

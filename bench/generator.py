@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -161,9 +160,13 @@ def main() -> None:
     finally:
         server.stop()
 
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     dtype = str(pick_dtype(device, "auto")).removeprefix("torch.")
-    environment = {"device": name, "dtype": dtype, "cpus": os.cpu_count(), "torch": torch.__version__}
+    environment = {
+        "device": common.card(),
+        "dtype": dtype,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+    }
     results = {"environment": environment | {"model": args.model}, "max_tokens": args.max_tokens}
     results |= {"rounds": args.rounds, "rank": RANK, "throughput": throughput, "hot_swap": swaps}
     if args.json:
