@@ -161,13 +161,9 @@ def main() -> None:
         server.stop()
 
     dtype = str(pick_dtype(device, "auto")).removeprefix("torch.")
-    environment = {
-        "device": common.card(),
-        "dtype": dtype,
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-    }
-    results = {"environment": environment | {"model": args.model}, "max_tokens": args.max_tokens}
+    environment = {"device": common.card(), "dtype": dtype, "cpus": os.cpu_count()}
+    environment |= {"torch": torch.__version__, "model": args.model}
+    results = {"environment": environment, "max_tokens": args.max_tokens}
     results |= {"rounds": args.rounds, "rank": RANK, "throughput": throughput, "hot_swap": swaps}
     if args.json:
         common.dump(Path(args.json), results)
