@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,46 @@ def job_arguments(parser: argparse.ArgumentParser, job: bool = True) -> None:
     if job:
         parser.add_argument("job", help="a job spec file (YAML/JSON) or a recipe of recipes/learning.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+
+
+def options(parser: argparse.ArgumentParser, **table: Any) -> argparse.ArgumentParser:
+    """`parser` with an option `--name` (underscores as dashes) per entry of `table`: its default, or
+    (default, help). The default's type is the option's; a list takes one or more of its items' type,
+    None a string, False makes a flag and a type itself a required option.
+
+    >>> p = options(argparse.ArgumentParser(), rounds=(2, "rounds"), clients=[1, 8], out=Path, tiny=False)
+    >>> p.parse_args(["--clients", "4", "32", "--out", "x"])
+    Namespace(rounds=2, clients=[4, 32], out=PosixPath('x'), tiny=False)
+    """
+    for name, value in table.items():
+        default, text = value if isinstance(value, tuple) else (value, None)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, type):
+            parser.add_argument(flag, type=default, required=True, help=text)
+        elif isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=text)
+        elif isinstance(default, list):
+            parser.add_argument(flag, type=type(default[0]), nargs="+", default=default, help=text)
+        else:
+            parser.add_argument(
+                flag, type=str if default is None else type(default), default=default, help=text
+            )
+    return parser
+
+
+def commands(doc: str | None, table: dict[str, tuple[Callable[[Any], dict], dict[str, Any]]]) -> None:
+    """A benchmark of sub-commands: `table` maps each name to its function and its `options` (and
+    `--json`); runs the one named with the parsed arguments, prints its figures and keeps them there."""
+    parser = argument_parser(doc)
+    verbs = parser.add_subparsers(dest="what", required=True)
+    for name, (_, table_) in table.items():
+        options(verbs.add_parser(name), json=(None, "also write the figures here"), **table_)
+    args = parser.parse_args()
+    figures = table[args.what][0](args)
+    print(json.dumps(figures, indent=1))
+    if args.json:  # with the command that measured them, the CPU count and the load average
+        context = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg()}
+        dump(Path(args.json), context | figures)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -110,6 +150,32 @@ def dump(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
+
+
+def alternate(arms: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, list[Any]]:
+    """Each arm's results over `rounds` rounds, a round calling every arm in turn with its number:
+    load from elsewhere on the host then falls on all arms alike.
+
+    >>> alternate({"a": lambda r: r, "b": lambda r: -r}, 2)
+    {'a': [0, 1], 'b': [0, -1]}
+    """
+    out: dict[str, list[Any]] = {name: [] for name in arms}
+    for r in range(rounds):
+        for name, arm in arms.items():
+            out[name].append(arm(r))
+    return out
+
+
+def timed_ms(call: Callable[[], Any], times: int, ok: Callable[[Any], bool]) -> list[float]:
+    """Milliseconds of each of `times` calls of `call`, one after the other; `ok(answer)` must hold
+    for each (checked once the clock stopped)."""
+    took = []
+    for _ in range(times):
+        started = time.perf_counter()
+        answer = call()
+        took.append((time.perf_counter() - started) * 1000)
+        assert ok(answer), answer
+    return took
 
 
 def card() -> str:
@@ -265,6 +331,21 @@ def services(work: Path, model: str, rows: int | str = 128, *, generator_url: st
         for generator in generators:
             generator.stop()
         server.stop()
+
+
+# Two tenants of a server (its `TENANTS` setting): a, which floods it, and b, which is timed.
+TENANT_KEYS = {"a": "bench-tenant-a-0123456789", "b": "bench-tenant-b-0123456789"}
+
+
+def tenants(quotas: dict[str, int]) -> str:
+    """The tenants table: tenant a with `quotas`, b with the defaults."""
+    a, b = ({"name": name, "keys": [key]} for name, key in TENANT_KEYS.items())
+    return json.dumps({"tenants": [a | {"quotas": quotas}, b]})
+
+
+def bearer(tenant: str) -> dict[str, str]:
+    """The headers of a call by `tenant` (a or b)."""
+    return {"Authorization": f"Bearer {TENANT_KEYS[tenant]}"}
 
 
 @contextmanager

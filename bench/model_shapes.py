@@ -2,18 +2,22 @@
 travel): the published config (`SHAPES`) with seeded random weights, saved to `OUT/<name>`, and the
 built-in tokenizer padded to the model's vocabulary with placeholder tokens no text encodes to.
 Random weights write garbage: measure with `ignore_eos` and fixed lengths, never learning.
+`local_model` gives the benchmarks theirs: such a shape, or a tiny Qwen2 that checks a script on a CPU.
 
     python bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes [--tiny]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
 # From Qwen/Qwen2.5-Coder-1.5B-Instruct's and -7B-Instruct's config.json (the base models share them).
 QWEN2 = {"model_type": "qwen2", "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "hidden_act": "silu"}
@@ -26,19 +30,19 @@ SHAPES: dict[str, dict[str, Any]] = {
                                  "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
                                  "tie_word_embeddings": False, "max_window_layers": 28},
 }  # fmt: skip
+TINY = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+TINY |= {"num_attention_heads": 4, "num_key_value_heads": 2}
 PLACEHOLDER = "<|pad_{:06d}|>"
 
 
-def config_for(name: str, tokenizer: Any, tiny: bool = False) -> Any:
-    """The transformers config of shape `name`, with the tokenizer's special token ids."""
+def config_for(values: dict[str, Any], tokenizer: Any) -> Any:
+    """The transformers config of `values` (its `model_type` among them), with the tokenizer's special
+    token ids."""
     from transformers import AutoConfig
 
-    values = dict(SHAPES[name])
-    model_type = values.pop("model_type")
-    if tiny:
-        values["num_hidden_layers"] = 2
-    values |= {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
-    return AutoConfig.for_model(model_type, **values)
+    values = dict(values)
+    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    return AutoConfig.for_model(values.pop("model_type"), **values, **ids)
 
 
 def pad_tokenizer(folder: Path, vocab_size: int) -> int:
@@ -49,66 +53,72 @@ def pad_tokenizer(folder: Path, vocab_size: int) -> int:
     path = folder / "tokenizer.json"
     data = json.loads(path.read_text())
     vocab = data["model"]["vocab"]
-    taken = set(vocab.values()) | {t["id"] for t in data.get("added_tokens", [])}
-    start = max(taken) + 1
-    for i in range(start, vocab_size):
-        vocab[PLACEHOLDER.format(i)] = i
+    start = max({*vocab.values(), *(t["id"] for t in data.get("added_tokens", []))}) + 1
+    vocab |= {PLACEHOLDER.format(i): i for i in range(start, vocab_size)}
     path.write_text(json.dumps(data, ensure_ascii=False))
     return max(0, vocab_size - start)
 
 
-def build(name: str, out: Path, device: str, dtype: str, seed: int, tiny: bool) -> dict[str, Any]:
-    """Build, save and check one shape; returns what was built."""
+def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
+    """Build (bf16, seed 0, on the GPU when there is one), save and check one shape (`tiny`: 2 layers
+    of it); returns what was built."""
     import crucible_models
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
     tokenizer = crucible_models.load_tokenizer()
-    config = config_for(name, tokenizer, tiny)
+    config = config_for(SHAPES[name] | ({"num_hidden_layers": 2} if tiny else {}), tokenizer)
     target = out / (f"{name}-tiny" if tiny else name)
     target.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
-    model.generation_config.update(
-        **{k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    )
+    ids = {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    model.generation_config.update(**ids)
     model.save_pretrained(target)
     del model
     tokenizer.save_pretrained(target)
     added = pad_tokenizer(target, config.vocab_size)
     saved = AutoTokenizer.from_pretrained(target)
-    text = "def add(a, b):\n    return a + b\n"
     assert len(saved) == config.vocab_size, (len(saved), config.vocab_size)
-    assert max(saved(text * 20).input_ids) < config.vocab_size - added, "text encoded to a placeholder"
+    text = "def add(a, b):\n    return a + b\n" * 20
+    assert max(saved(text).input_ids) < config.vocab_size - added, "text encoded to a placeholder"
     assert saved.decode([config.vocab_size - 1]) == PLACEHOLDER.format(config.vocab_size - 1)
     built = {"name": name, "path": str(target), "parameters": params, "vocab_size": config.vocab_size}
-    return built | {
-        "placeholder_tokens": added,
-        "dtype": dtype,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    seconds = round(time.perf_counter() - started, 1)
+    return built | {"placeholder_tokens": added, "dtype": "bfloat16", "seconds": seconds}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="+", choices=sorted(SHAPES))
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument(
-        "--device", default=None, help="where weights are initialised (default: cuda if present)"
-    )
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tiny", action="store_true", help="2 layers: check the script cheaply")
-    args = parser.parse_args(argv)
+def tiny_model(out: Path) -> str:
+    """A 2-layer Qwen2 of hidden size 64 with the built-in tokenizer (random weights, CPU), at `out`."""
+    import crucible_models
     import torch
+    from transformers import AutoModelForCausalLM
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    built = [build(n, args.out, device, args.dtype, args.seed, args.tiny) for n in args.names]
-    json.dump(built, sys.stdout, indent=2)
-    print()
+    tokenizer = crucible_models.load_tokenizer()
+    torch.manual_seed(0)
+    config = config_for(TINY | {"vocab_size": len(tokenizer)}, tokenizer)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def local_model(shape: str | None, tmp: Path) -> str:
+    """The checkpoint of `shape`, or without a shape the tiny model, in `tmp`, which the trainer and
+    the generators may then read."""
+    model = build(shape, tmp)["path"] if shape else tiny_model(tmp / "tiny")
+    roots = [str(tmp), str(common.ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
+    os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
+    return model
+
+
+def main() -> None:
+    parser = common.argument_parser(__doc__)
+    parser.add_argument("names", nargs="+", choices=sorted(SHAPES))
+    args = common.options(parser, out=Path, tiny=(False, "2 layers: check the script cheaply")).parse_args()
+    print(json.dumps([build(name, args.out, args.tiny) for name in args.names], indent=2))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
 TARGETS = {2: 1.8, 4: 3.2}  # issue 26: samples/s over one GPU's
 JOB = ["optim.problems_per_step=64", "optim.steps=4", "eval=null", "method.kl_beta=0.01"]  # 3 timed steps
@@ -40,92 +38,67 @@ PERF = [f"perf/update{p}_{f}" for p in ("", "_train", "_ref", "_old") for f in F
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.argument_parser(__doc__, overrides=True)
-    p.add_argument("--model", default="smollm2-135m-instruct", help="model.base of the job")
-    p.add_argument("--shape", help="build this shape with random weights (bench/model_shapes.py)")
-    p.add_argument(
-        "--tiny", action="store_true", help="a tiny random Qwen2 on CPU (gloo): a check of the script"
-    )
-    p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts (ranks = replicas = N)")
-    p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy (N > 1)")
-    p.add_argument("--generator-batch", type=int, default=128, help="rows each replica decodes at once")
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    args.generator_batch = 4 if args.tiny else args.generator_batch
+    parser = common.argument_parser(__doc__, overrides=True)
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="distributed.strategy")
+    args = common.options(
+        parser,
+        model=("smollm2-135m-instruct", "model.base of the job"),
+        shape=(None, "build this shape with random weights (bench/model_shapes.py)"),
+        tiny=(False, "a tiny random Qwen2 on CPU (gloo): a check of the script"),
+        gpus=("1,2,4", "comma-separated GPU counts (ranks = replicas = N)"),
+        generator_batch=(128, "rows each replica decodes at once"),
+        out=Path,
+    ).parse_args(argv)
+    if args.tiny:  # rather than --shape
+        args.shape, args.generator_batch = None, 4
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
+    from bench.model_shapes import local_model
+
     args = parse(argv)
     common.local_events()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    runs = []
+    runs, sets = [], [*(TINY if args.tiny else []), *args.overrides]
     with tempfile.TemporaryDirectory(prefix="crucible-multi-gpu-") as tmp:
-        model = local_model(args, Path(tmp)) if args.tiny or args.shape else args.model
+        model = local_model(args.shape, Path(tmp)) if args.tiny or args.shape else args.model
         for n in (int(x) for x in args.gpus.split(",")):
             work = Path(tmp) / f"n{n}"
             work.mkdir()
             try:
-                spec = job(args, model, n)
+                spec = job(model, n, sets, args.strategy)
                 with common.services(work, model, args.generator_batch, replicas=n, max_ranks=n) as settings:
                     summary = common.run_job(spec, f"multi-gpu-{n}", settings)
                 rows = common.step_rows(work / "jobs" / f"multi-gpu-{n}")
                 timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
-                runs.append(
-                    figures(rows, n, spec.optim.problems_per_step * spec.method.group_size)
-                    | {"device": common.card()}
-                )
-                runs[-1] |= {"wall_s": round(summary["wall_s"], 1), "per_step": timing}  # the first step too
+                runs.append(figures(rows, n, spec.optim.problems_per_step * spec.method.group_size))
+                # per_step: every step's split, the first one's too
+                runs[-1] |= {
+                    "device": common.card(),
+                    "wall_s": round(summary["wall_s"], 1),
+                    "per_step": timing,
+                }
             except Exception as exc:  # the other counts still run: one failure costs one figure
                 common.show_logs(work, 40)  # the folder goes with the temporary directory
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
-    report = summarise(args, job(args, model, 1), runs)
-    args.out.write_text(json.dumps(report, indent=2))
+    report = summarise(args, job(model, 1, sets), runs)
+    common.dump(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
-    for r in report["runs"]:
-        print(row_text(r))
+    columns = ["gpus", "s_per_step", "generate_s", "update_s", "publish_s", "other_s", "samples_per_s"]
+    columns += ["speedup_samples_per_s", "target", "target_met", "error"]
+    cells = [[r.get(c, "") for c in columns] for r in runs]
+    print(common.md_table(columns, [[round(v, 2) if isinstance(v, float) else v for v in c] for c in cells]))
     if any("error" in r for r in runs):
         sys.exit(1)
 
 
-def local_model(args: argparse.Namespace, tmp: Path) -> str:
-    """A random-weight checkpoint (`--tiny` or `--shape`) that the trainer and the generators may read."""
-    if args.tiny:
-        model = tiny_model(tmp / "tiny")
-    else:
-        from bench.model_shapes import build
-
-        device = "cuda" if common.card() != "cpu" else "cpu"
-        model = build(args.shape, tmp, device, "bfloat16", 0, False)["path"]
-    roots = [str(tmp), str(ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
-    os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)
-    return model
-
-
-def tiny_model(out: Path) -> str:
-    """A 2-layer Qwen2 of hidden size 64 with the built-in tokenizer (random weights, CPU)."""
-    import crucible_models
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    tokenizer = crucible_models.load_tokenizer()
-    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
-    config = AutoConfig.for_model(
-        "qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=len(tokenizer), **ids,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
-
-
-def job(args: argparse.Namespace, model: str, n: int) -> Any:
-    """The job of every N: the race's with JOB (and `--tiny`'s) overrides, then `--set`, over N ranks."""
-    sets = [f"model.base={model}", *JOB, *(TINY if args.tiny else []), *args.overrides]
+def job(model: str, n: int, overrides: list[str], strategy: str = "ddp") -> Any:
+    """The job of every N: the race's with JOB's overrides, then `overrides`, over N ranks."""
+    sets = [f"model.base={model}", *JOB, *overrides]
     # One process at N = 1 whatever the strategy (fsdp needs two ranks or more).
-    sets += ["distributed=" + json.dumps({"train_gpus": n, "strategy": args.strategy if n > 1 else "ddp"})]
-    return common.load_job(ROOT / "recipes" / "grpo_smollm2.yaml", sets)
+    sets += ["distributed=" + json.dumps({"train_gpus": n, "strategy": strategy if n > 1 else "ddp"})]
+    return common.load_job(common.ROOT / "recipes" / "grpo_smollm2.yaml", sets)
 
 
 def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
@@ -162,7 +135,7 @@ def summarise(args: argparse.Namespace, spec: Any, runs: list[dict[str, Any]]) -
     """The report: the job, every N's figures, their speed-ups over N = 1 and the targets met or not.
 
     >>> a = argparse.Namespace(shape=None, tiny=True, model="m", strategy="ddp", generator_batch=4, overrides=[])
-    >>> spec = job(a, "m", 1)
+    >>> spec = job("m", 1, TINY)
     >>> r = summarise(a, spec, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
     ...                    "update_samples_per_s": 4.0}, {"gpus": 2, "samples_per_s": 3.8,
     ...                    "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}])
@@ -188,18 +161,6 @@ def summarise(args: argparse.Namespace, spec: Any, runs: list[dict[str, Any]]) -
     out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": spec.method.kl_beta, "steps": spec.optim.steps}
     out |= {"generator_batch": args.generator_batch, "overrides": args.overrides}
     return out | {"targets": {str(k): v for k, v in TARGETS.items()}, "runs": runs}
-
-
-def row_text(r: dict[str, Any]) -> str:
-    if "error" in r:
-        return f"{r['gpus']} GPU(s): failed: {r['error']}"
-    met = {True: "met", False: "NOT met", None: "-"}[r.get("target_met")]
-    return (
-        f"{r['gpus']} GPU(s): {r['s_per_step']:.2f} s/step (generate {r['generate_s']:.2f}, update "
-        f"{r['update_s']:.2f}, publish {r['publish_s']:.2f}, other {r['other_s']:.2f}), "
-        f"{r['samples_per_s']:.1f} samples/s, x{r['speedup_samples_per_s'] or 0:.2f} "
-        f"(target {r.get('target') or '-'}: {met})"
-    )
 
 
 if __name__ == "__main__":

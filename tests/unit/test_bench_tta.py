@@ -71,7 +71,7 @@ def test_trl_config_follows_the_job_spec() -> None:
 
 @pytest.mark.slow  # two tiny training runs (each with a sandbox, one with a generator) and their evaluation
 def test_tiny_race_end_to_end(tmp_path) -> None:
-    from bench.multi_gpu import tiny_model
+    from bench.model_shapes import tiny_model
 
     model = tiny_model(tmp_path / "model")
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL")}
@@ -114,7 +114,7 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
 
 
 def test_trl_gets_a_bfloat16_copy_of_a_float32_checkpoint(tmp_path) -> None:
-    from bench.multi_gpu import tiny_model
+    from bench.model_shapes import tiny_model
     from bench.tta import bf16_copy
 
     model = tiny_model(tmp_path / "model")  # float32, as Crucible's dense cache
