@@ -9,6 +9,7 @@ again in the same job) is unloaded first, so no replica keeps serving stale weig
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,10 @@ from crucible_trainer.runtime.atomic import output_dir
 @dataclass
 class SavedAdapter:
     path: Path
+
+    async def call(self, fn: Callable[..., Path], *args: object) -> Path:
+        """As `Policy.call`; a copy of files needs no thread of its own."""
+        return await asyncio.to_thread(fn, *args)
 
     def save_adapter(self, dest: Path, gate: Callable[[], None] | None = None) -> Path:
         with output_dir(dest) as tmp:
