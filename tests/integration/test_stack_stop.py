@@ -120,9 +120,16 @@ def test_the_stack_leaves_the_w_and_b_mode_to_the_spec(tmp_path: Path, monkeypat
 # `crucible up` in miniature: a stack of stand-ins (a worker that ignores SIGTERM, services that
 # take a moment to exit), stopped in `finally` after Ctrl-C, as `stack_cmd.up` does.
 STACK = """
-import json, sys, time
+import json, signal, sys, time
 from pathlib import Path
 from crucible_cli.stack import Stack
+# Started as a shell starts `crucible up`: Ctrl-C raising KeyboardInterrupt, no signal blocked. The
+# test process may pass on other settings (both are inherited across exec: a library it loaded
+# may have ignored SIGINT or blocked signals), under which no Ctrl-C would ever arrive. Say so.
+inherited = (signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_SETMASK, [])))
+if inherited != (signal.default_int_handler, []):
+    print("the test process passed on SIGINT handler and blocked signals:", inherited, file=sys.stderr)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 state, out, marks = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 stubborn = (  # ignores SIGTERM, noting each one in `marks` (and R once it does)
     "import signal, sys, time\\n"
