@@ -3,11 +3,13 @@ back, ports in TIME_WAIT, and the W&B mode a spec chose."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from crucible_cli.spawn import free_port, port_free
 from crucible_shared import keys
@@ -153,18 +155,11 @@ finally:
 """
 
 
-def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
-    """Three Ctrl-Cs: each later one only shortens a grace period (the worker's first, then its
-    second SIGTERM's); the stop still ends every process of the stack (none is left running,
-    holding its port)."""
-    import os
+def ctrl_c_three_times(proc: Any, pids_file: Path, marks: Path) -> list[int]:
+    """Once the stack is up, three Ctrl-Cs, each after the stop answered the one before; the stop
+    must end within 40 s (the worker's 30 s grace cut short). Returns the stack's PIDs."""
     import signal
-    import subprocess
 
-    pids_file, marks = tmp_path / "pids.json", tmp_path / "worker-sigterms"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STACK, str(tmp_path / "state"), str(pids_file), str(marks)]
-    )
     deadline = time.monotonic() + 60
     while not pids_file.exists():
         assert proc.poll() is None and time.monotonic() < deadline
@@ -184,6 +179,16 @@ def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
             time.sleep(0.05)
     proc.wait(60)
     assert time.monotonic() - started < 40  # the worker's 30 s grace was cut short
+    return pids
+
+
+def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
+    """Three Ctrl-Cs: each later one only shortens a grace period (the worker's first, then its
+    second SIGTERM's); the stop still ends every process of the stack (none is left running,
+    holding its port)."""
+    import os
+    import signal
+    import subprocess
 
     def alive(pid: int) -> bool:
         try:
@@ -193,9 +198,19 @@ def test_a_third_ctrl_c_still_stops_every_process(tmp_path: Path) -> None:
         status = Path(f"/proc/{pid}/status")
         return status.exists() and "zombie" not in status.read_text()
 
-    left = [pid for pid in pids if alive(pid)]
-    for pid in left:
-        os.killpg(pid, signal.SIGKILL)
+    pids_file, marks = tmp_path / "pids.json", tmp_path / "worker-sigterms"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STACK, str(tmp_path / "state"), str(pids_file), str(marks)]
+    )
+    try:
+        left = [pid for pid in ctrl_c_three_times(proc, pids_file, marks) if alive(pid)]
+    finally:  # whatever is still running goes with the test, failed or not (stand-ins never exit)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in json.loads(pids_file.read_text()) if pids_file.exists() else []:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
     assert not left, f"processes left behind: {left}"
 
 
