@@ -128,10 +128,10 @@ from crucible_cli.stack import Stack
 # Started as a shell starts `crucible up`: Ctrl-C raising KeyboardInterrupt, no signal blocked. The
 # test process may pass on other settings (both are inherited across exec: a library it loaded
 # may have ignored SIGINT or blocked signals), under which no Ctrl-C would ever arrive. Say so.
-inherited = (signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_SETMASK, [])))
-if inherited != (signal.default_int_handler, []):
-    print("the test process passed on SIGINT handler and blocked signals:", inherited, file=sys.stderr)
-signal.signal(signal.SIGINT, signal.default_int_handler)
+blocked = sorted(signal.pthread_sigmask(signal.SIG_SETMASK, []))  # unblocks all; returns what was
+handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # returns what was
+if (handler, blocked) != (signal.default_int_handler, []):
+    print("the test process passed on SIGINT handler and blocked signals:", (handler, blocked), file=sys.stderr)
 state, out, marks = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 stubborn = (  # ignores SIGTERM, noting each one in `marks` (and R once it does)
     "import signal, sys, time\\n"
