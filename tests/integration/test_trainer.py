@@ -182,6 +182,99 @@ def test_a_generator_serving_other_weights_fails_the_step(
     assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
 
 
+def test_the_policy_loads_while_the_prefilter_samples(
+    stack_generator, sandbox, stack_dirs, monkeypatch
+) -> None:
+    """The trainer's model loads beside the job's first service calls: the policy's load here
+    finishes only once the pre-filter has begun (a load awaited first would wait for good and
+    fail the test), and the step that needs the policy waits for it."""
+    import threading
+
+    from crucible_trainer.online import train as train_module
+
+    prefilter_began = threading.Event()
+    real_prepare, real_make = train_module.TrainRun._prepare, train_module.TrainRun.make_policy
+    seen: dict[str, bool] = {}
+
+    async def prepare(self, ctx, sampler):
+        prefilter_began.set()
+        return await real_prepare(self, ctx, sampler)
+
+    def make_policy(self):
+        seen["began_first"] = prefilter_began.wait(timeout=60)
+        return real_make(self)
+
+    monkeypatch.setattr(train_module.TrainRun, "_prepare", prepare)
+    monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
+    spec = tiny_job(
+        method={"name": "grpo", "group_size": 2, "filter": {"mode": "pre", "pre_samples": 2}},
+        rollout={"max_tokens": 24},
+        optim={"steps": 1, "problems_per_step": 1},
+        publish=NO_STALE_CHECK,
+    )
+    summary = train(spec, "load-beside-it", settings_for(stack_generator, sandbox, stack_dirs))
+    assert seen == {"began_first": True}
+    assert summary["status"] == "finished"
+    assert summary["policy_load_s"] > 0 and summary["policy_wait_s"] >= 0
+
+
+def test_a_policy_that_fails_to_load_fails_the_job_with_its_error(
+    stack_generator, sandbox, stack_dirs, monkeypatch
+) -> None:
+    from crucible_trainer.online import train as train_module
+
+    def make_policy(self):
+        time.sleep(1.0)  # still loading when the job first asks for it
+        raise RuntimeError("CUDA out of memory (test)")
+
+    monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
+    spec = tiny_job(**SHORT_STEPS, optim={"steps": 1, "problems_per_step": 1}, publish=NO_STALE_CHECK)
+    with pytest.raises(RuntimeError, match=r"CUDA out of memory \(test\)"):
+        train(spec, "load-fails-it", settings_for(stack_generator, sandbox, stack_dirs))
+
+
+def test_a_job_failing_while_its_policy_loads_waits_for_the_load(
+    stack_generator, sandbox, stack_dirs, monkeypatch
+) -> None:
+    """An error before the policy is needed (here the pre-filter's) is the job's error, and the
+    job returns only after the load it started has ended (its thread cannot be stopped: a worker
+    taking the next job would share the card with a model no one holds)."""
+    import threading
+
+    from crucible_trainer.online import train as train_module
+
+    loading, loaded = threading.Event(), threading.Event()
+    real_make = train_module.TrainRun.make_policy
+
+    def make_policy(self):
+        loading.set()
+        time.sleep(2.0)
+        policy = real_make(self)
+        loaded.set()
+        return policy
+
+    async def prepare(self, ctx, sampler):
+        await asyncio.to_thread(loading.wait, 60)
+        raise ValueError("the pre-filter broke (test)")
+
+    real_close = train_module.TrainRun.close_services
+    at_close: list[bool] = []
+
+    async def close_services(self):
+        at_close.append(loaded.is_set())
+        await real_close(self)
+
+    monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
+    monkeypatch.setattr(train_module.TrainRun, "_prepare", prepare)
+    monkeypatch.setattr(train_module.TrainRun, "close_services", close_services)
+    spec = tiny_job(**SHORT_STEPS, optim={"steps": 1, "problems_per_step": 1}, publish=NO_STALE_CHECK)
+    with pytest.raises(ValueError, match=r"the pre-filter broke \(test\)"):
+        train(spec, "fail-while-loading-it", settings_for(stack_generator, sandbox, stack_dirs))
+    # Loaded before the job let go of its services (asyncio.run would wait for the thread
+    # anyway; a worker's long-lived loop would not).
+    assert at_close == [True]
+
+
 def test_srrl_step_refines_failed_attempts(stack_generator, sandbox, stack_dirs) -> None:
     spec = tiny_job(
         method={"name": "srrl", "c1": 2, "c2": 2, "budget": 6},

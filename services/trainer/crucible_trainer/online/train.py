@@ -7,6 +7,11 @@ new version to every generator replica -> metrics, rollouts, events -> checkpoin
 evaluation. The method is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends
 on which one it is.
 
+The trainer's model loads in the background from `setup` on: the first calls of a fresh job
+(waiting for the services, the pre-filter's samples, the "before" evaluation) need the generator
+and the sandbox, not the policy, so its load costs a job no time of its own unless they are
+shorter (the summary's `policy_load_s` and `policy_wait_s`).
+
 The stale-policy check asks the generator to score a probe with the version a step samples from
 and compares it with the trainer's policy, which still holds exactly that version until the
 step's update: run beside the rollouts, it costs a GPU step no time, and a generator that serves
@@ -29,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from crucible_models import load_tokenizer
 from crucible_shared.generator_client import GeneratorPool
 from crucible_shared.jobs import TrainJob
 from crucible_shared.sandbox_client import SandboxClient
@@ -89,7 +95,36 @@ class TrainRun(JobRun):
         self.problems = tasks.load_tasks(spec.data)
         if not self.problems:
             raise ValueError("the data selection is empty: check data.split / ids / id_range / limit")
-        self.policy = await asyncio.to_thread(self.make_policy)
+        self.tokenizer = await asyncio.to_thread(load_tokenizer, self.loaded_model().base)
+        # The policy loads while the job's first calls run: waiting for the services, the
+        # pre-filter's samples and the "before" evaluation need the generator and the sandbox,
+        # not the trainer's model (`loaded_policy` awaits it where it is first needed).
+        self._loading = asyncio.create_task(asyncio.to_thread(self._timed_policy))
+
+    def _timed_policy(self) -> Policy:
+        started = time.perf_counter()
+        policy = self.make_policy()
+        self.summary["policy_load_s"] = round(time.perf_counter() - started, 3)
+        return policy
+
+    async def loaded_policy(self) -> Policy:
+        """The policy, once `setup`'s background load has made it (its error, if it failed);
+        the summary's `policy_wait_s` sums how long the job waited for it."""
+        started = time.perf_counter()
+        policy = await self.cancel.guard(asyncio.shield(self._loading))
+        waited = self.summary.get("policy_wait_s", 0.0) + time.perf_counter() - started
+        self.summary["policy_wait_s"] = round(waited, 3)
+        return policy
+
+    async def close(self) -> None:
+        # A load still running (the job failed or was cancelled before it needed the policy)
+        # is waited for: its thread cannot be stopped, and the next job must not share the card
+        # with a model no one holds.
+        loading = getattr(self, "_loading", None)
+        if loading is not None and not loading.done():
+            await asyncio.wait([loading])
+        if loading is not None and loading.done() and not loading.cancelled():
+            loading.exception()  # retrieved: the job's own error (or the load's, raised) is reported
 
     async def body(self) -> None:
         settings, spec = self.settings, self.spec
@@ -106,7 +141,7 @@ class TrainRun(JobRun):
             channel=self.channel,
         )
         try:
-            await self._loop(self.policy, pool, sandbox, publisher)
+            await self._loop(pool, sandbox, publisher)
         finally:
             if self.overlapped is not None:
                 await self.overlapped.close()
@@ -117,9 +152,7 @@ class TrainRun(JobRun):
             except Exception as exc:
                 log.warning("could not unload %s's adapters: %r", self.job_id, exc)
 
-    async def _loop(
-        self, policy: Policy, pool: GeneratorPool, sandbox: SandboxClient, publisher: Publisher
-    ) -> None:
+    async def _loop(self, pool: GeneratorPool, sandbox: SandboxClient, publisher: Publisher) -> None:
         spec = self.spec
         chat = spec.model.chat
         roller = Roller(
@@ -129,15 +162,16 @@ class TrainRun(JobRun):
             spec.reward,
             lambda text, task: tasks.answer_to_code(task, text, chat=chat),
         )
-        prompts = PromptBook(self.problems, chat, policy.tokenizer)
+        prompts = PromptBook(self.problems, chat, self.tokenizer)
         sampler = ProblemSampler(list(range(len(self.problems))), spec.seed)
-        start, version = await self._resume(policy, publisher, sampler)
+        start, version = await self._resume(publisher, sampler)
         if start == 1:
             if spec.model.init_adapter:
-                await publisher.publish(policy, 0)
+                await publisher.publish(await self.loaded_policy(), 0)
             ctx = self._context(roller, prompts, sampler, publisher, 0)
             await self._prepare(ctx, sampler)
         before = await self._before(pool, sandbox, publisher.model_name, start)
+        policy = await self.loaded_policy()
         if spec.overlap.max_staleness:
             self.overlapped = self._overlapped(policy, publisher, pool, prompts)
             checked = await self.overlapped.start(
@@ -203,7 +237,7 @@ class TrainRun(JobRun):
         self.summary.update(self.method.report(spec.method, self.run_dir))
         self._learning_curve()
 
-    async def _resume(self, policy: Policy, publisher: Publisher, sampler: ProblemSampler) -> tuple[int, int]:
+    async def _resume(self, publisher: Publisher, sampler: ProblemSampler) -> tuple[int, int]:
         """The first step to run (1, or the one after the newest checkpoint, restored) and the
         adapter version the generators serve from then on."""
         found = await asyncio.to_thread(checkpoint.resumable, self.run_dir, self.channel)
@@ -211,6 +245,7 @@ class TrainRun(JobRun):
             await publisher.adopt(0)  # an earlier run's versions, if any, are not this run's
             await asyncio.to_thread(resume_events, self.events, 0)  # nor its rows and journals
             return 1, 0
+        policy = await self.loaded_policy()
         state = await policy.call(checkpoint.restore, policy, found)
         extra = state["extra"]
         if "sampler" in extra:
