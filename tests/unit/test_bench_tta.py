@@ -99,6 +99,9 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     order = ["status:starting", "settings", "metrics:1", "metrics:2", "status:finished"]
     assert [k for k in phases if k in order] == order
     assert sorted(phases[k] for k in order) == [phases[k] for k in order]
+    # The policy loaded beside the job's first calls; how long the job then waited for it
+    crucible = json.loads((tmp_path / "crucible-1gpu" / "run.json").read_text())
+    assert crucible["policy_load_s"] > 0 and crucible["policy_wait_s"] >= 0
 
     runs = [str(tmp_path / "crucible-1gpu"), str(tmp_path / "trl")]
     run("eval", *runs, "--tasks", "2", "--humaneval-tasks", "1", "--rows", "8")
