@@ -17,6 +17,11 @@ import time
 # and inherited by the services and workers the tests spawn.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # The generators the tests start decode a few rows of a small model at a time: one torch thread
+    # does it in the same wall time as two at about two thirds of the CPU (8 samples of 48 tokens of
+    # SmolLM2: 5.9 CPU s on two threads, 3.8 on one), which the other worker's tests then have.
+    # Only the generator's: an update does use a second core (docs/testing.md).
+    os.environ.setdefault("CRUCIBLE_GENERATOR_THREADS", "1")
 
 import pytest
 

@@ -73,11 +73,14 @@ class RedisServer:
 @contextmanager
 def generator_in_thread(timeout: float = 300, **settings: Any) -> Iterator[str]:
     """The generator app with `settings` (its `Settings` fields) on a free port; yields its URL once
-    `/health` answers, and stops the server and its engine on exit."""
+    `/health` answers, and stops the server and its engine on exit. Its `threads` setting is torch's
+    for the whole process: the count this process had comes back on exit."""
+    import torch
     import uvicorn
     from crucible_generator.api import create_app
     from crucible_generator.settings import Settings
 
+    threads = torch.get_num_threads()
     port = free_port()
     config = Settings(host="127.0.0.1", port=port, log_level="warning", **settings)
     server = uvicorn.Server(
@@ -103,3 +106,4 @@ def generator_in_thread(timeout: float = 300, **settings: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+        torch.set_num_threads(threads)

@@ -22,7 +22,7 @@ def measure(micro_batch: int) -> dict[str, float]:
     import resource
 
     from crucible_shared.jobs import ModelSpec, OptimSpec
-    from crucible_trainer.policy import Policy
+    from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.rollout import Sample
     from crucible_trainer.rl.update import UpdateConfig, update
 

@@ -100,6 +100,9 @@ def test_compare_grpo_and_srrl_at_a_matched_budget(gateway, workers, tmp_path) -
         "name": "grpo",
         "method": {"name": "grpo", "group_size": 4},
         "reward": {"kind": "fraction"},
+        # What is checked is the command (jobs, report, curves, artifacts, watch), not what the
+        # methods learn: completions of 24 tokens, half the sampling of both jobs.
+        "rollout": {**BASE["rollout"], "max_tokens": 24},
     }
     srrl = {
         **grpo,

@@ -276,8 +276,11 @@ def test_a_job_failing_while_its_policy_loads_waits_for_the_load(
 
 
 def test_srrl_step_refines_failed_attempts(stack_generator, sandbox, stack_dirs) -> None:
+    """How many refinements a step's failed first attempts get, not what they rescue: completions
+    of 24 tokens (both rounds), as the lifecycle tests'."""
     spec = tiny_job(
         method={"name": "srrl", "c1": 2, "c2": 2, "budget": 6},
+        rollout={"max_tokens": 24},
         optim={"steps": 1},
         reward={"kind": "fraction"},
         publish=NO_STALE_CHECK,
