@@ -143,7 +143,7 @@ print("dense checkpoint:", target)'
     python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "$O/$1.json" "${@:3}" \
       2>&1 | tee "$O/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
   update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: bench/update_speed.py, eager against compiled passes
-    # (optim.compile MODE: default or reduce-overhead) at the benchmark's batch (after `setup`), JSON and log in $OUT
+    # (optim.compile MODE: default) at the benchmark's batch (after `setup`), JSON and log in $OUT
     mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)
     [ "$1" = update-compile-1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32)
     command -v cc > /dev/null || echo "no C compiler here: inductor's Triton kernels need one for their launchers"

@@ -1,14 +1,13 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
 the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
 (`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
-`--compare compile`, eager or compiled passes (`optim.compile`: "default" unless `--set` names
-another mode). The job is bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is
+`--compare compile`, eager or compiled passes (`optim.compile: default`). The job is bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is
 synthetic and seeded; the figures are per-arm medians of the update's own metrics, and each arm's
 first (warm-up) update is reported apart (`warmup_s`: with compile on, the compiler's time is there).
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
-    python bench/update_speed.py --compare compile --set optim.compile=reduce-overhead --out /tmp/c.json
+    python bench/update_speed.py --compare compile --out /tmp/c.json
 """
 
 from __future__ import annotations

@@ -60,14 +60,14 @@ def test_compile_arms_switch_one_compiled_policy(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(Policy, "_logprobs", logprobs)
     out = tmp_path / "compile.json"
     argv = ["--prompts", "2", "--group", "2", "--max-tokens", "8", "--repeats", "1", "--compare", "compile"]
-    update_speed.main([*argv, "--set", "optim.compile=reduce-overhead", "--out", str(out)])
+    update_speed.main([*argv, "--out", str(out)])
     report = json.loads(out.read_text())
-    assert report["compile"] == "reduce-overhead" and report["overrides"] == ["optim.compile=reduce-overhead"]
+    assert report["compile"] == "default" and report["overrides"] == []
     assert set(report["medians"]) == {"eager", "compiled"} and set(report["warmup_s"]) == {
         "eager",
         "compiled",
     }
     assert report["compile_s"] is not None and report["graphs"] == {"after_warmup": 0, "at_end": 0}
-    assert calls and all(c == {"mode": "reduce-overhead"} for c in calls)
+    assert calls and all(c == {"mode": "default"} for c in calls)
     # The eager arm's forwards are eager and unpadded; the compiled arm's tails are padded to 64.
     assert {(eager, tail == 64) for eager, tail in forwards} == {(True, False), (False, True)}

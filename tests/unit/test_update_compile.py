@@ -274,7 +274,7 @@ def errors(spec: dict) -> list[tuple[tuple, str]]:
     return []
 
 
-@pytest.mark.parametrize("value", [False, "default", "reduce-overhead"])
+@pytest.mark.parametrize("value", [False, "default"])
 def test_spec_takes_the_compile_modes(value) -> None:
     from crucible_shared.jobs import OptimSpec, TrainJob
 
@@ -288,7 +288,12 @@ def test_spec_takes_the_compile_modes(value) -> None:
 @pytest.mark.parametrize("value", [True, "max-autotune", "", 1])
 def test_spec_refuses_other_compile_values(value) -> None:
     ((loc, message),) = errors({"optim": {"compile": value}})
-    assert loc == ("optim", "compile") and "'default' or 'reduce-overhead'" in message
+    assert loc == ("optim", "compile") and "False or 'default'" in message
+
+
+def test_spec_refuses_cuda_graphs_by_name() -> None:
+    ((loc, message),) = errors({"optim": {"compile": "reduce-overhead"}})
+    assert loc == ("optim", "compile") and "reduce-overhead (CUDA graphs) is not offered" in message
 
 
 def test_spec_refuses_compile_over_several_ranks() -> None:
@@ -318,8 +323,8 @@ def test_spec_refuses_compile_for_offline_methods(method) -> None:
 def test_set_override_reaches_the_field() -> None:
     from crucible_cli.specs import apply_overrides
 
-    raw = apply_overrides({}, ["optim.compile=reduce-overhead"])
-    assert errors(raw) == [] and raw["optim"]["compile"] == "reduce-overhead"
+    raw = apply_overrides({}, ["optim.compile=default"])
+    assert errors(raw) == [] and raw["optim"]["compile"] == "default"
     assert apply_overrides({}, ["optim.compile=false"])["optim"]["compile"] is False
 
 

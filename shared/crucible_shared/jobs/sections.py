@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from crucible_shared.jobs.base import MAX_STEPS, _Spec, invalid, unused
 from crucible_shared.sandbox import Limits
@@ -83,13 +83,25 @@ class OptimSpec(_Spec):
         description="Fill each optimizer step's micro-batches longest first, so each pads to its own "
         "longest sequence (the same gradients, less padding); false: in the batch's order.",
     )
-    compile: Literal[False, "default", "reduce-overhead"] = Field(
+    compile: Literal[False, "default"] = Field(
         False,
         description="Run the update's forward and backward passes (training, the old and reference "
-        "scoring) through torch.compile in this mode (reduce-overhead: also CUDA graphs), each "
-        "micro-batch padded to a multiple of 64 tokens so few shapes occur; false: eager. One "
-        "process only (distributed.train_gpus 1).",
+        "scoring) through torch.compile's default mode, each micro-batch padded to a multiple of 64 "
+        "tokens so few shapes occur; false: eager. One process only (distributed.train_gpus 1).",
     )
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _no_cuda_graphs(cls, value: object) -> object:
+        # Measured on an H200 (PyTorch 2.11): under reduce-overhead the first update's backward read
+        # activations that the CUDA graphs had already overwritten, so the mode is refused by name.
+        if value == "reduce-overhead":
+            raise ValueError(
+                "reduce-overhead (CUDA graphs) is not offered: its graphs overwrote activations "
+                "the backward still needed; use 'default' or false"
+            )
+        return value
+
     max_grad_norm: float | None = Field(
         1.0, gt=0, le=1e6, description="Gradient clipping (None disables it)."
     )

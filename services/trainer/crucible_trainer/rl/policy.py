@@ -15,14 +15,15 @@ and the log-softmax of the kept logits) run through torch.compile, forward and b
 training and for the no-grad scoring of `log p_old` and of the reference (each a graph of its own:
 the grad mode and the disabled adapter are part of what a graph assumes). Each batch is padded on
 the left to a multiple of `COMPILE_MULTIPLE` tokens (`batch.padded`; masked, so no log-prob
-changes) and its batch and length dimensions are marked dynamic, so the graphs are traced once and
-a few shapes occur (each of which CUDA graphs record once under `reduce-overhead`). A step run again
-because its gradient was not finite (`fallbacks`) runs eager: a compiled graph keeps the attention
-kernel chosen when it was traced. Off (the default), the eager forward is the one it always was.
+changes) and its batch and length dimensions are marked dynamic, so the graphs are traced once. A
+step run again because its gradient was not finite (`fallbacks`) runs eager: a compiled graph keeps
+the attention kernel chosen when it was traced. Off (the default), the eager forward is the one it
+always was. Only torch.compile's default mode is offered: under `reduce-overhead` (CUDA graphs) the
+first update's backward read activations the graphs had already overwritten (docs/benchmarks.md).
 
 Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
-a pool's: CUDA graphs (`reduce-overhead`) are recorded per thread, so a pool would record each
-shape's graphs again for every thread an update happened to land on.
+a pool's: the device's work of a job stays in one order on one thread, whichever pool thread the
+loop would have picked.
 """
 
 from __future__ import annotations
@@ -188,11 +189,6 @@ class Policy:
             torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(t, 1)
         rows = batch.input_ids.shape[0]
-        if self.compile_mode == "reduce-overhead":
-            # Each call is a step of its own: the CUDA graph's outputs are overwritten by the next
-            # replay, so the log-probs are copied out (scoring keeps many before reading any).
-            torch.compiler.cudagraph_mark_step_begin()
-            return self._compiled(*inputs)[:rows, -batch.tail :].clone()
         return self._compiled(*inputs)[:rows, -batch.tail :]
 
     def _logprobs(
