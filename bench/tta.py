@@ -325,7 +325,7 @@ def run_trl(args: argparse.Namespace) -> None:
 def run_eval(args: argparse.Namespace) -> None:
     import tempfile
 
-    runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
+    runs = [(d.resolve(), common.read_json(d / "run.json")) for d in args.runs]
     base = runs[0][1]["job"]["model"]["base"]
     if any(r["job"]["model"]["base"] != base for _, r in runs):
         raise SystemExit("the runs train different models: evaluate them separately")
@@ -341,13 +341,19 @@ def run_eval(args: argparse.Namespace) -> None:
     cache = runs[0][0].parent / "base-evals.json"
 
     def score(settings: Any, run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict:
-        data = dict(run["eval"]["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
         limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+        what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
+        if adapter is None and what in (shared := common.read_json(cache, {})):
+            return shared[what]
+        data = dict(run["eval"]["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
         data |= {"limit": limit} if limit is not None else {}
         model, tokens = {"base": base, "chat": run["job"]["model"]["chat"]}, run["eval"]["max_tokens"]
         found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
-        return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
-                "seconds": round(found["wall_s"], 1)}  # fmt: skip
+        result = {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
+                  "seconds": round(found["wall_s"], 1)}  # fmt: skip
+        if adapter is None:
+            common.dump(cache, common.read_json(cache, {}) | {what: result})
+        return result
 
     try:
         env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
@@ -355,21 +361,13 @@ def run_eval(args: argparse.Namespace) -> None:
             for out, run in runs:
                 evals: dict[str, Any] = common.read_json(out / "evals.json", {})
                 final = max(p["step"] for p in run["points"])
-                for p in run["points"]:
+                for p in run["points"]:  # HumanEval at the base and the last point only
                     entry = evals.setdefault(str(p["step"]), {})
                     for dataset in ["mbpp", "humaneval"][: 1 + (p["step"] in (0, final))]:
                         if dataset in entry:
                             continue
-                        if p["adapter"] is None:  # the base model: once for every run
-                            limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
-                            what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
-                            if what not in (shared := common.read_json(cache, {})):
-                                shared[what] = score(settings, run, None, dataset, f"base-{dataset}")
-                                common.dump(cache, common.read_json(cache, {}) | {what: shared[what]})
-                            entry[dataset] = shared[what]
-                        else:
-                            label = f"{out.name}-{p['step']}-{dataset}"
-                            entry[dataset] = score(settings, run, p["adapter"], dataset, label)
+                        label = f"{out.name}-{p['step']}-{dataset}" if p["adapter"] else f"base-{dataset}"
+                        entry[dataset] = score(settings, run, p["adapter"], dataset, label)
                         common.dump(out / "evals.json", evals)
                         print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
