@@ -259,7 +259,7 @@ def run_trl(args: argparse.Namespace) -> None:
     global T0
     spec, cuda, out = train_spec(args), torch.cuda.is_available(), args.out.resolve()
     engine = args.engine or ("vllm" if cuda else "hf")
-    config = trl_config(spec, out, engine, args.vllm_memory, cuda)
+    config = trl_config(spec, out, engine, 0.3, cuda)  # vLLM's share of the card: the race's
     model_dir, prepared = crucible_models.resolve_model_path(spec.model.base), time.time()
     model_dir = bf16_copy(model_dir) if cuda else model_dir
     prepared = time.time() - prepared
@@ -669,12 +669,12 @@ def main(argv: list[str] | None = None) -> None:
     crucible, trl, evaluate, table = (verbs.add_parser(v) for v in ("crucible", "trl", "eval", "table"))
     for p in (crucible, trl):
         common.job_arguments(p)
-        p.add_argument("--out", type=Path, required=True)
-        p.add_argument("--every", type=int, default=10, help="save the adapter every N steps (and the last)")
-    crucible.add_argument("--generator-devices", help="CUDA_VISIBLE_DEVICES of each replica, comma-separated")
-    crucible.add_argument("--rows", type=int, default=128, help="rows of each generator")
+        common.options(p, out=Path, every=(10, "save the adapter every N steps (and the last)"))
+    common.options(
+        crucible, generator_devices=(None, "CUDA_VISIBLE_DEVICES of each replica, comma-separated")
+    )
+    common.options(crucible, rows=(128, "rows of each generator"))
     trl.add_argument("--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU")
-    trl.add_argument("--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization")
     for p in (evaluate, table):
         p.add_argument("runs", type=Path, nargs="+")
     evaluate.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")
