@@ -4,11 +4,11 @@ minutes (one `bash bench/gpu.sh offline-<part>` call each) that keep their state
 
   data    baseline (once: greedy decoding has no seed) + per seed: candidates -> annotate -> build -> analyze
   train   per seed: SFT and DPO on that seed's candidates (`reuse`), each evaluated; the first SFT merges too
-  rl      GRPO from the seed-0 SFT adapter (KL 0.02 to it) for 16 steps, and GRPO alone for as
+  rl      GRPO from the seed-0 SFT adapter (KL 0.02 to it) for --rl-steps steps, and GRPO alone for as
           many steps as match the samples SFT-then-GRPO generated (candidates + rollouts)
   table   the results table from every part's JSON (`offline-results.{json,md}` in --out, also after each part)
 
-  python bench/offline_figures.py PART [--seeds 0 1] [--work DIR] [--out DIR]
+  python bench/offline_figures.py PART [--seeds 0 1] [--work DIR] [--out DIR] [--rl-steps 16] [--tasks N]
 """
 
 from __future__ import annotations
@@ -29,12 +29,18 @@ from bench.common import argument_parser, dump, load_job, md_table, read_json, r
 PIPELINE, GRPO = ROOT / "recipes" / "offline_smollm2.yaml", ROOT / "recipes" / "grpo_smollm2.yaml"
 DPO = ["train={name: dpo, beta: 0.1, epochs: 2, max_length: 1024}"]  # the base model as reference
 DPO += ["optim={lr: 5.0e-5, micro_batch: 8, warmup_steps: 5}"]
-STEP_SAMPLES, RL_STEPS = 64, 16  # the GRPO job's 8 problems x 8 samples; its steps after SFT
+STEP_SAMPLES = 64  # the GRPO job's 8 problems x 8 samples
 
 
-def pipeline(job_id: str, seed: int, stages: list[str], sets: list[str], settings: Any) -> tuple[dict, dict]:
+def limits(tasks: int) -> list[str]:
+    """`--tasks N` below 500: the first N test and train tasks only (a quick run)."""
+    return [f"eval.data.limit={tasks}", f"data.limit={tasks}"] if tasks < 500 else []
+
+
+def pipeline(args: argparse.Namespace, job_id: str, seed: int, stages: list[str], sets: list[str],
+             settings: Any) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
     """One pipeline job of the recipe: its summary and the seconds of each stage it ran."""
-    spec = load_job(PIPELINE, [f"seed={seed}", f"stages={json.dumps(stages)}", *sets])
+    spec = load_job(PIPELINE, [f"seed={seed}", f"stages={json.dumps(stages)}", *limits(args.tasks), *sets])
     summary = run_job(spec, job_id, settings)
     return summary, {k: v["seconds"] for k, v in summary["stages"].items() if v["status"] == "ran"}
 
@@ -43,7 +49,7 @@ def part_data(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": {}}
     for seed in args.seeds:
         stages = ["baseline"] * (seed == args.seeds[0]) + ["generate", "annotate", "build", "analyze"]
-        summary, times = pipeline(f"data-s{seed}", seed, stages, [], settings)
+        summary, times = pipeline(args, f"data-s{seed}", seed, stages, [], settings)
         analysis = read_json(Path(summary["run_dir"]) / "analysis" / "analysis.json")["rounds"]["round-1"]
         analysis.pop("per_problem_pass_rate")
         out["seeds"][seed] = {"stages_s": times, "counts": summary["rounds"]["round-1"], "analysis": analysis}
@@ -59,7 +65,7 @@ def part_train(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             merge = ["merge"] if (method, seed) == ("sft", args.seeds[0]) else []  # once, for its time
             sets = [f"reuse=data-s{seed}", *(DPO if method == "dpo" else [])]  # the data job's baseline too
             stages = ["build", "train", *merge, "evaluate"]
-            summary, times = pipeline(f"{method}-s{seed}", seed, stages, sets, settings)
+            summary, times = pipeline(args, f"{method}-s{seed}", seed, stages, sets, settings)
             record = read_json(Path(summary["run_dir"]) / "pipeline.json")["stages"]
             rows = summary["rounds"]["round-1"]["nbest" if method == "sft" else "pairs"]
             out.setdefault(method, {})[seed] = {"eval": summary["eval"]["after"], "stages_s": times,
@@ -68,11 +74,13 @@ def part_train(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     return out
 
 
-def grpo(steps: int, seed: int, adapter: str | None, settings: Any) -> dict[str, Any]:
+def grpo(
+    args: argparse.Namespace, steps: int, seed: int, adapter: str | None, settings: Any
+) -> dict[str, Any]:
     """The GRPO race's job for `steps` steps, evaluated after training only (the table's base and
     SFT rows are the "before"); from `adapter` with KL 0.02 to that SFT policy when given."""
     sets = [f"optim.steps={steps}", "optim.micro_batch=64", "eval.before=false", f"seed={seed}"]
-    sets += [f"data.seed={seed}", "eval.data.limit=null"]
+    sets += [f"data.seed={seed}", "eval.data.limit=null", *limits(args.tasks)]
     if adapter:
         sets += [f"model={json.dumps({'base': 'smollm2-135m-instruct', 'init_adapter': adapter})}"]
         sets += ["method.kl_beta=0.02"]
@@ -91,11 +99,11 @@ def grpo(steps: int, seed: int, adapter: str | None, settings: Any) -> dict[str,
 def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     seed = args.seeds[0]
     adapter = read_json(args.work / "offline-train.json")["sft"][str(seed)]["adapter"]
-    sft_rl = grpo(RL_STEPS, seed, adapter, settings)
+    sft_rl = grpo(args, args.rl_steps, seed, adapter, settings)
     # Matched budget: SFT-then-GRPO generated the K candidates per problem plus its rollouts.
     matched = read_json(args.work / "offline-data.json")["seeds"][str(seed)]["counts"]["candidates"]
     matched += sft_rl["samples"]
-    alone = grpo(math.ceil(matched / STEP_SAMPLES), seed, None, settings)
+    alone = grpo(args, math.ceil(matched / STEP_SAMPLES), seed, None, settings)
     return {
         "sft_grpo": {**sft_rl, "samples_total": matched, "sft_adapter": adapter},
         "grpo": {**alone, "samples_total": alone["samples"], "matched_to": matched},
@@ -142,6 +150,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--work", type=Path, default=Path("/root/offline"))
     parser.add_argument("--out", type=Path, default=Path("/tmp"))
+    parser.add_argument("--rl-steps", type=int, default=16, help="GRPO steps after SFT")
+    parser.add_argument("--tasks", type=int, default=500, help="< 500: the first N test and train tasks only")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.part != "table":
