@@ -286,44 +286,35 @@ def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int =
     return start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
 
 
-def replica_env(i: int, replicas: int, device: str | None) -> dict[str, str]:
-    """Where generator replica `i` of `replicas` runs: on `device` when one, on GPU i when there are
-    several replicas and a GPU, else on the CPU with one thread (replicas sharing a CPU)."""
-    if replicas == 1:
-        return {"CUDA_VISIBLE_DEVICES": device} if device else {}
-    return {"CUDA_VISIBLE_DEVICES": str(i)} if card() != "cpu" else {"CRUCIBLE_GENERATOR_THREADS": "1"}
-
-
 @contextmanager
-def services(work: Path, model: str, rows: int | str = 128, *, generator_url: str | None = None,
-             device: str | None = None, max_loras: int = 4, replicas: int = 1,
-             devices: list[str | None] | None = None, generator_env: dict[str, str] | None = None,
+def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str | None] | None = None,
+             generator_url: str | None = None, max_loras: int = 4, generator_env: dict[str, str] | None = None,
              **settings: Any) -> Iterator[Any]:  # fmt: skip
-    """A sandbox and `replicas` generators of `model` (or the one at `generator_url`) spawned for
-    the jobs of a benchmark, stopped at the end; yields the trainer's `Settings` pointing at them,
-    with the adapters and run dirs under `work` (and any other `settings`). `devices`: one replica
-    per entry, on that CUDA_VISIBLE_DEVICES value (None: the caller's own); `generator_env`: more
-    settings of every generator."""
+    """A sandbox and a generator of `model` per entry of `devices` (its CUDA_VISIBLE_DEVICES; None:
+    the caller's own), or the one at `generator_url`, spawned for the jobs of a benchmark and stopped
+    at the end; yields the trainer's `Settings` pointing at them, with the adapters and run dirs under
+    `work` (and any other `settings`). `generator_env`: more settings of every generator."""
     from concurrent.futures import ThreadPoolExecutor
 
     from crucible_trainer.settings import Settings
 
-    server = sandbox(work)
-    generators: list[Any] = []
+    devices = devices or [None]
+    server, generators, many = sandbox(work), [], len(devices) > 1
 
-    def one(i: int) -> Any:
-        log = "generator.log" if replicas == 1 else f"generator-{i}.log"
-        env = replica_env(i, replicas, device) if devices is None else replica_env(0, 1, devices[i])
+    def one(i: int) -> None:
+        # Replicas sharing a CPU decode on one thread each.
+        env = {"CRUCIBLE_GENERATOR_THREADS": "1"} if many else {}
+        env = {"CUDA_VISIBLE_DEVICES": devices[i]} if devices[i] else env
+        log = f"generator-{i}.log" if many else "generator.log"
         env |= generator_env or {}
         generators.append(
             spawn_generator(work, model, rows, max_loras=max_loras, env=env, log=log, timeout=900)
         )
 
-    replicas = len(devices) if devices is not None else replicas
     try:
         if not generator_url:
-            with ThreadPoolExecutor(replicas) as pool:  # at once; any that came up are stopped below
-                list(pool.map(one, range(replicas)))
+            with ThreadPoolExecutor(len(devices)) as pool:  # at once; any that came up are stopped below
+                list(pool.map(one, range(len(devices))))
         urls = [generator_url] if generator_url else [g.url for g in generators]
         paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}
         yield Settings(generator_urls=urls, sandbox_url=server.url, **paths, **settings)
@@ -425,10 +416,22 @@ def samples_per_s(rows: list[dict]) -> float | None:
     return round(sum(r.get("samples", 0.0) for r in rows) / seconds, 4) if seconds > 0 else None
 
 
+def later_median(rows: list[dict], key: str) -> float:
+    """The median of `key` (0 where a row has none) over steps 2+: step 1 pays start-up costs (all
+    steps when there is one).
+
+    >>> later_median([{"t": 9.0}, {"t": 1.0}, {}, {"t": 3.0}], "t")
+    1.0
+    """
+    import statistics
+
+    return statistics.median(r.get(key, 0.0) for r in rows[1:] or rows)
+
+
 def step_medians(rows: list[dict]) -> dict:
-    """Median seconds per step over steps 2+ (step 1 pays start-up costs), over all of them and over
-    those that updated the policy (a step whose groups all had equal rewards trains nothing and is
-    faster), and how many updated.
+    """Median seconds per step over steps 2+, over all of them and over those that updated the
+    policy (a step whose groups all had equal rewards trains nothing and is faster), and how many
+    updated.
 
     >>> rows = [{"time/step_s": 9.0, "update/sequences": 8.0}, {"time/step_s": 1.0, "update/sequences": 0.0},
     ...         {"time/step_s": 3.0, "update/sequences": 16.0}, {"time/step_s": 2.0, "update/sequences": 8.0}]
@@ -437,11 +440,9 @@ def step_medians(rows: list[dict]) -> dict:
     """
     import statistics
 
-    later = rows[1:] or rows
-    updated = [r for r in later if r.get("update/sequences", 0.0) > 0]
-    median_updated = statistics.median(r["time/step_s"] for r in updated) if updated else None
-    out = {"median_step_s": statistics.median(r["time/step_s"] for r in later)}
-    return out | {
-        "median_updated_step_s": median_updated,
+    updated = [r["time/step_s"] for r in rows[1:] or rows if r.get("update/sequences", 0.0) > 0]
+    return {
+        "median_step_s": later_median(rows, "time/step_s"),
+        "median_updated_step_s": statistics.median(updated) if updated else None,
         "updated_steps": sum(1 for r in rows if r.get("update/sequences", 0.0) > 0),
     }

@@ -49,17 +49,7 @@ def evaluate(server: str, url: str, run: str, args: argparse.Namespace, sandbox:
     from crucible_trainer.evaluation import load_report
 
     limit = args.sampled_limit if run == "mbpp-sampled" and args.sampled_limit else args.limit
-    cmd = [
-        sys.executable,
-        "-m",
-        "crucible_cli",
-        "eval",
-        *RUNS[run].split(),
-        "--max-tokens",
-        "256",
-        "--seed",
-        "0",
-    ]
+    cmd = [sys.executable, "-m", "crucible_cli", "eval", *f"{RUNS[run]} --max-tokens 256 --seed 0".split()]
     cmd += ["--concurrency", str(args.concurrency), "--generator", url, "--sandbox", sandbox]
     cmd += ["--out", str(out), "--quiet", *(["--limit", str(limit)] if limit else [])]
     before, started = counters(url, COUNTERS), time.perf_counter()

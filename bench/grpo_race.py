@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -84,12 +83,8 @@ def gpu_memory() -> dict[str, float]:
 
 def parse() -> argparse.Namespace:
     parser = common.argument_parser(__doc__, job=True)
-    parser.add_argument(
-        "--sft-first",
-        action="store_true",
-        help="first SFT on the model's passing candidates (recipes/offline_smollm2.yaml), then the job "
-        "from that adapter: `before` is the base model's evaluation, the job's own is `sft`",
-    )
+    # `before` is then the base model's evaluation, and the job's own (from the SFT adapter) `sft`.
+    parser.add_argument("--sft-first", action="store_true", help="SFT on passing candidates first")
     parser.add_argument("--humaneval", action="store_true", help="greedy HumanEval pass@1 before and after")
     parser.add_argument("--keep-reports", type=Path, help="copy the evaluation reports (every answer) here")
     parser.add_argument("--generator-url", help="an external generator (default: spawn Crucible's)")
@@ -143,7 +138,7 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
         extra = f" c2_rescue {r['c2_rescue_rate']:.2f}" if "c2_rescue_rate" in r else ""
         print(f"step {r['step']}: {figures} stale_diff {r.get('stale/diff', float('nan')):.4f}{extra}")
     timing = common.step_medians(rows)
-    split = {k: statistics.median(r.get(k, 0.0) for r in rows[1:] or rows) for k in KEYS[:6]}
+    split = {k: common.later_median(rows, k) for k in KEYS[:6]}
     print(f"median step (steps 2+): {timing['median_step_s']:.2f} s; split: " + json.dumps(split))
     updated = timing["median_updated_step_s"]
     print(f"steps that updated the policy: {timing['updated_steps']} of {len(rows)}; their median: {updated}")

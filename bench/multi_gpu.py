@@ -64,21 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="crucible-multi-gpu-") as tmp:
         model = local_model(args.shape, Path(tmp)) if args.tiny or args.shape else args.model
         for n in (int(x) for x in args.gpus.split(",")):
-            work = Path(tmp) / f"n{n}"
-            work.mkdir()
+            (work := Path(tmp) / f"n{n}").mkdir()
             try:
-                spec = job(model, n, sets, args.strategy)
-                with common.services(work, model, args.generator_batch, replicas=n, max_ranks=n) as settings:
-                    summary = common.run_job(spec, f"multi-gpu-{n}", settings)
-                rows = common.step_rows(work / "jobs" / f"multi-gpu-{n}")
-                timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
-                runs.append(figures(rows, n, spec.optim.problems_per_step * spec.method.group_size))
-                # per_step: every step's split, the first one's too
-                runs[-1] |= {
-                    "device": common.card(),
-                    "wall_s": round(summary["wall_s"], 1),
-                    "per_step": timing,
-                }
+                runs.append(one_count(work, model, n, sets, args))
             except Exception as exc:  # the other counts still run: one failure costs one figure
                 common.show_logs(work, 40)  # the folder goes with the temporary directory
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
@@ -91,6 +79,19 @@ def main(argv: list[str] | None = None) -> None:
     print(common.md_table(columns, [[round(v, 2) if isinstance(v, float) else v for v in c] for c in cells]))
     if any("error" in r for r in runs):
         sys.exit(1)
+
+
+def one_count(work: Path, model: str, n: int, sets: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The job over `n` ranks with a generator replica per GPU (on a CPU, `n` of them): its figures,
+    and every step's split (the first one's too)."""
+    spec = job(model, n, sets, args.strategy)
+    devices = [str(i) for i in range(n)] if common.card() != "cpu" else [None] * n
+    with common.services(work, model, args.generator_batch, devices=devices, max_ranks=n) as settings:
+        summary = common.run_job(spec, f"multi-gpu-{n}", settings)
+    rows = common.step_rows(work / "jobs" / f"multi-gpu-{n}")
+    timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
+    found = figures(rows, n, spec.optim.problems_per_step * spec.method.group_size)
+    return found | {"device": common.card(), "wall_s": round(summary["wall_s"], 1), "per_step": timing}
 
 
 def job(model: str, n: int, overrides: list[str], strategy: str = "ddp") -> Any:
@@ -113,12 +114,8 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     0.25
     """
     later = rows[1:] or rows
-
-    def median(key: str) -> float:
-        return statistics.median(r.get(key, 0.0) for r in later)
-
-    med = {k: median(m) for k, m in SPLIT.items()}
-    step = median("time/step_s")
+    med = {k: common.later_median(rows, m) for k, m in SPLIT.items()}
+    step = common.later_median(rows, "time/step_s")
     rollout = med["rollout_s"] or med["generate_s"]
     other = step - rollout - med["update_s"] - med["publish_s"] - med["stale_wait_s"]
     out = {"gpus": n, "steps": len(later), "s_per_step": step, **med, "other_s": round(other, 6)}
@@ -126,8 +123,12 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     out["generate_samples_per_s"] = samples / med["generate_s"] if med["generate_s"] else None
     out["update_samples_per_s"] = samples / med["update_s"] if med["update_s"] else None
     out["completion_tokens_mean"] = statistics.mean(r.get("completion_tokens_mean", 0.0) for r in later)
-    out["update_sequences"] = median("update/sequences")
-    out |= {key.removeprefix("perf/"): median(key) for key in PERF if all(key in r for r in later)}
+    out["update_sequences"] = common.later_median(rows, "update/sequences")
+    out |= {
+        key.removeprefix("perf/"): common.later_median(rows, key)
+        for key in PERF
+        if all(key in r for r in later)
+    }
     return out | {"update_ranks": later[-1].get("update/ranks", 1.0)}
 
 

@@ -64,8 +64,8 @@ def part_train(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         for seed in args.seeds:
             merge = ["merge"] if (method, seed) == ("sft", args.seeds[0]) else []  # once, for its time
             sets = [f"reuse=data-s{seed}", *(DPO if method == "dpo" else [])]  # the data job's baseline too
-            summary, times = pipeline(args, f"{method}-s{seed}", seed, ["build", "train", *merge, "evaluate"],
-                                      sets, settings)  # fmt: skip
+            stages = ["build", "train", *merge, "evaluate"]
+            summary, times = pipeline(args, f"{method}-s{seed}", seed, stages, sets, settings)
             record = read_json(Path(summary["run_dir"]) / "pipeline.json")["stages"]
             rows = summary["rounds"]["round-1"]["nbest" if method == "sft" else "pairs"]
             out.setdefault(method, {})[seed] = {"eval": summary["eval"]["after"], "stages_s": times,

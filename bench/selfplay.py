@@ -60,9 +60,7 @@ def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return common.load_job(ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
 
 
-def collect(
-    name: str, run_dir: Path, out_dir: Path | None, spec: dict[str, Any], wall: float
-) -> dict[str, Any]:
+def collect(name: str, run_dir: Path, out_dir: Path | None, spec: dict, wall: float) -> dict[str, Any]:
     """One run's figures from its run dir (what it wrote, also when it was interrupted)."""
     status = common.read_json(run_dir / "summary.json", {"status": "lost"}).get("status")
     rows = common.read_jsonl(run_dir / "metrics.jsonl")
@@ -200,9 +198,7 @@ def main() -> None:
     # Four trainers beside five generators overfill an 80 GB card.
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (0: all)")
     parser.add_argument("--deadline-s", type=float, default=720, help="interrupt runs going this long")
-    parser.add_argument(
-        "--tiny", action="store_true", help="a CPU smoke run: 2 steps of 2 games, short turns"
-    )
+    parser.add_argument("--tiny", action="store_true", help="a CPU smoke run: 2 steps of 2 games")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--out-dir", type=Path)
     args = parser.parse_args()
@@ -221,10 +217,8 @@ def main() -> None:
     with common.services(work, args.model, 128 if cuda else 32, max_loras=8) as settings:
 
         def game_generator(name: str) -> Any:
-            log = f"generator-{name}.log"
-            return common.spawn_generator(
-                work, args.model, 64 if cuda else 32, max_loras=8, env=game_env, log=log
-            )
+            rows, log = 64 if cuda else 32, f"generator-{name}.log"
+            return common.spawn_generator(work, args.model, rows, max_loras=8, env=game_env, log=log)
 
         with ThreadPoolExecutor(len(names)) as pool:  # side by side
             generators = dict(zip(names, pool.map(game_generator, names), strict=True))

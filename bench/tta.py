@@ -259,7 +259,7 @@ def run_trl(args: argparse.Namespace) -> None:
     global T0
     spec, cuda, out = train_spec(args), torch.cuda.is_available(), args.out.resolve()
     engine = args.engine or ("vllm" if cuda else "hf")
-    config = trl_config(spec, out, engine, args.vllm_memory, cuda)
+    config = trl_config(spec, out, engine, 0.3, cuda)  # vLLM's share of the card: the race's
     model_dir, prepared = crucible_models.resolve_model_path(spec.model.base), time.time()
     model_dir = bf16_copy(model_dir) if cuda else model_dir
     prepared = time.time() - prepared
@@ -325,7 +325,7 @@ def run_trl(args: argparse.Namespace) -> None:
 def run_eval(args: argparse.Namespace) -> None:
     import tempfile
 
-    runs = [(d.resolve(), json.loads((d / "run.json").read_text())) for d in args.runs]
+    runs = [(d.resolve(), common.read_json(d / "run.json")) for d in args.runs]
     base = runs[0][1]["job"]["model"]["base"]
     if any(r["job"]["model"]["base"] != base for _, r in runs):
         raise SystemExit("the runs train different models: evaluate them separately")
@@ -341,13 +341,19 @@ def run_eval(args: argparse.Namespace) -> None:
     cache = runs[0][0].parent / "base-evals.json"
 
     def score(settings: Any, run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict:
-        data = dict(run["eval"]["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
         limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
+        what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
+        if adapter is None and what in (shared := common.read_json(cache, {})):
+            return shared[what]
+        data = dict(run["eval"]["data"]) if dataset == "mbpp" else {"dataset": "humaneval"}
         data |= {"limit": limit} if limit is not None else {}
         model, tokens = {"base": base, "chat": run["job"]["model"]["chat"]}, run["eval"]["max_tokens"]
         found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
-        return {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
-                "seconds": round(found["wall_s"], 1)}  # fmt: skip
+        result = {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
+                  "seconds": round(found["wall_s"], 1)}  # fmt: skip
+        if adapter is None:
+            common.dump(cache, common.read_json(cache, {}) | {what: result})
+        return result
 
     try:
         env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
@@ -355,21 +361,13 @@ def run_eval(args: argparse.Namespace) -> None:
             for out, run in runs:
                 evals: dict[str, Any] = common.read_json(out / "evals.json", {})
                 final = max(p["step"] for p in run["points"])
-                for p in run["points"]:
+                for p in run["points"]:  # HumanEval at the base and the last point only
                     entry = evals.setdefault(str(p["step"]), {})
                     for dataset in ["mbpp", "humaneval"][: 1 + (p["step"] in (0, final))]:
                         if dataset in entry:
                             continue
-                        if p["adapter"] is None:  # the base model: once for every run
-                            limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
-                            what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
-                            if what not in (shared := common.read_json(cache, {})):
-                                shared[what] = score(settings, run, None, dataset, f"base-{dataset}")
-                                common.dump(cache, common.read_json(cache, {}) | {what: shared[what]})
-                            entry[dataset] = shared[what]
-                        else:
-                            label = f"{out.name}-{p['step']}-{dataset}"
-                            entry[dataset] = score(settings, run, p["adapter"], dataset, label)
+                        label = f"{out.name}-{p['step']}-{dataset}" if p["adapter"] else f"base-{dataset}"
+                        entry[dataset] = score(settings, run, p["adapter"], dataset, label)
                         common.dump(out / "evals.json", evals)
                         print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
@@ -671,12 +669,12 @@ def main(argv: list[str] | None = None) -> None:
     crucible, trl, evaluate, table = (verbs.add_parser(v) for v in ("crucible", "trl", "eval", "table"))
     for p in (crucible, trl):
         common.job_arguments(p)
-        p.add_argument("--out", type=Path, required=True)
-        p.add_argument("--every", type=int, default=10, help="save the adapter every N steps (and the last)")
-    crucible.add_argument("--generator-devices", help="CUDA_VISIBLE_DEVICES of each replica, comma-separated")
-    crucible.add_argument("--rows", type=int, default=128, help="rows of each generator")
+        common.options(p, out=Path, every=(10, "save the adapter every N steps (and the last)"))
+    common.options(
+        crucible, generator_devices=(None, "CUDA_VISIBLE_DEVICES of each replica, comma-separated")
+    )
+    common.options(crucible, rows=(128, "rows of each generator"))
     trl.add_argument("--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU")
-    trl.add_argument("--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization")
     for p in (evaluate, table):
         p.add_argument("runs", type=Path, nargs="+")
     evaluate.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")

@@ -56,7 +56,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         kl_beta=(0.01, "method.kl_beta (> 0: the reference is scored)"),
         repeats=(3, "timed updates per arm (after one warm-up each)"),
         dtype=(None, "model.dtype (default: bf16 on a GPU, float32 on a CPU)"),
-        profile=(None, "also write a PyTorch profile of one update per arm here"),
         seed=0,
         out=Path,
     ).parse_args(argv)
@@ -129,14 +128,6 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     graphs = {"after_warmup": compiled_graphs() - start}  # graphs traced after the warm-ups
     updates = common.alternate({arm: lambda r, a=arm: timed(a, r + 1) for arm in arms}, args.repeats)
     graphs["at_end"] = compiled_graphs() - start
-    if args.profile:
-        Path(args.profile).write_text(
-            "\n".join(profiled(policy, batch, config(arm), update, arm) for arm in arms)
-        )
-
-    def median(rows: list[dict[str, float]], key: str) -> float | None:
-        values = [r[key] for r in rows if key in r]
-        return statistics.median(values) if values else None
 
     medians = {
         arm: {key: median(rows, metric or key) for key, metric in KEYS.items()}
@@ -163,22 +154,16 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     }
 
 
+def median(rows: list[dict[str, float]], key: str) -> float | None:
+    """The median of `key` over the rows that have it (a CPU has no peak to report a fraction of)."""
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else None
+
+
 def compiled_graphs() -> int:
     """Graphs torch.compile has traced in this process (0 when nothing is compiled)."""
     dynamo = sys.modules.get("torch._dynamo.utils")
     return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
-
-
-def profiled(policy: Any, batch: list[Any], cfg: Any, update: Any, arm: str) -> str:
-    """One more update of `arm`, profiled: its kernels by device time, then by host time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = policy.device.startswith("cuda")
-    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
-        update(policy, batch, cfg, seed=0)
-    table = prof.key_averages()
-    by_device = table.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25)
-    return f"# {arm}\n" + by_device + table.table(sort_by="cpu_time_total", row_limit=12)
 
 
 if __name__ == "__main__":

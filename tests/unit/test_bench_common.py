@@ -8,7 +8,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SHARED = (
-    *("free_port", "percentile", "card", "recipes", "load_job", "spawn_generator", "replica_env"),
+    *("free_port", "percentile", "card", "recipes", "load_job", "spawn_generator", "later_median"),
     *("services", "gateway", "run_job", "step_rows", "step_medians", "samples_per_s"),
 )
 
