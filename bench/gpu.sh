@@ -269,8 +269,8 @@ print("dense checkpoint:", target)'
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;
-  vllm-fixtures)  # bench/vllm_fixtures.py against :8101 into tests/fixtures/vllm's format
-    python3 bench/vllm_fixtures.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
+  vllm-fixtures)  # tests/fixtures/vllm/record.py against :8101 into tests/fixtures/vllm's format
+    python3 tests/fixtures/vllm/record.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
       --model-dir "$(dense_dir)" --out /root/fixtures
     tar -czf "$O/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
   vllm-race)  # Crucible's GRPO job with vLLM (:8101) as its generator; STEPS
