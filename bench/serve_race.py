@@ -32,71 +32,50 @@ TEXT = (
     "assert longest_run([1, 1, 2, 2, 2, 3]) == 3\nassert longest_run([]) == 0\n"
     "assert longest_run(['a']) == 1\n\ndef longest_run(xs):\n"
 )
+# One asyncio process with httpx serves only ~50 requests/s at 128 connections (seen on the H100
+# host), which would measure the client instead of the server: clients are spread over processes.
 CLIENTS_PER_PROCESS = 16
 
 
-async def clients_here(
-    url: str, body: dict, clients: int, start: float, deadline: float
-) -> tuple[int, int, float]:
+async def clients_here(url: str, body: dict, clients: int, start: float, deadline: float) -> list:
     """`clients` closed-loop clients in this process: completion tokens and requests that ended by
     `deadline`, and when the last of them ended."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    tokens, requests, last = 0, 0, start
+    done = [0, 0, start]
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
 
         async def client() -> None:
-            nonlocal tokens, requests, last
             await asyncio.sleep(max(0.0, start - time.time()))
             while time.time() < deadline:
                 response = await http.post("/v1/completions", json=body)
                 response.raise_for_status()
                 if (now := time.time()) <= deadline:
-                    tokens += response.json()["usage"]["completion_tokens"]
-                    requests, last = requests + 1, now
+                    done[:] = done[0] + response.json()["usage"]["completion_tokens"], done[1] + 1, now
 
         await asyncio.gather(*(client() for _ in range(clients)))
-    return tokens, requests, last
+    return done
 
 
-def process(args: tuple) -> tuple[int, int, float]:
+def process(args: tuple) -> list:
     return asyncio.run(clients_here(*args))
 
 
-def closed_loop(
-    url: str, model: str, prompt: list[int], clients: int, seconds: float, max_tokens: int
-) -> dict:
-    """Closed-loop clients spread over up to CLIENTS_PER_PROCESS per process: one asyncio process
-    with httpx serves only ~50 requests/s at 128 connections (seen on the H100 host), which would
-    measure the client instead of the server."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+def closed_loop(url: str, body: dict, clients: int, seconds: float) -> dict:
+    """Tokens/s of `clients` closed-loop clients sending `body`, up to CLIENTS_PER_PROCESS per process."""
     procs = -(-clients // CLIENTS_PER_PROCESS)
     shares = [clients // procs + (i < clients % procs) for i in range(procs)]
     start = time.time() + 1.0  # every process starts its clients at the same moment
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
         parts = pool.map(process, [(url, body, n, start, start + seconds) for n in shares])
-    tokens, last = sum(p[0] for p in parts), max(p[2] for p in parts)
-    out = {"tokens": tokens, "requests": sum(p[1] for p in parts), "seconds": last - start}
-    return out | {"tps": tokens / max(last - start, 1e-9), "processes": procs}
+    tokens, seconds = sum(p[0] for p in parts), max(p[2] for p in parts) - start
+    out = {"tokens": tokens, "requests": sum(p[1] for p in parts), "seconds": seconds}
+    return out | {"tps": tokens / max(seconds, 1e-9), "processes": procs}
 
 
 def captures(url: str) -> float | None:
-    """Crucible's graph-capture counter, or None for a server without it."""
+    """Crucible's graph-capture counter, or None for a server without it (vLLM)."""
     found = common.counters(url, {"captures": "crucible_generator_graph_captures_total"})
     return found and found["captures"]
-
-
-def load_race_adapter(servers: dict, model_dir: str, rank: int) -> dict:
-    """Save a random rank-`rank` all-linear adapter of `model_dir` (lora_B non-zero, so it changes
-    every layer's output) and load it into every server; returns the servers with the adapter as
-    their request model."""
-    path = Path(tempfile.mkdtemp()) / f"race-r{rank}"
-    common.random_adapter(model_dir, path, rank, b_std=1e-3, dtype="bfloat16")
-    lora = f"race-r{rank}-{path.parent.name}"  # a server that stays up between races keeps the last one
-    for url, _ in servers.values():
-        load = {"lora_name": lora, "lora_path": str(path)}
-        httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=600).raise_for_status()
-    print(json.dumps({"adapter": str(path), "rank": rank}), flush=True)
-    return {name: (url, lora) for name, (url, _) in servers.items()}
 
 
 def main() -> None:
@@ -124,24 +103,29 @@ def main() -> None:
     prompt = AutoTokenizer.from_pretrained(args.model_dir)(TEXT * (1 + args.prompt_tokens // 40)).input_ids
     if len(prompt) < args.prompt_tokens:
         raise SystemExit(f"the prompt text is only {len(prompt)} tokens; --prompt-tokens is too many")
-    prompt = prompt[: args.prompt_tokens]
-    results: dict = {"clients": {}, "hot_swap": {}, "captures": {}, "setup": vars(args) | {"server": servers}}
-    if args.adapter_rank:
-        servers = load_race_adapter(servers, args.model_dir, args.adapter_rank)
+    results: dict = {"clients": {}, "hot_swap": {}, "setup": vars(args)}
+    if args.adapter_rank:  # lora_B drawn too, so that the adapter changes every layer's output
+        path = Path(tempfile.mkdtemp()) / f"race-r{args.adapter_rank}"
+        common.random_adapter(args.model_dir, path, args.adapter_rank, b_std=1e-3, dtype="bfloat16")
+        lora = f"race-r{args.adapter_rank}-{path.parent.name}"  # a server kept up keeps the last race's
+        for url, _ in servers.values():
+            load = {"lora_name": lora, "lora_path": str(path)}
+            httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=600).raise_for_status()
+        servers = {name: (url, lora) for name, (url, _) in servers.items()}
+    request = {"prompt": prompt[: args.prompt_tokens], "max_tokens": args.max_tokens, "temperature": 0}
+    for name, (url, model) in servers.items():  # each server's request body
+        servers[name] = (url, request | {"model": model, "ignore_eos": True})
     for clients in args.clients:
-        for url, model in servers.values():  # warm-up
-            closed_loop(url, model, prompt, clients, min(args.seconds, 3.0), args.max_tokens)
+        for url, body in servers.values():  # warm-up
+            closed_loop(url, body, clients, min(args.seconds, 3.0))
         before = {name: captures(url) for name, (url, _) in servers.items()}
-        race = (prompt, clients, args.seconds, args.max_tokens)
-        arms = {
-            name: lambda _, u=url, m=model, r=race: closed_loop(u, m, *r)
-            for name, (url, model) in servers.items()
-        }
+        arms = {name: lambda _, u=url, b=body, c=clients: closed_loop(u, b, c, args.seconds)
+                for name, (url, body) in servers.items()}  # fmt: skip
         row = {name: {"tps": statistics.median(r["tps"] for r in runs), "rounds": runs}
                for name, runs in common.alternate(arms, args.rounds).items()}  # fmt: skip
         for name, (url, _) in servers.items():
-            if (after := captures(url)) is not None and before[name] is not None:
-                row[name]["captures_while_measured"] = after - before[name]
+            if before[name] is not None:
+                row[name]["captures_while_measured"] = captures(url) - before[name]
         results["clients"][clients] = row
         print(json.dumps({"clients": clients} | {n: round(r["tps"], 1) for n, r in row.items()}), flush=True)
 
@@ -153,31 +137,14 @@ def main() -> None:
         dtype = torch.bfloat16 if args.adapter_rank else torch.float32  # a 7B model in fp32 crowds the card
         model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(device)
         for name, (url, _) in servers.items():
-            swap = hot_swap(url, model, args.swaps, 16, job=f"race-{name}")
-            results["hot_swap"][name] = {
+            swap = {
                 key: {"p50": common.percentile(v, 0.5), "p90": common.percentile(v, 0.9), "all": v}
-                for key, v in swap.items()
+                for key, v in hot_swap(url, model, args.swaps, 16, job=f"race-{name}").items()
             }
+            results["hot_swap"][name] = swap
+            print(json.dumps({"hot_swap": name} | {k: v["p50"] for k, v in swap.items()}), flush=True)
     if args.json:
         common.dump(Path(args.json), results)
-    print(markdown(results, list(servers)))
-
-
-def markdown(results: dict, names: list[str]) -> str:
-    first = names[0]
-    head = ["clients", *(f"{n} tok/s" for n in names), *(f"{n} / {first}" for n in names[1:])]
-    rows = [[clients, *(f"{row[n]['tps']:,.0f}" for n in names),
-             *(f"{row[n]['tps'] / row[first]['tps']:.2f}" for n in names[1:])]
-            for clients, row in results["clients"].items()]  # fmt: skip
-    lines = [common.md_table(head, rows, ":" * len(head))]
-    if results["hot_swap"]:
-        head = ["server", "save p50", "load returned p50", "first token p50 (s, from the save)"]
-        keys = ("save", "load_returned", "first_token")
-        swaps = [
-            [name, *(f"{swap[k]['p50']:.3f}" for k in keys)] for name, swap in results["hot_swap"].items()
-        ]
-        lines += ["", common.md_table(head, swaps, " :::")]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
