@@ -309,8 +309,8 @@ def run_trl(args: argparse.Namespace) -> None:
     lora = {k: getattr(spec.model, k) for k in ("lora_alpha", "lora_dropout", "target_modules")}
     peft_config = LoraConfig(r=spec.model.lora_r, task_type="CAUSAL_LM", **lora)
     try:
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**config), train_dataset=data,
-                              processing_class=tokenizer, peft_config=peft_config, callbacks=[Saver()])  # fmt: skip
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**config), callbacks=[Saver()],
+                              train_dataset=data, processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
         record.save(train_start_s=round(time.time() - T0, 2))
         trainer.train()
     finally:
@@ -392,8 +392,9 @@ def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     >>> rows = [{"step": s, "step_time": t, "reward": r, "completions/mean_length": 100.0}
     ...         for s, t, r in ((1, 9.0, 0.2), (2, 4.0, 0.4), (3, 5.0, 0.6), (4, 6.0, 0.8))]
-    >>> training("trl", rows)
-    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8, 'tokens_first': 100.0, 'tokens_last': 100.0}
+    >>> training("trl", rows)  # doctest: +NORMALIZE_WHITESPACE
+    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8,
+     'tokens_first': 100.0, 'tokens_last': 100.0}
     """
     seconds, reward, tokens = STEP_KEYS[engine]
     rows = [r for r in rows if seconds in r]
@@ -591,8 +592,9 @@ def markdown(result: dict[str, Any]) -> str:
     head += ["median s/step (2+)", "reward, first → last quarter", "tokens, first → last quarter"]
     lines = [common.md_table([*head, *(h for _, h, _ in FIGURES)], rows, " :  ::  " + ":" * len(FIGURES))]
     if result.get("trl_final") is not None:
-        lines.append(f"\nTRL's final pass@1: {cell(result['trl_final'], pct)} at {result['trl_final_wall_s']:.0f} s; "
-                     "goal: Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time.")  # fmt: skip
+        final = f"{cell(result['trl_final'], pct)} at {result['trl_final_wall_s']:.0f} s"
+        goal = "Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time."
+        lines.append(f"\nTRL's final pass@1: {final}; goal: {goal}")
         if not result.get("trl_gained", True):
             lines.append(
                 "TRL's final is no gain over the base model: there is no time to reach it to compare."
@@ -642,9 +644,10 @@ def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def run_table(args: argparse.Namespace) -> None:
-    runs = {d.name: {"run": common.read_json(d / "run.json", {}), "evals": common.read_json(d / "evals.json", {}),
-                     "metrics": common.read_jsonl(d / "metrics.jsonl")}
-            for d in args.runs if (d / "run.json").exists()}  # fmt: skip
+    runs = {}
+    for d in (d for d in args.runs if (d / "run.json").exists()):
+        evals, metrics = common.read_json(d / "evals.json", {}), common.read_jsonl(d / "metrics.jsonl")
+        runs[d.name] = {"run": common.read_json(d / "run.json"), "evals": evals, "metrics": metrics}
     result, means = compare(runs), seed_means(runs)
     text = markdown(result)
     if means:
