@@ -1,11 +1,9 @@
-"""What the benchmarks share: percentiles, the card they ran on, the learning recipes
-(recipes/learning.yaml), a job spec from a file plus `--set` overrides, the services a job needs
-(a sandbox and generators, or a gateway and its Redis, spawned), and a job run in-process through
-the worker's own entry point (`crucible_trainer.runtime.entry.execute`, what `crucible train --local` runs),
-timed, with its per-step metrics.
+"""What the benchmarks share: percentiles, the card, the learning recipes (recipes/learning.yaml),
+a job spec from a file plus `--set` overrides, the services a job needs (a sandbox and generators,
+or a gateway and its Redis, spawned), and a job run in-process through the worker's own entry point
+(`crucible_trainer.runtime.entry.execute`, what `crucible train --local` runs), timed.
 
-Benchmarks import it as `bench.common` (the repository root on `sys.path`, as each script puts it)
-or as `common` when run as `python bench/<script>.py` beside it.
+Imported as `bench.common` (each script puts the repository root on `sys.path`).
 """
 
 from __future__ import annotations
@@ -30,17 +28,16 @@ def argument_parser(
     """A benchmark's argument parser, its help the script's docstring as written; with `job` or
     `overrides`, the arguments of `job_arguments`."""
     out = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if job or overrides:
-        job_arguments(out, job)
-    return out
+    return job_arguments(out, job) if job or overrides else out
 
 
-def job_arguments(parser: argparse.ArgumentParser, job: bool = True) -> None:
-    """`job` (a job spec file or a recipe of recipes/learning.yaml) and its `--set` overrides
-    (`args.overrides`), or the overrides alone."""
+def job_arguments(parser: argparse.ArgumentParser, job: bool = True) -> argparse.ArgumentParser:
+    """`parser` with `job` (a job spec file or a recipe of recipes/learning.yaml) and its `--set`
+    overrides (`args.overrides`), or the overrides alone."""
     if job:
         parser.add_argument("job", help="a job spec file (YAML/JSON) or a recipe of recipes/learning.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    return parser
 
 
 def options(parser: argparse.ArgumentParser, **table: Any) -> argparse.ArgumentParser:

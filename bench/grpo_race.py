@@ -157,10 +157,8 @@ def report(args: argparse.Namespace, spec: Any, summary: dict, rows: list[dict],
     figures |= {"wall_s": total, "memory": memory, "settings": summary.get("settings")}
     figures |= {"job": job, "sft": sft or None, "difficulty_filter": summary.get("difficulty_filter")}
     figures |= {"filter": job["method"].get("filter", {}).get("mode", "none"), "reward": spec.reward.kind}
-    figures |= {
-        "generator": args.generator_url or "crucible",
-        "stale_check_final": summary.get("stale_check"),
-    }
+    figures["generator"] = args.generator_url or "crucible"
+    figures["stale_check_final"] = summary.get("stale_check")
     figures |= {"spec": str(args.spec), "overrides": args.overrides, "model": spec.model.base}
     common.dump(args.json, figures | {"humaneval": scores or None})
 

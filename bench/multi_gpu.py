@@ -124,11 +124,7 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     out["update_samples_per_s"] = samples / med["update_s"] if med["update_s"] else None
     out["completion_tokens_mean"] = statistics.mean(r.get("completion_tokens_mean", 0.0) for r in later)
     out["update_sequences"] = common.later_median(rows, "update/sequences")
-    out |= {
-        key.removeprefix("perf/"): common.later_median(rows, key)
-        for key in PERF
-        if all(key in r for r in later)
-    }
+    out |= {k.removeprefix("perf/"): common.later_median(rows, k) for k in PERF if all(k in r for r in later)}
     return out | {"update_ranks": later[-1].get("update/ranks", 1.0)}
 
 
@@ -153,12 +149,8 @@ def summarise(args: argparse.Namespace, spec: Any, runs: list[dict[str, Any]]) -
         r["target_met"] = None if r["target"] is None or speedup is None else speedup >= r["target"]
     prompts, group = spec.optim.problems_per_step, spec.method.group_size
     out = {"model": args.shape or ("tiny" if args.tiny else args.model), "batch": prompts * group}
-    out |= {
-        "strategy": args.strategy,
-        "prompts": prompts,
-        "group": group,
-        "max_tokens": spec.rollout.max_tokens,
-    }
+    out |= {"strategy": args.strategy, "prompts": prompts, "group": group}
+    out["max_tokens"] = spec.rollout.max_tokens
     out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": spec.method.kl_beta, "steps": spec.optim.steps}
     out |= {"generator_batch": args.generator_batch, "overrides": args.overrides}
     return out | {"targets": {str(k): v for k, v in TARGETS.items()}, "runs": runs}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import statistics
 import subprocess
@@ -36,9 +37,7 @@ def card_name() -> str:
     """`gpu-h100`, `gpu-h200`, ... for the visible GPU, else `cpu`."""
     name = card().lower()
     known = next((m for m in ("h100", "h200", "a100", "l40s") if m in name), None)
-    if name == "cpu":
-        return name
-    return "gpu-" + (known or "".join(c if c.isalnum() else "-" for c in name).strip("-"))
+    return name if name == "cpu" else "gpu-" + (known or re.sub(r"[^a-z0-9]", "-", name).strip("-"))
 
 
 def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) -> list[str]:
@@ -133,12 +132,8 @@ def compare(a: str, runs_a: list[dict[str, Any]], b: str, runs_b: list[dict[str,
     diffs = [round(p["b"] - p["a"], 6) for p in per_seed]
     speeds = [(by_a[s].get("samples_per_s"), by_b[s].get("samples_per_s")) for s in seeds]
     ratios = [round(vb / va, 6) for va, vb in speeds if va and vb]
-    out = {
-        "a": a,
-        "b": b,
-        "seeds": seeds,
-        "per_seed": [p | {"b_minus_a": d} for p, d in zip(per_seed, diffs, strict=True)],
-    }
+    out = {"a": a, "b": b, "seeds": seeds}
+    out["per_seed"] = [p | {"b_minus_a": d} for p, d in zip(per_seed, diffs, strict=True)]
     out |= {"difference": mean_std(diffs) if diffs else None, "b_better": sum(d > 0 for d in diffs)}
     return out | {"samples_per_s_ratio": mean_std(ratios) if ratios else None}
 
@@ -148,11 +143,8 @@ def markdown(summary: dict[str, Any], described: str) -> str:
 
     def pm(key: str) -> str:
         v = summary.get(key)
-        if not v:
-            return "-"
-        return f"{100 * v['mean']:.1f}%" + (
-            f" ± {100 * v['std']:.1f}" if v["std"] is not None else " (1 seed)"
-        )
+        spread = " (1 seed)" if v and v["std"] is None else f" ± {100 * v['std']:.1f}" if v else ""
+        return f"{100 * v['mean']:.1f}%{spread}" if v else "-"
 
     wall = summary.get("wall_s", {}).get("mean")
     cells = ["0", *["-"] * 5]

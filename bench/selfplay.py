@@ -2,7 +2,7 @@
 `crucible train --local` with a generator of its own, `--parallel` at a time, interrupted like a
 Ctrl-C at `--deadline-s`; meanwhile an evaluation job scores the base model on MBPP. Writes `--json`
 (every run's metric series, MBPP before / halfway / after, RAE against shared) and, into
-`--out-dir`, each run's metrics.jsonl, games.md and curve, and `selfplay.png`.
+`--out-dir`, each run's metrics.jsonl, games.md and learning curve (the job's own plot).
 
     python bench/selfplay.py [--runs ttt-role,code-role] [--set FIELD=VALUE ...] [--json out.json]
     python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)
@@ -37,16 +37,6 @@ SERIES = [  # metric patterns kept per step in the JSON (`*`: any role or oppone
     "role/", "arena/", "game/", "rae/", "reward_mean", "samples", "completion_tokens_mean",
     "update/sequences", "time/step_s", "time/generate_s", "time/train_s", "eval/greedy_pass@1",
 ]  # fmt: skip
-PANELS = {
-    "role/*/win_rate": "self-play win rate per role",
-    "role/*/illegal_rate": "illegal answers per role",
-    "arena/*/win_rate": "win rate vs fixed opponents",
-    "arena/base/*/win_rate": "vs frozen base, per learner role",
-    "game/predictor_accuracy": "predictor accuracy (self-play)",
-    "game/writer_invalid_rate": "writer invalid rate",
-    "rae/advantage_sq_*": "mean squared advantage",
-    "eval/greedy_pass@1": "MBPP-test greedy pass@1",
-}
 
 
 def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -119,31 +109,6 @@ def compare(runs: dict[str, Any]) -> dict[str, Any]:
         if all(pair.values()):
             out[game] = {baseline: baseline_figures(run, baseline) for baseline, run in pair.items()}
     return out
-
-
-def plot(runs: dict[str, Any], path: Path, before: dict[str, Any] | None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
-    for ax, (pattern, title) in zip(axes.flat, PANELS.items(), strict=True):
-        match = re.compile("^" + re.escape(pattern).replace(r"\*", "([^/]+)") + "$")
-        for name, run in runs.items():
-            for key, points in sorted(run["series"].items()):
-                if (found := match.match(key)) and points:
-                    label = f"{name} {found.group(1)}" if found.groups() else name
-                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=2, label=label)
-        if pattern.startswith("eval/") and before and before.get("greedy_pass@1") is not None:
-            ax.plot([0], [before["greedy_pass@1"]], marker="s", color="black", label="base (before)")
-        ax.set(title=title, xlabel="step")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def play(args: argparse.Namespace, names: list[str], work: Path, settings: Any, generators: dict) -> dict:
@@ -240,11 +205,6 @@ def main() -> None:
     result["args"] = {k: v for k, v in vars(args).items() if k not in ("json", "out_dir")}
     result |= {**played, "rae_vs_shared": compare(played["runs"])}
     print("rae vs shared:", json.dumps(result["rae_vs_shared"], indent=1), flush=True)
-    if args.out_dir is not None:
-        try:
-            plot(result["runs"], args.out_dir / "selfplay.png", result["mbpp_before"])
-        except ImportError as exc:  # the JSON is the result; the figure is a convenience
-            print(f"no plot: {exc}", flush=True)
     if args.json:
         common.dump(args.json, result)
     print(f"total {result['total_s']:.0f} s", flush=True)

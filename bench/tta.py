@@ -63,8 +63,7 @@ def eval_settings(spec: Any) -> dict[str, Any]:
 
 
 def visible_cards() -> list[str]:
-    found = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [d for d in found.split(",") if d] if found else []
+    return [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
 
 
 class Record(dict):
@@ -310,8 +309,8 @@ def run_trl(args: argparse.Namespace) -> None:
     lora = {k: getattr(spec.model, k) for k in ("lora_alpha", "lora_dropout", "target_modules")}
     peft_config = LoraConfig(r=spec.model.lora_r, task_type="CAUSAL_LM", **lora)
     try:
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**config), train_dataset=data,
-                              processing_class=tokenizer, peft_config=peft_config, callbacks=[Saver()])  # fmt: skip
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**config), callbacks=[Saver()],
+                              train_dataset=data, processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
         record.save(train_start_s=round(time.time() - T0, 2))
         trainer.train()
     finally:
@@ -393,8 +392,9 @@ def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     >>> rows = [{"step": s, "step_time": t, "reward": r, "completions/mean_length": 100.0}
     ...         for s, t, r in ((1, 9.0, 0.2), (2, 4.0, 0.4), (3, 5.0, 0.6), (4, 6.0, 0.8))]
-    >>> training("trl", rows)
-    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8, 'tokens_first': 100.0, 'tokens_last': 100.0}
+    >>> training("trl", rows)  # doctest: +NORMALIZE_WHITESPACE
+    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8,
+     'tokens_first': 100.0, 'tokens_last': 100.0}
     """
     seconds, reward, tokens = STEP_KEYS[engine]
     rows = [r for r in rows if seconds in r]
@@ -406,10 +406,7 @@ def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         found = [float(r[key]) for r in part if r.get(key) is not None]
         return round(statistics.fmean(found), 4) if found else None
 
-    out = {
-        "steps": len(rows),
-        "median_step_s": round(statistics.median(float(r[seconds]) for r in rows[1:] or rows), 3),
-    }
+    out = {"steps": len(rows), "median_step_s": round(common.later_median(rows, seconds), 3)}
     for name, key in (("reward", reward), ("tokens", tokens)):
         out |= {f"{name}_first": mean(rows[:quarter], key), f"{name}_last": mean(rows[-quarter:], key)}
     return out
@@ -491,10 +488,9 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out.update(one_gpu_final=one_final["pass@1"], one_gpu_final_wall_s=one_final["wall_s"])
     for name, r in runs.items():
         pts, run = curves[name], r["run"]
-        row: dict[str, Any] = {"engine": run["engine"], "gpus": run["gpus"], "placement": run.get("placement"),
-                               "points": pts, "wall_s": run.get("wall_s"), "train_start_s": run.get("train_start_s"),
-                               "final": pts[-1] if pts else None,
-                               "training": training(run["engine"], r.get("metrics", []))}  # fmt: skip
+        row = {k: run.get(k) for k in ("engine", "gpus", "placement")} | {"points": pts}
+        row |= {"wall_s": run.get("wall_s"), "train_start_s": run.get("train_start_s")}
+        row |= {"final": pts[-1] if pts else None, "training": training(run["engine"], r.get("metrics", []))}
         if trl_final and name != trl and pts:
             # TRL's final no better than the base it started from: a time to reach it is no figure.
             t = reach(pts, trl_final["pass@1"]) if out["trl_gained"] else None
@@ -507,14 +503,9 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["not_lower_at_equal_wall"] = all(b is not None and b >= a for _, a, b in equal)
         if one_final and name != one and run["engine"] == "crucible" and pts:
             t, base_t = reach(pts, one_final["pass@1"]), reach(curves[one], one_final["pass@1"])
-            row |= {
-                "reach_one_gpu_final_s": t,
-                "one_gpu_reach_s": base_t,
-                "reach_over_one_gpu": ratio(t, base_t),
-            }
-            row["goal_0p6_one_gpu_met"] = (
-                row["reach_over_one_gpu"] is not None and row["reach_over_one_gpu"] <= 0.6
-            )
+            over = ratio(t, base_t)
+            row |= {"reach_one_gpu_final_s": t, "one_gpu_reach_s": base_t, "reach_over_one_gpu": over}
+            row["goal_0p6_one_gpu_met"] = over is not None and over <= 0.6
             row["last_point_over_one_gpu"] = ratio(pts[-1]["wall_s"], one_final["wall_s"])
         out["runs"][name] = row
     return out
@@ -571,34 +562,39 @@ def cell(value: float | None, form: str = "{:.2f}") -> str:
     return "-" if value is None else form.format(value)
 
 
+# The table's columns after each run's curve and training: its figure, heading and format.
+FIGURES = [
+    ("reach_trl_final_s", "to TRL's final", "{:.0f} s"),
+    ("reach_over_trl", "x TRL", "{:.2f}"),
+    ("reach_one_gpu_final_s", "to 1-GPU final", "{:.0f} s"),
+    ("reach_over_one_gpu", "x 1 GPU", "{:.2f}"),
+    ("train_start_s", "start-up (to the job)", "{:.0f} s"),
+    ("wall_s", "wall", "{:.0f} s"),
+    ("last_point_over_trl", "last point x TRL", "{:.2f}"),
+    ("last_point_over_one_gpu", "last point x 1 GPU", "{:.2f}"),
+]
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """The comparison as Markdown: one row per run, then the points."""
-    pct, sec = "{:.1%}", "{:.0f} s"
-    curves, trained = [], []
+    """The comparison as Markdown: a row per run (its curve, its training, its times against the
+    targets), then each Crucible run's pass@1 at TRL's points of wall time."""
+    pct, rows = "{:.1%}", []
     for name, r in result["runs"].items():
         pts, t = r["points"], r.get("training") or {}
         shown = "; ".join(f"{p['wall_s']:.0f}, {p['step']}, {cell(p['pass@1'], pct)}" for p in pts)
         human = " → ".join(cell(p["humaneval"], pct) for p in pts if "humaneval" in p) or "-"
-        reach = [cell(r.get("reach_trl_final_s"), sec), cell(r.get("reach_over_trl"))]
-        reach += [cell(r.get("reach_one_gpu_final_s"), sec), cell(r.get("reach_over_one_gpu"))]
-        final = cell(r["final"]["pass@1"], pct) if r["final"] else "-"
-        curves.append([f"{name} ({r['engine']})", r["gpus"], shown, final, human, *reach])
-        reward = f"{cell(t.get('reward_first'))} → {cell(t.get('reward_last'))}"
-        tokens = f"{cell(t.get('tokens_first'), '{:.0f}')} → {cell(t.get('tokens_last'), '{:.0f}')}"
-        times = [cell(r.get("train_start_s"), sec), cell(r.get("wall_s"), sec)]
-        over = [cell(r.get("last_point_over_trl")), cell(r.get("last_point_over_one_gpu"))]
-        steps = [name, t.get("steps", "-"), cell(t.get("median_step_s"))]
-        trained.append([*steps, reward, tokens, *times, *over])
-    head = ["run", "GPUs", "points (wall s, step, MBPP pass@1)", "final", "HumanEval base → final"]
-    head += ["to TRL's final", "x TRL", "to 1-GPU final", "x 1 GPU"]
-    lines = [common.md_table(head, curves, " : : ::::")]
-    head = ["run", "steps", "median s/step (2+)", "reward, first → last quarter"]
-    head += ["tokens, first → last quarter", "start-up (to the job)", "wall", "last point x TRL"]
-    head += ["last point x 1 GPU"]
-    lines += ["", common.md_table(head, trained, " ::  ::::")]
+        ends = (("reward", "{:.2f}"), ("tokens", "{:.0f}"))  # first -> last quarter
+        trained = [f"{cell(t.get(k + '_first'), f)} → {cell(t.get(k + '_last'), f)}" for k, f in ends]
+        figures = [cell(r.get(key), form) for key, _, form in FIGURES]
+        rows.append([f"{name} ({r['engine']})", r["gpus"], shown, human, t.get("steps", "-"),
+                     cell(t.get("median_step_s")), *trained, *figures])  # fmt: skip
+    head = ["run", "GPUs", "points (wall s, step, MBPP pass@1)", "HumanEval base → final", "steps"]
+    head += ["median s/step (2+)", "reward, first → last quarter", "tokens, first → last quarter"]
+    lines = [common.md_table([*head, *(h for _, h, _ in FIGURES)], rows, " :  ::  " + ":" * len(FIGURES))]
     if result.get("trl_final") is not None:
-        lines.append(f"\nTRL's final pass@1: {cell(result['trl_final'], pct)} at {cell(result['trl_final_wall_s'], sec)}; "
-                     "goal: Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time.")  # fmt: skip
+        final = f"{cell(result['trl_final'], pct)} at {result['trl_final_wall_s']:.0f} s"
+        goal = "Crucible reaches it in <= 0.5x that time, and is not lower at equal wall time."
+        lines.append(f"\nTRL's final pass@1: {final}; goal: {goal}")
         if not result.get("trl_gained", True):
             lines.append(
                 "TRL's final is no gain over the base model: there is no time to reach it to compare."
@@ -634,8 +630,9 @@ def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if len(pts) < 2:
             continue
         recipe, seed, command = run["command"][2], run["job"]["seed"], run["command"]
-        sets = [v for k, v in itertools.pairwise(command) if k == "--set"]
-        sets = [v for v in sets if v.split("=")[0] not in SEED_KEYS]
+        sets = [
+            v for k, v in itertools.pairwise(command) if k == "--set" and v.split("=")[0] not in SEED_KEYS
+        ]
         row = {"recipe": recipe, "overrides": sets, "engine": run["engine"], "seed": seed, "run": name}
         row |= {"before": pts[0]["pass@1"], "after": pts[-1]["pass@1"], "steps": pts[-1]["step"]}
         row |= {"wall_s": pts[-1]["wall_s"], "model": run["job"]["model"]["base"]}
@@ -647,9 +644,10 @@ def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def run_table(args: argparse.Namespace) -> None:
-    runs = {d.name: {"run": common.read_json(d / "run.json", {}), "evals": common.read_json(d / "evals.json", {}),
-                     "metrics": common.read_jsonl(d / "metrics.jsonl")}
-            for d in args.runs if (d / "run.json").exists()}  # fmt: skip
+    runs = {}
+    for d in (d for d in args.runs if (d / "run.json").exists()):
+        evals, metrics = common.read_json(d / "evals.json", {}), common.read_jsonl(d / "metrics.jsonl")
+        runs[d.name] = {"run": common.read_json(d / "run.json"), "evals": evals, "metrics": metrics}
     result, means = compare(runs), seed_means(runs)
     text = markdown(result)
     if means:
@@ -670,17 +668,15 @@ def main(argv: list[str] | None = None) -> None:
     for p in (crucible, trl):
         common.job_arguments(p)
         common.options(p, out=Path, every=(10, "save the adapter every N steps (and the last)"))
-    common.options(
-        crucible, generator_devices=(None, "CUDA_VISIBLE_DEVICES of each replica, comma-separated")
-    )
-    common.options(crucible, rows=(128, "rows of each generator"))
+    devices = (None, "CUDA_VISIBLE_DEVICES of each replica, comma-separated")
+    common.options(crucible, generator_devices=devices, rows=(128, "rows of each generator"))
     trl.add_argument("--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU")
     for p in (evaluate, table):
         p.add_argument("runs", type=Path, nargs="+")
     evaluate.add_argument("--tasks", type=int, help="MBPP evaluation problems (default: the job's, all 500)")
     evaluate.add_argument("--humaneval-tasks", type=int, help="HumanEval problems (default: all 164)")
-    evaluate.add_argument("--rows", type=int, default=256, help="rows of the generator")
-    table.add_argument("--json", type=Path, required=True)
+    common.options(evaluate, rows=(256, "rows of the generator"))
+    common.options(table, json=Path)
     table.add_argument("--md", type=Path)
     table.add_argument("--learning", type=Path, help="also each run's learning row, in this folder")
     args = parser.parse_args(argv)

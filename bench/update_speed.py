@@ -1,9 +1,10 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
 the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
 (`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
-`--compare compile`, eager or compiled passes (`optim.compile: default`). The job is bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is
-synthetic and seeded; the figures are per-arm medians of the update's own metrics, and each arm's
-first (warm-up) update is reported apart (`warmup_s`: with compile on, the compiler's time is there).
+`--compare compile`, eager or compiled passes (`optim.compile: default`). The job is
+bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is synthetic and seeded; the
+figures are per-arm medians of the update's own metrics, and each arm's first (warm-up) update is
+reported apart (`warmup_s`: with compile on, the compiler's time is there).
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
@@ -26,12 +27,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common
 
-KEYS = {"update_s": None, "score_s": "time/update_score_s", "ref_s": "time/update_ref_s"}  # key -> metric
-KEYS |= {"forward_backward_s": "time/update_forward_backward_s", "optimizer_s": "time/update_optimizer_s"}
-KEYS |= {
-    "tokens_per_s_per_gpu": "perf/update_tokens_per_s_per_gpu",
-    "peak_fraction": "perf/update_peak_fraction",
-}
+# Report key -> the update's metric (update_s: the wall time around it).
+KEYS = {"update_s": None} | {f"{k}_s": f"time/update_{k}_s" for k in ("score", "ref", "forward_backward")}
+KEYS |= {"optimizer_s": "time/update_optimizer_s"}
+KEYS |= {k: f"perf/update_{k}" for k in ("tokens_per_s_per_gpu", "peak_fraction")}
 # --compare -> its two arms, before then after: each sets one field of the optimizer spec
 # (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`) one way.
 ARMS = {
@@ -130,8 +129,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     graphs["at_end"] = compiled_graphs() - start
 
     medians = {
-        arm: {key: median(rows, metric or key) for key, metric in KEYS.items()}
-        for arm, rows in updates.items()
+        arm: {k: median(rows, metric or k) for k, metric in KEYS.items()} for arm, rows in updates.items()
     }
     before, after = (m["update_s"] for m in medians.values())
     dtype = str(policy.model.get_base_model().dtype).removeprefix("torch.")
@@ -143,15 +141,11 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     if spec.optim.compile:
         # The compiler's time: the compiled arm's warm-up beyond its median update; graphs traced
         # after the warm-ups mean shapes the warm-up did not meet (or recompiles).
-        out["compile_s"] = (
-            warmup["compiled"] - medians["compiled"]["update_s"] if "compiled" in warmup else None
-        )
+        compiled = "compiled" in warmup  # else compiled in both arms
+        out["compile_s"] = warmup["compiled"] - medians["compiled"]["update_s"] if compiled else None
         out["graphs"] = graphs
-    return out | {
-        "medians": medians,
-        "speedup": round(before / after, 3) if after else None,
-        "updates": updates,
-    }
+    out |= {"medians": medians, "speedup": round(before / after, 3) if after else None}
+    return out | {"updates": updates}
 
 
 def median(rows: list[dict[str, float]], key: str) -> float | None:
