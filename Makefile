@@ -67,8 +67,7 @@ format: dev
 bench: setup toolchains
 	$(BIN)/python bench/sandbox.py throughput
 	$(BIN)/python bench/sandbox.py languages
-	$(BIN)/python bench/generator.py
-	$(BIN)/python bench/decode_attention.py
+	$(BIN)/python bench/generator.py overhead
 	$(BIN)/python bench/gateway.py streams
 
 # The compose stack for real (docs/deploy.md, "Testing the deployment"): builds the images, runs the

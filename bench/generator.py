@@ -1,15 +1,28 @@
-"""Generator benchmark: what the service costs over plain `model.generate`, and LoRA hot-swap latency.
+"""Generator benchmarks: what the service costs over plain `model.generate`, and a race of servers.
 
-Throughput: 1, 8 and 32 concurrent clients sending one greedy `ignore_eos` completion at a time,
-against the same prompts as one batch through an in-process `model.generate` (same device and
-dtype), rounds alternating. Hot-swap: 20 times, perturb a rank-16 LoRA, save it, load it under a new
-name, ask it for one token: p50/p90 of each, from the start of the save. Prints a Markdown table
-(docs/benchmarks.md, "Generator"); `--json` keeps the raw numbers.
+  overhead  Crucible's generator of the built-in model, spawned here, against an in-process
+            `model.generate` on the same device and dtype: 1, 8 and 32 concurrent clients each sending
+            one greedy `ignore_eos` completion of 64 tokens, against their prompts as one batch, 5
+            rounds alternating after a warm-up (the ratio: the median of the per-round ratios); then
+            20 hot-swaps of a perturbed rank-16 adapter. docs/benchmarks.md, "Generator".
+  race      running OpenAI-compatible servers under 1, 8, 32 and 128 closed-loop clients (an
+            86-token prompt, 128 greedy `ignore_eos` tokens) naming a random rank-16 adapter loaded
+            into every server first; two 8-second rounds alternating between the servers after a
+            warm-up each (a server's figure: its rounds' median); then 10 hot-swaps per server.
+            docs/benchmarks.md's serving races (`bench/gpu.sh serve-sizes`, `qwen-serve`).
+
+A hot-swap: perturb a rank-16 all-linear adapter, save it, load it under a new name, ask it for one
+token; p50/p90 of each from the start of the save.
+
+    python bench/generator.py overhead [--json out.json]
+    python bench/generator.py race --server vllm=http://127.0.0.1:8101 crucible=http://127.0.0.1:8102 \\
+        --model-dir DIR [--swap-device cpu] [--json out.json]
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import statistics
 import sys
@@ -33,12 +46,20 @@ PROMPT_STARTS = [
     "import math\n\ndef circle_area(r):",
     "def flatten(nested):\n    # flatten a list of lists",
 ]
-SWAPS, RANK = 20, 16  # hot-swaps of a rank-16 all-linear adapter
+RACE_TEXT = (
+    "Write a Python function `longest_run(xs)` that returns the length of the longest run of equal "
+    "consecutive items in the list `xs`, and 0 for an empty list. Your code should pass these tests:\n"
+    "assert longest_run([1, 1, 2, 2, 2, 3]) == 3\nassert longest_run([]) == 0\n"
+    "assert longest_run(['a']) == 1\n\ndef longest_run(xs):\n"
+)
+RANK, MAX_TOKENS, ROUNDS = 16, 64, 5  # overhead: adapter rank, tokens per request, rounds
+RACE_CLIENTS, RACE_PROMPT, RACE_TOKENS, RACE_SECONDS = [1, 8, 32, 128], 86, 128, 8.0
+# One asyncio process with httpx serves only ~50 requests/s at 128 connections (seen on the H100
+# host), which would measure the client instead of the server: clients are spread over processes.
+CLIENTS_PER_PROCESS = 16
 
 
-async def measure(
-    url: str, name: str, model: Any, tokenizer: Any, clients: int, max_tokens: int, rounds: int
-) -> dict:
+async def measure(url: str, name: str, model: Any, tokenizer: Any, clients: int) -> dict:
     """Tokens/s of `clients` clients sending one completion each, and of their prompts as one batch
     through `model.generate`; rounds alternate after a warm-up of each, so that load from other
     processes on the host hits both sides alike; the ratio is the median of the per-round ratios."""
@@ -47,7 +68,7 @@ async def measure(
     batch = [f"{PROMPT_STARTS[i % len(PROMPT_STARTS)]}  # variant {i}" for i in range(clients)]
     tokenizer.padding_side = "left"
     inputs = tokenizer(batch, return_tensors="pt", padding=True).to(model.device)
-    kwargs = {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False}
+    kwargs = {"max_new_tokens": MAX_TOKENS, "min_new_tokens": MAX_TOKENS, "do_sample": False}
     sync = torch.cuda.synchronize if model.device.type == "cuda" else lambda: None
 
     def inprocess() -> tuple[int, float]:
@@ -61,7 +82,7 @@ async def measure(
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
 
         async def one(prompt: str) -> int:
-            body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+            body = {"model": name, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
             response = await http.post("/v1/completions", json=body | {"ignore_eos": True})
             response.raise_for_status()
             return response.json()["usage"]["completion_tokens"]
@@ -73,20 +94,21 @@ async def measure(
 
         await service()  # the warm-ups
         inprocess()
-        runs = [(await service(), inprocess()) for _ in range(rounds)]
+        runs = [(await service(), inprocess()) for _ in range(ROUNDS)]
     ratios = [(st / ss) / (it / is_) for (st, ss), (it, is_) in runs]
     service_tps, inprocess_tps = (sum(r[i][0] for r in runs) / sum(r[i][1] for r in runs) for i in (0, 1))
     out = {"service_tps": service_tps, "inprocess_tps": inprocess_tps}
     return out | {"ratio": statistics.median(ratios), "round_ratios": ratios}
 
 
-def hot_swap(url: str, model: Any, swaps: int, rank: int, job: str) -> dict[str, list[float]]:
-    """Seconds from the start of each save of a perturbed rank-`rank` adapter of `model` until it was
-    saved, its load returned and its first token came; the previous version unloaded after each."""
+def hot_swap(url: str, model: Any, swaps: int, job: str) -> dict[str, dict]:
+    """Seconds from the start of each save of a perturbed rank-16 adapter of `model` until it was
+    saved, its load returned and its first token came (p50, p90 and all); the previous version
+    unloaded after each."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
+    peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules="all-linear"))
     lora_b = [p for n, p in peft_model.named_parameters() if "lora_B" in n]
     timings: dict[str, list[float]] = {"save": [], "load_returned": [], "first_token": []}
     with tempfile.TemporaryDirectory() as root, httpx.Client(base_url=url, timeout=120) as http:
@@ -110,61 +132,124 @@ def hot_swap(url: str, model: Any, swaps: int, rank: int, job: str) -> dict[str,
                 post("/v1/unload_lora_adapter", lora_name=f"{job}-v{step - 1}")
         http.post("/v1/unload_lora_adapter", json={"lora_name": f"{job}-v{swaps - 1}"})
     peft_model.unload()
-    return timings
+    pct = common.percentile
+    return {k: {"p50": pct(v, 0.5), "p90": pct(v, 0.9), "all": v} for k, v in timings.items()}
 
 
-def markdown(results: dict) -> str:
-    env, swap, pct = results["environment"], results["hot_swap"], common.percentile
-    head = ["concurrent clients", "service tokens/s", "in-process `generate` tokens/s (same batch)", "ratio"]
-    rows = [[r["concurrency"], f"{r['service_tps']:.1f}", f"{r['inprocess_tps']:.1f}", f"{r['ratio']:.2f}"]
-            for r in results["throughput"]]  # fmt: skip
-    steps = {"save": "adapter saved", "load_returned": "`load_lora_adapter` returned"}
-    steps["first_token"] = "first token served by it"
-    swaps = [[label, f"{pct(swap[k], 0.5):.3f}", f"{pct(swap[k], 0.9):.3f}"] for k, label in steps.items()]
-    return "\n".join([
-        f"Device: {env['device']} ({env['dtype']}), {env['cpus']} CPU cores, torch {env['torch']}, model "
-        f"`{env['model']}`, {results['max_tokens']} new tokens per request (greedy, `ignore_eos`), "
-        f"{results['rounds']} rounds after a warm-up, service and in-process rounds alternating (the ratio "
-        "is the median of the per-round ratios).\n",
-        common.md_table(head, rows, "::::"),
-        f"\nHot-swap of a rank-{RANK} all-linear LoRA adapter, {len(swap['first_token'])} swaps "
-        "(seconds from the start of `save_pretrained`):\n",
-        common.md_table(["step", "p50", "p90"], swaps, " ::"),
-    ])  # fmt: skip
-
-
-def main() -> None:
+def overhead(args: Any) -> dict:
     # The generator sets this for itself; the in-process baseline gets the same OpenMP behaviour.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = common.argument_parser(__doc__)
-    common.options(parser, model="smollm2-135m-instruct", concurrency=[1, 8, 32], max_tokens=64, rounds=5)
-    args = common.options(parser, json=(None, "also write the raw results here")).parse_args()
-
     import torch
-    from crucible_models import load_model, pick_device, pick_dtype
+    from crucible_models import DEFAULT_MODEL, load_model, pick_device, pick_dtype
 
     device = pick_device("auto")
-    model, tokenizer = load_model(args.model, device=device, dtype="auto")
+    model, tokenizer = load_model(DEFAULT_MODEL, device=device, dtype="auto")
     env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": tempfile.gettempdir()}  # where hot_swap saves its versions
     env["CRUCIBLE_GENERATOR_BATCH_WAIT_MS"] = "10"  # a lone request waits 10 ms for others
     work = Path(tempfile.mkdtemp(prefix="generator-bench-"))
-    server = common.spawn_generator(work, args.model, max(args.concurrency), env=env)
-    results: dict = {"max_tokens": args.max_tokens, "rounds": args.rounds, "rank": RANK, "throughput": []}
+    server = common.spawn_generator(work, DEFAULT_MODEL, 32, env=env)
+    results: dict = {"max_tokens": MAX_TOKENS, "rounds": ROUNDS, "rank": RANK, "throughput": []}
     try:
-        for clients in args.concurrency:
-            row = measure(server.url, args.model, model, tokenizer, clients, args.max_tokens, args.rounds)
-            results["throughput"].append({"concurrency": clients} | asyncio.run(row))
+        for clients in (1, 8, 32):
+            row = asyncio.run(measure(server.url, DEFAULT_MODEL, model, tokenizer, clients))
+            results["throughput"].append({"concurrency": clients} | row)
             print(results["throughput"][-1], flush=True)
-        results["hot_swap"] = hot_swap(server.url, model, SWAPS, RANK, job="bench")
+        results["hot_swap"] = hot_swap(server.url, model, 20, job="bench")
     finally:
         server.stop()
     dtype = str(pick_dtype(device, "auto")).removeprefix("torch.")
-    results["environment"] = {"device": common.card(), "dtype": dtype, "cpus": os.cpu_count()}
-    results["environment"] |= {"torch": torch.__version__, "model": args.model}
-    if args.json:
-        common.dump(Path(args.json), results)
-    print(markdown(results))
+    results["environment"] = {"device": common.card(), "dtype": dtype, "torch": torch.__version__}
+    head = ["concurrent clients", "service tokens/s", "in-process `generate` tokens/s (same batch)", "ratio"]
+    rows = [[r["concurrency"], f"{r['service_tps']:.1f}", f"{r['inprocess_tps']:.1f}", f"{r['ratio']:.2f}"]
+            for r in results["throughput"]]  # fmt: skip
+    swaps = [[step, f"{v['p50']:.3f}", f"{v['p90']:.3f}"] for step, v in results["hot_swap"].items()]
+    print(f"{results['environment']}\n\n{common.md_table(head, rows, '::::')}\n")
+    print(common.md_table(["hot-swap, seconds from the start of the save", "p50", "p90"], swaps, " ::"))
+    return results
+
+
+async def clients_here(url: str, body: dict, clients: int, start: float, deadline: float) -> list:
+    """`clients` closed-loop clients in this process: completion tokens and requests that ended by
+    `deadline`, and when the last of them ended."""
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    done = [0, 0, start]
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+
+        async def client() -> None:
+            await asyncio.sleep(max(0.0, start - time.time()))
+            while time.time() < deadline:
+                response = await http.post("/v1/completions", json=body)
+                response.raise_for_status()
+                if (now := time.time()) <= deadline:
+                    done[:] = done[0] + response.json()["usage"]["completion_tokens"], done[1] + 1, now
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return done
+
+
+def process(args: tuple) -> list:
+    return asyncio.run(clients_here(*args))
+
+
+def closed_loop(url: str, body: dict, clients: int, seconds: float) -> dict:
+    """Tokens/s of `clients` closed-loop clients sending `body`, up to CLIENTS_PER_PROCESS per process."""
+    procs = -(-clients // CLIENTS_PER_PROCESS)
+    shares = [clients // procs + (i < clients % procs) for i in range(procs)]
+    start = time.time() + 1.0  # every process starts its clients at the same moment
+    with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        parts = pool.map(process, [(url, body, n, start, start + seconds) for n in shares])
+    tokens, seconds = sum(p[0] for p in parts), max(p[2] for p in parts) - start
+    out = {"tokens": tokens, "requests": sum(p[1] for p in parts), "seconds": seconds}
+    return out | {"tps": tokens / max(seconds, 1e-9), "processes": procs}
+
+
+def captures(url: str) -> float | None:
+    """Crucible's graph-capture counter, or None for a server without it (vLLM)."""
+    found = common.counters(url, {"captures": "crucible_generator_graph_captures_total"})
+    return found and found["captures"]
+
+
+def race(args: Any) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    servers = dict(spec.split("=", 1) for spec in args.server)
+    text = RACE_TEXT * (1 + RACE_PROMPT // 40)
+    prompt = AutoTokenizer.from_pretrained(args.model_dir)(text).input_ids[:RACE_PROMPT]
+    path = Path(tempfile.mkdtemp()) / f"race-r{RANK}"  # lora_B drawn too: every layer's output changes
+    common.random_adapter(args.model_dir, path, RANK, b_std=1e-3, dtype="bfloat16")
+    lora = f"race-r{RANK}-{path.parent.name}"  # a server kept up keeps the last race's
+    for url in servers.values():
+        load = {"lora_name": lora, "lora_path": str(path)}
+        httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=600).raise_for_status()
+    body = {"model": lora, "prompt": prompt, "max_tokens": RACE_TOKENS, "temperature": 0, "ignore_eos": True}
+    results: dict = {"clients": {}, "hot_swap": {}, "servers": servers}
+    for clients in RACE_CLIENTS:
+        for url in servers.values():  # warm-up
+            closed_loop(url, body, clients, 3.0)
+        before = {name: captures(url) for name, url in servers.items()}
+        arms = {name: lambda _, u=url, c=clients: closed_loop(u, body, c, RACE_SECONDS)
+                for name, url in servers.items()}  # fmt: skip
+        row = {name: {"tps": statistics.median(r["tps"] for r in runs), "rounds": runs}
+               for name, runs in common.alternate(arms, 2).items()}  # fmt: skip
+        for name, url in servers.items():
+            if before[name] is not None:
+                row[name]["captures_while_measured"] = captures(url) - before[name]
+        results["clients"][clients] = row
+        print({"clients": clients} | {n: round(r["tps"], 1) for n, r in row.items()}, flush=True)
+    device = args.swap_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.bfloat16).to(device)
+    for name, url in servers.items():
+        results["hot_swap"][name] = hot_swap(url, model, 10, job=f"race-{name}")
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    common.commands(__doc__, {
+        "overhead": (overhead, {}),
+        "race": (race, {
+            "server": (["crucible=http://127.0.0.1:8102"], "NAME=URL of each server"),
+            "model_dir": (str, "the served model's directory (tokenizer, LoRA base)"),
+            "swap_device": (None, "where the swapping trainer's model lives (default: cuda if any)"),
+        }),
+    })  # fmt: skip

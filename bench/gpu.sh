@@ -53,22 +53,12 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m O=${OUT:-/tmp} QWEN=qwen2.5-coder-1.5b-instruct
 TTA=/root/results/tta TTA_RECIPE=${TTA_RECIPE:-qwen-tta}  # time to accuracy (bench/tta.py): where, which recipe
-race_sets() {  # STEPS: the overrides that make recipes/grpo_smollm2.yaml the GRPO race's job
-  echo --set optim.steps="$1" --set optim.micro_batch=64 --set eval=null
-}
 shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape (kl_beta 0.01: all train)
   echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
     --set logging.wandb_mode=disabled --set method.kl_beta=0.01
 }
-grpo_race() {  # STEPS ARGS...: recipes/grpo_smollm2.yaml as the GRPO race's job: micro-batches of 64, no evaluation
-  python3 bench/grpo_race.py recipes/grpo_smollm2.yaml $(race_sets "$1") "${@:2}"
-}
 dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the built-in model's, made by `setup`)
   python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
-}
-serve_race() {  # ARGS...: bench/serve_race.py, vLLM (:8101) against Crucible's generator (:8102)
-  python3 bench/serve_race.py --server "vllm=http://127.0.0.1:8101@$MODEL_NAME" \
-    --server "crucible=http://127.0.0.1:8102@$MODEL_NAME" --model-dir "$MODEL_DIR" "$@"
 }
 serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card, rows of LEN)
   # then per PROFILE vLLM (UTIL) beside it, raced with a rank-16 adapter; fails only if Crucible's does not start
@@ -80,7 +70,9 @@ serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHA
     if [ "$p" = fitted ]; then export GENERATOR_MAX_LORA_RANK=16 GENERATOR_MAX_LORAS=2
     else unset GENERATOR_MAX_LORA_RANK GENERATOR_MAX_LORAS; fi
     GPU_UTIL=$util bash bench/gpu.sh vllm-up || { echo "vllm ($p) failed at $tag"; tail -30 /root/logs/vllm.log; continue; }
-    serve_race --adapter-rank 16 --swap-device "$swap" --json "$O/serve-$tag-$p$suffix.json" || echo "race failed ($p, $tag)"
+    python3 bench/generator.py race --server vllm=http://127.0.0.1:8101 crucible=http://127.0.0.1:8102 \
+      --model-dir "$MODEL_DIR" --swap-device "$swap" --json "$O/serve-$tag-$p$suffix.json" \
+      || echo "race failed ($p, $tag)"
     cp /root/logs/vllm.log "$O/vllm-$tag-$p$suffix.log" 2>/dev/null || true
     bash bench/gpu-vllm.sh stop; sleep 8
   done
@@ -121,11 +113,6 @@ print("dense checkpoint:", target)'
       subs=(); [ "$i" = 1 ] && subs=(gpu-tests:--noconftest:tests/integration/test_families_gpu.py:-k:installed)
       CUDA_VISIBLE_DEVICES=$i bash bench/gpu.sh bg "${recipes[$i]}" seq "${subs[@]}" "seeds:${recipes[$i]}$steps"
     done ;;
-  trl)  # STEPS [vllm]: TRL's GRPOTrainer on the race's job (bench/tta.py trl), HF generation or vLLM in colocate mode
-    python3 bench/tta.py trl recipes/grpo_smollm2.yaml $(race_sets "${2:-8}") --engine "${3:-hf}" --every "${2:-8}" \
-      --out "$O/trl" ;;
-  race)  # STEPS [grpo_race.py arguments]: the learning recipes' job at 8 steps, micro-batches of 64, no evaluation
-    grpo_race "${2:-8}" "${@:3}" --json "$O/race.json" ;;
   race-1p5b|race-7b)  # [STEPS]: examples/grpo_qwen1p5b.yaml on the 1.5B (6 steps) or 7B (3) shape (after `shapes`)
     # with kl_beta 0.01 (all train); at 7B the generator takes half the card (sizing.py), the trainer the rest
     size=${1#race-} steps=6 extra=()
@@ -232,9 +219,6 @@ g = start("crucible_generator", {}, "CRUCIBLE_GENERATOR_PORT", port=8102, timeou
           log=Path("/root/logs/crucible-generator.log"), new_session=True)
 Path("/tmp/crucible-generator.pid").write_text(str(g.proc.pid)); print("crucible generator up")' \
       || { tail -30 /root/logs/crucible-generator.log; exit 1; } ;;
-  serve-race)  # vLLM (:8101) against Crucible's generator (:8102): bench/serve_race.py; extra arguments go to it
-    serve_race --json "$O/serve-race.json" "${@:2}"
-    cp /root/logs/*.log "$O/" 2>/dev/null || true ;;
   serve-sizes)  # SHAPE[=PROFILES][@LEN]...: the serving race at real shapes (after `shapes`), a rank-16 adapter;
     # vLLM's `profile` (max-lora-rank 64, 4 LoRAs) and/or `fitted` (16, 2); LEN: Crucible's rows, e.g. 7b=fitted@512
     shift; for arg in "${@:-qwen2.5-coder-1.5b}"; do
@@ -255,14 +239,6 @@ Path("/tmp/crucible-generator.pid").write_text(str(g.proc.pid)); print("crucible
     bash bench/gpu-vllm.sh stop
     [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
     sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
-  race-trio|race-overlap)  # STEPS: TRL + vLLM colocate (log in $OUT), then Crucible with its own generator,
-    # synchronous (race-trio: after vllm-race, servers down) or with s = 0, 1, 2 (race-overlap); one card
-    bash bench/gpu.sh trl "${2:-24}" vllm > "$O/trl-vllm.log" 2>&1 || echo "TRL failed"
-    grep -E "^\{|step|Error" "$O/trl-vllm.log" | tail -30   # its run, median step included
-    [ "$1" = race-trio ] && { bash bench/gpu.sh race "${2:-24}"; exit; }
-    for s in 0 1 2; do
-      grpo_race "${2:-24}" --set overlap.max_staleness=$s --json "$O/race-s$s.json" | tail -4
-    done ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;
@@ -270,17 +246,8 @@ Path("/tmp/crucible-generator.pid").write_text(str(g.proc.pid)); print("crucible
     python3 tests/fixtures/vllm/record.py --url http://127.0.0.1:8101 --model smollm2-135m-instruct \
       --model-dir "$(dense_dir)" --out /root/fixtures
     tar -czf "$O/fixtures.tar.gz" -C /root fixtures ;;  # one file: at most 8 come back
-  vllm-race)  # Crucible's GRPO job with vLLM (:8101) as its generator; STEPS
-    grpo_race "${2:-8}" --generator-url http://127.0.0.1:8101 --json "$O/race-vllm.json"
-    cp /root/logs/vllm.log "$O/" 2>/dev/null || true ;;
-  eval-servers)  # greedy pass@1 on the first N MBPP test tasks through vLLM (:8101) and Crucible's generator (:8102)
-    rm -rf /root/eval-servers
-    python3 bench/eval_variants.py --limit "${2:-500}" --server vllm=http://127.0.0.1:8101 \
-      --server crucible=http://127.0.0.1:8102 --out /root/eval-servers --json "$O/eval-servers.json"
-    tar -czf "$O/eval-servers.tar.gz" -C /root/eval-servers vllm crucible ;;
-  generator|decode-attention)  # bench/generator.py on CUDA; bench/decode_attention.py (decode-step attention,
-    # expanded per query head against packed)
-    python3 "bench/${1//-/_}.py" --json "$O/$1.json" ;;
+  generator)  # bench/generator.py's service against in-process `generate`, and hot-swaps, on CUDA
+    python3 bench/generator.py overhead --json "$O/generator.json" ;;
   gpu-tests)  # [PATH...]: the GPU-marked tests of these files (default: tests/integration/test_generator_gpu.py)
     [ $# -gt 1 ] || set -- "$1" tests/integration/test_generator_gpu.py
     python3 -m pytest -q -rs -p no:cacheprovider -m gpu "${@:2}" ;;
