@@ -94,7 +94,8 @@ class OptimSpec(_Spec):
     @classmethod
     def _no_cuda_graphs(cls, value: object) -> object:
         # Measured on an H200 (PyTorch 2.11): under reduce-overhead the first update's backward read
-        # activations that the CUDA graphs had already overwritten, so the mode is refused by name.
+        # activations that the CUDA graphs had already overwritten, although each forward marked a
+        # new step (PyTorch issue 169545), so the mode is refused by name.
         if value == "reduce-overhead":
             raise ValueError(
                 "reduce-overhead (CUDA graphs) is not offered: its graphs overwrote activations "
