@@ -172,11 +172,13 @@ print("dense checkpoint:", target)'
     CUDA_VISIBLE_DEVICES=$cards python3 bench/tta.py crucible "$TTA_RECIPE" "${extra[@]}" --out "$TTA/$label" "$@" ;;
   tta-trl)  # [bench/tta.py trl arguments]: TRL's GRPOTrainer (vLLM colocate) on TTA_RECIPE, on the visible card
     python3 bench/tta.py trl "$TTA_RECIPE" --out "$TTA/trl" "${@:2}" ;;
-  tta-2gpu)  # the job on cards 2+3: DDP ranks + replicas, then generator on 3 / trainer on 2; their evaluations
-    bash bench/gpu.sh tta-crucible crucible-2gpu-ddp 2,3 2,3 || echo "crucible-2gpu-ddp failed"
-    bash bench/gpu.sh tta-crucible crucible-2gpu-split 2 3 || echo "crucible-2gpu-split failed"
-    bash bench/gpu.sh bg ev-ddp tta-eval 2 crucible-2gpu-ddp
-    bash bench/gpu.sh tta-eval 3 crucible-2gpu-split ;;
+  tta-2gpu)  # [A B]: the job on cards A+B (default 2 3): DDP ranks + replicas, then generator on B / trainer
+    # on A; their evaluations (a 2-GPU host: `tta-2gpu 0 1`)
+    a=${2:-2} b=${3:-3}
+    bash bench/gpu.sh tta-crucible crucible-2gpu-ddp "$a,$b" "$a,$b" || echo "crucible-2gpu-ddp failed"
+    bash bench/gpu.sh tta-crucible crucible-2gpu-split "$a" "$b" || echo "crucible-2gpu-split failed"
+    bash bench/gpu.sh bg ev-ddp tta-eval "$a" crucible-2gpu-ddp
+    bash bench/gpu.sh tta-eval "$b" crucible-2gpu-split ;;
   tta-eval)  # CARD RUN...: every saved adapter of these runs (under /root/results/tta) evaluated on CARD
     runs=(); for run in "${@:3}"; do [ -f "$TTA/$run/run.json" ] && runs+=("$TTA/$run"); done
     [ ${#runs[@]} -gt 0 ] || { echo "no run to evaluate among: ${*:3}"; exit 1; }
