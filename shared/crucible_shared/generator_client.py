@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import httpx
 from crucible_shared.openai_protocol import (
     ChatCompletionResponse,
     CompletionResponse,
+    CompletionResponseChoice,
     ErrorInfo,
     ModelList,
     UsageInfo,
@@ -139,22 +140,54 @@ def samples(response: CompletionResponse | ChatCompletionResponse, n: int | None
                 )
             )
         return out
-    for completion in response.choices:
-        lps = None
-        if completion.logprobs is not None:
-            lps = [lp if lp is not None else float("nan") for lp in completion.logprobs.token_logprobs]
-        out.append(
-            Sample(
-                prompt_index=completion.index // n if n else 0,
-                index=completion.index,
-                text=completion.text,
-                token_ids=completion.token_ids,
-                prompt_token_ids=completion.prompt_token_ids,
-                logprobs=lps,
-                finish_reason=completion.finish_reason,
-            )
-        )
-    return out
+    return [sample_of(completion, n) for completion in response.choices]
+
+
+def sample_of(completion: CompletionResponseChoice, n: int | None = None) -> Sample:
+    """One completion choice as a `Sample` (`n` = samples per prompt, to number its prompt)."""
+    lps = None
+    if completion.logprobs is not None:
+        lps = [lp if lp is not None else float("nan") for lp in completion.logprobs.token_logprobs]
+    return Sample(
+        prompt_index=completion.index // n if n else 0,
+        index=completion.index,
+        text=completion.text,
+        token_ids=completion.token_ids,
+        prompt_token_ids=completion.prompt_token_ids,
+        logprobs=lps,
+        finish_reason=completion.finish_reason,
+    )
+
+
+def fold(into: dict[str, Any] | None, delta: dict[str, Any]) -> dict[str, Any]:
+    """A streamed choice so far (`into`, None at its first event) grown by its next event's
+    `delta`: text, token ids and logprobs appended, the latest finish and stop reasons kept.
+
+    >>> a = fold(None, {"index": 1, "text": "de", "token_ids": [5], "logprobs": {"tokens": ["de"],
+    ...     "token_logprobs": [-0.5], "text_offset": [0], "top_logprobs": [None]}, "finish_reason": None})
+    >>> b = fold(a, {"index": 1, "text": "f", "token_ids": [6], "logprobs": {"tokens": ["f"],
+    ...     "token_logprobs": [-0.1], "text_offset": [2], "top_logprobs": [None]}, "finish_reason": "stop"})
+    >>> b["text"], b["token_ids"], b["logprobs"]["token_logprobs"], b["finish_reason"]
+    ('def', [5, 6], [-0.5, -0.1], 'stop')
+    """
+    if into is None:
+        return {
+            **delta,
+            "logprobs": dict(delta["logprobs"]) if delta.get("logprobs") else delta.get("logprobs"),
+        }
+    into["text"] = into.get("text", "") + delta.get("text", "")
+    if delta.get("token_ids") is not None:
+        into["token_ids"] = (into.get("token_ids") or []) + delta["token_ids"]
+    if delta.get("prompt_token_ids") is not None:
+        into["prompt_token_ids"] = delta["prompt_token_ids"]
+    if delta.get("logprobs"):
+        mine = into["logprobs"] = into.get("logprobs") or {}
+        for key, values in delta["logprobs"].items():
+            mine[key] = (mine.get(key) or []) + (values or [])
+    for key in ("finish_reason", "stop_reason"):
+        if delta.get(key) is not None:
+            into[key] = delta[key]
+    return into
 
 
 def _drop_none(fields: dict[str, Any]) -> dict[str, Any]:
@@ -273,6 +306,57 @@ class GeneratorClient:
         )
         response = await self._request("POST", "/v1/completions", json_body=body)
         return CompletionResponse.model_validate(response.json())
+
+    async def complete_stream(
+        self, prompt: str | list[str] | list[int] | list[list[int]], **kwargs: Any
+    ) -> AsyncIterator[CompletionResponseChoice]:
+        """`complete` streamed (`stream: true`): yields each choice whole as soon as it finishes,
+        in the order they finish (vLLM sends a choice token by token, Crucible's generator in one
+        event when it is done; both are folded here), so that a caller can act on the first
+        answers while the rest still decode. Each index comes once: a stream that breaks is asked
+        again and yields only the choices not yet yielded. A server that will not stream (400 on
+        `stream`) is asked once without, and its choices come at the end."""
+        body = _drop_none({"prompt": prompt, "return_token_ids": True, **kwargs, "stream": True})
+        given: set[int] = set()
+        for attempt in range(1 + self.retries):
+            try:
+                async for choice in self._stream_once(body):
+                    if choice.index not in given:
+                        given.add(choice.index)
+                        yield choice
+                return
+            except GeneratorAPIError as exc:
+                if exc.status == 400 and exc.param == "stream" and not given:
+                    for choice in (await self.complete(prompt, **kwargs)).choices:
+                        yield choice
+                    return
+                if not exc.retryable or attempt == self.retries:
+                    raise
+                log.warning("streamed completion at %s answered %s; retrying", self.base_url, exc)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise
+                log.warning("streamed completion at %s broke (%s); retrying", self.base_url, exc)
+            await asyncio.sleep(self.backoff * 2**attempt)
+
+    async def _stream_once(self, body: dict[str, Any]) -> AsyncIterator[CompletionResponseChoice]:
+        """One streamed request: each choice once its event with a `finish_reason` came."""
+        partial: dict[int, dict[str, Any]] = {}
+        async with self._http.stream("POST", "/v1/completions", json=body) as response:
+            if not response.is_success:
+                raise parse_error(response.status_code, await response.aread())
+            async for line in response.aiter_lines():
+                data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+                if data == "[DONE]":
+                    return
+                event = json.loads(data) if data else {}
+                if isinstance(event.get("error"), dict):  # an error while decoding, after the 200
+                    raise parse_error(int(event["error"].get("code") or 500), data)
+                for delta in event.get("choices") or []:
+                    choice = partial[delta["index"]] = fold(partial.get(delta["index"]), delta)
+                    if choice.get("finish_reason") is not None:
+                        yield CompletionResponseChoice.model_validate(partial.pop(delta["index"]))
+        raise httpx.RemoteProtocolError("the stream ended before [DONE]")
 
     async def chat(
         self,
@@ -429,6 +513,40 @@ class GeneratorPool:
             return await self.pick().complete(prompt, **kwargs)
         answers = await asyncio.gather(*(self.pick().complete(share, **kwargs) for share in shares))
         return merge_completions(answers, [len(share) for share in shares], kwargs.get("n", 1))
+
+    async def complete_stream(self, prompt: Any, **kwargs: Any) -> AsyncIterator[CompletionResponseChoice]:
+        """`complete` streamed: the replicas' shares at once, each choice (numbered as `complete`
+        numbers it) yielded as soon as its replica finished it."""
+        shares = split_prompts(prompt, len(self.clients))
+        if len(shares) < 2:
+            async for choice in self.pick().complete_stream(prompt, **kwargs):
+                yield choice
+            return
+        n, found = kwargs.get("n", 1), asyncio.Queue()
+        firsts = list(itertools.accumulate((len(share) for share in shares), initial=0))
+
+        async def pump(client: GeneratorClient, share: list[Any], first: int) -> None:
+            try:
+                async for choice in client.complete_stream(share, **kwargs):
+                    found.put_nowait(choice.model_copy(update={"index": choice.index + first * n}))
+            except Exception as exc:
+                found.put_nowait(exc)
+            found.put_nowait(None)
+
+        pumps = [asyncio.ensure_future(pump(self.pick(), s, f)) for s, f in zip(shares, firsts, strict=False)]
+        try:
+            running = len(pumps)
+            while running:
+                item = await found.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item is None:
+                    running -= 1
+                else:
+                    yield item
+        finally:
+            for task in pumps:
+                task.cancel()
 
     async def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatCompletionResponse:
         return await self.pick().chat(messages, **kwargs)

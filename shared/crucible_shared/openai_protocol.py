@@ -157,10 +157,18 @@ class SamplingFields(OpenAIBaseModel):
         return [s for s in stops if s]
 
 
+class StreamOptions(OpenAIBaseModel):
+    """`stream_options` of a streamed request: `include_usage` adds a last chunk with the usage."""
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
 class CompletionRequest(SamplingFields):
     """`POST /v1/completions`. `prompt` is a string, a list of strings, token ids or lists of ids."""
 
     prompt: list[int] | list[list[int]] | str | list[str] | None = None
+    stream_options: StreamOptions | None = None
     echo: bool | None = False
     logprobs: int | None = None
     max_tokens: int | None = 16
@@ -186,6 +194,20 @@ class CompletionResponseChoice(OpenAIBaseModel):
     token_ids: list[int] | None = None
     prompt_logprobs: list[dict[int, Any] | None] | None = None
     prompt_token_ids: list[int] | None = None
+
+
+class CompletionStreamResponse(OpenAIBaseModel):
+    """One server-sent event of a streamed completion (`stream: true`): choices that grew, each
+    with its new text (and token ids, logprobs) since the last event; a choice's last event carries
+    its `finish_reason`. With `stream_options.include_usage`, a last event has no choices and the
+    usage. vLLM sends an event per decoded token; Crucible's generator one per finished choice."""
+
+    id: str = Field(default_factory=lambda: random_id("cmpl"))
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):

@@ -217,3 +217,93 @@ def test_a_client_that_hangs_up_stops_its_generation(generator):
     while "crucible_generator_running_sequences 0.0" not in httpx.get(f"{generator.url}/metrics").text:
         assert time.monotonic() < deadline, "the abandoned request is still decoding"
         time.sleep(0.2)
+
+
+def _streamed(events) -> tuple[list[int], dict[int, dict], list]:
+    """A streamed completion's events folded per choice: the order choices finished in, each
+    choice's text, token ids, logprobs and finish reason, and the usage events."""
+    order, choices, usage = [], {}, []
+    for event in events:
+        if not event.choices:
+            usage.append(event.usage)
+        for c in event.choices:
+            mine = choices.setdefault(c.index, {"text": "", "token_ids": [], "logprobs": [], "finish": None})
+            mine["text"] += c.text
+            mine["token_ids"] += c.model_extra.get("token_ids") or []
+            mine["logprobs"] += c.logprobs.token_logprobs if c.logprobs else []
+            if c.finish_reason is not None:
+                mine["finish"] = c.finish_reason
+                order.append(c.index)
+    return order, choices, usage
+
+
+def test_a_streamed_completion_equals_the_whole_answer(client):
+    """`stream: true` (vLLM's server-sent events) carries the same choices as the same seeded
+    request answered at once, each finished once, and the usage last when asked for."""
+    request = {"model": BASE, "prompt": [PROMPT, "def add(a, b):"], "n": 2, "max_tokens": 12,
+               "temperature": 1.0, "seed": 7, "logprobs": 0, "extra_body": {"return_token_ids": True}}  # fmt: skip
+    whole = client.completions.create(**request)
+    events = client.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    order, choices, usage = _streamed(events)
+    assert sorted(order) == [0, 1, 2, 3]
+    for c in whole.choices:
+        mine = choices[c.index]
+        assert mine["text"] == c.text and mine["finish"] == c.finish_reason
+        assert mine["token_ids"] == c.model_extra["token_ids"]
+        assert mine["logprobs"] == pytest.approx(c.logprobs.token_logprobs)
+    assert [u.completion_tokens for u in usage] == [whole.usage.completion_tokens]
+
+
+def test_streamed_choices_arrive_as_they_finish(client):
+    """A choice that stops at its first token is sent before one still decoding: the events come
+    in the order the choices finish, not in index order (as the answer sent at once has them)."""
+    long_prompt, short_prompt = PROMPT, "x = [1, 2, 3]\nprint("
+    long_ids = client.completions.create(
+        model=BASE, prompt=long_prompt, max_tokens=40, temperature=0, extra_body={"ignore_eos": True,
+        "return_token_ids": True}).choices[0].model_extra["token_ids"]  # fmt: skip
+    first = (
+        client.completions.create(
+            model=BASE,
+            prompt=short_prompt,
+            max_tokens=1,
+            temperature=0,
+            extra_body={"return_token_ids": True},
+        )
+        .choices[0]
+        .model_extra["token_ids"][0]
+    )
+    assert first not in long_ids, "pick prompts whose greedy tokens differ"
+    events = client.completions.create(
+        model=BASE, prompt=[long_prompt, short_prompt], max_tokens=40, temperature=0, stream=True,
+        extra_body={"ignore_eos": True, "stop_token_ids": [first], "return_token_ids": True},
+    )  # fmt: skip
+    order, choices, _ = _streamed(events)
+    assert order == [1, 0]
+    assert choices[1]["finish"] == "stop" and choices[0]["finish"] == "length"
+    assert choices[0]["token_ids"] == long_ids
+
+
+def test_stream_errors_are_vllms(generator):
+    chat = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    response = httpx.post(f"{generator.url}/v1/chat/completions", json=chat)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "stream"
+    options = {"model": BASE, "prompt": PROMPT, "stream_options": {"include_usage": True}}
+    response = httpx.post(f"{generator.url}/v1/completions", json=options)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "stream_options"
+    bad = {"model": BASE, "prompt": PROMPT, "stream": True, "temperature": -1}
+    response = httpx.post(f"{generator.url}/v1/completions", json=bad)  # checked before the first event
+    assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
+
+
+@pytest.mark.slow
+def test_a_client_that_hangs_up_stops_its_stream(generator):
+    body = {"model": BASE, "prompt": PROMPT, "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+    with httpx.stream(
+        "POST", f"{generator.url}/v1/completions", json=body | {"stream": True}, timeout=30
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        time.sleep(1.0)
+    deadline = time.monotonic() + 5
+    while "crucible_generator_running_sequences 0.0" not in httpx.get(f"{generator.url}/metrics").text:
+        assert time.monotonic() < deadline, "the abandoned stream is still decoding"
+        time.sleep(0.2)

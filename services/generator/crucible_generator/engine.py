@@ -41,7 +41,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
@@ -152,9 +152,15 @@ class Engine:
     # --- event-loop side ---------------------------------------------------------------------
 
     def submit(
-        self, prompts: list[list[int]], params: SamplingParams, n: int, adapter: str | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        n: int,
+        adapter: str | None,
+        on_done: Callable[[int, Completion], None] | None = None,
     ) -> tuple[asyncio.Future, Request]:
-        """Queue `n` samples of each prompt; the future yields `len(prompts) * n` completions.
+        """Queue `n` samples of each prompt; the future yields `len(prompts) * n` completions, and
+        `on_done(index, completion)` (on the event loop) hears of each as it finishes.
 
         Completions are ordered prompt-major (`index = prompt_index * n + sample_index`), like
         vLLM's choices. Sample `j` of a seeded request draws from a generator seeded `seed + j`.
@@ -163,6 +169,7 @@ class Engine:
         total = len(prompts) * n
         slot = self.adapters.acquire(adapter, total).slot if adapter is not None else None
         request = Request(loop=loop, future=loop.create_future(), results=[None] * total, remaining=total)
+        request.on_done = on_done
         seqs = []
         for p, prompt in enumerate(prompts):
             for j in range(n):
@@ -194,6 +201,37 @@ class Engine:
         except asyncio.CancelledError:
             request.cancelled = True
             raise
+
+    async def stream(
+        self, prompts: list[list[int]], params: SamplingParams, n: int = 1, adapter: str | None = None
+    ) -> AsyncIterator[tuple[int, Completion]]:
+        """Generate, yielding `(index, completion)` as each sample finishes (in the order they
+        finish); raises the request's error if it fails. Leaving early (the client hung up) drops
+        the request's sequences that are still decoding."""
+        finished: asyncio.Queue[tuple[int, Completion]] = asyncio.Queue()
+        future, request = self.submit(
+            prompts, params, n, adapter, on_done=lambda *done: finished.put_nowait(done)
+        )
+        remaining = len(prompts) * n
+        try:
+            while remaining:
+                if finished.empty() and future.done():
+                    future.result()  # a failed request raises its error here
+                    break  # (every completion is queued before the future resolves)
+                if finished.empty():
+                    waiter = asyncio.ensure_future(finished.get())
+                    await asyncio.wait({waiter, future}, return_when=asyncio.FIRST_COMPLETED)
+                    if not waiter.done():
+                        waiter.cancel()  # an item it was woken for stays queued
+                        continue
+                    done = waiter.result()
+                else:
+                    done = finished.get_nowait()
+                remaining -= 1
+                yield done
+        finally:
+            if not future.done():
+                request.cancelled = True
 
     async def load_adapter(self, name: str, path: str, source: str | None = None) -> None:
         """Load the PEFT adapter at `path` as `name`; raises a `GeneratorError` as vLLM would.
@@ -522,6 +560,8 @@ class Engine:
             top_logprobs=seq.top if seq.params.logprobs else None,
         )
         self._release(seq)
+        if request.on_done is not None:
+            request.loop.call_soon_threadsafe(request.on_done, seq.index, request.results[seq.index])
         request.remaining -= 1
         if request.remaining == 0:
             request.loop.call_soon_threadsafe(resolve, request.future, request.results)

@@ -22,7 +22,7 @@ from crucible_shared.openai_protocol import (
     UnloadLoRAAdapterRequest,
 )
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .service import GeneratorService
@@ -75,7 +75,9 @@ async def models(service: Service) -> ModelList:
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
-async def completions(body: CompletionRequest, request: Request, service: Service) -> JSONResponse:
+async def completions(body: CompletionRequest, request: Request, service: Service) -> Response:
+    if body.stream:  # server-sent events; a client that hangs up stops the stream and its sequences
+        return StreamingResponse(service.complete_stream(body), media_type="text/event-stream")
     result = await until_disconnect(request, service.complete(body))
     return JSONResponse(result.model_dump())
 

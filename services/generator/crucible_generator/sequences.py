@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,9 @@ class Request:
     remaining: int
     cancelled: bool = False
     id: int = field(default_factory=lambda: next(REQUEST_IDS))
+    # Called on the event loop with (index, completion) as each sample finishes (a streamed request);
+    # every call is scheduled before the future resolves.
+    on_done: Callable[[int, Completion], None] | None = None
 
 
 @dataclass

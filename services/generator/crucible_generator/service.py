@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from crucible_shared.openai_protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
+    CompletionStreamResponse,
     LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
@@ -38,7 +39,7 @@ from crucible_shared.openai_protocol import (
 
 from .adapter_files import MAX_NAME_CHARS, check_load_request, snapshot_adapter
 from .engine import Completion, Engine, SamplingParams
-from .errors import BadRequest, NotFound
+from .errors import BadRequest, GeneratorError, NotFound
 from .faults import for_json
 from .settings import Settings
 from .sizing import WORKING_LEN, CachePlan
@@ -150,34 +151,72 @@ class GeneratorService:
     # --- completions ---------------------------------------------------------------------------
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        prompts, params, adapter = self._completion_job(request)
+        outputs = await self.engine.generate(prompts, params, n=request.n, adapter=adapter)
+        choices = [self._completion_choice(request, prompts, i, out) for i, out in enumerate(outputs)]
+        return CompletionResponse(
+            model=request.model or self.model_name, choices=choices, usage=self._usage(prompts, outputs)
+        )
+
+    def complete_stream(self, request: CompletionRequest) -> AsyncIterator[str]:
+        """A streamed completion (`stream: true`) as vLLM's server-sent events: an event per choice
+        when it finishes (its whole text, token ids and logprobs, and its `finish_reason`), the
+        usage last with `stream_options.include_usage`, then `[DONE]`. The request is validated
+        here, before the first event, so that a bad one is still a 4xx; an error while decoding is
+        an `error` event, as vLLM sends it."""
+        prompts, params, adapter = self._completion_job(request)
+        model, include_usage = request.model or self.model_name, bool(request.stream_options)
+        include_usage = include_usage and bool(request.stream_options.include_usage)
+        head = CompletionStreamResponse(model=model, choices=[])
+
+        async def events() -> AsyncIterator[str]:
+            outputs = []
+            try:
+                async for index, out in self.engine.stream(prompts, params, n=request.n, adapter=adapter):
+                    outputs.append(out)
+                    choice = self._completion_choice(request, prompts, index, out)
+                    chunk = head.model_copy(update={"choices": [choice]})
+                    yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+                if include_usage:
+                    last = head.model_copy(update={"usage": self._usage(prompts, outputs)})
+                    yield f"data: {last.model_dump_json(exclude_none=True)}\n\n"
+            except GeneratorError as exc:
+                yield f"data: {exc.to_response().model_dump_json()}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return events()
+
+    def _completion_job(
+        self, request: CompletionRequest
+    ) -> tuple[list[list[int]], SamplingParams, str | None]:
+        """A completion request checked (as vLLM does) and turned into its prompts' token ids,
+        sampling settings and adapter; raises a `GeneratorError` for a bad one."""
         if request.echo:
             raise BadRequest("echo is not supported by this server.", param="echo")
         if request.suffix is not None:
             raise BadRequest("suffix is not currently supported", param="suffix")
+        if request.stream_options and not request.stream:
+            raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
         adapter = self._adapter_for(request.model)
         prompts = self._completion_prompts(request)
         max_tokens = request.max_tokens if request.max_tokens is not None else 16
         for prompt in prompts:
             self._check_length(len(prompt), max_tokens)
         num_logprobs = self._check_logprobs(request.logprobs)
-        params = self._sampling_params(request, max_tokens, num_logprobs)
-        outputs = await self.engine.generate(prompts, params, n=request.n, adapter=adapter)
-        choices = []
-        for index, out in enumerate(outputs):
-            prompt = prompts[index // request.n]
-            choices.append(
-                CompletionResponseChoice(
-                    index=index,
-                    text=out.text,
-                    logprobs=self._completion_logprobs(out) if num_logprobs is not None else None,
-                    finish_reason=out.finish_reason,
-                    stop_reason=out.stop_reason,
-                    token_ids=out.token_ids if request.return_token_ids else None,
-                    prompt_token_ids=prompt if request.return_token_ids else None,
-                )
-            )
-        return CompletionResponse(
-            model=request.model or self.model_name, choices=choices, usage=self._usage(prompts, outputs)
+        return prompts, self._sampling_params(request, max_tokens, num_logprobs), adapter
+
+    def _completion_choice(
+        self, request: CompletionRequest, prompts: list[list[int]], index: int, out: Completion
+    ) -> CompletionResponseChoice:
+        ids = request.return_token_ids
+        return CompletionResponseChoice(
+            index=index,
+            text=out.text,
+            logprobs=self._completion_logprobs(out) if request.logprobs is not None else None,
+            finish_reason=out.finish_reason,
+            stop_reason=out.stop_reason,
+            token_ids=out.token_ids if ids else None,
+            prompt_token_ids=prompts[index // request.n] if ids else None,
         )
 
     def _completion_prompts(self, request: CompletionRequest) -> list[list[int]]:
@@ -309,8 +348,8 @@ class GeneratorService:
     def _sampling_params(
         self, request: SamplingFields, max_tokens: int, logprobs: int | None
     ) -> SamplingParams:
-        if request.stream:
-            raise BadRequest("stream=true is not supported by this server.", param="stream")
+        if request.stream and not isinstance(request, CompletionRequest):
+            raise BadRequest("stream=true is supported on /v1/completions only.", param="stream")
         for name in UNSUPPORTED:
             if (request.model_extra or {}).get(name):
                 raise BadRequest(f"{name} is not supported by this server.", param=name)

@@ -1,22 +1,28 @@
 """Rollouts: prompts -> completions from the generator -> programs run by the sandbox -> rewards.
 
-All prompts of a step go to the generator in one request, so it decodes them as one batch;
-then every program goes to the sandbox in one batch call (executing a step's 64 MBPP programs
-takes a fraction of a second, against tens of seconds of generation).
+All prompts of a step go to the generator in one request, so it decodes them as one batch, and
+that request is streamed: each completion comes back as soon as it finishes, and its program goes
+to the sandbox then (with the others that finished within `LINGER_S`), while longer completions
+still decode. A program that runs to its time limit is then hidden behind generation unless it
+comes from one of the last completions; before, every program waited for the step's longest
+completion, and one loop added its whole limit to the step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from crucible_shared.generator_client import GeneratorPool, samples
+from crucible_shared.generator_client import GeneratorPool, sample_of
 from crucible_shared.jobs import RewardSpec
 from crucible_shared.sandbox import RunResult
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer.rl.rewards import reward as reward_of
+
+LINGER_S = 0.02  # how long a finished completion waits for others to share its sandbox batch
 
 
 @dataclass
@@ -46,7 +52,7 @@ class Sample:
 class Timing:
     generate_s: float = 0.0  # wall time until the last completion arrived
     execute_tail_s: float = 0.0  # wall time after that until the last result (execution not hidden)
-    execute_busy_s: float = 0.0  # summed time of sandbox requests (mostly overlapped)
+    execute_busy_s: float = 0.0  # summed time of sandbox requests (overlapped with generation)
 
 
 @dataclass
@@ -86,27 +92,55 @@ class Roller:
         if not prompts:
             return []
         started = time.perf_counter()
-        # One request for the whole step: the generator decodes every row in one batch (a request
-        # arriving while a batch runs would wait for the next one).
-        response = await self.generator.complete(
-            [p.text for p in prompts],
-            model=model,
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            stop=stop,
-            seed=seed,
-            logprobs=0,
-            return_token_ids=True,
-        )
-        generated = time.perf_counter()
-        out = []
-        for s in samples(response, n):
-            prompt = prompts[s.prompt_index]
-            task = self.tasks[prompt.task_index]
-            out.append(
-                Sample(
+        limits, out, runs = self.reward_spec.limits(), [], []
+        pending: list[Sample] = []
+        arrived = asyncio.Event()
+
+        async def judge(batch: list[Sample]) -> None:
+            sent = time.perf_counter()
+            requests = [self.tasks[x.task_index].run_request(x.code, limits) for x in batch]
+            for x, result in zip(batch, await self.sandbox.run_batch(requests), strict=True):
+                x.result = result
+                x.reward = reward_of(
+                    result,
+                    self.reward_spec.kind,
+                    generated_tokens=len(x.completion_ids),
+                    length_penalty=self.reward_spec.length_penalty,
+                )
+            timing.execute_busy_s += time.perf_counter() - sent
+
+        async def send(final: bool = False) -> None:
+            """Pending programs to the sandbox in one batch, after a moment for more to gather
+            (choices finishing in one decode step arrive together)."""
+            while not final:
+                await arrived.wait()
+                arrived.clear()
+                await asyncio.sleep(LINGER_S)
+                batch, pending[:] = list(pending), []
+                if batch:
+                    runs.append(asyncio.ensure_future(judge(batch)))
+            if pending:
+                runs.append(asyncio.ensure_future(judge(list(pending))))
+
+        sender = asyncio.ensure_future(send())
+        try:
+            # One request for the whole step (the generator decodes every row in one batch),
+            # streamed: each program runs while longer completions still decode.
+            async for choice in self.generator.complete_stream(
+                [p.text for p in prompts],
+                model=model,
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=seed,
+                logprobs=0,
+            ):
+                s = sample_of(choice, n)
+                prompt = prompts[s.prompt_index]
+                task = self.tasks[prompt.task_index]
+                x = Sample(
                     task_index=prompt.task_index,
                     group=prompt.group,
                     prompt_ids=list(s.prompt_token_ids or []),
@@ -118,21 +152,19 @@ class Roller:
                     phase=prompt.phase,
                     parent=prompt.parent,
                 )
-            )
-        limits = self.reward_spec.limits()
-        results = await self.sandbox.run_batch(
-            [self.tasks[x.task_index].run_request(x.code, limits) for x in out]
-        )
+                out.append((s.index, x))
+                pending.append(x)
+                arrived.set()
+            generated = time.perf_counter()
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            await send(final=True)
+            await asyncio.gather(*runs)
+        finally:
+            sender.cancel()
+            for run in runs:
+                run.cancel()
         finished = time.perf_counter()
-        for x, result in zip(out, results, strict=True):
-            x.result = result
-            x.reward = reward_of(
-                result,
-                self.reward_spec.kind,
-                generated_tokens=len(x.completion_ids),
-                length_penalty=self.reward_spec.length_penalty,
-            )
         timing.generate_s += generated - started
         timing.execute_tail_s += finished - generated
-        timing.execute_busy_s += finished - generated
-        return out
+        return [x for _, x in sorted(out, key=lambda pair: pair[0])]

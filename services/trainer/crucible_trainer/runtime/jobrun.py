@@ -118,7 +118,11 @@ class JobRun:
     def sandbox(self) -> SandboxClient:
         """The sandbox of `settings.sandbox_url`."""
         if self._sandbox is None:
-            self._sandbox = SandboxClient(self.settings.sandbox_url, api_key=self.settings.sandbox_api_key)
+            # Streamed rollouts send small batches as completions finish; one holding a program that
+            # runs to its limit must not hold back the rest (the sandbox enforces each tenant's share).
+            self._sandbox = SandboxClient(
+                self.settings.sandbox_url, api_key=self.settings.sandbox_api_key, max_concurrency=16
+            )
         return self._sandbox
 
     async def close_services(self) -> None:
