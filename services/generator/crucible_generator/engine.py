@@ -212,7 +212,7 @@ class Engine:
         future, request = self.submit(
             prompts, params, n, adapter, on_done=lambda *done: finished.put_nowait(done)
         )
-        remaining = len(prompts) * n
+        remaining, waiter = len(prompts) * n, None
         try:
             while remaining:
                 if finished.empty() and future.done():
@@ -230,6 +230,8 @@ class Engine:
                 remaining -= 1
                 yield done
         finally:
+            if waiter is not None:
+                waiter.cancel()
             if not future.done():
                 request.cancelled = True
 
