@@ -128,3 +128,36 @@ def test_sampled_rows_are_drawn_without_a_host_sync():
     assert tokens.shape == (64,) and bool(((tokens >= 0) & (tokens < 49152)).all())
     greedy = torch.argmax(logits.float(), dim=-1).cpu()
     assert all(tokens[i] == greedy[i] for i in range(0, 64, 4))
+
+
+def test_the_fast_path_streams_what_it_generates_as_rows_finish():
+    """`Engine.stream` on the continuous path: the same greedy completions as `generate`, each
+    yielded when its row finishes (a 4-token row before a 64-token one whatever their order)."""
+    import crucible_models as models
+    from crucible_generator.engine import Engine, SamplingParams
+
+    model, tokenizer = models.load_model(device="cuda")
+    prompts = [tokenizer.encode(f"def f{i}(x):\n    return x") for i in range(6)]
+    engine = Engine(model, tokenizer, max_batch_size=16, fast_decode="on")
+    engine.start()
+    try:
+        params = SamplingParams(max_tokens=64, temperature=0.0, logprobs=0, ignore_eos=True)
+        whole = asyncio.run(engine.generate(prompts, params))
+        first = whole[3].token_ids[0]  # row 3 stops at its first token; the others must not meet it
+        stopped = SamplingParams(
+            max_tokens=64, temperature=0.0, logprobs=0, ignore_eos=True, stop_token_ids=(first,)
+        )
+
+        async def streamed():
+            return [pair async for pair in engine.stream(prompts, stopped)]
+
+        got = asyncio.run(streamed())
+        assert engine.fast is not None and engine.fast.captures > 0
+    finally:
+        engine.stop()
+    others = [i for i in range(6) if i != 3 and first not in whole[i].token_ids]
+    assert got[0][0] == 3 and got[0][1].token_ids == [first] and got[0][1].finish_reason == "stop"
+    by_index = dict(got)
+    assert sorted(by_index) == list(range(6))
+    for i in others:
+        assert by_index[i].token_ids == whole[i].token_ids and by_index[i].finish_reason == "length"
