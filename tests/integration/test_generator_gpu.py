@@ -132,20 +132,22 @@ def test_sampled_rows_are_drawn_without_a_host_sync():
 
 def test_the_fast_path_streams_what_it_generates_as_rows_finish():
     """`Engine.stream` on the continuous path: the same greedy completions as `generate`, each
-    yielded when its row finishes (a 4-token row before a 64-token one whatever their order)."""
+    yielded when its row finishes: rows that stop at their first token come before rows that run
+    to `max_tokens`, whatever their order in the request."""
     import crucible_models as models
     from crucible_generator.engine import Engine, SamplingParams
 
     model, tokenizer = models.load_model(device="cuda")
-    prompts = [tokenizer.encode(f"def f{i}(x):\n    return x") for i in range(6)]
+    texts = ["def add(a, b):", "# A list of primes\nprimes = [", "class Stack:\n    def", "import os\nimport"]
+    prompts = [tokenizer.encode(t) for t in texts * 2]
     engine = Engine(model, tokenizer, max_batch_size=16, fast_decode="on")
     engine.start()
     try:
-        params = SamplingParams(max_tokens=64, temperature=0.0, logprobs=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=48, temperature=0.0, logprobs=0, ignore_eos=True)
         whole = asyncio.run(engine.generate(prompts, params))
-        first = whole[3].token_ids[0]  # row 3 stops at its first token; the others must not meet it
+        stop = whole[-1].token_ids[0]  # the last row (and its twin) stop at their first token
         stopped = SamplingParams(
-            max_tokens=64, temperature=0.0, logprobs=0, ignore_eos=True, stop_token_ids=(first,)
+            max_tokens=48, temperature=0.0, logprobs=0, ignore_eos=True, stop_token_ids=(stop,)
         )
 
         async def streamed():
@@ -155,9 +157,13 @@ def test_the_fast_path_streams_what_it_generates_as_rows_finish():
         assert engine.fast is not None and engine.fast.captures > 0
     finally:
         engine.stop()
-    others = [i for i in range(6) if i != 3 and first not in whole[i].token_ids]
-    assert got[0][0] == 3 and got[0][1].token_ids == [first] and got[0][1].finish_reason == "stop"
+    first = [i for i, w in enumerate(whole) if w.token_ids[0] == stop]
+    running = [i for i, w in enumerate(whole) if stop not in w.token_ids]
+    assert first and running, "the prompts must give both kinds of rows"
+    order = [i for i, _ in got]
+    assert sorted(order) == list(range(len(prompts)))
+    assert set(order[: len(first)]) == set(first)  # before every running row, though last in the request
     by_index = dict(got)
-    assert sorted(by_index) == list(range(6))
-    for i in others:
+    assert all(by_index[i].token_ids == [stop] and by_index[i].finish_reason == "stop" for i in first)
+    for i in running:
         assert by_index[i].token_ids == whole[i].token_ids and by_index[i].finish_reason == "length"

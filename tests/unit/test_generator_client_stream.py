@@ -172,3 +172,18 @@ def test_a_pool_streams_its_replicas_shares_numbered_as_one_request():
     assert sorted(c.index for c in got) == [0, 1, 2, 3]
     by_index = {c.index: c for c in got}
     assert by_index[3].token_ids == RECORDED["choices"][1]["token_ids"]
+
+
+def test_a_recorded_vllm_stream_folds_into_the_same_seeds_whole_answer():
+    """vLLM 0.22's own events (recorded on a GPU: the seeded request of the non-streamed fixture,
+    streamed) fold into the choices it answers at once."""
+    recorded = json.loads((FIXTURES / "completion_stream_n2_logprobs_token_ids.json").read_text())
+    assert recorded["content_type"] == "text/event-stream"
+    got = streamed(client_with(lambda r: httpx.Response(200, content=recorded["body"].encode())))
+    assert sorted(c.index for c in got) == [0, 1]
+    for c in got:
+        want = RECORDED["choices"][c.index]
+        assert c.token_ids == want["token_ids"] and c.text == want["text"]
+        assert c.prompt_token_ids == want["prompt_token_ids"] and c.finish_reason == want["finish_reason"]
+        assert c.logprobs.token_logprobs == want["logprobs"]["token_logprobs"]
+        assert c.logprobs.tokens == want["logprobs"]["tokens"]
