@@ -130,6 +130,13 @@ class UsageInfo(OpenAIBaseModel):
 StopParam = str | list[str] | None
 
 
+class StreamOptions(OpenAIBaseModel):
+    """`stream_options` of a streamed request: `include_usage` adds a last chunk with the usage."""
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
 class SamplingFields(OpenAIBaseModel):
     """Sampling fields shared by completions and chat completions (OpenAI's plus vLLM's extras)."""
 
@@ -138,6 +145,7 @@ class SamplingFields(OpenAIBaseModel):
     seed: int | None = None
     stop: StopParam = Field(default_factory=list)
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
     user: str | None = None
@@ -157,18 +165,10 @@ class SamplingFields(OpenAIBaseModel):
         return [s for s in stops if s]
 
 
-class StreamOptions(OpenAIBaseModel):
-    """`stream_options` of a streamed request: `include_usage` adds a last chunk with the usage."""
-
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
-
-
 class CompletionRequest(SamplingFields):
     """`POST /v1/completions`. `prompt` is a string, a list of strings, token ids or lists of ids."""
 
     prompt: list[int] | list[list[int]] | str | list[str] | None = None
-    stream_options: StreamOptions | None = None
     echo: bool | None = False
     logprobs: int | None = None
     max_tokens: int | None = 16
@@ -264,6 +264,35 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionStreamResponse(OpenAIBaseModel):
+    """One server-sent event of a streamed chat completion: first the role of every choice (with the
+    prompt's token ids under `return_token_ids`), then each choice's content; a choice's last event
+    carries its `finish_reason`. vLLM sends the content token by token, Crucible's generator whole
+    when the choice finishes."""
+
+    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseStreamChoice]
+    usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ChatCompletionResponse(OpenAIBaseModel):

@@ -243,7 +243,8 @@ def test_a_streamed_completion_equals_the_whole_answer(client):
     request = {"model": BASE, "prompt": [PROMPT, "def add(a, b):"], "n": 2, "max_tokens": 12,
                "temperature": 1.0, "seed": 7, "logprobs": 0, "extra_body": {"return_token_ids": True}}  # fmt: skip
     whole = client.completions.create(**request)
-    events = client.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    events = list(client.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    assert {e.object for e in events} == {"text_completion"} and len({e.id for e in events}) == 1
     order, choices, usage = _streamed(events)
     assert sorted(order) == [0, 1, 2, 3]
     for c in whole.choices:
@@ -284,15 +285,41 @@ def test_streamed_choices_arrive_as_they_finish(client):
 
 
 def test_stream_errors_are_vllms(generator):
-    chat = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    response = httpx.post(f"{generator.url}/v1/chat/completions", json=chat)
-    assert response.status_code == 400 and response.json()["error"]["param"] == "stream"
     options = {"model": BASE, "prompt": PROMPT, "stream_options": {"include_usage": True}}
     response = httpx.post(f"{generator.url}/v1/completions", json=options)
     assert response.status_code == 400 and response.json()["error"]["param"] == "stream_options"
     bad = {"model": BASE, "prompt": PROMPT, "stream": True, "temperature": -1}
     response = httpx.post(f"{generator.url}/v1/completions", json=bad)  # checked before the first event
     assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
+    chat = {"model": BASE, "messages": [], "stream": True}
+    response = httpx.post(f"{generator.url}/v1/chat/completions", json=chat)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+
+
+def test_a_streamed_chat_completion_equals_the_whole_answer(client):
+    """Chat with `stream: true`: vLLM's events (the role of every choice first, with the prompt's
+    token ids; then the content; `chat.completion.chunk` objects) carry the answer sent at once."""
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    request = {"model": BASE, "messages": messages, "n": 2, "max_tokens": 16, "temperature": 1.0, "seed": 3,
+               "logprobs": True, "extra_body": {"return_token_ids": True}}  # fmt: skip
+    whole = client.chat.completions.create(**request)
+    events = list(
+        client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    )
+    assert {e.object for e in events} == {"chat.completion.chunk"}
+    roles = events[:2]
+    assert [c.delta.role for e in roles for c in e.choices] == ["assistant", "assistant"]
+    assert roles[0].model_extra["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
+    content, tokens, finish = {}, {}, {}
+    for e in events[2:]:
+        for c in e.choices:
+            content[c.index] = content.get(c.index, "") + (c.delta.content or "")
+            tokens[c.index] = tokens.get(c.index, []) + (c.model_extra.get("token_ids") or [])
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+    for c in whole.choices:
+        assert content[c.index] == c.message.content and finish[c.index] == c.finish_reason
+        assert tokens[c.index] == c.model_extra["token_ids"]
+    assert events[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 @pytest.mark.slow

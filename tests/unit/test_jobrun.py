@@ -49,7 +49,7 @@ def services(monkeypatch) -> list[Service]:
             return Service("pool")
 
     monkeypatch.setattr(jobrun, "GeneratorPool", Pool)
-    monkeypatch.setattr(jobrun, "SandboxClient", lambda url, api_key=None: Service("sandbox"))
+    monkeypatch.setattr(jobrun, "SandboxClient", lambda url, api_key=None, **kw: Service("sandbox"))
     return Service.opened
 
 

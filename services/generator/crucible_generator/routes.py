@@ -83,7 +83,9 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
-async def chat_completions(body: ChatCompletionRequest, request: Request, service: Service) -> JSONResponse:
+async def chat_completions(body: ChatCompletionRequest, request: Request, service: Service) -> Response:
+    if body.stream:
+        return StreamingResponse(service.chat_stream(body), media_type="text/event-stream")
     result = await until_disconnect(request, service.chat(body))
     return JSONResponse(result.model_dump())
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from crucible_shared.openai_protocol import (
     ChatCompletionLogProb,
@@ -22,12 +22,15 @@ from crucible_shared.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
     ChatMessage,
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
     CompletionStreamResponse,
+    DeltaMessage,
     LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
@@ -45,6 +48,7 @@ from .settings import Settings
 from .sizing import WORKING_LEN, CachePlan
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", CompletionStreamResponse, ChatCompletionStreamResponse)
 
 # vLLM request fields this server does not implement: refused rather than silently ignored.
 UNSUPPORTED = ("prompt_logprobs", "use_beam_search", "logit_bias", "guided_json", "structured_outputs")
@@ -165,18 +169,38 @@ class GeneratorService:
         here, before the first event, so that a bad one is still a 4xx; an error while decoding is
         an `error` event, as vLLM sends it."""
         prompts, params, adapter = self._completion_job(request)
-        model, include_usage = request.model or self.model_name, bool(request.stream_options)
-        include_usage = include_usage and bool(request.stream_options.include_usage)
-        head = CompletionStreamResponse(model=model, choices=[])
+        head = _stream_head(CompletionStreamResponse, request.model or self.model_name)
+
+        def event(index: int, out: Completion) -> CompletionStreamResponse:
+            return head.model_copy(
+                update={"choices": [self._completion_choice(request, prompts, index, out)]}
+            )
+
+        return self._events(request, prompts, params, adapter, head, [], event)
+
+    def _events(
+        self,
+        request: SamplingFields,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        adapter: str | None,
+        head: CompletionStreamResponse | ChatCompletionStreamResponse,
+        first: list[Any],
+        event: Callable[[int, Completion], Any],
+    ) -> AsyncIterator[str]:
+        """The server-sent events of a streamed request: `first` (sent before decoding), then
+        `event(index, completion)` per choice as it finishes, the usage with
+        `stream_options.include_usage`, then `[DONE]`; an error while decoding is an `error` event."""
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
 
         async def events() -> AsyncIterator[str]:
             outputs = []
             try:
+                for chunk in first:
+                    yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
                 async for index, out in self.engine.stream(prompts, params, n=request.n, adapter=adapter):
                     outputs.append(out)
-                    choice = self._completion_choice(request, prompts, index, out)
-                    chunk = head.model_copy(update={"choices": [choice]})
-                    yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+                    yield f"data: {event(index, out).model_dump_json(exclude_unset=True)}\n\n"
                 if include_usage:
                     last = head.model_copy(update={"usage": self._usage(prompts, outputs)})
                     yield f"data: {last.model_dump_json(exclude_none=True)}\n\n"
@@ -195,8 +219,6 @@ class GeneratorService:
             raise BadRequest("echo is not supported by this server.", param="echo")
         if request.suffix is not None:
             raise BadRequest("suffix is not currently supported", param="suffix")
-        if request.stream_options and not request.stream:
-            raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
         adapter = self._adapter_for(request.model)
         prompts = self._completion_prompts(request)
         max_tokens = request.max_tokens if request.max_tokens is not None else 16
@@ -265,24 +287,13 @@ class GeneratorService:
     # --- chat completions ----------------------------------------------------------------------
 
     async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
-        adapter = self._adapter_for(request.model)
-        prompt = self._chat_prompt(request)
-        max_tokens = request.max_completion_tokens or request.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, self.engine.max_model_len - len(prompt))
-        self._check_length(len(prompt), max_tokens)
-        if request.top_logprobs and not request.logprobs:
-            raise BadRequest(
-                "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
-            )
-        num_logprobs = self._check_logprobs(request.top_logprobs or 0) if request.logprobs else None
-        params = self._sampling_params(request, max_tokens, num_logprobs)
+        prompt, params, adapter = self._chat_job(request)
         outputs = await self.engine.generate([prompt], params, n=request.n, adapter=adapter)
         choices = [
             ChatCompletionResponseChoice(
                 index=index,
                 message=ChatMessage(role="assistant", content=out.text),
-                logprobs=self._chat_logprobs(out) if num_logprobs is not None else None,
+                logprobs=self._chat_logprobs(out) if params.logprobs is not None else None,
                 finish_reason=out.finish_reason,
                 stop_reason=out.stop_reason,
                 token_ids=out.token_ids if request.return_token_ids else None,
@@ -295,6 +306,58 @@ class GeneratorService:
             usage=self._usage([prompt], outputs),
             prompt_token_ids=prompt if request.return_token_ids else None,
         )
+
+    def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
+        """A streamed chat completion, as vLLM streams one: first an event per choice with its role
+        (and the prompt's token ids under `return_token_ids`), then each choice's whole content,
+        logprobs and `finish_reason` when it finishes, the usage, `[DONE]` (see `complete_stream`)."""
+        prompt, params, adapter = self._chat_job(request)
+        head = _stream_head(ChatCompletionStreamResponse, request.model or self.model_name)
+        ids = request.return_token_ids
+        first = [
+            head.model_copy(
+                update={
+                    "choices": [
+                        ChatCompletionResponseStreamChoice(
+                            index=i,
+                            delta=DeltaMessage(role="assistant", content=""),
+                            logprobs=None,
+                            finish_reason=None,
+                        )
+                    ],
+                    **({"prompt_token_ids": prompt} if ids else {}),
+                }
+            )
+            for i in range(request.n)
+        ]
+
+        def event(index: int, out: Completion) -> ChatCompletionStreamResponse:
+            choice = ChatCompletionResponseStreamChoice(
+                index=index,
+                delta=DeltaMessage(content=out.text),
+                logprobs=self._chat_logprobs(out) if params.logprobs is not None else None,
+                finish_reason=out.finish_reason,
+                stop_reason=out.stop_reason,
+                token_ids=out.token_ids if ids else None,
+            )
+            return head.model_copy(update={"choices": [choice]})
+
+        return self._events(request, [prompt], params, adapter, head, first, event)
+
+    def _chat_job(self, request: ChatCompletionRequest) -> tuple[list[int], SamplingParams, str | None]:
+        """A chat request checked and turned into its prompt's token ids, sampling settings and adapter."""
+        adapter = self._adapter_for(request.model)
+        prompt = self._chat_prompt(request)
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.engine.max_model_len - len(prompt))
+        self._check_length(len(prompt), max_tokens)
+        if request.top_logprobs and not request.logprobs:
+            raise BadRequest(
+                "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+            )
+        num_logprobs = self._check_logprobs(request.top_logprobs or 0) if request.logprobs else None
+        return prompt, self._sampling_params(request, max_tokens, num_logprobs), adapter
 
     def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
         if not request.messages:
@@ -348,8 +411,8 @@ class GeneratorService:
     def _sampling_params(
         self, request: SamplingFields, max_tokens: int, logprobs: int | None
     ) -> SamplingParams:
-        if request.stream and not isinstance(request, CompletionRequest):
-            raise BadRequest("stream=true is supported on /v1/completions only.", param="stream")
+        if request.stream_options and not request.stream:
+            raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
         for name in UNSUPPORTED:
             if (request.model_extra or {}).get(name):
                 raise BadRequest(f"{name} is not supported by this server.", param=name)
@@ -421,6 +484,13 @@ class GeneratorService:
 
     def _decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+def _stream_head(kind: type[T], model: str) -> T:
+    """The fields every event of one stream repeats (id, object, created, model), set explicitly
+    so that events dumped without their unset fields (as vLLM dumps them) still carry them."""
+    fields = kind(model=model, choices=[]).model_dump(include={"id", "object", "created", "model"})
+    return kind(**fields, choices=[])
 
 
 def _text_content(content: Any, index: int) -> str:
