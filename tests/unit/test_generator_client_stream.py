@@ -60,6 +60,17 @@ def streamed(client, prompt="def add(a, b):", **kw) -> list:
     return asyncio.run(go())
 
 
+def assert_the_recorded_choices(got: list) -> None:
+    """`got` are the two choices of the recorded whole answer: text, ids, reasons and logprobs."""
+    assert sorted(c.index for c in got) == [0, 1]
+    for c in got:
+        want = RECORDED["choices"][c.index]
+        assert c.text == want["text"] and c.token_ids == want["token_ids"]
+        assert c.prompt_token_ids == want["prompt_token_ids"] and c.finish_reason == want["finish_reason"]
+        for key in ("token_logprobs", "tokens", "text_offset"):
+            assert getattr(c.logprobs, key) == want["logprobs"][key]
+
+
 def test_vllms_token_events_fold_into_the_recorded_choices():
     sent = []
 
@@ -71,13 +82,7 @@ def test_vllms_token_events_fold_into_the_recorded_choices():
 
     got = streamed(client_with(handler))
     assert sent[0]["stream"] is True and sent[0]["return_token_ids"] is True and sent[0]["n"] == 2
-    assert sorted(c.index for c in got) == [0, 1]
-    for c in got:
-        want = RECORDED["choices"][c.index]
-        assert c.text == want["text"] and c.token_ids == want["token_ids"]
-        assert c.prompt_token_ids == want["prompt_token_ids"] and c.finish_reason == want["finish_reason"]
-        assert c.logprobs.token_logprobs == want["logprobs"]["token_logprobs"]
-        assert c.logprobs.text_offset == want["logprobs"]["text_offset"]
+    assert_the_recorded_choices(got)
 
 
 def test_a_choice_is_yielded_when_it_finishes_not_at_the_end():
@@ -180,10 +185,4 @@ def test_a_recorded_vllm_stream_folds_into_the_same_seeds_whole_answer():
     recorded = json.loads((FIXTURES / "completion_stream_n2_logprobs_token_ids.json").read_text())
     assert recorded["content_type"] == "text/event-stream"
     got = streamed(client_with(lambda r: httpx.Response(200, content=recorded["body"].encode())))
-    assert sorted(c.index for c in got) == [0, 1]
-    for c in got:
-        want = RECORDED["choices"][c.index]
-        assert c.token_ids == want["token_ids"] and c.text == want["text"]
-        assert c.prompt_token_ids == want["prompt_token_ids"] and c.finish_reason == want["finish_reason"]
-        assert c.logprobs.token_logprobs == want["logprobs"]["token_logprobs"]
-        assert c.logprobs.tokens == want["logprobs"]["tokens"]
+    assert_the_recorded_choices(got)
