@@ -22,12 +22,7 @@ from bench import common
 # From Qwen/Qwen2.5-Coder-1.5B-Instruct's and -7B-Instruct's config.json (the base models share them).
 QWEN2 = {"model_type": "qwen2", "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "hidden_act": "silu"}
 QWEN2 |= {"max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": None}
-# SmolLM2-135M-Instruct's config.json (the built-in model's shape, for its update without the model).
-SMOLLM2 = {"model_type": "llama", "rope_theta": 100000.0, "rms_norm_eps": 1e-05, "hidden_act": "silu"}
-SMOLLM2 |= {"max_position_embeddings": 8192, "tie_word_embeddings": True, "vocab_size": 49152}
 SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": SMOLLM2 | {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-                               "num_attention_heads": 9, "num_key_value_heads": 3},
     "qwen2.5-coder-1.5b": QWEN2 | {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
                                    "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
                                    "tie_word_embeddings": True, "max_window_layers": 21},

@@ -1,7 +1,7 @@
 """`rl/fused.py` swaps the norms and gated MLPs of the families it knows, instance by instance, and
 back; here with reference functions in place of Liger's Triton kernels (CPU), so that what is
 checked is which modules are swapped and with which weights and epsilon. Liger's kernels against
-transformers are checked on CUDA (tests/integration/test_fused_gpu.py)."""
+transformers are checked on CUDA (tests/unit/test_fused_gpu.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ random-weight checkpoints of every family they are swapped into, in bfloat16 wit
 every linear layer (as the trainer runs them): log-probabilities as close to float32's as
 transformers' own bf16 ones are, and the adapter's gradients pointing the same way.
 
-Run on a GPU machine with liger-kernel installed: `pytest -m gpu tests/integration/test_fused_gpu.py`.
+Run on a GPU machine with liger-kernel installed: `pytest -m gpu tests/unit/test_fused_gpu.py`.
 """
 
 from __future__ import annotations
