@@ -13,7 +13,8 @@ compute exactly that (`NORMS`, `MLPS`; Gemma's `1 + weight` norms and GELU MLPs 
 and `unfuse` swaps them back, so that a step can run again without them and a benchmark can
 alternate the two. Adapter layers (PEFT's LoRA on `gate_proj` / `up_proj` / `down_proj`) are
 untouched: the fused MLP calls them as the original did. Without CUDA, or without the
-`liger-kernel` package (`pip install 'crucible-trainer[fused]'`), nothing is swapped.
+`liger-kernel` package and Triton (requirements-nodeps.txt installs the package; CUDA builds of
+torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), nothing is swapped.
 """
 
 from __future__ import annotations
