@@ -80,6 +80,8 @@ class DataParallel(Parallel):
                 policy.model, device_ids=[device.index] if device.type == "cuda" else None, **local
             )
         else:
+            # The fused norms and MLPs (rl/fused.py) have not run under FSDP's gathered weights yet.
+            policy.fused_kernels(False)
             shard(policy.model)
         self.runner = policy.runner if self.strategy == "ddp" else policy.model
 
