@@ -94,3 +94,24 @@ def test_a_generator_that_fails_mid_stream_fails_the_rollout(sandbox):
 
     with pytest.raises(RuntimeError, match="generator gone"):
         asyncio.run(go())
+
+
+def test_a_stream_short_of_completions_fails_the_rollout(sandbox):
+    """A stream that ends (`[DONE]`) before every choice came fails the step rather than leaving a
+    group short of samples, whose baseline would then be another group's."""
+    tasks = load_tasks(DataSpec(dataset="mbpp", split="train", limit=1))
+
+    class Short:
+        async def complete_stream(self, prompts, **kw):
+            yield CompletionResponseChoice(
+                index=0, text="x = 1\n", token_ids=[1], prompt_token_ids=[1], finish_reason="stop"
+            )
+
+    async def go():
+        async with SandboxClient(sandbox.url) as client:
+            roller = Roller(Short(), client, tasks, RewardSpec(), extract=lambda text, task: text)
+            prompt = Prompt(task_index=0, group=0, text="a")
+            await roller.roll([prompt], model="m", n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=0)
+
+    with pytest.raises(RuntimeError, match="streamed 1 of 2 completions"):
+        asyncio.run(go())

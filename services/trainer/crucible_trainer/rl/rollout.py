@@ -156,6 +156,8 @@ class Roller:
                 pending.append(x)
                 arrived.set()
             generated = time.perf_counter()
+            if len(out) != len(prompts) * n:  # a group short of samples would shift its baseline
+                raise RuntimeError(f"the generator streamed {len(out)} of {len(prompts) * n} completions")
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             await send(final=True)
