@@ -216,6 +216,7 @@ def test_the_policy_loads_while_the_prefilter_samples(
     assert seen == {"began_first": True}
     assert summary["status"] == "finished"
     assert summary["policy_load_s"] > 0 and summary["policy_wait_s"] >= 0
+    assert summary["fused_modules"] == 0  # a CPU: transformers' own norms and MLPs (rl/fused.py)
 
 
 def test_a_policy_that_fails_to_load_fails_the_job_with_its_error(
