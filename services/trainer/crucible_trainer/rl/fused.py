@@ -15,7 +15,8 @@ alternate the two. Adapter layers (PEFT's LoRA on `gate_proj` / `up_proj` / `dow
 untouched: the fused MLP calls them as the original did. Without CUDA, or without the
 `liger-kernel` package and Triton (requirements-nodeps.txt installs the package; CUDA builds of
 torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), nothing is swapped.
-Under FSDP the ranks run transformers' modules (`distributed/parallel.py`: not measured there yet).
+Under FSDP the ranks run transformers' modules (`distributed/parallel.py`: not measured there yet),
+and so does a policy whose passes are compiled (`optim.compile`: the compiler fuses them itself).
 """
 
 from __future__ import annotations

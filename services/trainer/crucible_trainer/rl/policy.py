@@ -92,8 +92,9 @@ class Policy:
         self.fallbacks: list[Callable[[], AbstractContextManager]] = (
             [without_cudnn_attention] if self.device.startswith("cuda") else []
         )
-        # Fused norms and MLPs on CUDA (rl/fused.py); a step run again runs without them too.
-        self.fused = fused.fuse(self.model) if self.device.startswith("cuda") else 0
+        # Fused norms and MLPs on CUDA (rl/fused.py); a step run again runs without them too. Not
+        # under optim.compile: the compiler fuses those itself, and the two were never run together.
+        self.fused = fused.fuse(self.model) if self.device.startswith("cuda") and not optim.compile else 0
         if self.fused:
             log.info("fused kernels: %d norms and MLPs", self.fused)
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
