@@ -170,20 +170,19 @@ def fold(into: dict[str, Any] | None, delta: dict[str, Any]) -> dict[str, Any]:
     >>> b["text"], b["token_ids"], b["logprobs"]["token_logprobs"], b["finish_reason"]
     ('def', [5, 6], [-0.5, -0.1], 'stop')
     """
-    if into is None:
-        return {
-            **delta,
-            "logprobs": dict(delta["logprobs"]) if delta.get("logprobs") else delta.get("logprobs"),
-        }
+    if into is None:  # events are fresh from the JSON parser: the first one becomes the choice
+        return delta
     into["text"] = into.get("text", "") + delta.get("text", "")
-    if delta.get("token_ids") is not None:
-        into["token_ids"] = (into.get("token_ids") or []) + delta["token_ids"]
+    if delta.get("token_ids") is not None:  # appended in place: a long choice is not copied per token
+        into["token_ids"] = into.get("token_ids") or []
+        into["token_ids"].extend(delta["token_ids"])
     if delta.get("prompt_token_ids") is not None:
         into["prompt_token_ids"] = delta["prompt_token_ids"]
     if delta.get("logprobs"):
         mine = into["logprobs"] = into.get("logprobs") or {}
         for key, values in delta["logprobs"].items():
-            mine[key] = (mine.get(key) or []) + (values or [])
+            mine[key] = mine.get(key) or []
+            mine[key].extend(values or [])
     for key in ("finish_reason", "stop_reason"):
         if delta.get(key) is not None:
             into[key] = delta[key]

@@ -76,42 +76,42 @@ def test_programs_run_while_later_completions_decode(sandbox):
     assert timing.execute_busy_s >= time_limit_s
 
 
-def test_a_generator_that_fails_mid_stream_fails_the_rollout(sandbox):
-    tasks = load_tasks(DataSpec(dataset="mbpp", split="train", limit=2))
-
-    class Broken:
-        async def complete_stream(self, prompts, **kw):
-            yield CompletionResponseChoice(
-                index=0, text=LOOP, token_ids=[1], prompt_token_ids=[1], finish_reason="stop"
-            )
-            raise RuntimeError("generator gone")
+def roll_one_prompt(sandbox_url: str, generator) -> None:
+    """One prompt of an MBPP task, two samples, rolled with `generator` against the real sandbox."""
+    tasks = load_tasks(DataSpec(dataset="mbpp", split="train", limit=1))
 
     async def go():
-        async with SandboxClient(sandbox.url) as client:
-            roller = Roller(Broken(), client, tasks, RewardSpec(), extract=lambda text, task: text)
+        async with SandboxClient(sandbox_url) as client:
+            roller = Roller(generator, client, tasks, RewardSpec(), extract=lambda text, task: text)
             prompt = Prompt(task_index=0, group=0, text="a")
             await roller.roll([prompt], model="m", n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=0)
 
+    asyncio.run(go())
+
+
+def first_choice(text: str) -> CompletionResponseChoice:
+    return CompletionResponseChoice(
+        index=0, text=text, token_ids=[1], prompt_token_ids=[1], finish_reason="stop"
+    )
+
+
+def test_a_generator_that_fails_mid_stream_fails_the_rollout(sandbox):
+    class Broken:
+        async def complete_stream(self, prompts, **kw):
+            yield first_choice(LOOP)
+            raise RuntimeError("generator gone")
+
     with pytest.raises(RuntimeError, match="generator gone"):
-        asyncio.run(go())
+        roll_one_prompt(sandbox.url, Broken())
 
 
 def test_a_stream_short_of_completions_fails_the_rollout(sandbox):
     """A stream that ends (`[DONE]`) before every choice came fails the step rather than leaving a
     group short of samples, whose baseline would then be another group's."""
-    tasks = load_tasks(DataSpec(dataset="mbpp", split="train", limit=1))
 
     class Short:
         async def complete_stream(self, prompts, **kw):
-            yield CompletionResponseChoice(
-                index=0, text="x = 1\n", token_ids=[1], prompt_token_ids=[1], finish_reason="stop"
-            )
-
-    async def go():
-        async with SandboxClient(sandbox.url) as client:
-            roller = Roller(Short(), client, tasks, RewardSpec(), extract=lambda text, task: text)
-            prompt = Prompt(task_index=0, group=0, text="a")
-            await roller.roll([prompt], model="m", n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=0)
+            yield first_choice("x = 1\n")
 
     with pytest.raises(RuntimeError, match="streamed 1 of 2 completions"):
-        asyncio.run(go())
+        roll_one_prompt(sandbox.url, Short())

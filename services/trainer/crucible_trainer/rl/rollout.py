@@ -109,18 +109,20 @@ class Roller:
                 )
             timing.execute_busy_s += time.perf_counter() - sent
 
-        async def send(final: bool = False) -> None:
-            """Pending programs to the sandbox in one batch, after a moment for more to gather
-            (choices finishing in one decode step arrive together)."""
-            while not final:
+        def flush() -> None:
+            """The pending programs to the sandbox, in one batch."""
+            batch, pending[:] = list(pending), []
+            if batch:
+                runs.append(asyncio.ensure_future(judge(batch)))
+
+        async def send() -> None:
+            """Flush after each arrival and a moment for more to gather (choices finishing in one
+            decode step arrive together)."""
+            while True:
                 await arrived.wait()
                 arrived.clear()
                 await asyncio.sleep(LINGER_S)
-                batch, pending[:] = list(pending), []
-                if batch:
-                    runs.append(asyncio.ensure_future(judge(batch)))
-            if pending:
-                runs.append(asyncio.ensure_future(judge(list(pending))))
+                flush()
 
         sender = asyncio.ensure_future(send())
         try:
@@ -160,7 +162,7 @@ class Roller:
                 raise RuntimeError(f"the generator streamed {len(out)} of {len(prompts) * n} completions")
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
-            await send(final=True)
+            flush()  # what arrived during the last linger
             await asyncio.gather(*runs)
         finally:
             sender.cancel()
