@@ -115,7 +115,8 @@ def run_crucible(args: argparse.Namespace) -> None:
     work.mkdir(parents=True)
     common.local_events()
     try:
-        with common.services(work, spec.model.base, args.rows, devices=devices, max_ranks=ranks) as settings:
+        services = {"devices": devices, "max_ranks": ranks, "job": spec}
+        with common.services(work, spec.model.base, args.rows, **services) as settings:
             record["train_start_s"] = round(time.time() - T0, 2)
             summary = common.run_job(spec, job_id, settings, record.phase)
     except BaseException:

@@ -6,7 +6,8 @@ step boundary, checkpoints and goes back to the queue, where the next worker res
 worker then exits. At its start the worker records how many ranks it can launch for one job
 (`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), and
 every `served.REFRESH_S` which base models its generators serve (`worker_served`), which the gateway
-checks specs against. A second SIGTERM stops at once (RQ's cold shutdown).
+checks specs against. While it waits for its first job it imports what jobs run (`runtime.warm`).
+A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def main() -> None:
         daemon=True,
     )
     reporter.start()
+    from crucible_trainer.runtime import warm
+
+    warm.in_background()  # the first job's imports, done while the worker waits for it
     try:
         worker.work(burst=args.burst, with_scheduler=False)
     finally:

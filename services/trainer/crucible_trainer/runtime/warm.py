@@ -1,0 +1,70 @@
+"""A trainer's cold start, taken before a job needs it: the imports and the first use of the card.
+
+In a fresh process a job's first seconds went to importing torch, transformers and PEFT, then to
+`hardware.resolve`: creating the CUDA context, reading the model's config and importing its family's
+transformers module (about 16 s on one H200 with Qwen2.5-Coder-1.5B, between the services being
+ready and the job's settings). None of it needs the generator or the sandbox. So the worker does
+it once at its start, and a local run (the benchmarks) does it while its services start.
+
+What the warm-up resolves is thrown away: the job resolves its settings again when it starts,
+against the memory the services hold by then. A warm-up that fails says nothing beyond a log
+line: the job meets the same problem and reports it properly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def warm_up(spec: Any | None = None) -> float:
+    """Import the modules a job of `spec` runs (without one: an online training job's and an
+    evaluation's) and, for a training job whose policy lives in this process (one rank), resolve
+    its hardware settings once. Returns the seconds taken."""
+    from crucible_shared.jobs import EvalJob, TrainJob
+
+    from crucible_trainer.runtime import hardware, runners
+
+    started = time.perf_counter()
+    # The job modules import these where they first load a model: here they are imported ahead.
+    import peft  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    if spec is None:
+        for path in (runners.ONLINE, runners.RUNNERS[EvalJob]):
+            importlib.import_module(path.split(":")[0])
+    else:
+        runners.runner_for(spec)
+    if isinstance(spec, TrainJob) and spec.distributed.train_gpus == 1:
+        hardware.resolve(spec)
+    return time.perf_counter() - started
+
+
+class WarmUp(threading.Thread):
+    """`warm_up(spec)` on a thread of its own: `seconds` once it is done (None if it stopped).
+    Join it before the job starts (two threads importing one module wait on each other's import
+    lock; they do not break, but the job would wait anyway)."""
+
+    def __init__(self, spec: Any | None = None) -> None:
+        super().__init__(name="crucible-warm-up", daemon=True)
+        self.spec = spec
+        self.seconds: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.seconds = warm_up(self.spec)
+            log.info("trainer warm-up: %.1f s", self.seconds)
+        except Exception as exc:  # the job meets it again and reports it
+            log.info("trainer warm-up stopped: %s", exc)
+
+
+def in_background(spec: Any | None = None) -> WarmUp:
+    """A started `WarmUp` of `spec`."""
+    thread = WarmUp(spec)
+    thread.start()
+    return thread
