@@ -173,15 +173,17 @@ print("dense checkpoint:", target)'
     CUDA_VISIBLE_DEVICES=$cards python3 bench/tta.py crucible "$TTA_RECIPE" "${extra[@]}" --out "$TTA/$label" "$@" ;;
   tta-trl)  # [bench/tta.py trl arguments]: TRL's GRPOTrainer (vLLM colocate) on TTA_RECIPE, on the visible card
     python3 bench/tta.py trl "$TTA_RECIPE" --out "$TTA/trl" "${@:2}" ;;
-  tta-2gpu)  # [A B]: the job on cards A+B (default 2 3): DDP ranks + replicas, then the generator on B and
-    # the trainer on A with the next step's rollouts generated during the update (TTA_RECIPE-overlap);
-    # their evaluations (a 2-GPU host: `tta-2gpu 0 1`)
-    a=${2:-2} b=${3:-3}
-    bash bench/gpu.sh tta-crucible crucible-2gpu-ddp "$a,$b" "$a,$b" || echo "crucible-2gpu-ddp failed"
-    TTA_RECIPE=$TTA_RECIPE-overlap bash bench/gpu.sh tta-crucible crucible-2gpu-split-overlap "$a" "$b" \
-      || echo "crucible-2gpu-split-overlap failed"
-    bash bench/gpu.sh bg ev-ddp tta-eval "$a" crucible-2gpu-ddp
-    bash bench/gpu.sh tta-eval "$b" crucible-2gpu-split-overlap ;;
+  tta-2gpu)  # [A B [SEED]]: the job on cards A+B (default 2 3): DDP ranks + replicas, then the generator on B
+    # and the trainer on A with the next step's rollouts generated during the update (TTA_RECIPE-overlap);
+    # their evaluations (a 2-GPU host: `tta-2gpu 0 1`; SEED: that seed's runs, labelled -sSEED)
+    a=${2:-2} b=${3:-3} tag="" sets=()
+    [ -n "${4:-}" ] && { tag="-s$4"; sets=(--set "seed=$4" --set "data.seed=$4"); }
+    bash bench/gpu.sh tta-crucible "crucible-2gpu-ddp$tag" "$a,$b" "$a,$b" "${sets[@]}" \
+      || echo "crucible-2gpu-ddp$tag failed"
+    TTA_RECIPE=$TTA_RECIPE-overlap bash bench/gpu.sh tta-crucible "crucible-2gpu-split-overlap$tag" "$a" "$b" \
+      "${sets[@]}" || echo "crucible-2gpu-split-overlap$tag failed"
+    bash bench/gpu.sh bg "ev-ddp$tag" tta-eval "$a" "crucible-2gpu-ddp$tag"
+    bash bench/gpu.sh tta-eval "$b" "crucible-2gpu-split-overlap$tag" ;;
   tta-eval)  # CARD RUN...: every saved adapter of these runs (under /root/results/tta) evaluated on CARD
     runs=(); for run in "${@:3}"; do [ -f "$TTA/$run/run.json" ] && runs+=("$TTA/$run"); done
     [ ${#runs[@]} -gt 0 ] || { echo "no run to evaluate among: ${*:3}"; exit 1; }

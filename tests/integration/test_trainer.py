@@ -190,6 +190,7 @@ def test_the_policy_loads_while_the_prefilter_samples(
     fail the test), and the step that needs the policy waits for it."""
     import threading
 
+    from crucible_trainer.methods import groups
     from crucible_trainer.online import train as train_module
 
     prefilter_began = threading.Event()
@@ -206,6 +207,8 @@ def test_the_policy_loads_while_the_prefilter_samples(
 
     monkeypatch.setattr(train_module.TrainRun, "_prepare", prepare)
     monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
+    # A random model solves nothing: the filter keeps the first problem, as if only it were sometimes solved.
+    monkeypatch.setattr(groups, "worth_training", lambda members, keep: members[0].task_index == 0)
     spec = tiny_job(
         method={"name": "grpo", "group_size": 2, "filter": {"mode": "pre", "pre_samples": 2}},
         rollout={"max_tokens": 24},
@@ -217,6 +220,10 @@ def test_the_policy_loads_while_the_prefilter_samples(
     assert summary["status"] == "finished"
     assert summary["policy_load_s"] > 0 and summary["policy_wait_s"] >= 0
     assert summary["fused_modules"] == 0  # a CPU: transformers' own norms and MLPs (rl/fused.py)
+    # Where the pre-filter's time went
+    kept = summary["difficulty_filter"]
+    assert kept["kept"] == 1 and kept["of"] > 1
+    assert kept["seconds"] >= kept["generate_s"] + kept["execute_tail_s"] - 0.02 and kept["generate_s"] > 0
 
 
 def test_a_policy_that_fails_to_load_fails_the_job_with_its_error(

@@ -319,12 +319,20 @@ class TrainRun(JobRun):
         retried job reuses it instead of sampling again."""
         saved = self.run_dir / "filter.json"
         indices = list(range(len(self.problems)))
+        took: dict[str, float] = {}
         if saved.exists():
             chosen = json.loads(saved.read_text())["indices"]
         else:
+            started = time.perf_counter()
             chosen = await self.cancel.guard(self.method.prepare(ctx, self.spec.method, indices))
             if chosen == indices:
                 return
+            # Where a pre-filter's time went: until the last completion, then programs still running.
+            took = {
+                "seconds": round(time.perf_counter() - started, 2),
+                "generate_s": round(ctx.timing.generate_s, 2),
+                "execute_tail_s": round(ctx.timing.execute_tail_s, 2),
+            }
             record = {
                 "indices": chosen,
                 "kept": [self.problems[i].task_id for i in chosen],
@@ -333,7 +341,7 @@ class TrainRun(JobRun):
             self.channel.gate()
             saved.write_text(json.dumps(record, indent=2))
         sampler.restrict(chosen)
-        self.summary["difficulty_filter"] = {"kept": len(chosen), "of": len(indices)}
+        self.summary["difficulty_filter"] = {"kept": len(chosen), "of": len(indices), **took}
         self.events.emit("difficulty_filter", kept=len(chosen), of=len(indices))
 
     async def _step(
