@@ -300,6 +300,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     as a stack's worker has it done before its first job."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import crucible_cli.spawn  # noqa: F401 (imported here, not by the threads below beside the warm-up)
     from crucible_trainer.runtime import warm
     from crucible_trainer.settings import Settings
 

@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> None:
         common.job_arguments(p)
         common.options(p, out=Path, every=(10, "save the adapter every N steps (and the last)"))
     devices = (None, "CUDA_VISIBLE_DEVICES of each replica, comma-separated")
-    common.options(crucible, generator_devices=devices, rows=(128, "rows of each generator"))
+    common.options(crucible, generator_devices=devices, rows=(256, "rows of each generator"))
     trl.add_argument("--engine", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on a CPU")
     for p in (evaluate, table):
         p.add_argument("runs", type=Path, nargs="+")

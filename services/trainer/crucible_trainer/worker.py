@@ -6,7 +6,7 @@ step boundary, checkpoints and goes back to the queue, where the next worker res
 worker then exits. At its start the worker records how many ranks it can launch for one job
 (`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), and
 every `served.REFRESH_S` which base models its generators serve (`worker_served`), which the gateway
-checks specs against. While it waits for its first job it imports what jobs run (`runtime.warm`).
+checks specs against. Before it takes its first job it imports what jobs run (`runtime.warm`).
 A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
@@ -17,6 +17,8 @@ import json
 import logging
 import threading
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def installable_models() -> dict[str, list[str]]:
@@ -85,6 +87,16 @@ def main() -> None:
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from crucible_trainer.runtime import warm
+
+    # The first job's imports, done before the worker registers (it is live once it can take a
+    # job fast), not beside a job: two threads importing one package's circular modules can each
+    # see the other's half-initialised module.
+    try:
+        log.info("imports for the first job: %.1f s", warm.warm_up())
+    except Exception as exc:  # a job that needs what failed reports it itself
+        log.warning("imports for the first job stopped: %s", exc)
+
     from redis import Redis
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -125,9 +137,6 @@ def main() -> None:
         daemon=True,
     )
     reporter.start()
-    from crucible_trainer.runtime import warm
-
-    warm.in_background()  # the first job's imports, done while the worker waits for it
     try:
         worker.work(burst=args.burst, with_scheduler=False)
     finally:

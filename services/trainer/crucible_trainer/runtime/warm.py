@@ -4,7 +4,9 @@ In a fresh process a job's first seconds went to importing torch, transformers a
 `hardware.resolve`: creating the CUDA context, reading the model's config and importing its family's
 transformers module (about 16 s on one H200 with Qwen2.5-Coder-1.5B, between the services being
 ready and the job's settings). None of it needs the generator or the sandbox. So the worker does
-it once at its start, and a local run (the benchmarks) does it while its services start.
+it once at its start, before it takes a job, and a local run (the benchmarks) does it on a thread
+while its services start, joined before the job runs: never beside the job's own imports, where
+two threads importing one package's circular modules can each get the other's half-made module.
 
 What the warm-up resolves is thrown away: the job resolves its settings again when it starts,
 against the memory the services hold by then. A warm-up that fails says nothing beyond a log
@@ -47,8 +49,7 @@ def warm_up(spec: Any | None = None) -> float:
 
 class WarmUp(threading.Thread):
     """`warm_up(spec)` on a thread of its own: `seconds` once it is done (None if it stopped).
-    Join it before the job starts (two threads importing one module wait on each other's import
-    lock; they do not break, but the job would wait anyway)."""
+    Join it before the job starts."""
 
     def __init__(self, spec: Any | None = None) -> None:
         super().__init__(name="crucible-warm-up", daemon=True)
