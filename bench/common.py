@@ -300,11 +300,14 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     as a stack's worker has it done before its first job."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import crucible_cli.spawn  # noqa: F401 (imported here, not by the threads below beside the warm-up)
+    import httpx
     from crucible_trainer.runtime import warm
     from crucible_trainer.settings import Settings
 
-    warming = warm.in_background(job) if job is not None and (os.cpu_count() or 1) >= WARM_MIN_CORES else None
+    warming = None
+    if job is not None and len(os.sched_getaffinity(0)) >= WARM_MIN_CORES:
+        httpx.Client().close()  # what the threads below import to poll health, imported before the warm-up
+        warming = warm.in_background(job)
     devices = [] if generator_url else (devices or [None])
     up: dict[str | int, Any] = {}  # the sandbox and generator i, as they come up
 
@@ -326,11 +329,14 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
             list(pool.map(one, keys))
         if warming is not None:
             warming.join()
-            print(f"trainer warm-up beside the services: {warming.seconds} s", flush=True)
+            took = "failed (the job meets it)" if warming.seconds is None else f"{warming.seconds:.1f} s"
+            print(f"trainer warm-up beside the services: {took}", flush=True)
         urls = [generator_url] if generator_url else [up[i].url for i in range(len(devices))]
         paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}
         yield Settings(generator_urls=urls, sandbox_url=up["sandbox"].url, **paths, **settings)
     finally:
+        if warming is not None:
+            warming.join()  # no import of it left running beside what the caller does next
         for service in up.values():
             service.stop()
 

@@ -174,13 +174,13 @@ print("dense checkpoint:", target)'
   tta-trl)  # [bench/tta.py trl arguments]: TRL's GRPOTrainer (vLLM colocate) on TTA_RECIPE, on the visible card
     python3 bench/tta.py trl "$TTA_RECIPE" --out "$TTA/trl" "${@:2}" ;;
   tta-2gpu)  # [A B [SEED]]: the job on cards A+B (default 2 3): DDP ranks + replicas, then the generator on B
-    # and the trainer on A with the next step's rollouts generated during the update (TTA_RECIPE-overlap);
+    # and the trainer on A with the next step's rollouts generated during the update (overlap.max_staleness 1);
     # their evaluations (a 2-GPU host: `tta-2gpu 0 1`; SEED: that seed's runs, labelled -sSEED)
     a=${2:-2} b=${3:-3} tag="" sets=()
     [ -n "${4:-}" ] && { tag="-s$4"; sets=(--set "seed=$4" --set "data.seed=$4"); }
     bash bench/gpu.sh tta-crucible "crucible-2gpu-ddp$tag" "$a,$b" "$a,$b" "${sets[@]}" \
       || echo "crucible-2gpu-ddp$tag failed"
-    TTA_RECIPE=$TTA_RECIPE-overlap bash bench/gpu.sh tta-crucible "crucible-2gpu-split-overlap$tag" "$a" "$b" \
+    bash bench/gpu.sh tta-crucible "crucible-2gpu-split-overlap$tag" "$a" "$b" --set overlap.max_staleness=1 \
       "${sets[@]}" || echo "crucible-2gpu-split-overlap$tag failed"
     bash bench/gpu.sh bg "ev-ddp$tag" tta-eval "$a" "crucible-2gpu-ddp$tag"
     bash bench/gpu.sh tta-eval "$b" "crucible-2gpu-split-overlap$tag" ;;

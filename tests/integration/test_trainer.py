@@ -208,7 +208,9 @@ def test_the_policy_loads_while_the_prefilter_samples(
     monkeypatch.setattr(train_module.TrainRun, "_prepare", prepare)
     monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
     # A random model solves nothing: the filter keeps the first problem, as if only it were sometimes solved.
-    monkeypatch.setattr(groups, "worth_training", lambda members, keep: members[0].task_index == 0)
+    monkeypatch.setattr(
+        groups, "worth_training", lambda members, keep: bool(members) and members[0].task_index == 0
+    )
     spec = tiny_job(
         method={"name": "grpo", "group_size": 2, "filter": {"mode": "pre", "pre_samples": 2}},
         rollout={"max_tokens": 24},

@@ -61,7 +61,7 @@ class WarmUp(threading.Thread):
             self.seconds = warm_up(self.spec)
             log.info("trainer warm-up: %.1f s", self.seconds)
         except Exception as exc:  # the job meets it again and reports it
-            log.info("trainer warm-up stopped: %s", exc)
+            log.warning("trainer warm-up stopped: %s", exc)
 
 
 def in_background(spec: Any | None = None) -> WarmUp:
