@@ -283,11 +283,6 @@ def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int =
     return start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
 
 
-# Hosts with this many cores warm the trainer while the services start (`services(job=...)`); on
-# fewer the imports compete with the services' own start (2 cores: 3 s saved, 6 s lost).
-WARM_MIN_CORES = 8
-
-
 @contextmanager
 def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str | None] | None = None,
              generator_url: str | None = None, max_loras: int = 4, generator_env: dict[str, str] | None = None,
@@ -296,8 +291,8 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     the caller's own), or the one at `generator_url`, spawned at once for the jobs of a benchmark and
     stopped at the end; yields the trainer's `Settings` pointing at them, with the adapters and run
     dirs under `work` (and any other `settings`). `generator_env`: more settings of every generator.
-    `job`: the spec about to run here, whose trainer cold start (`runtime.warm`) is taken meanwhile,
-    as a stack's worker has it done before its first job."""
+    `job`: the spec about to run here, whose trainer cold start (`runtime.warm`) is taken meanwhile
+    on a host with the cores for it, as a stack's worker has it done before its first job."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -305,7 +300,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     from crucible_trainer.settings import Settings
 
     warming = None
-    if job is not None and len(os.sched_getaffinity(0)) >= WARM_MIN_CORES:
+    if job is not None and warm.worth_it():
         httpx.Client().close()  # what the threads below import to poll health, imported before the warm-up
         warming = warm.in_background(job)
     devices = [] if generator_url else (devices or [None])

@@ -45,7 +45,7 @@ def stands(monkeypatch):
 
     monkeypatch.setattr(common, "sandbox", sandbox)
     monkeypatch.setattr(common, "spawn_generator", generator)
-    monkeypatch.setattr(common, "WARM_MIN_CORES", 1)
+    monkeypatch.setattr(warm, "MIN_CORES", 1)
     monkeypatch.setattr(warm, "warm_up", warm_up)
     return log
 
@@ -77,7 +77,7 @@ def test_a_service_that_fails_to_start_stops_the_others_and_the_warm_up(stands, 
 def test_no_warm_up_without_a_job_or_on_a_small_host(stands, tmp_path, monkeypatch) -> None:
     with common.services(tmp_path, "m", devices=["0", "1"]):
         pass
-    monkeypatch.setattr(common, "WARM_MIN_CORES", 10**6)
+    monkeypatch.setattr(warm, "MIN_CORES", 10**6)
     with common.services(tmp_path, "m", devices=["0", "1"], job=TrainJob()):
         pass
     assert not any(line.startswith("warmed") for line in stands)

@@ -94,3 +94,13 @@ def test_a_failed_warm_up_is_quiet_and_leaves_the_error_to_the_job(caplog, monke
     ok = warm.in_background(None)
     ok.join(120)
     assert ok.seconds is not None and ok.seconds >= 0
+
+
+def test_only_a_host_with_cores_to_spare_warms_up(monkeypatch) -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(warm, "MIN_CORES", cores)
+    assert warm.worth_it()
+    monkeypatch.setattr(warm, "MIN_CORES", cores + 1)
+    assert not warm.worth_it()

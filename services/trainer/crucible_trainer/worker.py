@@ -6,7 +6,8 @@ step boundary, checkpoints and goes back to the queue, where the next worker res
 worker then exits. At its start the worker records how many ranks it can launch for one job
 (`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), and
 every `served.REFRESH_S` which base models its generators serve (`worker_served`), which the gateway
-checks specs against. Before it takes its first job it imports what jobs run (`runtime.warm`).
+checks specs against. Before it takes its first job it imports what jobs run (`runtime.warm`; on
+hosts of 8 cores or more).
 A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
@@ -92,10 +93,11 @@ def main() -> None:
     # The first job's imports, done before the worker registers (it is live once it can take a
     # job fast), not beside a job: two threads importing one package's circular modules can each
     # see the other's half-initialised module.
-    try:
-        log.info("imports for the first job: %.1f s", warm.warm_up())
-    except Exception as exc:  # a job that needs what failed reports it itself
-        log.warning("imports for the first job stopped: %s", exc)
+    if warm.worth_it():
+        try:
+            log.info("imports for the first job: %.1f s", warm.warm_up())
+        except Exception as exc:  # a job that needs what failed reports it itself
+            log.warning("imports for the first job stopped: %s", exc)
 
     from redis import Redis
     from redis.backoff import NoBackoff

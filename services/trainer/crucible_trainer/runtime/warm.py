@@ -3,8 +3,8 @@
 In a fresh process a job's first seconds went to importing torch, transformers and PEFT, then to
 `hardware.resolve`: creating the CUDA context, reading the model's config and importing its family's
 transformers module (about 16 s on one H200 with Qwen2.5-Coder-1.5B, between the services being
-ready and the job's settings). None of it needs the generator or the sandbox. So the worker does
-it once at its start, before it takes a job, and a local run (the benchmarks) does it on a thread
+ready and the job's settings). None of it needs the generator or the sandbox. So, on a host with
+the cores for it (`worth_it`), the worker does it once at its start, before it takes a job, and a local run (the benchmarks) does it on a thread
 while its services start, joined before the job runs: never beside the job's own imports, where
 two threads importing one package's circular modules can each get the other's half-made module.
 
@@ -17,11 +17,21 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 import time
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# Fewer cores than this: no warm-up. There the imports compete with the services' own start (on 2
+# cores: 3 s saved, 6 s lost), and a CPU job's minutes dwarf them.
+MIN_CORES = 8
+
+
+def worth_it() -> bool:
+    """Whether this process has the cores to warm up beside whatever else is starting."""
+    return len(os.sched_getaffinity(0)) >= MIN_CORES
 
 
 def warm_up(spec: Any | None = None) -> float:
