@@ -386,6 +386,8 @@ STEP_KEYS = {
     "crucible": ("time/step_s", "reward_mean", "completion_tokens_mean"),
     "trl": ("step_time", "reward", "completions/mean_length"),
 }
+# Crucible's step, part by part (medians over steps 2+), and the programs' tails summed over the run.
+PARTS = {"median_generate_s": "time/generate_s", "median_update_s": "time/train_s"}
 
 
 def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -397,6 +399,10 @@ def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     >>> training("trl", rows)  # doctest: +NORMALIZE_WHITESPACE
     {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8,
      'tokens_first': 100.0, 'tokens_last': 100.0}
+    >>> rows = [{"time/step_s": 3.0, "time/generate_s": g, "time/train_s": 1.0, "time/execute_tail_s": 0.5}
+    ...         for g in (2.0, 1.0, 1.5)]
+    >>> {k: v for k, v in training("crucible", rows).items() if k.startswith(("median_", "tail"))}
+    {'median_step_s': 3.0, 'median_generate_s': 1.25, 'median_update_s': 1.0, 'tail_sum_s': 1.5}
     """
     seconds, reward, tokens = STEP_KEYS[engine]
     rows = [r for r in rows if seconds in r]
@@ -411,6 +417,9 @@ def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"steps": len(rows), "median_step_s": round(common.later_median(rows, seconds), 3)}
     for name, key in (("reward", reward), ("tokens", tokens)):
         out |= {f"{name}_first": mean(rows[:quarter], key), f"{name}_last": mean(rows[-quarter:], key)}
+    if engine == "crucible":
+        out |= {k: round(common.later_median(rows, key), 3) for k, key in PARTS.items()}
+        out["tail_sum_s"] = round(sum(r.get("time/execute_tail_s") or 0.0 for r in rows), 1)
     return out
 
 
@@ -492,6 +501,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         pts, run = curves[name], r["run"]
         row = {k: run.get(k) for k in ("engine", "gpus", "placement")} | {"points": pts}
         row |= {"wall_s": run.get("wall_s"), "train_start_s": run.get("train_start_s")}
+        row["first_step_s"] = (run.get("phases") or {}).get("metrics:1")  # since the process started
         row |= {"final": pts[-1] if pts else None, "training": training(run["engine"], r.get("metrics", []))}
         if trl_final and name != trl and pts:
             # TRL's final no better than the base it started from: a time to reach it is no figure.
@@ -571,6 +581,7 @@ FIGURES = [
     ("reach_one_gpu_final_s", "to 1-GPU final", "{:.0f} s"),
     ("reach_over_one_gpu", "x 1 GPU", "{:.2f}"),
     ("train_start_s", "start-up (to the job)", "{:.0f} s"),
+    ("first_step_s", "first step done", "{:.0f} s"),
     ("wall_s", "wall", "{:.0f} s"),
     ("last_point_over_trl", "last point x TRL", "{:.2f}"),
     ("last_point_over_one_gpu", "last point x 1 GPU", "{:.2f}"),
