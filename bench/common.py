@@ -304,6 +304,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
         httpx.Client().close()  # what the threads below import to poll health, imported before the warm-up
         warming = warm.in_background(job)
     devices = [] if generator_url else (devices or [None])
+    many = len(devices) > 1
     up: dict[str | int, Any] = {}  # the sandbox and generator i, as they come up
 
     def one(key: str | int) -> None:
@@ -312,9 +313,9 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
             return
         i = int(key)
         # Replicas sharing a CPU decode on one thread each.
-        env = {"CRUCIBLE_GENERATOR_THREADS": "1"} if len(devices) > 1 else {}
+        env = {"CRUCIBLE_GENERATOR_THREADS": "1"} if many else {}
         env = {"CUDA_VISIBLE_DEVICES": devices[i]} if devices[i] else env
-        log = f"generator-{i}.log" if len(devices) > 1 else "generator.log"
+        log = f"generator-{i}.log" if many else "generator.log"
         env |= generator_env or {}
         up[i] = spawn_generator(work, model, rows, max_loras=max_loras, env=env, log=log, timeout=900)
 

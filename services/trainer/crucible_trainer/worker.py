@@ -6,9 +6,8 @@ step boundary, checkpoints and goes back to the queue, where the next worker res
 worker then exits. At its start the worker records how many ranks it can launch for one job
 (`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), and
 every `served.REFRESH_S` which base models its generators serve (`worker_served`), which the gateway
-checks specs against. Before it takes its first job it imports what jobs run (`runtime.warm`; on
-hosts of 8 cores or more).
-A second SIGTERM stops at once (RQ's cold shutdown).
+checks specs against. Before it takes its first job it imports what jobs run (`runtime.warm`, on
+hosts of 8 cores or more). A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ import json
 import logging
 import threading
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def installable_models() -> dict[str, list[str]]:
@@ -94,10 +91,7 @@ def main() -> None:
     # job fast), not beside a job: two threads importing one package's circular modules can each
     # see the other's half-initialised module.
     if warm.worth_it():
-        try:
-            log.info("imports for the first job: %.1f s", warm.warm_up())
-        except Exception as exc:  # a job that needs what failed reports it itself
-            log.warning("imports for the first job stopped: %s", exc)
+        warm.attempt()
 
     from redis import Redis
     from redis.backoff import NoBackoff

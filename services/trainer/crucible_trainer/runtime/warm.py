@@ -4,13 +4,14 @@ In a fresh process a job's first seconds went to importing torch, transformers a
 `hardware.resolve`: creating the CUDA context, reading the model's config and importing its family's
 transformers module (about 16 s on one H200 with Qwen2.5-Coder-1.5B, between the services being
 ready and the job's settings). None of it needs the generator or the sandbox. So, on a host with
-the cores for it (`worth_it`), the worker does it once at its start, before it takes a job, and a local run (the benchmarks) does it on a thread
-while its services start, joined before the job runs: never beside the job's own imports, where
-two threads importing one package's circular modules can each get the other's half-made module.
+the cores for it (`worth_it`), the worker does it once at its start, before it takes a job, and a
+local run (the benchmarks) does it on a thread while its services start, joined before the job
+runs: never beside the job's own imports, where two threads importing one package's circular
+modules can each get the other's half-made module.
 
 What the warm-up resolves is thrown away: the job resolves its settings again when it starts,
 against the memory the services hold by then. A warm-up that fails says nothing beyond a log
-line: the job meets the same problem and reports it properly.
+line (`attempt`): the job meets the same problem and reports it properly.
 """
 
 from __future__ import annotations
@@ -57,8 +58,19 @@ def warm_up(spec: Any | None = None) -> float:
     return time.perf_counter() - started
 
 
+def attempt(spec: Any | None = None) -> float | None:
+    """`warm_up(spec)`, logged: its seconds, or None (and a warning) when it stopped."""
+    try:
+        seconds = warm_up(spec)
+    except Exception as exc:  # the job meets it again and reports it
+        log.warning("trainer warm-up stopped: %s", exc)
+        return None
+    log.info("trainer warm-up: %.1f s", seconds)
+    return seconds
+
+
 class WarmUp(threading.Thread):
-    """`warm_up(spec)` on a thread of its own: `seconds` once it is done (None if it stopped).
+    """`attempt(spec)` on a thread of its own: `seconds` once it is done (None if it stopped).
     Join it before the job starts."""
 
     def __init__(self, spec: Any | None = None) -> None:
@@ -67,11 +79,7 @@ class WarmUp(threading.Thread):
         self.seconds: float | None = None
 
     def run(self) -> None:
-        try:
-            self.seconds = warm_up(self.spec)
-            log.info("trainer warm-up: %.1f s", self.seconds)
-        except Exception as exc:  # the job meets it again and reports it
-            log.warning("trainer warm-up stopped: %s", exc)
+        self.seconds = attempt(self.spec)
 
 
 def in_background(spec: Any | None = None) -> WarmUp:
