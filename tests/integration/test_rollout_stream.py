@@ -1,5 +1,6 @@
 """Streamed rollouts against the real sandbox: a completion's program runs while later completions
-are still being generated, and every sample keeps its place, result and reward."""
+are still being generated, and every sample keeps its place, result and reward (and what a length
+penalty took off it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from crucible_shared.jobs import DataSpec, RewardSpec
 from crucible_shared.openai_protocol import CompletionLogProbs, CompletionResponseChoice
 from crucible_shared.sandbox_client import SandboxClient
+from crucible_trainer.methods.groups import assign_group_advantages, informative, worth_training
 from crucible_trainer.rl.rollout import Prompt, Roller, Timing
 from crucible_trainer.tasks import load_tasks
 
@@ -115,3 +117,29 @@ def test_a_stream_short_of_completions_fails_the_rollout(sandbox):
 
     with pytest.raises(RuntimeError, match="streamed 1 of 2 completions"):
         roll_one_prompt(sandbox.url, Short())
+
+
+def test_a_length_penalty_is_centred_but_never_sets_a_groups_scale(sandbox):
+    """Rolled against the real sandbox with a length penalty: a group whose programs all pass keeps
+    only its centred penalty (a hundredth, not ±1 from dividing the penalty by its own spread);
+    a group that splits is scaled by its tests' spread; only it is informative."""
+    tasks = load_tasks(DataSpec(dataset="mbpp", split="train", limit=2))
+    right = [t.reference for t in tasks]
+    texts = [right[0], right[0], "def nothing(): pass\n", right[1]]  # 5, 6, 7 and 8 tokens
+
+    async def go():
+        async with Spy(sandbox.url) as spy:
+            spec = RewardSpec(kind="all_pass", length_penalty=1.0)  # 0.01 a token
+            roller = Roller(Generator(texts, spy), spy, tasks, spec, extract=lambda text, task: text)
+            prompts = [Prompt(task_index=0, group=0, text="a"), Prompt(task_index=1, group=1, text="b")]
+            return await roller.roll(
+                prompts, model="m", n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=0
+            )
+
+    out = asyncio.run(go())
+    assert [x.reward for x in out] == pytest.approx([0.95, 0.94, -0.07, 0.92])
+    assert [x.task_reward for x in out] == pytest.approx([1.0, 1.0, 0.0, 1.0])
+    assign_group_advantages(out, "group")
+    assert [x.advantage for x in out] == pytest.approx([0.005, -0.005, -0.99, 0.99], abs=1e-3)
+    assert informative(out) == [1]
+    assert not worth_training(out[:2], "reward_spread") and worth_training(out[2:], "reward_spread")

@@ -32,7 +32,10 @@ class RewardSpec(_Spec):
         "fraction", description="all_pass 1/0; fraction of tests passed; graded execution reward."
     )
     length_penalty: float = Field(
-        0.0, ge=0, le=100, description="alpha in r - alpha * generated_tokens / 100."
+        0.0,
+        ge=0,
+        le=100,
+        description="alpha in r - alpha * generated_tokens / 100 (group advantages take their spread from r before it).",
     )
     time_limit_s: float = Field(
         5.0,

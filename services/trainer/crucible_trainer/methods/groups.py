@@ -45,7 +45,8 @@ def assign_group_advantages(batch: list[Sample], scale: str) -> tuple[int, int]:
     rewards = [[s.reward for s in groups[k]] for k in keys]
     if not rewards:
         return 0, 0
-    for k, adv in zip(keys, group_advantages(rewards, scale=scale), strict=True):
+    task = [[s.task_reward for s in groups[k]] for k in keys]  # the spread is the tests', not the length's
+    for k, adv in zip(keys, group_advantages(rewards, scale=scale, task=task), strict=True):
         for s, a in zip(groups[k], adv, strict=True):
             s.advantage = a
     return len(keys), zero_signal(rewards)
@@ -59,12 +60,13 @@ def zero_signal_metrics(batch: list[Sample]) -> dict[str, float]:
 
 
 def informative(batch: list[Sample]) -> list[int]:
-    """Ids of the groups whose rewards differ (in order of first appearance)."""
+    """Ids of the groups whose task rewards differ (in order of first appearance): a length
+    penalty alone does not make a group worth its place in the step."""
     groups = by_group(batch)
     return [
         g
         for g, members in groups.items()
-        if max(s.reward for s in members) - min(s.reward for s in members) > 1e-9
+        if max(s.task_reward for s in members) - min(s.task_reward for s in members) > 1e-9
     ]
 
 
@@ -146,7 +148,7 @@ def worth_training(members: list[Sample], keep: str) -> bool:
     """
     if not members:
         return False
-    if keep == "reward_spread":
-        return len({s.reward for s in members}) > 1
+    if keep == "reward_spread":  # of the tests' reward: every length differs
+        return len({s.task_reward for s in members}) > 1
     rate = sum(1 for s in members if s.result and s.result.status == "passed") / len(members)
     return 0 < rate < 1

@@ -25,9 +25,27 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def group_advantages(
-    groups: list[list[float]], scale: Literal["group", "batch", "none"] = "group"
+    groups: list[list[float]],
+    scale: Literal["group", "batch", "none"] = "group",
+    task: list[list[float]] | None = None,
 ) -> list[list[float]]:
-    """GRPO: reward minus its group's mean, divided by the group's std, the batch's std, or 1."""
+    """GRPO: reward minus its group's mean, divided by the group's std, the batch's std, or 1.
+
+    `task`, the same rewards before a length penalty, sets the spread instead: the penalty is
+    centred with the rest but never sets the scale. Without it, a group whose tests all agree
+    would have its length differences divided by their own tiny spread, and a penalty of 0.01
+    per 100 tokens would weigh as much as passing the tests (docs/benchmarks.md: such runs
+    collapsed to 30-token answers). A group whose task rewards agree keeps its centred
+    penalty unscaled.
+
+    >>> group_advantages([[0.99, 0.98]], task=[[1.0, 1.0]])
+    [[0.005, -0.005]]
+    >>> group_advantages([[0.99, 0.98]])  # the same group, its spread from the penalty alone
+    [[0.9998, -0.9998]]
+    >>> group_advantages([[0.99, -0.02]], task=[[1.0, 0.0]])
+    [[1.01, -1.01]]
+    """
+    task = task if task is not None else groups
     centred = []
     for rewards in groups:
         mean, _ = _mean_std(rewards)
@@ -35,12 +53,12 @@ def group_advantages(
     if scale == "none":
         return [[round(a, 4) for a in g] for g in centred]
     if scale == "batch":
-        _, std = _mean_std([r for g in groups for r in g])
+        _, std = _mean_std([r for g in task for r in g])
         return [[round(a / (std + EPS), 4) for a in g] for g in centred]
     out = []
-    for rewards, adv in zip(groups, centred, strict=True):
-        _, std = _mean_std(rewards)
-        out.append([round(a / (std + EPS), 4) if std > 0 else 0.0 for a in adv])
+    for spread, adv in zip(task, centred, strict=True):
+        _, std = _mean_std(spread)
+        out.append([round(a / (std + EPS), 4) if std > 0 else round(a, 4) for a in adv])
     return out
 
 

@@ -71,11 +71,19 @@ def graded(result: RunResult) -> float:
 _KINDS = {"all_pass": all_pass, "fraction": fraction, "graded": graded}
 
 
+def length_cost(generated_tokens: int, length_penalty: float) -> float:
+    """What the length penalty takes off a sample's reward: alpha per 100 generated tokens.
+
+    >>> length_cost(150, 0.1)
+    0.15
+    """
+    return round(length_penalty * generated_tokens / 100.0, 10)
+
+
 def reward(
     result: RunResult, kind: RewardKind, *, generated_tokens: int = 0, length_penalty: float = 0.0
 ) -> float | None:
     """The scalar reward of one sample, or None for an infrastructure fault (drop the sample)."""
     if result.status == RunStatus.sandbox_error:
         return None
-    value = _KINDS[kind](result) - length_penalty * generated_tokens / 100.0
-    return round(value, 10)
+    return round(_KINDS[kind](result) - length_cost(generated_tokens, length_penalty), 10)

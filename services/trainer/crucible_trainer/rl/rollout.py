@@ -20,6 +20,7 @@ from crucible_shared.jobs import RewardSpec
 from crucible_shared.sandbox import RunResult
 from crucible_shared.sandbox_client import SandboxClient
 
+from crucible_trainer.rl.rewards import length_cost
 from crucible_trainer.rl.rewards import reward as reward_of
 
 LINGER_S = 0.02  # how long a finished completion waits for others to share its sandbox batch
@@ -41,11 +42,17 @@ class Sample:
     parent: int | None = None  # index of the c1 sample a refinement refines
     result: RunResult | None = None
     reward: float | None = None
+    length_cost: float = 0.0  # the length penalty inside `reward` (rewards.length_cost)
     advantage: float = 0.0
     problem_id: str | None = None  # its label in rollout logs when not its task's id (a game's turn)
     info: dict[str, Any] = field(default_factory=dict)  # extra columns of its rollout-log row
     version: int = 0  # the policy version (published adapter) that sampled it; gen_logprobs are its
     is_weights: list[float] | None = None  # per-token importance weights of its update (rl/correction.py)
+
+    @property
+    def task_reward(self) -> float | None:
+        """The reward before the length penalty: what the program's run earned."""
+        return None if self.reward is None else round(self.reward + self.length_cost, 10)
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Roller:
             requests = [self.tasks[x.task_index].run_request(x.code, limits) for x in batch]
             for x, result in zip(batch, await self.sandbox.run_batch(requests), strict=True):
                 x.result = result
+                x.length_cost = length_cost(len(x.completion_ids), self.reward_spec.length_penalty)
                 x.reward = reward_of(
                     result,
                     self.reward_spec.kind,
