@@ -270,7 +270,10 @@ def run_trl(args: argparse.Namespace) -> None:
     placement = {"trainer_cards": visible_cards(), "engine": engine}
     extra = {"eval": eval_settings(spec), "gpus": 1, "placement": placement}
     extra |= {"trl_config": config, "model_dir": model_dir, "bf16_copy_s": round(prepared, 1)}
-    record = Record(out, "trl", spec, extra | {"not_matched": unfiltered if mode != "none" else {}})
+    not_matched = unfiltered if mode != "none" else {}
+    if spec.reward.length_penalty and spec.method.scale != "none":  # rl/advantages.group_advantages
+        not_matched["reward.length_penalty"] = "TRL divides the penalised rewards by their own spread"
+    record = Record(out, "trl", spec, extra | {"not_matched": not_matched})
     if engine == "vllm":  # colocate mode runs vLLM in this process through torch.distributed: a world of one
         world = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
         for key, value in (world | {"MASTER_PORT": str(free_port())}).items():

@@ -82,7 +82,8 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
         subprocess.run([sys.executable, "bench/tta.py", *args], cwd=ROOT, check=True, timeout=900, env=env)
 
     run("crucible", "tiny", *sets, "--rows", "8", "--out", str(tmp_path / "crucible-1gpu"))
-    run("trl", "tiny", *sets, "--engine", "hf", "--out", str(tmp_path / "trl"))
+    penalty = ["--set", "reward.length_penalty=0.01"]  # which TRL scales differently: recorded as such
+    run("trl", "tiny", *sets, *penalty, "--engine", "hf", "--out", str(tmp_path / "trl"))
     for name in ("crucible-1gpu", "trl"):
         record = json.loads((tmp_path / name / "run.json").read_text())
         points = record["points"]
@@ -93,7 +94,9 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
         for p in points[1:]:
             assert (Path(p["adapter"]) / "adapter_model.safetensors").is_file()
         assert record["eval"]["max_tokens"] == 24 and record["job"]["optim"]["steps"] == 2
-    assert json.loads((tmp_path / "trl" / "run.json").read_text())["rewards"]["scored"] == 2 * 2 * 2
+    trl = json.loads((tmp_path / "trl" / "run.json").read_text())
+    assert trl["rewards"]["scored"] == 2 * 2 * 2
+    assert "own spread" in trl["not_matched"]["reward.length_penalty"]
     # Crucible's start-up, phase by phase: the job's first events in the order they came
     phases = json.loads((tmp_path / "crucible-1gpu" / "run.json").read_text())["phases"]
     order = ["status:starting", "settings", "metrics:1", "metrics:2", "status:finished"]
