@@ -10,7 +10,12 @@ import pytest
 from crucible_shared.jobs import DataSpec, RewardSpec
 from crucible_shared.openai_protocol import CompletionLogProbs, CompletionResponseChoice
 from crucible_shared.sandbox_client import SandboxClient
-from crucible_trainer.methods.groups import assign_group_advantages, informative, worth_training
+from crucible_trainer.methods.groups import (
+    assign_group_advantages,
+    informative,
+    worth_training,
+    zero_signal_metrics,
+)
 from crucible_trainer.rl.rollout import Prompt, Roller, Timing
 from crucible_trainer.tasks import load_tasks
 
@@ -141,5 +146,5 @@ def test_a_length_penalty_is_centred_but_never_sets_a_groups_scale(sandbox):
     assert [x.task_reward for x in out] == pytest.approx([1.0, 1.0, 0.0, 1.0])
     assign_group_advantages(out, "group")
     assert [x.advantage for x in out] == pytest.approx([0.005, -0.005, -0.99, 0.99], abs=1e-3)
-    assert informative(out) == [1]
+    assert informative(out) == [1] and zero_signal_metrics(out)["zero_signal_groups"] == 1
     assert not worth_training(out[:2], "reward_spread") and worth_training(out[2:], "reward_spread")

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from crucible_shared.jobs import GroupFilter
 
-from crucible_trainer.rl.advantages import group_advantages, zero_signal
+from crucible_trainer.rl.advantages import SAME, group_advantages, zero_signal
 from crucible_trainer.rl.context import StepContext, first_prompts
 from crucible_trainer.rl.rollout import Sample
 
@@ -49,13 +49,14 @@ def assign_group_advantages(batch: list[Sample], scale: str) -> tuple[int, int]:
     for k, adv in zip(keys, group_advantages(rewards, scale=scale, task=task), strict=True):
         for s, a in zip(groups[k], adv, strict=True):
             s.advantage = a
-    return len(keys), zero_signal(rewards)
+    return len(keys), zero_signal(task)
 
 
 def zero_signal_metrics(batch: list[Sample]) -> dict[str, float]:
-    """How many of the sampled groups carry no learning signal."""
+    """How many of the sampled groups carry no signal from the tests (a length penalty's alone
+    does not count, as `informative` has it)."""
     groups = by_group(batch)
-    zero = zero_signal([[s.reward for s in members] for members in groups.values()]) if groups else 0
+    zero = zero_signal([[s.task_reward for s in members] for members in groups.values()]) if groups else 0
     return {"zero_signal_groups": float(zero), "zero_signal_fraction": zero / len(groups) if groups else 1.0}
 
 
@@ -66,7 +67,7 @@ def informative(batch: list[Sample]) -> list[int]:
     return [
         g
         for g, members in groups.items()
-        if max(s.task_reward for s in members) - min(s.task_reward for s in members) > 1e-9
+        if max(s.task_reward for s in members) - min(s.task_reward for s in members) > SAME
     ]
 
 

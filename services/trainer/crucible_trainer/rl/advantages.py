@@ -16,6 +16,7 @@ import math
 from typing import Literal
 
 EPS = 1e-6
+SAME = 1e-9  # task rewards closer than this agree (as methods.groups.informative reads them)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -35,8 +36,8 @@ def group_advantages(
     centred with the rest but never sets the scale. Without it, a group whose tests all agree
     would have its length differences divided by their own tiny spread, and a penalty of 0.01
     per 100 tokens would weigh as much as passing the tests (docs/benchmarks.md: such runs
-    collapsed to 30-token answers). A group whose task rewards agree keeps its centred
-    penalty unscaled.
+    collapsed to 30-token answers). Where the task rewards agree (a group's, or with
+    `scale: batch` the whole batch's), the centred penalty stays unscaled.
 
     >>> group_advantages([[0.99, 0.98]], task=[[1.0, 1.0]])
     [[0.005, -0.005]]
@@ -44,6 +45,8 @@ def group_advantages(
     [[0.9998, -0.9998]]
     >>> group_advantages([[0.99, -0.02]], task=[[1.0, 0.0]])
     [[1.01, -1.01]]
+    >>> group_advantages([[0.99, 0.98], [0.97, 0.99]], scale="batch", task=[[1.0, 1.0], [1.0, 1.0]])
+    [[0.005, -0.005], [-0.01, 0.01]]
     """
     task = task if task is not None else groups
     centred = []
@@ -54,12 +57,15 @@ def group_advantages(
         return [[round(a, 4) for a in g] for g in centred]
     if scale == "batch":
         _, std = _mean_std([r for g in task for r in g])
-        return [[round(a / (std + EPS), 4) for a in g] for g in centred]
-    out = []
-    for spread, adv in zip(task, centred, strict=True):
-        _, std = _mean_std(spread)
-        out.append([round(a / (std + EPS), 4) if std > 0 else round(a, 4) for a in adv])
-    return out
+        return [[_scaled(a, std) for a in g] for g in centred]
+    spreads = [_mean_std(g)[1] for g in task]
+    return [[_scaled(a, std) for a in adv] for std, adv in zip(spreads, centred, strict=True)]
+
+
+def _scaled(a: float, std: float) -> float:
+    """`a` over the task rewards' spread; unscaled where they agree (there is only a penalty to
+    centre, and dividing it by EPS would make it a million times the tests' weight)."""
+    return round(a / (std + EPS), 4) if std > SAME else round(a, 4)
 
 
 def zero_signal(groups: list[list[float]]) -> int:
@@ -68,7 +74,7 @@ def zero_signal(groups: list[list[float]]) -> int:
     >>> zero_signal([[1, 1], [0, 1], [0, 0]])
     2
     """
-    return sum(1 for g in groups if max(g) - min(g) < 1e-9)
+    return sum(1 for g in groups if max(g) - min(g) < SAME)
 
 
 def batch_normalised(rewards: list[float]) -> list[float]:
