@@ -7,7 +7,7 @@ the runs' clocks) and the curves compared. `trl` on its own is also the GRPO rac
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
     python bench/tta.py eval DIR [DIR ...] [--tasks 500] [--humaneval-tasks 164]
-    python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md [--learning DIR]
+    python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md [--learning DIR]   (one job's runs)
 
 RECIPE: a recipe of recipes/learning.yaml or a job spec file. Each run writes `DIR/run.json` (the
 job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json`.
@@ -659,11 +659,58 @@ def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return rows
 
 
+# Fields in which the runs of one table may differ: the seed, where the job runs and how it is
+# batched, its own evaluation (the table evaluates every run alike) and its bookkeeping.
+PLACEMENT = ("seed", "data.seed", "distributed.", "overlap.", "optim.micro_batch", "eval", "name", "publish.",
+             "logging.", "checkpoint.", "max_attempts")  # fmt: skip
+
+
+def learning_job(job: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`job`'s fields as flat `a.b` keys, without those in which one table's runs may differ.
+
+    >>> learning_job({"seed": 3, "reward": {"length_penalty": 0.01}, "optim": {"lr": 1e-4, "micro_batch": 8}})
+    {'reward.length_penalty': 0.01, 'optim.lr': 0.0001}
+    """
+    out: dict[str, Any] = {}
+    for key, value in job.items():
+        if isinstance(value, dict):
+            out |= learning_job(value, f"{prefix}{key}.")
+        elif not f"{prefix}{key}".startswith(PLACEMENT):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def one_job(runs: dict[str, dict[str, Any]]) -> None:
+    """Refuse runs of different learning jobs: their means and ratios would mix them silently.
+
+    >>> one_job({"a": {"run": {"job": {"seed": 0, "optim": {"lr": 1e-4}}}},
+    ...          "b": {"run": {"job": {"seed": 1, "optim": {"lr": 1e-4}}}}})
+    >>> one_job({"a": {"run": {"job": {"reward": {"length_penalty": 0.0}}}},
+    ...          "b": {"run": {"job": {"reward": {"length_penalty": 0.01}}}}})
+    Traceback (most recent call last):
+    SystemExit: a and b train different jobs (reward.length_penalty: 0.0 against 0.01): table them apart
+    """
+    (first, r), *rest = runs.items()
+    job = learning_job(r["run"]["job"])
+    for name, other in rest:
+        theirs = learning_job(other["run"]["job"])
+        differ = sorted(k for k in job.keys() | theirs.keys() if job.get(k) != theirs.get(k))
+        if differ:
+            k = differ[0]
+            raise SystemExit(
+                f"{first} and {name} train different jobs ({k}: {job.get(k)} against {theirs.get(k)}): "
+                "table them apart"
+            )
+
+
 def run_table(args: argparse.Namespace) -> None:
     runs = {}
     for d in (d for d in args.runs if (d / "run.json").exists()):
         evals, metrics = common.read_json(d / "evals.json", {}), common.read_jsonl(d / "metrics.jsonl")
         runs[d.name] = {"run": common.read_json(d / "run.json"), "evals": evals, "metrics": metrics}
+    if not runs:
+        raise SystemExit("no run.json in " + ", ".join(map(str, args.runs)))
+    one_job(runs)
     result, means = compare(runs), seed_means(runs)
     text = markdown(result)
     if means:

@@ -76,14 +76,14 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     model = tiny_model(tmp_path / "model")
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CRUCIBLE_TRAINER_REDIS_URL")}
     env |= {"OMP_NUM_THREADS": "1", "CRUCIBLE_GENERATOR_THREADS": "1", "CRUCIBLE_MODEL_ROOTS": str(tmp_path)}
-    sets = ["--set", f"model.base={model}", "--every", "1"]
+    # with a length penalty, which TRL scales differently: its run records that
+    sets = ["--set", f"model.base={model}", "--set", "reward.length_penalty=0.01", "--every", "1"]
 
     def run(*args: str) -> None:
         subprocess.run([sys.executable, "bench/tta.py", *args], cwd=ROOT, check=True, timeout=900, env=env)
 
     run("crucible", "tiny", *sets, "--rows", "8", "--out", str(tmp_path / "crucible-1gpu"))
-    penalty = ["--set", "reward.length_penalty=0.01"]  # which TRL scales differently: recorded as such
-    run("trl", "tiny", *sets, *penalty, "--engine", "hf", "--out", str(tmp_path / "trl"))
+    run("trl", "tiny", *sets, "--engine", "hf", "--out", str(tmp_path / "trl"))
     for name in ("crucible-1gpu", "trl"):
         record = json.loads((tmp_path / name / "run.json").read_text())
         points = record["points"]
