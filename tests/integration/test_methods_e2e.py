@@ -71,6 +71,7 @@ def test_reinforce_and_ppo_jobs(gateway, workers, stack_dirs) -> None:
         for r in map(json.loads, path.read_text().splitlines()):
             base = 1.0 if r["status"] == "passed" else 0.0
             assert r["reward"] == pytest.approx(base - alpha * r["tokens"] / 100), r
+            assert r["length_cost"] == pytest.approx(alpha * r["tokens"] / 100), r  # what the penalty took
     assert all(r["reward_mean"] < 0 for r in rows if "reward_mean" in r)
     assert lora_b(stack_dirs["runs"] / job_id / "adapter" / "adapter_model.safetensors") > 0
 

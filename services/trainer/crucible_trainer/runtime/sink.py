@@ -39,6 +39,7 @@ def rollout_row(step: int, sample: Any, task_id: str) -> dict[str, Any]:
         "prompt_hash": hashlib.sha256(prompt).hexdigest()[:16],
         "completion": sample.text,
         "reward": sample.reward,
+        "length_cost": getattr(sample, "length_cost", 0.0),  # the length penalty inside `reward`
         "advantage": sample.advantage,
         "status": result.status.value if result is not None else None,
         "tests_passed": result.passed if result is not None else None,
