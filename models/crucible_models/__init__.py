@@ -237,10 +237,10 @@ def ensure_dense_checkpoint(name: str) -> Path:
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF model into a plain fp32 `save_pretrained` checkpoint in `out_dir`.
 
-    The GGUF's metadata is parsed as few times as transformers allows (each parse of a 151k-token
-    vocabulary takes seconds), and the plain model is built on the meta device and handed the
-    dequantised tensors, rather than randomly initialised and then overwritten (half a minute at
-    1.5B on a small CPU)."""
+    The config is the loaded model's (not the GGUF's metadata parsed again: each parse of a
+    151k-token vocabulary takes seconds), and the plain model is built on the meta device and
+    handed the dequantised tensors, rather than randomly initialised and then overwritten (half a
+    minute at 1.5B on a small CPU)."""
     import copy
 
     import torch

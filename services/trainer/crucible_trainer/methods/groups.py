@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from crucible_shared.jobs import GroupFilter
 
-from crucible_trainer.rl.advantages import SAME, group_advantages, zero_signal
+from crucible_trainer.rl.advantages import agree, group_advantages, zero_signal
 from crucible_trainer.rl.context import StepContext, first_prompts
 from crucible_trainer.rl.rollout import Sample
 
@@ -64,11 +64,7 @@ def informative(batch: list[Sample]) -> list[int]:
     """Ids of the groups whose task rewards differ (in order of first appearance): a length
     penalty alone does not make a group worth its place in the step."""
     groups = by_group(batch)
-    return [
-        g
-        for g, members in groups.items()
-        if max(s.task_reward for s in members) - min(s.task_reward for s in members) > SAME
-    ]
+    return [g for g, members in groups.items() if not agree([s.task_reward for s in members])]
 
 
 async def select_groups(

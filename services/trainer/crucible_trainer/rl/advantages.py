@@ -16,7 +16,7 @@ import math
 from typing import Literal
 
 EPS = 1e-6
-SAME = 1e-9  # task rewards closer than this agree (as methods.groups.informative reads them)
+SAME = 1e-9  # rewards closer than this agree (`agree`), a spread below it is none (`_scaled`)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -68,13 +68,22 @@ def _scaled(a: float, std: float) -> float:
     return round(a / (std + EPS), 4) if std > SAME else round(a, 4)
 
 
+def agree(values: list[float]) -> bool:
+    """Whether `values` are all equal (within `SAME`).
+
+    >>> agree([1.0, 1.0]), agree([0.0, 1.0])
+    (True, False)
+    """
+    return max(values) - min(values) < SAME
+
+
 def zero_signal(groups: list[list[float]]) -> int:
     """Number of groups whose rewards are all equal: they contribute no gradient.
 
     >>> zero_signal([[1, 1], [0, 1], [0, 0]])
     2
     """
-    return sum(1 for g in groups if max(g) - min(g) < SAME)
+    return sum(1 for g in groups if agree(g))
 
 
 def batch_normalised(rewards: list[float]) -> list[float]:
