@@ -2,7 +2,8 @@
 the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
 (`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
 `--compare compile`, eager or compiled passes (`optim.compile: default`); `--compare fused`,
-transformers' norms and MLPs or the fused kernels (`rl/fused.py`, CUDA with liger-kernel). The job is
+transformers' norms and MLPs or the fused kernels (`rl/fused.py`, CUDA with liger-kernel); `--compare
+lora`, PEFT's LoRA layers or `rl/fused.lora_forward` (beside whatever else `fuse` swaps). The job is
 bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is synthetic and seeded; the
 figures are per-arm medians of the update's own metrics, and each arm's first (warm-up) update is
 reported apart (`warmup_s`: with compile on, the compiler's time is there).
@@ -33,12 +34,13 @@ KEYS = {"update_s": None} | {f"{k}_s": f"time/update_{k}_s" for k in ("score", "
 KEYS |= {"optimizer_s": "time/update_optimizer_s"}
 KEYS |= {k: f"perf/update_{k}" for k in ("tokens_per_s_per_gpu", "peak_fraction")}
 # --compare -> its two arms, before then after: each sets one field of the optimizer spec
-# (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`, `fused_kernels`) one way.
+# (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`, `fused_kernels`, its LoRA layers) one way.
 ARMS = {
     "buckets": {"batch_order": ("length_buckets", False), "length_buckets": ("length_buckets", True)},
     "precision": {"peft_casting": ("mixed_precision", False), "mixed": ("mixed_precision", True)},
     "compile": {"eager": ("run_eager", True), "compiled": ("run_eager", False)},
     "fused": {"unfused": ("fused_kernels", False), "fused": ("fused_kernels", True)},
+    "lora": {"peft_lora": ("lora_layers", False), "fused_lora": ("lora_layers", True)},
 }
 
 
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     from crucible_trainer.methods import method_module
+    from crucible_trainer.rl import fused
     from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.update import update
     from crucible_trainer.runtime import hardware
@@ -117,6 +120,9 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             policy.mixed_precision(value)
         elif field == "fused_kernels":
             policy.fused_kernels(value)
+        elif field == "lora_layers":
+            policy.fused_kernels(False)
+            fused.fuse(policy.model, lora=value)
         else:
             policy.run_eager = value
         return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))

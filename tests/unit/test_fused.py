@@ -93,3 +93,108 @@ def test_nothing_is_swapped_without_the_kernels(monkeypatch):
     monkeypatch.setattr(fused, "kernels", lambda: None)
     model = tiny("llama")
     assert fused.fuse(model) == 0 and not any("forward" in vars(m) for m in model.modules())
+
+
+# -- LoRA layers (`fuse_lora`, any device: no package needed) ----------------------------------------
+
+
+def lora_model(name: str, dropout: float = 0.0):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(family_config(name))
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=dropout, init_lora_weights=False
+    )
+    return get_peft_model(model, config).train()
+
+
+def counted(monkeypatch) -> dict[str, int]:
+    calls = {"n": 0}
+    real = fused.lora_forward
+
+    def spy(layer, x):
+        calls["n"] += 1
+        return real(layer, x)
+
+    monkeypatch.setattr(fused, "lora_forward", spy)
+    return calls
+
+
+def logits_and_grads(model, ids):
+    model.zero_grad()
+    logits = model(ids).logits
+    logits.float().logsumexp(-1).sum().backward()
+    return logits.detach().float(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt-oss"])
+def test_fused_lora_layers_give_peft_s_logits_and_gradients(name, monkeypatch):
+    from peft.tuners.lora.layer import Linear
+
+    model = lora_model(name)
+    ids = torch.randint(10, 1000, (3, 9))
+    want, want_grads = logits_and_grads(model, ids)
+    layers = sum(type(m) is Linear for m in model.modules())
+    calls = counted(monkeypatch)
+    monkeypatch.setattr(fused, "kernels", lambda: None)  # the LoRA layers alone
+    assert fused.fuse(model, lora=True) == layers > 0
+    got, got_grads = logits_and_grads(model, ids)
+    assert calls["n"] == layers  # every adapted layer took the fused forward, once
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got_grads.keys() == want_grads.keys() and any("lora_B" in n for n in got_grads)
+    for n in want_grads:
+        torch.testing.assert_close(got_grads[n], want_grads[n], rtol=1e-4, atol=1e-6)
+    fused.unfuse(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_fused_lora_layers_under_bf16_autocast_stay_as_close_as_peft_s(monkeypatch):
+    """The trainer's mixed precision: bf16 products of float32 weights. The fused layer rounds
+    once where PEFT rounds the product, its scaling and the sum: no farther from float32."""
+    model = lora_model("qwen2")  # q/k/v biases
+    ids = torch.randint(10, 1000, (2, 12))
+    exact, exact_grads = logits_and_grads(model, ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, plain_grads = logits_and_grads(model, ids)
+        fused.fuse_lora(model)
+        calls = counted(monkeypatch)
+        got, got_grads = logits_and_grads(model, ids)
+    assert calls["n"] > 0
+    assert (got - exact).abs().max() <= 2 * (plain - exact).abs().max() + 1e-3
+    flat = lambda grads: torch.cat([grads[n].float().flatten() for n in sorted(grads)])  # noqa: E731
+    assert torch.nn.functional.cosine_similarity(flat(got_grads), flat(plain_grads), dim=0) > 0.99
+    assert torch.nn.functional.cosine_similarity(flat(got_grads), flat(exact_grads), dim=0) > 0.99
+
+
+def test_fused_lora_layers_leave_other_states_to_peft(monkeypatch):
+    """Adapters disabled (the KL reference's scoring), dropout in training, a merged adapter: PEFT's
+    own forward, with PEFT's answer."""
+    ids = torch.randint(10, 1000, (2, 7))
+    model = lora_model("llama")
+    with torch.no_grad(), model.disable_adapter():
+        plain = model(ids).logits
+    fused.fuse_lora(model)
+    calls = counted(monkeypatch)
+    with torch.no_grad(), model.disable_adapter():
+        disabled = model(ids).logits
+    assert calls["n"] == 0
+    torch.testing.assert_close(disabled, plain, rtol=0, atol=0)
+
+    dropped = lora_model("llama", dropout=0.5)
+    fused.fuse_lora(dropped)
+    torch.manual_seed(1)
+    dropped(ids)
+    assert calls["n"] == 0  # dropout in training: PEFT's forward draws the mask
+
+    with torch.no_grad():
+        want = model(ids).logits
+        assert calls["n"] > 0
+        model.merge_adapter()
+        calls["n"] = 0
+        merged = model(ids).logits
+    assert calls["n"] == 0
+    torch.testing.assert_close(merged, want, rtol=1e-4, atol=1e-4)

@@ -80,7 +80,7 @@ class DataParallel(Parallel):
                 policy.model, device_ids=[device.index] if device.type == "cuda" else None, **local
             )
         else:
-            # The fused norms and MLPs (rl/fused.py) have not run under FSDP's gathered weights yet.
+            # The fused norms, MLPs and LoRA layers (rl/fused.py) have not run under FSDP's gathered weights yet.
             policy.fused_kernels(False)
             shard(policy.model)
         self.runner = policy.runner if self.strategy == "ddp" else policy.model

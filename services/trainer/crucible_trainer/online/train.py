@@ -105,7 +105,7 @@ class TrainRun(JobRun):
         started = time.perf_counter()
         policy = self.make_policy()
         self.summary["policy_load_s"] = round(time.perf_counter() - started, 3)
-        self.summary["fused_modules"] = getattr(policy, "fused", 0)  # norms and MLPs on fused kernels
+        self.summary["fused_modules"] = getattr(policy, "fused", 0)  # norms, MLPs, LoRA layers fused
         return policy
 
     async def loaded_policy(self) -> Policy:

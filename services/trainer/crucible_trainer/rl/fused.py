@@ -1,4 +1,5 @@
-"""Fused RMSNorms and SwiGLU MLPs for the policy's passes on CUDA (Liger-Kernel's Triton kernels).
+"""Fused kernels for the policy's passes: RMSNorms and SwiGLU MLPs on CUDA (Liger-Kernel's Triton
+kernels), and LoRA layers on any device.
 
 At the sizes RL trains with LoRA the update's time goes mostly to memory-bound elementwise kernels,
 not to matrix multiplies (docs/benchmarks.md, "Where the 135M update's time goes": `mul`, `copy_`
@@ -11,12 +12,20 @@ before the weight, as Llama does; `silu(gate) * up`).
 transformers classes: other models in the process keep theirs), for the families whose modules
 compute exactly that (`NORMS`, `MLPS`; Gemma's `1 + weight` norms and GELU MLPs are left alone),
 and `unfuse` swaps them back, so that a step can run again without them and a benchmark can
-alternate the two. Adapter layers (PEFT's LoRA on `gate_proj` / `up_proj` / `down_proj`) are
-untouched: the fused MLP calls them as the original did. Without CUDA, or without the
+alternate the two. The fused MLP calls its projections (PEFT's LoRA layers on `gate_proj` /
+`up_proj` / `down_proj`) as the original did. Without CUDA, or without the
 `liger-kernel` package and Triton (requirements-nodeps.txt installs the package; CUDA builds of
-torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), nothing is swapped.
+torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), no norm or MLP is swapped.
 Under FSDP the ranks run transformers' modules (`distributed/parallel.py`: not measured there yet),
 and so does a policy whose passes are compiled (`optim.compile`: the compiler fuses them itself).
+
+`fuse(..., lora=True)` also swaps the forward of PEFT's LoRA layers on a plain `nn.Linear`. PEFT
+computes `base(x) + lora_B(lora_A(x)) * scaling`, which writes the adapter's output, scales it, and
+adds it: three passes over an output as large as the base layer's. Here the adapter's second
+matrix multiply adds into the base output (`addmm_`, scaling as its alpha). It is one kernel with
+nothing written beside the result, and its backward has no separate scaling. It needs no package.
+A layer in a state this forward does not compute (adapters disabled for the KL reference, merged,
+several adapters, dropout, DoRA, a bias on the adapter, hooks on the base layer) takes PEFT's own.
 """
 
 from __future__ import annotations
@@ -53,15 +62,15 @@ def kernels() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
     return rms_norm, silu_mul
 
 
-def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None) -> int:
+def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None, lora: bool = False) -> int:
     """Swap in the fused forward of every module of `model` that `NORMS` or `MLPS` names; returns
-    how many were swapped (0 when the kernels are not available). `impl`: the two functions to
-    use (default Liger's, see `kernels`)."""
+    how many were swapped (none of those when the kernels are not available). `impl`: the two
+    functions to use (default Liger's, see `kernels`). `lora`: PEFT's LoRA layers too (`fuse_lora`)."""
+    swapped = fuse_lora(model) if lora else 0
     impl = impl or kernels()
     if impl is None:
-        return 0
+        return swapped
     rms_norm, silu_mul = impl
-    swapped = 0
     for module in model.modules():
         kind = type(module).__name__
         if kind in NORMS and "forward" not in vars(module):
@@ -70,26 +79,88 @@ def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None) 
             def norm_forward(x: torch.Tensor, m: Any = module, e: float = eps) -> torch.Tensor:
                 return rms_norm(x, m.weight, e)
 
-            module.forward = norm_forward
+            module.forward = _mark(norm_forward)
             swapped += 1
         elif kind in MLPS and "forward" not in vars(module) and _silu(module):
 
             def mlp_forward(x: torch.Tensor, m: Any = module) -> torch.Tensor:
                 return m.down_proj(silu_mul(m.gate_proj(x), m.up_proj(x)))
 
-            module.forward = mlp_forward
+            module.forward = _mark(mlp_forward)
             swapped += 1
     return swapped
+
+
+def fuse_lora(model: torch.nn.Module) -> int:
+    """Swap in `lora_forward` on every PEFT LoRA layer of `model` whose base is a plain
+    `nn.Linear`; returns how many were swapped."""
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return 0
+    swapped = 0
+    for module in model.modules():
+        if (
+            type(module) is LoraLinear
+            and type(module.base_layer) is torch.nn.Linear
+            and "forward" not in vars(module)
+        ):
+
+            def forward(x: torch.Tensor, *args: Any, m: Any = module, **kwargs: Any) -> torch.Tensor:
+                if args or kwargs or not _plain_lora(m):
+                    return type(m).forward(m, x, *args, **kwargs)
+                return lora_forward(m, x)
+
+            module.forward = _mark(forward)
+            swapped += 1
+    return swapped
+
+
+def lora_forward(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """`layer.base_layer(x) + lora_B(lora_A(x)) * scaling` for a layer `_plain_lora` accepts: the
+    adapter's second product added into the base layer's output by one `addmm_`."""
+    name = layer.active_adapters[0]
+    base, a, b = layer.base_layer, layer.lora_A[name], layer.lora_B[name]
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.nn.functional.linear(flat, base.weight, base.bias)  # 2-D: no view is written in place
+    cast = getattr(layer, "_cast_input_dtype", None)  # what PEFT does to the adapter's input
+    h = a(cast(flat, a.weight.dtype) if cast else flat)
+    # In place is safe: a linear layer's backward keeps its inputs, not its output. The casts are
+    # autocast's (it does not see in-place ops), so the product runs in the output's dtype.
+    out.addmm_(h.to(out.dtype), b.weight.t().to(out.dtype), alpha=layer.scaling[name])
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _plain_lora(layer: Any) -> bool:
+    """Whether `lora_forward` computes what PEFT's forward would for `layer` now."""
+    names = layer.active_adapters
+    if layer.disable_adapters or layer.merged or len(names) != 1 or names[0] not in layer.lora_A:
+        return False
+    name, base = names[0], layer.base_layer
+    return (
+        isinstance(layer.lora_dropout[name], torch.nn.Identity)
+        and name not in getattr(layer, "lora_variant", {})
+        and not getattr(layer, "use_dora", {}).get(name, False)
+        and layer.lora_A[name].bias is None
+        and layer.lora_B[name].bias is None
+        and not (base._forward_hooks or base._forward_pre_hooks)
+    )
 
 
 def unfuse(model: torch.nn.Module) -> int:
     """Give every module `fuse` swapped its own forward back; returns how many."""
     restored = 0
     for module in model.modules():
-        if type(module).__name__ in NORMS | MLPS and "forward" in vars(module):
+        if getattr(vars(module).get("forward"), "fused", False):
             del module.forward
             restored += 1
     return restored
+
+
+def _mark(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`forward`, marked as one `unfuse` gives back."""
+    forward.fused = True  # type: ignore[attr-defined]
+    return forward
 
 
 def _silu(mlp: Any) -> bool:

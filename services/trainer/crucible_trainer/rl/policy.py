@@ -38,6 +38,7 @@ import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -92,11 +93,17 @@ class Policy:
         self.fallbacks: list[Callable[[], AbstractContextManager]] = (
             [without_cudnn_attention] if self.device.startswith("cuda") else []
         )
-        # Fused norms and MLPs on CUDA (rl/fused.py); a step run again runs without them too. Not
-        # under optim.compile: the compiler fuses those itself, and the two were never run together.
-        self.fused = fused.fuse(self.model) if self.device.startswith("cuda") and not optim.compile else 0
+        # Fused kernels (rl/fused.py): the LoRA layers on any device, the norms and MLPs on CUDA
+        # (Liger's Triton kernels). A step run again runs without them too. Not under optim.compile:
+        # the compiler fuses those itself, and the two were never run together.
+        cuda = self.device.startswith("cuda")
+        self._fuse = (
+            partial(fused.fuse, self.model, lora=True) if cuda else partial(fused.fuse_lora, self.model)
+        )
+        self.fused = 0 if optim.compile else self._fuse()
         if self.fused:
-            log.info("fused kernels: %d norms and MLPs", self.fused)
+            log.info("fused kernels: %d norms, MLPs and LoRA layers", self.fused)
+        if self.fused and cuda:  # Triton's kernels may be the NaN; the LoRA layers are torch's own ops
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
@@ -182,18 +189,19 @@ class Policy:
         return torch.autocast(torch.device(self.device).type, dtype=self.compute_dtype)
 
     def fused_kernels(self, on: bool) -> int:
-        """Swap the fused norms and MLPs in (on) or out (off); how many modules changed."""
-        return fused.fuse(self.model) if on else fused.unfuse(self.model)
+        """Swap the fused norms, MLPs and LoRA layers in (on) or out (off); how many modules changed."""
+        return self._fuse() if on else fused.unfuse(self.model)
 
     @contextmanager
     def unfused(self) -> Iterator[None]:
-        """Forwards with transformers' own norms and MLPs, for a while (a no-op when not fused)."""
+        """Forwards with transformers' own norms and MLPs and PEFT's LoRA layers, for a while (a
+        no-op when not fused)."""
         swapped = fused.unfuse(self.model)
         try:
             yield
         finally:
             if swapped:
-                fused.fuse(self.model)
+                self._fuse()
 
     @contextmanager
     def eager(self) -> Iterator[None]:
