@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,10 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             policy.mixed_precision(value)
         elif field == "fused_kernels":
             policy.fused_kernels(value)
-        elif field == "lora_layers":
+        elif field == "lora_layers":  # also what a step run again re-fuses
+            policy._fuse = partial(fused.fuse, policy.model, lora=value)
             policy.fused_kernels(False)
-            fused.fuse(policy.model, lora=value)
+            policy.fused_kernels(True)
         else:
             policy.run_eager = value
         return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))

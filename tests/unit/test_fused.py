@@ -152,12 +152,30 @@ def test_fused_lora_layers_give_peft_s_logits_and_gradients(name, monkeypatch):
     assert not any("forward" in vars(m) for m in model.modules())
 
 
-def test_fused_lora_layers_under_bf16_autocast_stay_as_close_as_peft_s(monkeypatch):
-    """The trainer's mixed precision: bf16 products of float32 weights. The fused layer rounds
-    once where PEFT rounds the product, its scaling and the sum: no farther from float32."""
+def mixed(model):
+    """The trainer's mixed precision (`Policy.mixed_precision`): a bf16 base, a float32 adapter,
+    PEFT's input casting off, the passes under autocast."""
+    from crucible_trainer.rl.policy import set_input_casting
+
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            p.data = p.data.to(torch.bfloat16)
+    set_input_casting(model, enabled=False)
+    return model
+
+
+def flat(grads):
+    return torch.cat([grads[n].float().flatten() for n in sorted(grads)])
+
+
+def test_fused_lora_layers_in_the_trainer_s_mixed_precision_stay_near_peft_s(monkeypatch):
+    """bf16 products of a bf16 base and a float32 adapter under autocast: the fused layer rounds
+    once where PEFT rounds the product, its scaling and the sum. Within twice PEFT's distance to
+    float32, and the gradients pointing PEFT's way."""
     model = lora_model("qwen2")  # q/k/v biases
     ids = torch.randint(10, 1000, (2, 12))
     exact, exact_grads = logits_and_grads(model, ids)
+    model = mixed(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain, plain_grads = logits_and_grads(model, ids)
         fused.fuse_lora(model)
@@ -165,14 +183,76 @@ def test_fused_lora_layers_under_bf16_autocast_stay_as_close_as_peft_s(monkeypat
         got, got_grads = logits_and_grads(model, ids)
     assert calls["n"] > 0
     assert (got - exact).abs().max() <= 2 * (plain - exact).abs().max() + 1e-3
-    flat = lambda grads: torch.cat([grads[n].float().flatten() for n in sorted(grads)])  # noqa: E731
     assert torch.nn.functional.cosine_similarity(flat(got_grads), flat(plain_grads), dim=0) > 0.99
     assert torch.nn.functional.cosine_similarity(flat(got_grads), flat(exact_grads), dim=0) > 0.99
 
 
+def test_peft_s_casting_mode_keeps_peft_s_forward(monkeypatch):
+    """A bf16 base and a float32 adapter without autocast (`mixed_precision(False)`): PEFT adds
+    in float32 and rounds once, which the fused layer would not, so PEFT's forward runs."""
+    from crucible_trainer.rl.policy import set_input_casting
+
+    model = mixed(lora_model("llama"))
+    set_input_casting(model, enabled=True)
+    ids = torch.randint(10, 1000, (2, 9))
+    want, want_grads = logits_and_grads(model, ids)
+    fused.fuse_lora(model)
+    calls = counted(monkeypatch)
+    got, got_grads = logits_and_grads(model, ids)
+    assert calls["n"] == 0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for n in want_grads:
+        torch.testing.assert_close(got_grads[n], want_grads[n], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_fused_lora_layers_under_gradient_checkpointing_give_peft_s_gradients(reentrant, monkeypatch):
+    model = lora_model("qwen3")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.enable_input_require_grads()
+    ids = torch.randint(10, 1000, (2, 9))
+    want, want_grads = logits_and_grads(model, ids)
+    fused.fuse_lora(model)
+    calls = counted(monkeypatch)
+    got, got_grads = logits_and_grads(model, ids)
+    assert calls["n"] > 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got_grads.keys() == want_grads.keys()
+    for n in want_grads:
+        torch.testing.assert_close(got_grads[n], want_grads[n], rtol=1e-4, atol=1e-6)
+
+
+def test_hooks_on_the_skipped_layers_keep_peft_s_forward(monkeypatch):
+    """The fused layer does not call its base layer or `lora_B`: a hook there (or a global one)
+    must still run, so those calls take PEFT's forward."""
+    from peft.tuners.lora.layer import Linear
+
+    model = lora_model("llama")
+    ids = torch.randint(10, 1000, (1, 5))
+    layers = [m for m in model.modules() if type(m) is Linear]
+    fused.fuse_lora(model)
+    calls = counted(monkeypatch)
+    seen = []
+    handles = [layers[0].base_layer.register_forward_hook(lambda *a: seen.append("base"))]
+    handles.append(layers[1].lora_B["default"].register_forward_pre_hook(lambda *a: seen.append("lora_B")))
+    with torch.no_grad():
+        model(ids)
+    assert sorted(seen) == ["base", "lora_B"] and calls["n"] == len(layers) - 2
+    for handle in handles:
+        handle.remove()
+    calls["n"] = 0
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        handle.remove()
+    assert calls["n"] == 0
+
+
 def test_fused_lora_layers_leave_other_states_to_peft(monkeypatch):
-    """Adapters disabled (the KL reference's scoring), dropout in training, a merged adapter: PEFT's
-    own forward, with PEFT's answer."""
+    """Adapters disabled (the KL reference's scoring without `init_adapter`), dropout in training, a
+    merged adapter: PEFT's own forward, with PEFT's answer."""
     ids = torch.randint(10, 1000, (2, 7))
     model = lora_model("llama")
     with torch.no_grad(), model.disable_adapter():
@@ -185,10 +265,15 @@ def test_fused_lora_layers_leave_other_states_to_peft(monkeypatch):
     torch.testing.assert_close(disabled, plain, rtol=0, atol=0)
 
     dropped = lora_model("llama", dropout=0.5)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        draw = dropped(ids).logits
     fused.fuse_lora(dropped)
     torch.manual_seed(1)
-    dropped(ids)
-    assert calls["n"] == 0  # dropout in training: PEFT's forward draws the mask
+    with torch.no_grad():
+        again = dropped(ids).logits
+    assert calls["n"] == 0  # dropout in training: PEFT's forward draws the same mask
+    torch.testing.assert_close(again, draw, rtol=0, atol=0)
 
     with torch.no_grad():
         want = model(ids).logits

@@ -24,13 +24,17 @@ computes `base(x) + lora_B(lora_A(x)) * scaling`, which writes the adapter's out
 adds it: three passes over an output as large as the base layer's. Here the adapter's second
 matrix multiply adds into the base output (`addmm_`, scaling as its alpha). It is one kernel with
 nothing written beside the result, and its backward has no separate scaling. It needs no package.
-A layer in a state this forward does not compute (adapters disabled for the KL reference, merged,
-several adapters, dropout, DoRA, a bias on the adapter, hooks on the base layer) takes PEFT's own.
+A call in a state this forward does not compute takes PEFT's own: adapters disabled (the KL
+reference of a job without `init_adapter`), merged or several at once, dropout, DoRA, a bias on the
+adapter, hooks on the layers whose calls it skips, or PEFT's casting mode (a bf16 base with a
+float32 adapter and no autocast, where PEFT adds in float32 and rounds once). `fuse_lora` counts the
+layers swapped, not the calls that take the fused path.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +97,7 @@ def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None, 
 
 def fuse_lora(model: torch.nn.Module) -> int:
     """Swap in `lora_forward` on every PEFT LoRA layer of `model` whose base is a plain
-    `nn.Linear`; returns how many were swapped."""
+    `nn.Linear`; returns how many were swapped (whether a call takes it is decided per call)."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:
@@ -105,9 +109,11 @@ def fuse_lora(model: torch.nn.Module) -> int:
             and type(module.base_layer) is torch.nn.Linear
             and "forward" not in vars(module)
         ):
+            layer = weakref.ref(module)  # not the module itself: no cycle through its own __dict__
 
-            def forward(x: torch.Tensor, *args: Any, m: Any = module, **kwargs: Any) -> torch.Tensor:
-                if args or kwargs or not _plain_lora(m):
+            def forward(x: torch.Tensor, *args: Any, layer: Any = layer, **kwargs: Any) -> torch.Tensor:
+                m = layer()
+                if args or kwargs or not _plain_lora(m, x):
                     return type(m).forward(m, x, *args, **kwargs)
                 return lora_forward(m, x)
 
@@ -117,34 +123,55 @@ def fuse_lora(model: torch.nn.Module) -> int:
 
 
 def lora_forward(layer: Any, x: torch.Tensor) -> torch.Tensor:
-    """`layer.base_layer(x) + lora_B(lora_A(x)) * scaling` for a layer `_plain_lora` accepts: the
-    adapter's second product added into the base layer's output by one `addmm_`."""
+    """`layer.base_layer(x) + lora_B(lora_A(x)) * scaling` for a layer and input `_plain_lora`
+    accepts: the adapter's second product added into the base layer's output by one `addmm_`."""
     name = layer.active_adapters[0]
     base, a, b = layer.base_layer, layer.lora_A[name], layer.lora_B[name]
     flat = x.reshape(-1, x.shape[-1])
     out = torch.nn.functional.linear(flat, base.weight, base.bias)  # 2-D: no view is written in place
     cast = getattr(layer, "_cast_input_dtype", None)  # what PEFT does to the adapter's input
     h = a(cast(flat, a.weight.dtype) if cast else flat)
-    # In place is safe: a linear layer's backward keeps its inputs, not its output. The casts are
-    # autocast's (it does not see in-place ops), so the product runs in the output's dtype.
+    # In place is safe: a linear layer's backward keeps its inputs, not its output. Under autocast
+    # these casts are the ones it would make (it does not see in-place ops); without it they are
+    # no-ops (`_plain_lora`: one dtype throughout).
     out.addmm_(h.to(out.dtype), b.weight.t().to(out.dtype), alpha=layer.scaling[name])
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _plain_lora(layer: Any) -> bool:
-    """Whether `lora_forward` computes what PEFT's forward would for `layer` now."""
+def _plain_lora(layer: Any, x: torch.Tensor) -> bool:
+    """Whether `lora_forward` computes what PEFT's forward would for `layer` on `x` now."""
     names = layer.active_adapters
     if layer.disable_adapters or layer.merged or len(names) != 1 or names[0] not in layer.lora_A:
         return False
     name, base = names[0], layer.base_layer
+    a, b = layer.lora_A[name], layer.lora_B[name]
+    # PEFT's casting mode (a bf16 base, a float32 adapter, no autocast) computes the adapter and
+    # the sum in float32 and rounds once: not this forward's product in the output's dtype.
+    one_dtype = base.weight.dtype == a.weight.dtype == b.weight.dtype
     return (
-        isinstance(layer.lora_dropout[name], torch.nn.Identity)
+        (one_dtype or torch.is_autocast_enabled(x.device.type))
+        and isinstance(layer.lora_dropout[name], torch.nn.Identity)
         and name not in getattr(layer, "lora_variant", {})
         and not getattr(layer, "use_dora", {}).get(name, False)
-        and layer.lora_A[name].bias is None
-        and layer.lora_B[name].bias is None
-        and not (base._forward_hooks or base._forward_pre_hooks)
+        and a.bias is None
+        and b.bias is None
+        and not any(_hooked(m) for m in (base, b))  # the two whose calls this forward skips
     )
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether calling `module` does more than its class's forward: hooks of its own or global
+    ones, or a forward of its own (as accelerate's offloading sets)."""
+    nn = torch.nn.modules.module
+    own = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        module._backward_pre_hooks,
+    )
+    shared = (nn._global_forward_hooks, nn._global_forward_pre_hooks, nn._global_backward_hooks,
+              nn._global_backward_pre_hooks)  # fmt: skip
+    return any(own) or any(shared) or "forward" in vars(module)
 
 
 def unfuse(model: torch.nn.Module) -> int:

@@ -23,7 +23,9 @@ first update's backward read activations the graphs had already overwritten (doc
 
 Fused kernels (`rl/fused.py`): on CUDA, with the `liger-kernel` package installed, the norms and
 gated MLPs of the families it knows run as one Triton kernel each way instead of several
-elementwise kernels; a step run again because its gradient was not finite runs without them.
+elementwise kernels; a step run again because its gradient was not finite runs without them. On
+any device, each LoRA layer adds its adapter's product into the base product in one `addmm_`
+instead of PEFT's product, scaling and sum (where PEFT's forward would compute the same).
 
 Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
 a pool's: the device's work of a job stays in one order on one thread, whichever pool thread the
