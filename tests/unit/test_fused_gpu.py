@@ -1,7 +1,8 @@
-"""On CUDA: Liger's fused norms and MLPs (`rl/fused.py`) against transformers' own, on tiny
-random-weight checkpoints of every family they are swapped into, in bfloat16 with a LoRA adapter on
-every linear layer (as the trainer runs them): log-probabilities as close to float32's as
-transformers' own bf16 ones are, and the adapter's gradients pointing the same way.
+"""On CUDA: Liger's fused norms and MLPs and the fused LoRA layers (`rl/fused.py`) against
+transformers' and PEFT's own, on tiny random-weight checkpoints of every family they are swapped
+into, in bfloat16 with a LoRA adapter on every linear layer (as the trainer runs them):
+log-probabilities as close to float32's as transformers' own bf16 ones are, and the adapter's
+gradients pointing the same way.
 
 Run on a GPU machine with liger-kernel installed: `pytest -m gpu tests/unit/test_fused_gpu.py`.
 """
@@ -43,9 +44,10 @@ def test_fused_kernels_match_transformers_in_bf16(name):
     exact, exact_grads = logprobs_and_grads(reference, ids)  # float32
     model = reference.to(torch.bfloat16)
     plain, plain_grads = logprobs_and_grads(model, ids)
-    assert fused.fuse(model) > 0
+    layers = fused.fuse_lora(model)
+    assert layers > 0 and fused.fuse(model) > 0
     got, got_grads = logprobs_and_grads(model, ids)
-    fused.unfuse(model)
+    assert fused.unfuse(model) > layers
     plain_error = (plain - exact).abs().max().item()
     assert (got - exact).abs().max().item() <= 2 * plain_error + 1e-3
     cosine = torch.nn.functional.cosine_similarity(got_grads, plain_grads, dim=0).item()
