@@ -95,17 +95,19 @@ class Policy:
         self.fallbacks: list[Callable[[], AbstractContextManager]] = (
             [without_cudnn_attention] if self.device.startswith("cuda") else []
         )
-        # Fused kernels (rl/fused.py): the LoRA layers on any device, the norms and MLPs on CUDA
-        # (Liger's Triton kernels). A step run again runs without them too. Not under optim.compile:
-        # the compiler fuses those itself, and the two were never run together.
+        # Fused kernels (rl/fused.py): the norms and MLPs on CUDA (Liger's Triton kernels: a step
+        # run again runs without them, and without the LoRA layers'), the LoRA layers on any device
+        # (torch's own ops). Not under optim.compile: the compiler fuses those itself, and the two
+        # were never run together.
         cuda = self.device.startswith("cuda")
         self._fuse = (
             partial(fused.fuse, self.model, lora=True) if cuda else partial(fused.fuse_lora, self.model)
         )
-        self.fused = 0 if optim.compile else self._fuse()
+        self.fused_lora = 0 if optim.compile else fused.fuse_lora(self.model)
+        self.fused = 0 if optim.compile or not cuda else fused.fuse(self.model)  # norms and MLPs
+        if self.fused or self.fused_lora:
+            log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
         if self.fused:
-            log.info("fused kernels: %d norms, MLPs and LoRA layers", self.fused)
-        if self.fused and cuda:  # Triton's kernels may be the NaN; the LoRA layers are torch's own ops
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
