@@ -129,14 +129,8 @@ def run_crucible(args: argparse.Namespace) -> None:
         written = max(p.stat().st_mtime for p in source.iterdir() if p.is_file())
         record.point(step, written - T0, str(target))
     shutil.copy2(work / "jobs" / job_id / "metrics.jsonl", out / "metrics.jsonl")
-    kept = (
-        "difficulty_filter",
-        "status",
-        "policy_load_s",
-        "policy_wait_s",
-        "fused_modules",
-        "fused_lora_layers",
-    )
+    kept = ("difficulty_filter", "status", "policy_load_s", "policy_wait_s", "fused_modules")
+    kept += ("fused_lora_layers",)
     ran = {k: summary.get(k) for k in kept}
     record.finish(job_wall_s=round(summary["wall_s"], 2), **ran)
 

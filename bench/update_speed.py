@@ -3,7 +3,7 @@ the limit"): `--compare buckets`, micro-batches in the batch's order or longest 
 (`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
 `--compare compile`, eager or compiled passes (`optim.compile: default`); `--compare fused`,
 transformers' norms and MLPs or the fused kernels (`rl/fused.py`, CUDA with liger-kernel); `--compare
-lora`, PEFT's LoRA layers or `rl/fused.lora_forward` (beside whatever else `fuse` swaps). The job is
+lora`, PEFT's LoRA layers or `rl/fused.lora_forward` (beside the fused norms and MLPs where they run). The job is
 bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is synthetic and seeded; the
 figures are per-arm medians of the update's own metrics, and each arm's first (warm-up) update is
 reported apart (`warmup_s`: with compile on, the compiler's time is there).
@@ -23,7 +23,6 @@ import statistics
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +93,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     from crucible_trainer.methods import method_module
-    from crucible_trainer.rl import fused
     from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.update import update
     from crucible_trainer.runtime import hardware
@@ -122,7 +120,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         elif field == "fused_kernels":
             policy.fused_kernels(value)
         elif field == "lora_layers":  # also what a step run again re-fuses
-            policy._fuse = partial(fused.fuse, policy.model, lora=value)
+            policy.lora_kernels = value
             policy.fused_kernels(False)
             policy.fused_kernels(True)
         else:

@@ -19,7 +19,7 @@ torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), no norm 
 Under FSDP the ranks run transformers' modules (`distributed/parallel.py`: not measured there yet),
 and so does a policy whose passes are compiled (`optim.compile`: the compiler fuses them itself).
 
-`fuse(..., lora=True)` also swaps the forward of PEFT's LoRA layers on a plain `nn.Linear`. PEFT
+`fuse_lora` swaps the forward of PEFT's LoRA layers on a plain `nn.Linear`. PEFT
 computes `base(x) + lora_B(lora_A(x)) * scaling`, which writes the adapter's output, scales it, and
 adds it: three passes over an output as large as the base layer's. Here the adapter's second
 matrix multiply adds into the base output (`addmm_`, scaling as its alpha). It is one kernel with
@@ -66,15 +66,15 @@ def kernels() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
     return rms_norm, silu_mul
 
 
-def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None, lora: bool = False) -> int:
+def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None) -> int:
     """Swap in the fused forward of every module of `model` that `NORMS` or `MLPS` names; returns
-    how many were swapped (none of those when the kernels are not available). `impl`: the two
-    functions to use (default Liger's, see `kernels`). `lora`: PEFT's LoRA layers too (`fuse_lora`)."""
-    swapped = fuse_lora(model) if lora else 0
+    how many were swapped (0 when the kernels are not available). `impl`: the two functions to
+    use (default Liger's, see `kernels`)."""
     impl = impl or kernels()
     if impl is None:
-        return swapped
+        return 0
     rms_norm, silu_mul = impl
+    swapped = 0
     for module in model.modules():
         kind = type(module).__name__
         if kind in NORMS and "forward" not in vars(module):

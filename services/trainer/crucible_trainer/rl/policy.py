@@ -40,7 +40,6 @@ import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -99,12 +98,9 @@ class Policy:
         # run again runs without them, and without the LoRA layers'), the LoRA layers on any device
         # (torch's own ops). Not under optim.compile: the compiler fuses those itself, and the two
         # were never run together.
-        cuda = self.device.startswith("cuda")
-        self._fuse = (
-            partial(fused.fuse, self.model, lora=True) if cuda else partial(fused.fuse_lora, self.model)
-        )
+        self.lora_kernels = True  # the LoRA layers fused with the rest (a benchmark's arm turns it off)
         self.fused_lora = 0 if optim.compile else fused.fuse_lora(self.model)
-        self.fused = 0 if optim.compile or not cuda else fused.fuse(self.model)  # norms and MLPs
+        self.fused = 0 if optim.compile or not self.device.startswith("cuda") else fused.fuse(self.model)
         if self.fused or self.fused_lora:
             log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
         if self.fused:
@@ -194,7 +190,10 @@ class Policy:
 
     def fused_kernels(self, on: bool) -> int:
         """Swap the fused norms, MLPs and LoRA layers in (on) or out (off); how many modules changed."""
-        return self._fuse() if on else fused.unfuse(self.model)
+        if not on:
+            return fused.unfuse(self.model)
+        lora = fused.fuse_lora(self.model) if self.lora_kernels else 0
+        return lora + (fused.fuse(self.model) if self.device.startswith("cuda") else 0)
 
     @contextmanager
     def unfused(self) -> Iterator[None]:
@@ -205,7 +204,7 @@ class Policy:
             yield
         finally:
             if swapped:
-                self._fuse()
+                self.fused_kernels(True)
 
     @contextmanager
     def eager(self) -> Iterator[None]:
