@@ -1,16 +1,16 @@
 """What the benchmarks share: percentiles, the card, the learning recipes (recipes/learning.yaml),
 a job spec from a file plus `--set` overrides, the services a job needs (a sandbox and generators,
 or a gateway and its Redis, spawned), and a job run in-process through the worker's own entry point
-(`crucible_trainer.runtime.entry.execute`, what `crucible train --local` runs), timed.
-
-Imported as `bench.common` (each script puts the repository root on `sys.path`).
-"""
+(`crucible_trainer.runtime.entry.execute`, what `crucible train --local` runs), timed. Imported as
+`bench.common` (each script puts the repository root on `sys.path`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,15 +25,13 @@ RECIPES = ROOT / "recipes" / "learning.yaml"
 def argument_parser(
     doc: str | None, *, job: bool = False, overrides: bool = False
 ) -> argparse.ArgumentParser:
-    """A benchmark's argument parser, its help the script's docstring as written; with `job` or
-    `overrides`, the arguments of `job_arguments`."""
+    """A benchmark's parser, its help the script's docstring as written (`job_arguments` added)."""
     out = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     return job_arguments(out, job) if job or overrides else out
 
 
 def job_arguments(parser: argparse.ArgumentParser, job: bool = True) -> argparse.ArgumentParser:
-    """`parser` with `job` (a job spec file or a recipe of recipes/learning.yaml) and its `--set`
-    overrides (`args.overrides`), or the overrides alone."""
+    """`parser` with `job` (a spec file or a recipe) and its `--set` overrides (`args.overrides`)."""
     if job:
         parser.add_argument("job", help="a job spec file (YAML/JSON) or a recipe of recipes/learning.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
@@ -43,12 +41,7 @@ def job_arguments(parser: argparse.ArgumentParser, job: bool = True) -> argparse
 def options(parser: argparse.ArgumentParser, **table: Any) -> argparse.ArgumentParser:
     """`parser` with an option `--name` (underscores as dashes) per entry of `table`: its default, or
     (default, help). The default's type is the option's; a list takes one or more of its items' type,
-    None a string, False makes a flag and a type itself a required option.
-
-    >>> p = options(argparse.ArgumentParser(), rounds=(2, "rounds"), clients=[1, 8], out=Path, tiny=False)
-    >>> p.parse_args(["--clients", "4", "32", "--out", "x"])
-    Namespace(rounds=2, clients=[4, 32], out=PosixPath('x'), tiny=False)
-    """
+    None a string, False makes a flag and a type itself a required option."""
     for name, value in table.items():
         default, text = value if isinstance(value, tuple) else (value, None)
         flag = "--" + name.replace("_", "-")
@@ -92,50 +85,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The `q` quantile (0..1) of `values`, nearest rank.
-
-    >>> percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.5), percentile([5.0, 1.0, 3.0], 0.99)
-    (3.0, 5.0)
-    """
+    """The `q` quantile (0..1) of `values`, nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def latency(took_ms: list[float]) -> dict[str, float]:
-    """How many calls, and their median, 99th percentile and slowest, in milliseconds.
-
-    >>> latency([3.0, 1.0, 2.0])
-    {'n': 3, 'p50_ms': 2.0, 'p99_ms': 3.0, 'max_ms': 3.0}
-    """
-    import statistics
-
+    """How many calls, and their median, 99th percentile and slowest, in milliseconds."""
     p50, p99 = statistics.median(took_ms), percentile(took_ms, 0.99)
     return {"n": len(took_ms), "p50_ms": p50, "p99_ms": p99, "max_ms": max(took_ms)}
 
 
-def counters(url: str, names: dict[str, str]) -> dict[str, float] | None:
-    """The Prometheus counters `names` (key -> metric name) of the server at `url`, by key; None for
-    a server without them (not Crucible's)."""
-    import re
-
-    import httpx
-
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return None
-    found = {k: re.search(rf"^{n}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M) for k, n in names.items()}
-    return {k: float(m.group(1)) for k, m in found.items() if m} or None
-
-
 def md_table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
-    """A Markdown table; `align` gives each column's `---` suffix (`:` right-aligns), default left.
-
-    >>> print(md_table(["a", "b"], [[1, 2.5]], align=" :"))
-    | a | b |
-    |---|---:|
-    | 1 | 2.5 |
-    """
+    """A Markdown table; `align` gives each column's `---` suffix (`:` right-aligns), default left."""
     rule = "|" + "".join("---" + align[i : i + 1].strip() + "|" for i in range(len(header)))
     lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
     return "\n".join([lines[0], rule, *lines[1:]])
@@ -151,11 +113,7 @@ def dump(path: Path, data: Any) -> None:
 
 def alternate(arms: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, list[Any]]:
     """Each arm's results over `rounds` rounds, a round calling every arm in turn with its number:
-    load from elsewhere on the host then falls on all arms alike.
-
-    >>> alternate({"a": lambda r: r, "b": lambda r: -r}, 2)
-    {'a': [0, 1], 'b': [0, -1]}
-    """
+    load from elsewhere on the host then falls on all arms alike."""
     out: dict[str, list[Any]] = {name: [] for name in arms}
     for r in range(rounds):
         for name, arm in arms.items():
@@ -164,8 +122,7 @@ def alternate(arms: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, l
 
 
 def timed_ms(call: Callable[[], Any], times: int, ok: Callable[[Any], bool]) -> list[float]:
-    """Milliseconds of each of `times` calls of `call`, one after the other; `ok(answer)` must hold
-    for each (checked once the clock stopped)."""
+    """Milliseconds of each of `times` calls of `call` in turn; `ok(answer)` must hold for each."""
     took = []
     for _ in range(times):
         started = time.perf_counter()
@@ -221,9 +178,8 @@ def job_source(job: str, overrides: list[str]) -> tuple[Path, list[str], dict[st
 
 
 def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) -> Any:
-    """The job spec in `source` (a YAML or JSON file, or the spec itself) with `--set` overrides
-    applied in order, validated by the spec models (`crucible_cli.specs`: the same overrides as
-    every `crucible` command); exits with the bad fields named."""
+    """The job spec in `source` (a YAML or JSON file, or the spec itself) with `--set` overrides applied
+    as every `crucible` command applies them (`crucible_cli.specs`); exits with the bad fields named."""
     import typer
     import yaml
     from crucible_cli.specs import apply_overrides, validation_lines
@@ -263,8 +219,7 @@ def random_adapter(
 
 
 def sandbox(work: Path | None = None, **env: str) -> Any:
-    """A sandbox server started here (isolation on, a free port), `env` added to its settings, its
-    log under `work` when given."""
+    """A sandbox server started here (isolation on, a free port, `env` added), its log under `work`."""
     from crucible_cli.spawn import start
 
     log = work / "sandbox.log" if work else None
@@ -354,10 +309,7 @@ def bearer(tenant: str) -> dict[str, str]:
 
 @contextmanager
 def gateway(work: Path, **env: str) -> Iterator[Any]:
-    """A Redis of its own (no persistence) and a gateway on it, quiet, its runs under `work`, `env`
-    added to its settings; stopped at the end."""
-    import subprocess
-
+    """A Redis of its own (no persistence) and a gateway on it (quiet, runs under `work`, `env` added)."""
     from crucible_cli.spawn import free_port, spawn
     from crucible_cli.stack import redis_server_binary
 
@@ -404,52 +356,32 @@ def run_job(spec: Any, job_id: str, settings: Any, on_event: Any = None) -> dict
 def evaluation(settings: Any, label: str, model: dict[str, Any], data: dict[str, Any], max_tokens: int,
                adapter: str | None = None, **spec: Any) -> dict[str, Any]:  # fmt: skip
     """An evaluation job of `model` (its `base`, `chat`...), or of `adapter` on it, on `data`, through
-    the worker's entry point: its headline figures (`greedy_pass@1`, `problems`...) and `wall_s`."""
+    the worker's entry point: its headline figures (`greedy_pass@1`, `problems`...), `wall_s` and
+    `report` (the folder of its report.json)."""
     spec |= {"kind": "eval", "model": model, "adapter": adapter, "data": data, "max_tokens": max_tokens}
     summary = run_job(load_job(spec), label, settings)
-    return {**summary["eval"]["eval"], "wall_s": summary["wall_s"]}
+    return {**summary["eval"]["eval"], "wall_s": summary["wall_s"], "report": summary["report"]}
 
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     """A training job's per-step metrics rows (its `metrics.jsonl`, evaluations left out)."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [row for line in lines if "eval_label" not in (row := json.loads(line))]
+    return [row for row in read_jsonl(run_dir / "metrics.jsonl") if "eval_label" not in row]
 
 
 def samples_per_s(rows: list[dict]) -> float | None:
-    """Samples trained per second of the loop's own time (summed `time/step_s`, evaluations out).
-
-    >>> samples_per_s([{"samples": 8, "time/step_s": 2.0}, {"samples": 8, "time/step_s": 2.0}])
-    4.0
-    """
+    """Samples trained per second of the loop's own time (summed `time/step_s`, evaluations out)."""
     seconds = sum(r.get("time/step_s", 0.0) for r in rows)
     return round(sum(r.get("samples", 0.0) for r in rows) / seconds, 4) if seconds > 0 else None
 
 
 def later_median(rows: list[dict], key: str) -> float:
-    """The median of `key` (0 where a row has none) over steps 2+: step 1 pays start-up costs (all
-    steps when there is one).
-
-    >>> later_median([{"t": 9.0}, {"t": 1.0}, {}, {"t": 3.0}], "t")
-    1.0
-    """
-    import statistics
-
+    """The median of `key` (0 where missing) over steps 2+ (step 1 pays start-up costs), or the one step."""
     return statistics.median(r.get(key, 0.0) for r in rows[1:] or rows)
 
 
 def step_medians(rows: list[dict]) -> dict:
-    """Median seconds per step over steps 2+, over all of them and over those that updated the
-    policy (a step whose groups all had equal rewards trains nothing and is faster), and how many
-    updated.
-
-    >>> rows = [{"time/step_s": 9.0, "update/sequences": 8.0}, {"time/step_s": 1.0, "update/sequences": 0.0},
-    ...         {"time/step_s": 3.0, "update/sequences": 16.0}, {"time/step_s": 2.0, "update/sequences": 8.0}]
-    >>> step_medians(rows)
-    {'median_step_s': 2.0, 'median_updated_step_s': 2.5, 'updated_steps': 3}
-    """
-    import statistics
-
+    """Median s/step over steps 2+, of all steps and of those that updated the policy (a step whose
+    groups all had equal rewards trains nothing and is faster), and how many updated."""
     updated = [r["time/step_s"] for r in rows[1:] or rows if r.get("update/sequences", 0.0) > 0]
     return {
         "median_step_s": later_median(rows, "time/step_s"),

@@ -11,6 +11,7 @@ under open event streams", "Tenants") has each one's protocol and figures.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -28,10 +29,8 @@ async def measure(url: str, job_ids: list[str], streams: int, calls: int) -> dic
     """`calls` timed calls while `streams` SSE streams of queued jobs (which emit nothing) stay open."""
     limits = httpx.Limits(max_connections=streams + 16, max_keepalive_connections=streams + 16)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
-        opened = [
-            asyncio.create_task(http.get(f"/v1/jobs/{job_ids[i % len(job_ids)]}/events", timeout=600))
-            for i in range(streams)
-        ]
+        events = [f"/v1/jobs/{job_ids[i % len(job_ids)]}/events" for i in range(streams)]
+        opened = [asyncio.create_task(http.get(path, timeout=600)) for path in events]
         await asyncio.sleep(2 + streams / 100)  # let them all connect
         took: list[float] = []
         for i in range(calls):
@@ -71,12 +70,8 @@ def tenants(args: Any) -> dict:
         out["submit_s"] = time.perf_counter() - t
         time.sleep(3)  # several reaper passes over the queued jobs
         for path in ("/health", "/v1/jobs"):
-            took = common.timed_ms(
-                lambda p=path: http.get(p, headers=common.bearer("b")),
-                args.calls,
-                lambda r: r.status_code == 200,
-            )
-            out[path] = common.latency(took)
+            call = functools.partial(http.get, path, headers=common.bearer("b"))
+            out[path] = common.latency(common.timed_ms(call, args.calls, lambda r: r.status_code == 200))
     return out
 
 

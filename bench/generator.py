@@ -1,15 +1,11 @@
-"""Generator benchmarks: what the service costs over plain `model.generate`, and a race of servers.
+"""Generator benchmarks: what the service costs over plain `model.generate`, and a race of servers;
+docs/benchmarks.md ("Generator", and the serving races of `bench/gpu.sh serve-sizes`, `qwen-serve`)
+has each one's protocol and figures.
 
   overhead  Crucible's generator of the built-in model, spawned here, against an in-process
-            `model.generate` on the same device and dtype: 1, 8 and 32 concurrent clients each sending
-            one greedy `ignore_eos` completion of 64 tokens, against their prompts as one batch, 5
-            rounds alternating after a warm-up (the ratio: the median of the per-round ratios); then
-            20 hot-swaps of a perturbed rank-16 adapter. docs/benchmarks.md, "Generator".
-  race      running OpenAI-compatible servers under 1, 8, 32 and 128 closed-loop clients (an
-            86-token prompt, 128 greedy `ignore_eos` tokens) naming a random rank-16 adapter loaded
-            into every server first; two 8-second rounds alternating between the servers after a
-            warm-up each (a server's figure: its rounds' median); then 10 hot-swaps per server.
-            docs/benchmarks.md's serving races (`bench/gpu.sh serve-sizes`, `qwen-serve`).
+            `model.generate` on the same device and dtype (1, 8, 32 clients); then 20 hot-swaps
+  race      running OpenAI-compatible servers under 1, 8, 32 and 128 closed-loop clients naming a
+            random rank-16 adapter loaded into every server first; then 10 hot-swaps per server
 
 A hot-swap: perturb a rank-16 all-linear adapter, save it, load it under a new name, ask it for one
 token; p50/p90 of each from the start of the save.
@@ -24,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -61,8 +58,8 @@ CLIENTS_PER_PROCESS = 16
 
 async def measure(url: str, name: str, model: Any, tokenizer: Any, clients: int) -> dict:
     """Tokens/s of `clients` clients sending one completion each, and of their prompts as one batch
-    through `model.generate`; rounds alternate after a warm-up of each, so that load from other
-    processes on the host hits both sides alike; the ratio is the median of the per-round ratios."""
+    through `model.generate`, in alternating rounds after a warm-up of each (load from elsewhere on
+    the host hits both sides alike); the ratio is the median of the per-round ratios."""
     import torch
 
     batch = [f"{PROMPT_STARTS[i % len(PROMPT_STARTS)]}  # variant {i}" for i in range(clients)]
@@ -102,9 +99,8 @@ async def measure(url: str, name: str, model: Any, tokenizer: Any, clients: int)
 
 
 def hot_swap(url: str, model: Any, swaps: int, job: str) -> dict[str, dict]:
-    """Seconds from the start of each save of a perturbed rank-16 adapter of `model` until it was
-    saved, its load returned and its first token came (p50, p90 and all); the previous version
-    unloaded after each."""
+    """`swaps` hot-swaps of a rank-16 adapter of `model` (p50, p90 and all of each step's seconds);
+    the previous version unloaded after each."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -169,8 +165,7 @@ def overhead(args: Any) -> dict:
 
 
 async def clients_here(url: str, body: dict, clients: int, start: float, deadline: float) -> list:
-    """`clients` closed-loop clients in this process: completion tokens and requests that ended by
-    `deadline`, and when the last of them ended."""
+    """`clients` closed-loop clients here: tokens and requests done by `deadline`, and when the last ended."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     done = [0, 0, start]
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
@@ -205,8 +200,12 @@ def closed_loop(url: str, body: dict, clients: int, seconds: float) -> dict:
 
 def captures(url: str) -> float | None:
     """Crucible's graph-capture counter, or None for a server without it (vLLM)."""
-    found = common.counters(url, {"captures": "crucible_generator_graph_captures_total"})
-    return found and found["captures"]
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found = re.search(r"^crucible_generator_graph_captures_total(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else None
 
 
 def race(args: Any) -> dict:

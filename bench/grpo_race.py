@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
-from bench import common  # noqa: E402
-
-OFFLINE = ROOT / "recipes" / "offline_smollm2.yaml"
+OFFLINE = common.ROOT / "recipes" / "offline_smollm2.yaml"
 # Printed per step; the first six also as medians over steps 2+ (the time split).
 KEYS = ["time/step_s", "time/generate_s", "time/execute_tail_s", "time/train_s", "publish/total_s"]
 KEYS += ["time/stale_wait_s", "reward_mean", "zero_signal_fraction", "completion_tokens_mean"]
@@ -46,8 +44,7 @@ def sft_stage(job: dict[str, Any]) -> Any:
 
 
 def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
-    """Greedy pass@1 on HumanEval (164) of the job's base model and of `adapter`, each an evaluation
-    job with the job's prompts and max tokens."""
+    """Greedy pass@1 on HumanEval (164) of the base model and of `adapter`: the job's prompts, max tokens."""
     model, max_tokens = {"base": job.model.base, "chat": job.model.chat}, (job.eval or job.rollout).max_tokens
     scores: dict[str, Any] = {}
     for label, loaded in [("before", None), ("after", adapter)][: 2 if adapter else 1]:

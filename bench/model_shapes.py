@@ -36,8 +36,7 @@ PLACEHOLDER = "<|pad_{:06d}|>"
 
 
 def config_for(values: dict[str, Any], tokenizer: Any) -> Any:
-    """The transformers config of `values` (its `model_type` among them), with the tokenizer's special
-    token ids."""
+    """The transformers config of `values` (`model_type` among them) with the tokenizer's special ids."""
     from transformers import AutoConfig
 
     values = dict(values)
@@ -60,8 +59,7 @@ def pad_tokenizer(folder: Path, vocab_size: int) -> int:
 
 
 def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
-    """Build (bf16, seed 0, on the GPU when there is one), save and check one shape (`tiny`: 2 layers
-    of it); returns what was built."""
+    """Build (bf16, seed 0, on a GPU if any), save and check one shape (`tiny`: 2 layers of it)."""
     import crucible_models
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -106,8 +104,7 @@ def tiny_model(out: Path) -> str:
 
 
 def local_model(shape: str | None, tmp: Path) -> str:
-    """The checkpoint of `shape`, or without a shape the tiny model, in `tmp`, which the trainer and
-    the generators may then read."""
+    """The checkpoint of `shape` (else the tiny model) in `tmp`, a folder the generators may read."""
     model = build(shape, tmp)["path"] if shape else tiny_model(tmp / "tiny")
     roots = [str(tmp), str(common.ROOT), *filter(None, os.environ.get("CRUCIBLE_MODEL_ROOTS", "").split(","))]
     os.environ["CRUCIBLE_MODEL_ROOTS"] = ",".join(roots)

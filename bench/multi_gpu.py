@@ -103,16 +103,7 @@ def job(model: str, n: int, overrides: list[str], strategy: str = "ddp") -> Any:
 
 
 def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
-    """Medians over the steps after the first (all steps if there is one) of the job's metrics.
-
-    >>> rows = [{"time/step_s": 9.0, "time/generate_s": 5.0, "time/train_s": 3.0},
-    ...         {"time/step_s": 4.0, "time/generate_s": 2.0, "time/train_s": 1.5, "publish/total_s": 0.25}]
-    >>> f = figures(rows, 2, 8)
-    >>> f["s_per_step"], f["generate_s"], f["update_s"], f["publish_s"], f["samples_per_s"]
-    (4.0, 2.0, 1.5, 0.25, 2.0)
-    >>> f["other_s"]  # step - rollout (absent here: generate) - update - publish - stale wait
-    0.25
-    """
+    """Medians over the steps after the first (all steps if there is one) of the job's metrics."""
     later = rows[1:] or rows
     med = {k: common.later_median(rows, m) for k, m in SPLIT.items()}
     step = common.later_median(rows, "time/step_s")
@@ -129,18 +120,7 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
 
 
 def summarise(args: argparse.Namespace, spec: Any, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report: the job, every N's figures, their speed-ups over N = 1 and the targets met or not.
-
-    >>> a = argparse.Namespace(shape=None, tiny=True, model="m", strategy="ddp", generator_batch=4, overrides=[])
-    >>> spec = job("m", 1, TINY)
-    >>> r = summarise(a, spec, [{"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0,
-    ...                    "update_samples_per_s": 4.0}, {"gpus": 2, "samples_per_s": 3.8,
-    ...                    "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}])
-    >>> r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"], r["runs"][1]["target_met"], r["batch"]
-    (1.9, 1.8, True, 8)
-    >>> summarise(a, spec, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])["runs"][1]["target_met"] is None
-    True
-    """
+    """The report: the job, every N's figures, their speed-ups over N = 1 and the targets met or not."""
     one = next((r for r in runs if r["gpus"] == 1 and "error" not in r), {})
     for r in (r for r in runs if "error" not in r):
         for key in ("samples_per_s", "generate_samples_per_s", "update_samples_per_s"):

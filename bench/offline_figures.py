@@ -111,8 +111,7 @@ def part_rl(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 
 
 def table(work: Path) -> tuple[dict[str, Any], str]:
-    """Every part's results as rows (a run, its seed, greedy pass@1, samples, seconds) and as
-    Markdown, with the seconds of each job's stages."""
+    """Every part's results as rows (run, seed, greedy pass@1, samples, seconds) and as Markdown."""
     found = {p: read_json(work / f"offline-{p}.json") for p in ("data", "train", "rl")}
     parts = {p: part for p, part in found.items() if part is not None}
     data, train, rl = parts.get("data", {}), parts.get("train", {}), parts.get("rl", {})

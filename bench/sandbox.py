@@ -166,9 +166,8 @@ def cpu(args: Any) -> dict:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime, passed
 
-    spent = common.alternate(
-        {name: lambda _, r=runs: lifetime(r) for name, runs in suites.items()}, args.rounds
-    )
+    arms = {name: lambda _, r=runs: lifetime(r) for name, runs in suites.items()}
+    spent = common.alternate(arms, args.rounds)
     base = statistics.median(s for s, _ in spent.pop("startup"))  # start, warm-up and stop
     out: dict[str, float | int] = {"startup_cpu_s": round(base, 3)}
     for name, lives in spent.items():
@@ -253,9 +252,7 @@ def tenants(args: Any) -> dict:
             return took, done[0]
 
         arms = {"alone": lambda _: (b_runs(args.runs), 0)}
-        arms |= {
-            f"flood-{name}": lambda _, p=FLOODS[name]: flooded(p) for name in args.flood_program.split(",")
-        }
+        arms |= {f"flood-{n}": lambda _, p=FLOODS[n]: flooded(p) for n in args.flood_program.split(",")}
         b_runs(10)  # warm up
         # Alone and under each flood in turn, `rounds` times: a shared machine's load drifts, and
         # interleaving spreads the drift over every row alike.

@@ -25,10 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import RECIPES, argument_parser, card, dump, read_json, recipes, samples_per_s  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import RECIPES, ROOT, argument_parser, card, dump, read_json, recipes, samples_per_s
 
 RACE = ROOT / "bench" / "grpo_race.py"
 
@@ -41,14 +39,7 @@ def card_name() -> str:
 
 
 def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) -> list[str]:
-    """What `grpo_race.py` runs for one seed of `recipe` (resolved by `bench.common.recipes`).
-
-    >>> recipe = {"spec": "recipes/grpo_smollm2.yaml", "set": ["method.filter.mode=pre"], "humaneval": True}
-    >>> args = argparse.Namespace(steps=None, eval_tasks=30, model=None)
-    >>> race_arguments(recipe, args, 2)  # doctest: +NORMALIZE_WHITESPACE
-    ['recipes/grpo_smollm2.yaml', '--set', 'method.filter.mode=pre', '--set', 'seed=2', '--set', 'data.seed=2',
-     '--set', 'eval.data.limit=30', '--humaneval', '--generator-rows', '64']
-    """
+    """What `grpo_race.py` runs for one seed of `recipe` (resolved by `bench.common.recipes`)."""
     sets = [*recipe["set"], f"seed={seed}", f"data.seed={seed}"]
     sets += [f"optim.steps={args.steps}"] if args.steps is not None else []
     if args.eval_tasks is not None:  # 0: no evaluation
@@ -59,14 +50,7 @@ def race_arguments(recipe: dict[str, Any], args: argparse.Namespace, seed: int) 
 
 
 def record(recipe: str, seed: int, race: dict[str, Any], command: list[str], wall_s: float) -> dict[str, Any]:
-    """One run's result file from what `grpo_race.py --json` wrote.
-
-    >>> race = {"rows": [{"step": 1, "samples": 8, "time/step_s": 2.0}, {"step": 2, "samples": 8,
-    ...         "time/step_s": 2.0}], "eval": {"before": {"greedy_pass@1": 0.036}, "after": {"greedy_pass@1": 0.07}}}
-    >>> r = record("pre", 1, race, ["python", "bench/grpo_race.py"], 12.5)
-    >>> r["recipe"], r["seed"], r["before"], r["after"], r["steps"], r["samples_per_s"], r["command"]
-    ('pre', 1, 0.036, 0.07, 2, 4.0, 'python bench/grpo_race.py')
-    """
+    """One run's result file from what `grpo_race.py --json` wrote."""
     evals, rows = race.get("eval") or {}, race.get("rows", [])
     score = {label: (evals.get(label) or {}).get("greedy_pass@1") for label in evals}
     out = {"recipe": recipe, "seed": seed, "before": score.get("before"), "after": score.get("after")}
@@ -81,11 +65,7 @@ def record(recipe: str, seed: int, race: dict[str, Any], command: list[str], wal
 
 
 def mean_std(values: list[float]) -> dict[str, float | None]:
-    """Mean and sample standard deviation (None for one value).
-
-    >>> mean_std([0.04, 0.06, 0.08])
-    {'mean': 0.06, 'std': 0.02, 'n': 3}
-    """
+    """Mean and sample standard deviation (None for one value)."""
     std = round(statistics.stdev(values), 6) if len(values) > 1 else None
     return {"mean": round(statistics.fmean(values), 6), "std": std, "n": len(values)}
 
@@ -94,14 +74,7 @@ FIELDS = ["before", "sft", "after", "humaneval_before", "humaneval_after", "samp
 
 
 def summarise(recipe: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean +- std over seeds of before, after, their difference and ratio, with per-seed values.
-
-    >>> runs = [{"seed": s, "before": 0.036, "after": a, "steps": 100, "wall_s": 300.0, "eval_tasks": 500}
-    ...         for s, a in ((0, 0.066), (1, 0.086), (2, 0.076))]
-    >>> s = summarise("pre", runs)
-    >>> s["after"], s["gain"]["mean"], s["seeds"]
-    ({'mean': 0.076, 'std': 0.01, 'n': 3}, 0.04, [0, 1, 2])
-    """
+    """Mean +- std over seeds of before, after, their difference and ratio, with per-seed values."""
     done = sorted((r for r in runs if r.get("after") is not None), key=lambda r: r["seed"])
     out: dict[str, Any] = {"recipe": recipe, "seeds": [r["seed"] for r in done]}
     if not done:
@@ -117,14 +90,7 @@ def summarise(recipe: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare(a: str, runs_a: list[dict[str, Any]], b: str, runs_b: list[dict[str, Any]]) -> dict[str, Any]:
-    """`b` against `a`, paired by seed: the per-seed differences of `after` and ratios of samples/s.
-
-    >>> pa = [{"seed": 0, "after": 0.05, "samples_per_s": 10.0}, {"seed": 1, "after": 0.06}]
-    >>> pb = [{"seed": 0, "after": 0.07, "samples_per_s": 14.0}, {"seed": 1, "after": 0.07}, {"seed": 3, "after": 0.2}]
-    >>> c = compare("grpo", pa, "pre", pb)
-    >>> c["seeds"], c["difference"]["mean"], c["b_better"], c["samples_per_s_ratio"]
-    ([0, 1], 0.015, 2, {'mean': 1.4, 'std': None, 'n': 1})
-    """
+    """`b` against `a`, paired by seed: the per-seed differences of `after` and ratios of samples/s."""
     by_a = {r["seed"]: r for r in runs_a if r.get("after") is not None}
     by_b = {r["seed"]: r for r in runs_b if r.get("after") is not None}
     seeds = sorted(by_a.keys() & by_b.keys())
@@ -180,9 +146,8 @@ def run_one(recipe: str, seed: int, race: list[str], folder: Path) -> dict[str, 
         return None
     result = record(recipe, seed, read_json(out), ["python", *command[1:]], wall)
     dump(folder / f"{recipe}-seed{seed}.json", result)
-    print(
-        f"{recipe} seed {seed}: before {result['before']} after {result['after']} in {wall:.0f} s", flush=True
-    )
+    scores = f"before {result['before']} after {result['after']}"
+    print(f"{recipe} seed {seed}: {scores} in {wall:.0f} s", flush=True)
     return result
 
 

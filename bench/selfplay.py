@@ -25,12 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
-from bench import common  # noqa: E402
-
-RUNS = ROOT / "recipes" / "selfplay.yaml"
+RUNS = common.ROOT / "recipes" / "selfplay.yaml"
 TINY = ["optim.steps=2", "method.games_per_step=2", "method.arena.every=1", "method.arena.games=2"]
 TINY += ["optim.micro_batch=8", "eval.every=1"]
 SERIES = [  # metric patterns kept per step in the JSON (`*`: any role or opponent)
@@ -43,11 +41,9 @@ def spec_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The run's job: its recipe, then `--tiny`'s budget, the model, the evaluation tasks, `--set`."""
     recipe, tokens = common.recipes(RUNS)[name], 8 if name.startswith("ttt") else 48
     sets = [*recipe["set"], *([*TINY, f"rollout.max_tokens={tokens}"] if args.tiny else [])]
-    sets += [
-        f"model.base={args.model}",
-        f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null",
-    ]
-    return common.load_job(ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
+    evaluation = f"eval.data.limit={args.eval_tasks}" if args.eval_tasks else "eval=null"
+    sets += [f"model.base={args.model}", evaluation]
+    return common.load_job(common.ROOT / recipe["spec"], [*sets, *args.overrides]).model_dump(mode="json")
 
 
 def collect(name: str, run_dir: Path, out_dir: Path | None, spec: dict, wall: float) -> dict[str, Any]:

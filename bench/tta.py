@@ -10,7 +10,8 @@ the runs' clocks) and the curves compared. `trl` on its own is also the GRPO rac
     python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md [--learning DIR]   (one job's runs)
 
 RECIPE: a recipe of recipes/learning.yaml or a job spec file. Each run writes `DIR/run.json` (the
-job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json`.
+job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json` and the
+base's and last point's greedy answers, `DIR/answers/<label>.jsonl.gz`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 T0 = time.time()  # a run's clock starts with its process, before its imports
 
 import argparse  # noqa: E402
+import gzip  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -29,15 +31,12 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
 
 def train_spec(args: argparse.Namespace, *more: str) -> Any:
-    """The training job of `args.job` (a spec file as it is, or a recipe resolved) with the
-    overrides of `args` and `more`."""
+    """`args.job`'s training job (a spec file, or a recipe resolved), `args`' overrides and `more` applied."""
     spec = common.load_job(*common.job_source(args.job, [*args.overrides, *more])[:2])
     if spec.kind != "train":
         raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
@@ -45,11 +44,7 @@ def train_spec(args: argparse.Namespace, *more: str) -> Any:
 
 
 def saved_steps(steps: int, every: int) -> list[int]:
-    """The steps whose adapters a run keeps: every `every`-th and the last.
-
-    >>> saved_steps(40, 10), saved_steps(25, 10), saved_steps(2, 10)
-    ([10, 20, 30, 40], [10, 20, 25], [2])
-    """
+    """The steps whose adapters a run keeps: every `every`-th and the last."""
     return sorted({*range(every, steps + 1, every), steps})
 
 
@@ -139,16 +134,7 @@ def run_crucible(args: argparse.Namespace) -> None:
 
 
 def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool) -> dict[str, Any]:
-    """`GRPOConfig`'s arguments for the job `spec` (those it has a counterpart for).
-
-    >>> from bench.common import load_job
-    >>> spec = load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.micro_batch=8"])
-    >>> c = trl_config(spec, Path("/tmp/x"), "hf", 0.3, False)
-    >>> c["per_device_train_batch_size"], c["gradient_accumulation_steps"], c["num_generations"]
-    (8, 8, 8)
-    >>> c["learning_rate"], c["max_completion_length"], c["loss_type"], c["lr_scheduler_type"], c["beta"]
-    (0.0001, 256, 'dapo', 'constant', 0.0)
-    """
+    """`GRPOConfig`'s arguments for the job `spec` (those it has a counterpart for)."""
     method, optim, rollout = spec.method, spec.optim, spec.rollout
     if method.name != "grpo":
         raise SystemExit(f"method {method.name!r}: this race compares GRPO jobs")
@@ -212,11 +198,9 @@ def bf16_copy(model_dir: str) -> str:
 
 
 def sandbox_reward(problems: list[Any], spec: Any, url: str) -> tuple[Any, dict[str, int]]:
-    """A TRL reward function that scores as Crucible's rollouts do: the code in each completion
-    (`answer_to_code`, the job's chat setting) run by the sandbox at `url` against its task's tests
-    with the job's limits, and `reward.kind` of the verdict. The dataset's `task_index` column
-    names each completion's task. Also returns counters (scored, sandbox errors: such a sample
-    Crucible drops; TRL needs a number, so it scores 0)."""
+    """A TRL reward function that scores as Crucible's rollouts do (`answer_to_code`, the sandbox at
+    `url`, the job's limits and `reward.kind`), each completion's task named by the `task_index`
+    column; and its counters (a sandbox error, which Crucible drops, scores 0: TRL needs a number)."""
     import asyncio
 
     from crucible_shared.sandbox_client import SandboxClient
@@ -337,15 +321,14 @@ def run_eval(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="crucible-tta-eval-"))
     # The saved adapters may be read from where the runs keep them (the trainer's and the generator's roots).
     roots = ",".join(sorted({str(d) for d, _ in runs} | {str(work)}))
-    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(
-        filter(None, [os.environ.get("CRUCIBLE_ADAPTER_ROOTS"), roots])
-    )
+    known = os.environ.get("CRUCIBLE_ADAPTER_ROOTS")
+    os.environ["CRUCIBLE_ADAPTER_ROOTS"] = ",".join(filter(None, [known, roots]))
     common.local_events()
-    # The base model's scores, shared by every run evaluated beside these (one base point for all
-    # of them, evaluated once), keyed by what was evaluated.
+    # The base model's scores, evaluated once for all the runs beside these, keyed by what was evaluated.
     cache = runs[0][0].parent / "base-evals.json"
 
-    def score(settings: Any, run: dict[str, Any], adapter: str | None, dataset: str, label: str) -> dict:
+    def score(settings: Any, run: dict[str, Any], adapter: str | None, dataset: str, label: str,
+              keep: Path | None) -> dict:  # fmt: skip
         limit = args.tasks if dataset == "mbpp" else args.humaneval_tasks
         what = json.dumps([base, dataset, limit, run["eval"]], sort_keys=True)
         if adapter is None and what in (shared := common.read_json(cache, {})):
@@ -355,7 +338,9 @@ def run_eval(args: argparse.Namespace) -> None:
         model, tokens = {"base": base, "chat": run["job"]["model"]["chat"]}, run["eval"]["max_tokens"]
         found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
         result = {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
-                  "seconds": round(found["wall_s"], 1)}  # fmt: skip
+                  "literal_answers": found.get("literal_answers"), "seconds": round(found["wall_s"], 1)}  # fmt: skip
+        if keep is not None:
+            keep_answers(Path(found["report"]) / "report.json", keep / f"{label}.jsonl.gz")
         if adapter is None:
             common.dump(cache, common.read_json(cache, {}) | {what: result})
         return result
@@ -372,7 +357,9 @@ def run_eval(args: argparse.Namespace) -> None:
                         if dataset in entry:
                             continue
                         label = f"{out.name}-{p['step']}-{dataset}" if p["adapter"] else f"base-{dataset}"
-                        entry[dataset] = score(settings, run, p["adapter"], dataset, label)
+                        # The base's and the last point's greedy answers are kept, to be read by hand.
+                        keep = out / "answers" if p["step"] in (0, final) else None
+                        entry[dataset] = score(settings, run, p["adapter"], dataset, label, keep)
                         common.dump(out / "evals.json", evals)
                         print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
@@ -380,6 +367,20 @@ def run_eval(args: argparse.Namespace) -> None:
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def keep_answers(report: Path, path: Path) -> None:
+    """An evaluation report's greedy answers (task, whether it passed, its code) as gzipped JSON lines."""
+    problems = json.loads(report.read_text())["problems"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        for p in filter(lambda p: p.get("greedy"), problems):
+            f.write(
+                json.dumps(
+                    {"task_id": p["task_id"], "passed": p["greedy_passed"], "code": p["greedy"]["code"]}
+                )
+                + "\n"
+            )
 
 
 # -- the comparison -------------------------------------------------------------------------------
@@ -396,18 +397,7 @@ PARTS = {"median_generate_s": "time/generate_s", "median_update_s": "time/train_
 
 def training(engine: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median seconds per step over steps 2+ (the first pays start-up costs), and the mean reward
-    and completion tokens of the first and last quarter of the steps.
-
-    >>> rows = [{"step": s, "step_time": t, "reward": r, "completions/mean_length": 100.0}
-    ...         for s, t, r in ((1, 9.0, 0.2), (2, 4.0, 0.4), (3, 5.0, 0.6), (4, 6.0, 0.8))]
-    >>> training("trl", rows)  # doctest: +NORMALIZE_WHITESPACE
-    {'steps': 4, 'median_step_s': 5.0, 'reward_first': 0.2, 'reward_last': 0.8,
-     'tokens_first': 100.0, 'tokens_last': 100.0}
-    >>> rows = [{"time/step_s": 3.0, "time/generate_s": g, "time/train_s": 1.0, "time/execute_tail_s": 0.5}
-    ...         for g in (2.0, 1.0, 1.5)]
-    >>> {k: v for k, v in training("crucible", rows).items() if k.startswith(("median_", "tail"))}
-    {'median_step_s': 3.0, 'median_generate_s': 1.25, 'median_update_s': 1.0, 'tail_sum_s': 1.5}
-    """
+    and completion tokens of the first and last quarter of the steps."""
     seconds, reward, tokens = STEP_KEYS[engine]
     rows = [r for r in rows if seconds in r]
     if not rows:
@@ -440,23 +430,12 @@ def curve(run: dict[str, Any], evals: dict[str, Any]) -> list[dict[str, Any]]:
 
 def reach(points: list[dict[str, Any]], target: float) -> float | None:
     """Wall time of the first trained point (step > 0) at or above `target`, or None. The base
-    model reaching it says only that the target is no gain: `compare` gives no ratio then.
-
-    >>> pts = [{"step": 0, "wall_s": 0, "pass@1": 0.5}, {"step": 10, "wall_s": 60, "pass@1": 0.53},
-    ...        {"step": 20, "wall_s": 90, "pass@1": 0.56}]
-    >>> reach(pts, 0.53), reach(pts, 0.55), reach(pts, 0.6), reach(pts, 0.5)
-    (60, 90, None, 60)
-    """
+    model reaching it says only that the target is no gain: `compare` gives no ratio then."""
     return next((p["wall_s"] for p in points if p["step"] and p["pass@1"] >= target), None)
 
 
 def at(points: list[dict[str, Any]], wall_s: float) -> float | None:
-    """pass@1 of the latest point at or before `wall_s`.
-
-    >>> pts = [{"wall_s": 0, "pass@1": 0.5}, {"wall_s": 60, "pass@1": 0.53}]
-    >>> at(pts, 59.0), at(pts, 61.0)
-    (0.5, 0.53)
-    """
+    """pass@1 of the latest point at or before `wall_s`."""
     before = [p for p in points if p["wall_s"] <= wall_s]
     return before[-1]["pass@1"] if before else None
 
@@ -466,27 +445,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The time-to-accuracy comparison of the runs (`name -> {run, evals}`).
-
-    >>> mk = lambda engine, gpus, pts: {"run": {"engine": engine, "gpus": gpus, "points": [
-    ...     {"step": s, "wall_s": w, "adapter": None} for s, w, _ in pts]},
-    ...     "evals": {str(s): {"mbpp": {"pass@1": p}} for s, _, p in pts}}
-    >>> c = compare({"trl": mk("trl", 1, [(0, 0, .50), (10, 200, .52), (20, 400, .54)]),
-    ...              "c1": mk("crucible", 1, [(0, 0, .50), (10, 80, .53), (20, 160, .56)]),
-    ...              "c2": mk("crucible", 2, [(0, 0, .50), (10, 50, .54), (20, 100, .57)])})
-    >>> c["trl_final"], c["runs"]["c1"]["reach_trl_final_s"], c["runs"]["c1"]["reach_over_trl"]
-    (0.54, 160, 0.4)
-    >>> c["runs"]["c1"]["not_lower_at_equal_wall"], c["runs"]["c2"]["reach_one_gpu_final_s"]
-    (True, 100)
-    >>> c["runs"]["c2"]["reach_over_one_gpu"], c["runs"]["c2"]["last_point_over_one_gpu"]
-    (0.625, 0.625)
-    >>> c["runs"]["c1"]["last_point_over_trl"]
-    0.4
-    >>> flat = compare({"trl": mk("trl", 1, [(0, 0, .50), (10, 200, .49), (20, 400, .50)]),
-    ...                 "c1": mk("crucible", 1, [(0, 0, .50), (10, 80, .53)])})
-    >>> flat["trl_gained"], flat["runs"]["c1"]["reach_over_trl"], flat["runs"]["c1"]["goal_half_trl_met"]
-    (False, None, False)
-    """
+    """The time-to-accuracy comparison of the runs (`name -> {run, evals}`)."""
     curves = {name: curve(r["run"], r["evals"]) for name, r in runs.items()}
 
     def first(engine: str, **more: Any) -> str | None:
@@ -530,19 +489,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def seed_means(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The runs of one setting (engine, cards, placement, overlap) over two or more seeds as one
     run for `compare`: at each step that all of them evaluated, their mean wall time and mean
-    pass@1 (MBPP, and HumanEval where all have it). The seeds' own runs stay in the table beside it.
-
-    >>> mk = lambda engine, pts: {"run": {"engine": engine, "gpus": 1, "job": {}, "points": [
-    ...     {"step": s, "wall_s": w} for s, w, _ in pts]},
-    ...     "evals": {str(s): {"mbpp": {"pass@1": p}} for s, _, p in pts}}
-    >>> m = seed_means({"a": mk("trl", [(0, 0, .5), (10, 100, .52)]),
-    ...                 "b": mk("trl", [(0, 0, .5), (10, 120, .56), (20, 200, .6)]),
-    ...                 "c": mk("crucible", [(0, 0, .5), (10, 60, .6)])})
-    >>> list(m), m["trl, 1 GPU, mean of 2 seeds"]["run"]["points"]
-    (['trl, 1 GPU, mean of 2 seeds'], [{'step': 0, 'wall_s': 0.0}, {'step': 10, 'wall_s': 110.0}])
-    >>> m["trl, 1 GPU, mean of 2 seeds"]["evals"]["10"]
-    {'mbpp': {'pass@1': 0.54}}
-    """
+    pass@1 (MBPP, and HumanEval where all have it). The seeds' own runs stay in the table beside it."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in [r for r in runs.values() if curve(r["run"], r["evals"])]:  # evaluated runs only
         run = r["run"]
@@ -570,11 +517,7 @@ def seed_means(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def cell(value: float | None, form: str = "{:.2f}") -> str:
-    """`value` formatted, `-` for none.
-
-    >>> cell(0.5512, "{:.1%}"), cell(None), cell(171.6, "{:.0f} s")
-    ('55.1%', '-', '172 s')
-    """
+    """`value` formatted, `-` for none."""
     return "-" if value is None else form.format(value)
 
 
@@ -631,16 +574,7 @@ SEED_KEYS = ("seed", "data.seed")
 def learning_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each evaluated run as a learning row (docs/results/<card>/learning/), named
     `[trl-]<recipe>[+<override>...]-seed<N>.json` (overrides besides the seeds' in the name too):
-    greedy MBPP pass@1 before and after, HumanEval where evaluated.
-
-    >>> run = {"engine": "crucible", "job": {"seed": 1, "model": {"base": "m"}},
-    ...        "command": ["bench/tta.py", "crucible", "r", "--set", "seed=1", "--set", "optim.lr=1"],
-    ...        "points": [{"step": 0, "wall_s": 0}, {"step": 10, "wall_s": 9}]}
-    >>> evals = {"0": {"mbpp": {"pass@1": 0.5}}, "10": {"mbpp": {"pass@1": 0.6}}}
-    >>> rows = learning_rows({"c": {"run": run, "evals": evals}})
-    >>> list(rows), rows["r+optim.lr=1-seed1.json"]["after"]
-    (['r+optim.lr=1-seed1.json'], 0.6)
-    """
+    greedy MBPP pass@1 before and after, HumanEval where evaluated."""
     rows = {}
     for name, r in runs.items():
         run, pts = r["run"], curve(r["run"], r["evals"])
@@ -667,11 +601,7 @@ PLACEMENT = ("seed", "data.seed", "distributed.", "overlap.", "optim.micro_batch
 
 
 def learning_job(job: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`job`'s fields as flat `a.b` keys, without those in which one table's runs may differ.
-
-    >>> learning_job({"seed": 3, "reward": {"length_penalty": 0.01}, "optim": {"lr": 1e-4, "micro_batch": 8}})
-    {'reward.length_penalty': 0.01, 'optim.lr': 0.0001}
-    """
+    """`job`'s fields as flat `a.b` keys, without those in which one table's runs may differ."""
     out: dict[str, Any] = {}
     for key, value in job.items():
         if isinstance(value, dict):
@@ -682,15 +612,7 @@ def learning_job(job: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def one_job(runs: dict[str, dict[str, Any]]) -> None:
-    """Refuse runs of different learning jobs: their means and ratios would mix them silently.
-
-    >>> one_job({"a": {"run": {"job": {"seed": 0, "optim": {"lr": 1e-4}}}},
-    ...          "b": {"run": {"job": {"seed": 1, "optim": {"lr": 1e-4}}}}})
-    >>> one_job({"a": {"run": {"job": {"reward": {"length_penalty": 0.0}}}},
-    ...          "b": {"run": {"job": {"reward": {"length_penalty": 0.01}}}}})
-    Traceback (most recent call last):
-    SystemExit: a and b train different jobs (reward.length_penalty: 0.0 against 0.01): table them apart
-    """
+    """Refuse runs of different learning jobs: their means and ratios would mix them silently."""
     (first, r), *rest = runs.items()
     job = learning_job(r["run"]["job"])
     for name, other in rest:

@@ -42,6 +42,18 @@ EXAMPLES: list[tuple[str, dict[str, Any], str | None]] = [
         },
         "pass@1 50.0% · pass@2 75.0% (sampled) on 4 MBPP tasks",
     ),
+    (  # an evaluation whose greedy answers include hard-coded ones says how many
+        "eval_finished",
+        {
+            "label": "after",
+            "report": "r",
+            "dataset": "mbpp",
+            "greedy_pass@1": 0.5,
+            "problems": 4,
+            "literal_answers": 3,
+        },
+        "on 4 MBPP tasks, 3 only return a literal",
+    ),
     ("adapter_published", {"step": 1, "name": "job-v1", "load_s": 0.5}, "in 0.50 s (job-v1)"),
     ("difficulty_filter", {"kept": 3, "of": 8}, "kept 3 of 8"),
     ("resumed", {"step": 4, "checkpoint": "runs/x/checkpoints/step-000004"}, "checkpoint of step 4"),

@@ -90,6 +90,7 @@ class EvalFinishedEvent(_Event):
     problems: int
     problems_passed: int | None = None
     mean_generated_tokens: float | None = None
+    literal_answers: int | None = Field(None, description="Greedy answers that only return a literal.")
 
     @property
     def pass_at_k(self) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """bench/: the helpers every benchmark shares live once in `bench/common.py`, and no benchmark
-imports another that imports it back (read from the sources, nothing is run)."""
+imports another that imports it back (read from the sources, nothing is run); what those helpers
+compute (percentiles, tables, step medians) and the recipes they read."""
 
 from __future__ import annotations
 
@@ -89,3 +90,32 @@ def test_every_job_spec_and_recipe_under_recipes_is_valid() -> None:
             assert (
                 recipe.get("about") and load_job(BENCH.parent / recipe["spec"], recipe["set"]).kind == "train"
             ), name
+
+
+def test_options_make_an_option_of_each_entry() -> None:
+    import argparse
+
+    from bench.common import options
+
+    parser = options(argparse.ArgumentParser(), rounds=(2, "rounds"), clients=[1, 8], out=Path, tiny=False)
+    args = parser.parse_args(["--clients", "4", "32", "--out", "x"])
+    assert vars(args) == {"rounds": 2, "clients": [4, 32], "out": Path("x"), "tiny": False}
+
+
+def test_percentiles_latency_arms_and_tables() -> None:
+    from bench.common import alternate, latency, md_table, percentile
+
+    assert (percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.5), percentile([5.0, 1.0, 3.0], 0.99)) == (3.0, 5.0)
+    assert latency([3.0, 1.0, 2.0]) == {"n": 3, "p50_ms": 2.0, "p99_ms": 3.0, "max_ms": 3.0}
+    assert alternate({"a": lambda r: r, "b": lambda r: -r}, 2) == {"a": [0, 1], "b": [0, -1]}
+    assert md_table(["a", "b"], [[1, 2.5]], align=" :") == "| a | b |\n|---|---:|\n| 1 | 2.5 |"
+
+
+def test_step_figures_leave_the_first_step_out() -> None:
+    from bench.common import later_median, samples_per_s, step_medians
+
+    assert samples_per_s([{"samples": 8, "time/step_s": 2.0}, {"samples": 8, "time/step_s": 2.0}]) == 4.0
+    assert later_median([{"t": 9.0}, {"t": 1.0}, {}, {"t": 3.0}], "t") == 1.0  # the missing one counts 0
+    steps = [(9.0, 8.0), (1.0, 0.0), (3.0, 16.0), (2.0, 8.0)]  # the second trained nothing
+    rows = [{"time/step_s": s, "update/sequences": n} for s, n in steps]
+    assert step_medians(rows) == {"median_step_s": 2.0, "median_updated_step_s": 2.5, "updated_steps": 3}

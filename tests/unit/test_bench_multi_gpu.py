@@ -1,7 +1,8 @@
 """bench/multi_gpu.py runs end to end on a CPU (`--tiny`: gloo, a tiny random model, two CPU
 generator replicas, one sandbox) and writes the JSON the GPU runs fill: per rank count, the real
 job's s/step split into generation and update, samples/s, the speed-up over one rank and the
-target; the two-rank run goes through the distributed launcher (its update ran on 2 ranks)."""
+target; the two-rank run goes through the distributed launcher (its update ran on 2 ranks). And
+the figures and the report from rows made up here."""
 
 from __future__ import annotations
 
@@ -35,3 +36,33 @@ def test_tiny_run_writes_figures_for_each_rank_count(tmp_path) -> None:
     assert runs[1]["speedup_samples_per_s"] == 1.0 and runs[1]["target_met"] is None
     assert runs[2]["speedup_samples_per_s"] > 0 and runs[2]["target"] == 1.8
     assert isinstance(runs[2]["target_met"], bool)
+
+
+def test_figures_are_medians_after_the_first_step() -> None:
+    from bench.multi_gpu import figures
+
+    rows = [
+        {"time/step_s": 9.0, "time/generate_s": 5.0, "time/train_s": 3.0},
+        {"time/step_s": 4.0, "time/generate_s": 2.0, "time/train_s": 1.5, "publish/total_s": 0.25},
+    ]
+    f = figures(rows, 2, 8)
+    assert (f["s_per_step"], f["generate_s"], f["update_s"], f["publish_s"]) == (4.0, 2.0, 1.5, 0.25)
+    assert f["samples_per_s"] == 2.0
+    assert f["other_s"] == 0.25  # step - rollout (absent here: generate) - update - publish - stale wait
+
+
+def test_the_report_holds_the_speedups_and_the_targets() -> None:
+    import argparse
+
+    from bench.multi_gpu import TINY, job, summarise
+
+    args = argparse.Namespace(shape=None, tiny=True, model="m", strategy="ddp", generator_batch=4)
+    args.overrides = []
+    spec = job("m", 1, TINY)
+    one = {"gpus": 1, "samples_per_s": 2.0, "generate_samples_per_s": 4.0, "update_samples_per_s": 4.0}
+    two = {"gpus": 2, "samples_per_s": 3.8, "generate_samples_per_s": 8.0, "update_samples_per_s": 7.0}
+    r = summarise(args, spec, [one, two])
+    assert (r["runs"][1]["speedup_samples_per_s"], r["runs"][1]["target"]) == (1.9, 1.8)
+    assert r["runs"][1]["target_met"] is True and r["batch"] == 8
+    failed = summarise(args, spec, [{"gpus": 1, "error": "OOM"}, {"gpus": 2, "samples_per_s": 3.8}])
+    assert failed["runs"][1]["target_met"] is None  # no one-GPU figure to measure against

@@ -5,7 +5,6 @@ minute a seed). And every shipped recipe resolves to a valid training job."""
 
 from __future__ import annotations
 
-import doctest
 import importlib.util
 import json
 import sys
@@ -71,8 +70,37 @@ def run(seeds, tmp_path, monkeypatch, *argv: str) -> int:
     return 0
 
 
-def test_doctests(seeds) -> None:
-    assert doctest.testmod(seeds).failed == 0
+def test_a_seed_of_a_recipe_is_its_spec_and_overrides_with_the_seeds(seeds) -> None:
+    recipe = {"spec": "recipes/grpo_smollm2.yaml", "set": ["method.filter.mode=pre"], "humaneval": True}
+    args = seeds.argparse.Namespace(steps=None, eval_tasks=30, model=None)
+    assert seeds.race_arguments(recipe, args, 2) == [
+        "recipes/grpo_smollm2.yaml", "--set", "method.filter.mode=pre", "--set", "seed=2", "--set", "data.seed=2",
+        "--set", "eval.data.limit=30", "--humaneval", "--generator-rows", "64",
+    ]  # fmt: skip
+
+
+def test_a_runs_file_holds_its_scores_and_samples_per_second(seeds) -> None:
+    rows = [{"step": s, "samples": 8, "time/step_s": 2.0} for s in (1, 2)]
+    race = {"rows": rows, "eval": {"before": {"greedy_pass@1": 0.036}, "after": {"greedy_pass@1": 0.07}}}
+    r = seeds.record("pre", 1, race, ["python", "bench/grpo_race.py"], 12.5)
+    assert (r["recipe"], r["seed"], r["before"], r["after"]) == ("pre", 1, 0.036, 0.07)
+    assert (r["steps"], r["samples_per_s"], r["command"]) == (2, 4.0, "python bench/grpo_race.py")
+
+
+def test_summary_and_comparison_over_seeds(seeds) -> None:
+    assert seeds.mean_std([0.04, 0.06, 0.08]) == {"mean": 0.06, "std": 0.02, "n": 3}
+    runs = [
+        {"seed": s, "before": 0.036, "after": a, "steps": 100, "wall_s": 300.0, "eval_tasks": 500}
+        for s, a in ((0, 0.066), (1, 0.086), (2, 0.076))
+    ]
+    s = seeds.summarise("pre", runs)
+    assert s["after"] == {"mean": 0.076, "std": 0.01, "n": 3}
+    assert (s["gain"]["mean"], s["seeds"]) == (0.04, [0, 1, 2])
+    pa = [{"seed": 0, "after": 0.05, "samples_per_s": 10.0}, {"seed": 1, "after": 0.06}]
+    pb = [{"seed": 0, "after": 0.07, "samples_per_s": 14.0}, {"seed": 1, "after": 0.07}]
+    c = seeds.compare("grpo", pa, "pre", [*pb, {"seed": 3, "after": 0.2}])  # seed 3 has no pair
+    assert (c["seeds"], c["difference"]["mean"], c["b_better"]) == ([0, 1], 0.015, 2)
+    assert c["samples_per_s_ratio"] == {"mean": 1.4, "std": None, "n": 1}
 
 
 def test_a_recipe_over_seeds_writes_one_file_per_run_and_the_summary(seeds, tmp_path, monkeypatch) -> None:

@@ -2,10 +2,11 @@
 and a tiny random Qwen2 goes through the whole race: Crucible's job and TRL's GRPOTrainer (HF
 generation) each save adapters at the chosen steps with increasing wall times, the evaluation
 scores the base and every adapter through Crucible's evaluation jobs (HumanEval at the base and
-the last point), and the table compares the curves."""
+the last point), and the table compares the curves; the table's arithmetic on curves made up here."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -113,6 +114,19 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     evals = json.loads((tmp_path / "trl" / "evals.json").read_text())
     assert set(evals) == {"0", "1", "2"} and {"mbpp", "humaneval"} == set(evals["0"]) == set(evals["2"])
     assert evals["1"]["mbpp"]["problems"] == 2 and evals["2"]["humaneval"]["problems"] == 1
+    assert all(e["literal_answers"] in (0, 1, 2) for point in evals.values() for e in point.values())
+    # the last point's greedy answers, kept to be read by hand (the base's went to the first run)
+    kept = sorted(p.name for p in (tmp_path / "trl" / "answers").iterdir())
+    assert kept == ["trl-2-humaneval.jsonl.gz", "trl-2-mbpp.jsonl.gz"]
+    with gzip.open(tmp_path / "trl" / "answers" / "trl-2-mbpp.jsonl.gz", "rt") as f:
+        answers = [json.loads(line) for line in f]
+    assert [sorted(a) for a in answers] == [["code", "passed", "task_id"]] * 2
+    base = sorted(p.name for p in (tmp_path / "crucible-1gpu" / "answers").iterdir())
+    assert base == [
+        "base-humaneval.jsonl.gz",
+        "base-mbpp.jsonl.gz",
+        *(f"crucible-1gpu-2-{d}.jsonl.gz" for d in ("humaneval", "mbpp")),
+    ]
     run("table", *runs, "--json", str(tmp_path / "tta.json"), "--md", str(tmp_path / "tta.md"))
     table = json.loads((tmp_path / "tta.json").read_text())
     assert table["trl_run"] == "trl" and table["one_gpu_run"] == "crucible-1gpu"
@@ -132,3 +146,132 @@ def test_trl_gets_a_bfloat16_copy_of_a_float32_checkpoint(tmp_path) -> None:
     assert (tmp_path / "model-bf16" / "tokenizer.json").is_file()
     assert bf16_copy(copy) == copy  # already bfloat16: used as it is
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model-bf16"]
+
+
+def test_a_run_keeps_every_nth_adapter_and_the_last() -> None:
+    from bench.tta import saved_steps
+
+    assert saved_steps(40, 10) == [10, 20, 30, 40]
+    assert saved_steps(25, 10) == [10, 20, 25]
+    assert saved_steps(2, 10) == [2]
+
+
+def test_trl_config_of_the_race_recipe() -> None:
+    from bench.common import load_job
+    from bench.tta import trl_config
+
+    spec = load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.micro_batch=8"])
+    c = trl_config(spec, Path("/tmp/x"), "hf", 0.3, False)
+    batch = (c["per_device_train_batch_size"], c["gradient_accumulation_steps"], c["num_generations"])
+    assert batch == (8, 8, 8)
+    assert (c["learning_rate"], c["max_completion_length"], c["beta"]) == (0.0001, 256, 0.0)
+    assert (c["loss_type"], c["lr_scheduler_type"]) == ("dapo", "constant")
+
+
+def test_training_figures_of_each_engine() -> None:
+    from bench.tta import training
+
+    rows = [
+        {"step": s, "step_time": t, "reward": r, "completions/mean_length": 100.0}
+        for s, t, r in ((1, 9.0, 0.2), (2, 4.0, 0.4), (3, 5.0, 0.6), (4, 6.0, 0.8))
+    ]
+    assert training("trl", rows) == {
+        "steps": 4, "median_step_s": 5.0, "reward_first": 0.2, "reward_last": 0.8,
+        "tokens_first": 100.0, "tokens_last": 100.0,
+    }  # fmt: skip
+    rows = [
+        {"time/step_s": 3.0, "time/generate_s": g, "time/train_s": 1.0, "time/execute_tail_s": 0.5}
+        for g in (2.0, 1.0, 1.5)
+    ]
+    found = {k: v for k, v in training("crucible", rows).items() if k.startswith(("median_", "tail"))}
+    medians = {"median_step_s": 3.0, "median_generate_s": 1.25, "median_update_s": 1.0}
+    assert found == medians | {"tail_sum_s": 1.5}
+
+
+def test_reach_and_at_read_a_curve() -> None:
+    from bench.tta import at, reach
+
+    pts = [
+        {"step": 0, "wall_s": 0, "pass@1": 0.5},
+        {"step": 10, "wall_s": 60, "pass@1": 0.53},
+        {"step": 20, "wall_s": 90, "pass@1": 0.56},
+    ]
+    # The base model (step 0) never counts as reaching a target.
+    assert [reach(pts, t) for t in (0.53, 0.55, 0.6, 0.5)] == [60, 90, None, 60]
+    assert (at(pts, 59.0), at(pts, 61.0)) == (0.5, 0.53)
+
+
+def tta_run(engine: str, points: list[tuple[int, float, float]], gpus: int = 1) -> dict:
+    """A run as `table` reads it: its saved points (step, wall_s) and their MBPP pass@1."""
+    run = {"engine": engine, "gpus": gpus, "job": {}}
+    run["points"] = [{"step": s, "wall_s": w, "adapter": None} for s, w, _ in points]
+    return {"run": run, "evals": {str(s): {"mbpp": {"pass@1": p}} for s, _, p in points}}
+
+
+def test_compare_times_each_run_against_trl_and_one_gpu() -> None:
+    from bench.tta import compare
+
+    c = compare({
+        "trl": tta_run("trl", [(0, 0, 0.50), (10, 200, 0.52), (20, 400, 0.54)]),
+        "c1": tta_run("crucible", [(0, 0, 0.50), (10, 80, 0.53), (20, 160, 0.56)]),
+        "c2": tta_run("crucible", [(0, 0, 0.50), (10, 50, 0.54), (20, 100, 0.57)], gpus=2),
+    })  # fmt: skip
+    c1, c2 = c["runs"]["c1"], c["runs"]["c2"]
+    assert (c["trl_final"], c1["reach_trl_final_s"], c1["reach_over_trl"]) == (0.54, 160, 0.4)
+    assert (c1["not_lower_at_equal_wall"], c2["reach_one_gpu_final_s"]) == (True, 100)
+    assert (c2["reach_over_one_gpu"], c2["last_point_over_one_gpu"]) == (0.625, 0.625)
+    assert c1["last_point_over_trl"] == 0.4
+    # TRL's final no better than its base: no time to reach it.
+    flat = compare({
+        "trl": tta_run("trl", [(0, 0, 0.50), (10, 200, 0.49), (20, 400, 0.50)]),
+        "c1": tta_run("crucible", [(0, 0, 0.50), (10, 80, 0.53)]),
+    })  # fmt: skip
+    c1 = flat["runs"]["c1"]
+    assert (flat["trl_gained"], c1["reach_over_trl"], c1["goal_half_trl_met"]) == (False, None, False)
+
+
+def test_seed_means_average_the_steps_all_seeds_evaluated() -> None:
+    from bench.tta import seed_means
+
+    m = seed_means({
+        "a": tta_run("trl", [(0, 0, 0.5), (10, 100, 0.52)]),
+        "b": tta_run("trl", [(0, 0, 0.5), (10, 120, 0.56), (20, 200, 0.6)]),
+        "c": tta_run("crucible", [(0, 0, 0.5), (10, 60, 0.6)]),
+    })  # fmt: skip
+    assert list(m) == ["trl, 1 GPU, mean of 2 seeds"]
+    mean = m["trl, 1 GPU, mean of 2 seeds"]
+    assert mean["run"]["points"] == [{"step": 0, "wall_s": 0.0}, {"step": 10, "wall_s": 110.0}]
+    assert mean["evals"]["10"] == {"mbpp": {"pass@1": 0.54}}
+
+
+def test_table_cells() -> None:
+    from bench.tta import cell
+
+    assert (cell(0.5512, "{:.1%}"), cell(None), cell(171.6, "{:.0f} s")) == ("55.1%", "-", "172 s")
+
+
+def test_learning_rows_are_named_by_recipe_overrides_and_seed() -> None:
+    from bench.tta import learning_rows
+
+    run = {
+        "engine": "crucible",
+        "job": {"seed": 1, "model": {"base": "m"}},
+        "command": ["bench/tta.py", "crucible", "r", "--set", "seed=1", "--set", "optim.lr=1"],
+        "points": [{"step": 0, "wall_s": 0}, {"step": 10, "wall_s": 9}],
+    }
+    evals = {"0": {"mbpp": {"pass@1": 0.5}}, "10": {"mbpp": {"pass@1": 0.6}}}
+    rows = learning_rows({"c": {"run": run, "evals": evals}})
+    assert list(rows) == ["r+optim.lr=1-seed1.json"] and rows["r+optim.lr=1-seed1.json"]["after"] == 0.6
+
+
+def test_one_table_holds_runs_of_one_learning_job() -> None:
+    from bench.tta import learning_job, one_job
+
+    job = {"seed": 3, "reward": {"length_penalty": 0.01}, "optim": {"lr": 1e-4, "micro_batch": 8}}
+    assert learning_job(job) == {"reward.length_penalty": 0.01, "optim.lr": 0.0001}
+    one_job({"a": {"run": {"job": {"seed": 0, "optim": {"lr": 1e-4}}}},
+             "b": {"run": {"job": {"seed": 1, "optim": {"lr": 1e-4}}}}})  # fmt: skip
+    different = r"^a and b train different jobs \(reward\.length_penalty: 0\.0 against 0\.01\)"
+    with pytest.raises(SystemExit, match=different + ": table them apart$"):
+        one_job({"a": {"run": {"job": {"reward": {"length_penalty": 0.0}}}},
+                 "b": {"run": {"job": {"reward": {"length_penalty": 0.01}}}}})  # fmt: skip

@@ -134,6 +134,7 @@ def render_markdown(report: EvalReport, plot: str | None = "pass_at_k.png") -> s
     lines += [
         f"| cut off by max_tokens | {_pct(report.truncated_fraction)} |",
         f"| dropped (sandbox errors) | {report.dropped} |",
+        f"| greedy answers that only return a literal | {report.literal_answers} |",
         "",
     ]
     if plot:
