@@ -118,6 +118,8 @@ def test_rank_zeros_event_lines_reach_the_jobs_channel(tmp_path: Path) -> None:
         b'{"time": 1.0, "type": "resumed", "step": 3, "checkpoint": "/runs/job-1/checkpoints/step-000003"}\n',
         b'{"type": "resumed", "bad": true}\n',  # refused by the event union: logged, not fatal
         b"{not json\n",
+        # a progress bar on stderr (the policy loading beside the pre-filter) left mid-line
+        b'\rLoading weights:  51%|##   | 174/339\r{"type": "difficulty_filter", "kept": 171, "of": 374}\n',
     ]
 
     async def go() -> bytes:
@@ -130,4 +132,8 @@ def test_rank_zeros_event_lines_reach_the_jobs_channel(tmp_path: Path) -> None:
         return log.getvalue()
 
     assert asyncio.run(go()) == b"".join(lines)
-    assert [(kind, data["step"]) for kind, data in received] == [("resumed", 3)]
+    assert [(kind, data.get("step")) for kind, data in received] == [
+        ("resumed", 3),
+        ("difficulty_filter", None),
+    ]
+    assert received[1][1]["kept"] == 171

@@ -147,6 +147,9 @@ async def _relay(stream: asyncio.StreamReader, sink: Any, channel: JobChannel | 
     async for line in stream:
         sink.write(line)
         sink.flush()
+        # Another thread's progress bar on stderr (redrawn after a `\r`, no newline yet) can share
+        # the event's line: the event is what follows the bar's last redraw.
+        line = line.rsplit(b"\r", 1)[-1]
         if channel is not None and line.startswith(b"{"):
             try:
                 record = json.loads(line)
