@@ -2,7 +2,7 @@
 Crucible and by TRL's `GRPOTrainer`, each saving its adapter every N steps with the wall time since
 its process started; every saved adapter is then evaluated through Crucible's evaluation jobs (off
 the runs' clocks) and the curves compared. `trl` on its own is also the GRPO race's TRL baseline
-(`bash bench/gpu.sh trl`): it prints its median step, and `DIR/metrics.jsonl` keeps every step.
+(`bash bench/gpu.sh trl-1p5b`): it prints its median step, and `DIR/metrics.jsonl` keeps every step.
 
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
@@ -11,7 +11,7 @@ the runs' clocks) and the curves compared. `trl` on its own is also the GRPO rac
 
 RECIPE: a recipe of recipes/learning.yaml or a job spec file. Each run writes `DIR/run.json` (the
 job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json` and the
-base's and last point's greedy answers, `DIR/answers/<label>.jsonl.gz`.
+last point's greedy answers, `DIR/answers/<label>.jsonl.gz` (the base's: `base-answers/` beside the runs).
 """
 
 from __future__ import annotations
@@ -338,9 +338,10 @@ def run_eval(args: argparse.Namespace) -> None:
         model, tokens = {"base": base, "chat": run["job"]["model"]["chat"]}, run["eval"]["max_tokens"]
         found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
         result = {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
-                  "literal_answers": found.get("literal_answers"), "seconds": round(found["wall_s"], 1)}  # fmt: skip
-        if keep is not None:
-            keep_answers(Path(found["report"]) / "report.json", keep / f"{label}.jsonl.gz")
+                  "hard_coded_answers": found.get("hard_coded_answers"), "seconds": round(found["wall_s"], 1)}  # fmt: skip
+        if keep is not None:  # the base's beside its cached scores, once for every run
+            folder = cache.parent / "base-answers" if adapter is None else keep
+            keep_answers(Path(found["report"]) / "report.json", folder / f"{label}.jsonl.gz")
         if adapter is None:
             common.dump(cache, common.read_json(cache, {}) | {what: result})
         return result
@@ -372,15 +373,11 @@ def run_eval(args: argparse.Namespace) -> None:
 def keep_answers(report: Path, path: Path) -> None:
     """An evaluation report's greedy answers (task, whether it passed, its code) as gzipped JSON lines."""
     problems = json.loads(report.read_text())["problems"]
+    rows = [{"task_id": p["task_id"], "passed": p["greedy_passed"], "code": p["greedy"]["code"]}
+            for p in problems if p.get("greedy")]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
-        for p in filter(lambda p: p.get("greedy"), problems):
-            f.write(
-                json.dumps(
-                    {"task_id": p["task_id"], "passed": p["greedy_passed"], "code": p["greedy"]["code"]}
-                )
-                + "\n"
-            )
+        f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 # -- the comparison -------------------------------------------------------------------------------

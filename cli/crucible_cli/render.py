@@ -92,8 +92,8 @@ def _eval_finished(e: ev.EvalFinishedEvent) -> str:
     text = " · ".join(parts) + f" on {e.problems} {_dataset({'dataset': e.dataset})}"
     if e.mean_generated_tokens is not None:
         text += f", {e.mean_generated_tokens:.0f} tokens avg"
-    if e.literal_answers:  # hard-coded answers: worth reading before trusting the pass rate
-        text += f", {e.literal_answers} only return a literal"
+    if e.hard_coded_answers:  # worth reading before trusting the pass rate
+        text += f", {e.hard_coded_answers} ignore their input"
     return _line(e.label, text)
 
 

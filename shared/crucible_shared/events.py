@@ -90,7 +90,7 @@ class EvalFinishedEvent(_Event):
     problems: int
     problems_passed: int | None = None
     mean_generated_tokens: float | None = None
-    literal_answers: int | None = Field(None, description="Greedy answers that only return a literal.")
+    hard_coded_answers: int | None = Field(None, description="Greedy answers that ignore their input.")
 
     @property
     def pass_at_k(self) -> dict[str, float]:

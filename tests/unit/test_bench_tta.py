@@ -60,6 +60,21 @@ def test_trl_config_follows_the_job_spec() -> None:
     assert (config["max_steps"], config["gradient_checkpointing"], config["bf16"]) == (40, True, True)
     assert config["use_vllm"] and config["vllm_mode"] == "colocate"
     assert config["vllm_gpu_memory_utilization"] == 0.25
+    # the race recipe as it is: its defaults become TRL's
+    c = trl_config(
+        load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.micro_batch=8"]),
+        Path("/x"),
+        "hf",
+        0.3,
+        False,
+    )
+    assert (c["per_device_train_batch_size"], c["gradient_accumulation_steps"], c["num_generations"]) == (
+        8,
+        8,
+        8,
+    )
+    assert (c["learning_rate"], c["max_completion_length"], c["beta"]) == (0.0001, 256, 0.0)
+    assert (c["loss_type"], c["lr_scheduler_type"]) == ("dapo", "constant")
     with pytest.raises(SystemExit, match="micro_batch"):
         trl_config(
             load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.micro_batch=24"]),
@@ -114,19 +129,16 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     evals = json.loads((tmp_path / "trl" / "evals.json").read_text())
     assert set(evals) == {"0", "1", "2"} and {"mbpp", "humaneval"} == set(evals["0"]) == set(evals["2"])
     assert evals["1"]["mbpp"]["problems"] == 2 and evals["2"]["humaneval"]["problems"] == 1
-    assert all(e["literal_answers"] in (0, 1, 2) for point in evals.values() for e in point.values())
-    # the last point's greedy answers, kept to be read by hand (the base's went to the first run)
+    assert all(e["hard_coded_answers"] in (0, 1, 2) for point in evals.values() for e in point.values())
+    # the last point's greedy answers, kept to be read by hand (the base's once, beside the runs)
     kept = sorted(p.name for p in (tmp_path / "trl" / "answers").iterdir())
     assert kept == ["trl-2-humaneval.jsonl.gz", "trl-2-mbpp.jsonl.gz"]
     with gzip.open(tmp_path / "trl" / "answers" / "trl-2-mbpp.jsonl.gz", "rt") as f:
         answers = [json.loads(line) for line in f]
     assert [sorted(a) for a in answers] == [["code", "passed", "task_id"]] * 2
-    base = sorted(p.name for p in (tmp_path / "crucible-1gpu" / "answers").iterdir())
-    assert base == [
-        "base-humaneval.jsonl.gz",
-        "base-mbpp.jsonl.gz",
-        *(f"crucible-1gpu-2-{d}.jsonl.gz" for d in ("humaneval", "mbpp")),
-    ]
+    base = sorted(p.name for p in (tmp_path / "base-answers").iterdir())
+    assert base == ["base-humaneval.jsonl.gz", "base-mbpp.jsonl.gz"]
+    assert len(list((tmp_path / "crucible-1gpu" / "answers").iterdir())) == 2
     run("table", *runs, "--json", str(tmp_path / "tta.json"), "--md", str(tmp_path / "tta.md"))
     table = json.loads((tmp_path / "tta.json").read_text())
     assert table["trl_run"] == "trl" and table["one_gpu_run"] == "crucible-1gpu"
@@ -154,18 +166,6 @@ def test_a_run_keeps_every_nth_adapter_and_the_last() -> None:
     assert saved_steps(40, 10) == [10, 20, 30, 40]
     assert saved_steps(25, 10) == [10, 20, 25]
     assert saved_steps(2, 10) == [2]
-
-
-def test_trl_config_of_the_race_recipe() -> None:
-    from bench.common import load_job
-    from bench.tta import trl_config
-
-    spec = load_job(ROOT / "recipes" / "grpo_smollm2.yaml", ["optim.micro_batch=8"])
-    c = trl_config(spec, Path("/tmp/x"), "hf", 0.3, False)
-    batch = (c["per_device_train_batch_size"], c["gradient_accumulation_steps"], c["num_generations"])
-    assert batch == (8, 8, 8)
-    assert (c["learning_rate"], c["max_completion_length"], c["beta"]) == (0.0001, 256, 0.0)
-    assert (c["loss_type"], c["lr_scheduler_type"]) == ("dapo", "constant")
 
 
 def test_training_figures_of_each_engine() -> None:

@@ -49,7 +49,7 @@ def eval_summary(report: Any) -> dict[str, Any]:
         "problems": report.num_problems,
         "problems_passed": sum(passed) if passed else None,
         "mean_generated_tokens": report.mean_generated_tokens,
-        "literal_answers": report.literal_answers,
+        "hard_coded_answers": report.hard_coded_answers,
     }
 
 

@@ -6,14 +6,13 @@ Failure categories, from the sandbox's run status: `wrong_answer` (ran, some ans
 request, e.g. a prompt longer than the context). Runs the sandbox could not execute
 (`sandbox_error`) are dropped, never scored: they count in `dropped`, not in n.
 
-`literal_answers` counts the greedy answers whose every function only returns a literal: a reward
-that pays for passed tests also pays for `return True` where the expected values happen to be True,
-so a trained model that hard-codes answers shows here before anyone reads them.
+`hard_coded_answers` counts the greedy answers whose results do not depend on their input
+(`hardcoded.py`): a reward that pays for passed tests also pays for `return True`, so a trained
+model that learned such answers shows here before anyone reads them.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 from enum import StrEnum
@@ -24,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from ..tasks.loading import DataSpec
 from .config import EvalConfig
+from .hardcoded import hard_coded
 from .passk import mean_pass_at_k
 
 
@@ -124,9 +124,8 @@ class EvalReport(BaseModel):
         default_factory=dict, description="Per mode: answers in each category."
     )
     dropped: int = Field(default=0, description="Runs lost to sandbox errors (not scored).")
-    literal_answers: int = Field(
-        default=0,
-        description="Greedy answers whose every function only returns a literal (nothing computed).",
+    hard_coded_answers: int | None = Field(
+        default=None, description="Greedy answers that ignore their input (hardcoded.py); None: not counted."
     )
     timing: Timing
     fingerprint: str = Field(default="", description="Hash of config and every answer's code and verdict.")
@@ -176,48 +175,8 @@ def aggregate(problems: list[ProblemResult], config: EvalConfig) -> dict[str, An
         ),
         "failures": failures,
         "dropped": sum(s.category is Category.dropped for mode in answers.values() for s in mode),
-        "literal_answers": sum(literal_only(s.code) for s in answers["greedy"]),
+        "hard_coded_answers": sum(hard_coded(s.code) for s in answers["greedy"]),
     }
-
-
-def literal_only(code: str) -> bool:
-    r"""Whether the program defines functions (or lambdas bound to names) and each only returns a
-    literal, its docstring aside. A signal to read answers by, not a verdict: a function can ignore
-    its input in ways no syntax check sees.
-
-    >>> literal_only('def f(x):\n    "Doc."\n    return [1, -2]'), literal_only("g = lambda x: True")
-    (True, True)
-    >>> literal_only("def f(x):\n    return x + 1"), literal_only("x = 1")
-    (False, False)
-    """
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    returned: list[ast.expr | None] = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-            one = len(body) == 1 and isinstance(body[0], ast.Return)
-            returned.append(body[0].value if one else ast.Name("computed"))
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
-            returned.append(node.value.body)
-    return bool(returned) and all(_literal(value) for value in returned)
-
-
-def _literal(node: ast.expr | None) -> bool:
-    """A constant, or a negation or container of constants: nothing computed from the input."""
-    if isinstance(node, ast.Constant):
-        return True
-    if isinstance(node, ast.UnaryOp):
-        return _literal(node.operand)
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return all(_literal(e) for e in node.elts)
-    if isinstance(node, ast.Dict):
-        return all(
-            k is not None and _literal(k) and _literal(v) for k, v in zip(node.keys, node.values, strict=True)
-        )
-    return False
 
 
 def fingerprint(config: EvalConfig, problems: list[ProblemResult]) -> str:

@@ -134,7 +134,7 @@ def render_markdown(report: EvalReport, plot: str | None = "pass_at_k.png") -> s
     lines += [
         f"| cut off by max_tokens | {_pct(report.truncated_fraction)} |",
         f"| dropped (sandbox errors) | {report.dropped} |",
-        f"| greedy answers that only return a literal | {report.literal_answers} |",
+        f"| greedy answers that ignore their input | {_count(report.hard_coded_answers)} |",
         "",
     ]
     if plot:
@@ -364,3 +364,8 @@ def _plot_many(reports: list[EvalReport], labels: list[str], path: Path) -> None
     curves.set_title("pass@k", fontsize=9)
     curves.legend(fontsize=6, loc="lower right")
     fig.savefig(path)
+
+
+def _count(value: int | None) -> str:
+    """A count, `-` where a report does not have it (written before it was counted)."""
+    return "-" if value is None else str(value)
