@@ -339,9 +339,8 @@ def run_eval(args: argparse.Namespace) -> None:
         found = common.evaluation(settings, label, model, data, tokens, adapter, greedy=True)
         result = {"pass@1": found.get("greedy_pass@1"), "problems": found.get("problems"),
                   "hard_coded_answers": found.get("hard_coded_answers"), "seconds": round(found["wall_s"], 1)}  # fmt: skip
-        if keep is not None:  # the base's beside its cached scores, once for every run
-            folder = cache.parent / "base-answers" if adapter is None else keep
-            keep_answers(Path(found["report"]) / "report.json", folder / f"{label}.jsonl.gz")
+        if keep is not None:
+            keep_answers(Path(found["report"]) / "report.json", keep / f"{label}.jsonl.gz")
         if adapter is None:
             common.dump(cache, common.read_json(cache, {}) | {what: result})
         return result
@@ -358,8 +357,11 @@ def run_eval(args: argparse.Namespace) -> None:
                         if dataset in entry:
                             continue
                         label = f"{out.name}-{p['step']}-{dataset}" if p["adapter"] else f"base-{dataset}"
-                        # The base's and the last point's greedy answers are kept, to be read by hand.
-                        keep = out / "answers" if p["step"] in (0, final) else None
+                        # The last point's greedy answers are kept to be read by hand, and the base's
+                        # once beside its cached scores.
+                        keep = None
+                        if p["step"] in (0, final):
+                            keep = out / "answers" if p["adapter"] else cache.parent / "base-answers"
                         entry[dataset] = score(settings, run, p["adapter"], dataset, label, keep)
                         common.dump(out / "evals.json", evals)
                         print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)

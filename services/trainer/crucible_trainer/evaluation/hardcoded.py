@@ -37,10 +37,10 @@ def hard_coded(code: str) -> bool:
     (False, False)
     """
     try:
-        functions = [n for n in ast.walk(parse_quietly(code)) if isinstance(n, _FUNCTIONS)]
-        if any(_parameters(f) and not _reads(f, _parameters(f)) for f in functions):
+        functions = [(f, _parameters(f)) for f in ast.walk(parse_quietly(code)) if isinstance(f, _FUNCTIONS)]
+        if any(names and not _reads(f, names) for f, names in functions):
             return True
-        return bool(functions) and all(not _parameters(f) and _returns_constant(f) for f in functions)
+        return bool(functions) and all(not names and _returns_constant(f) for f, names in functions)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python, or too deep to walk
         return False
 
