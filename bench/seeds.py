@@ -6,7 +6,6 @@ sandbox and 64-row generator), one JSON file per run under `<out>/<card>/learnin
   python bench/seeds.py list
   python bench/seeds.py run RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [--eval-tasks N]
                         [--model NAME] [--card gpu-h100] [--out docs/results] [-- grpo_race.py arguments]
-  python bench/seeds.py summary RECIPE
   python bench/seeds.py compare RECIPE_A RECIPE_B   # e.g. overlap-s0 overlap-s1: samples/s and pass@1
 """
 
@@ -171,8 +170,8 @@ def main() -> None:
     argv = sys.argv[1:]
     argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argument_parser(__doc__)
-    parser.add_argument("verb", choices=["list", "run", "summary", "compare"])
-    parser.add_argument("recipe", nargs="*", help="run/summary: one recipe; compare: two")
+    parser.add_argument("verb", choices=["list", "run", "compare"])
+    parser.add_argument("recipe", nargs="*", help="run: one recipe; compare: two")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parallel", type=int, default=3, help="runs at once (one card holds 3-6)")
     parser.add_argument("--steps", type=int, help="optim.steps (default: the recipe's)")
@@ -193,8 +192,6 @@ def main() -> None:
         result = compare(a, load_runs(args.folder, a), b, load_runs(args.folder, b))
         (args.folder / f"compare-{a}-vs-{b}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
-    elif args.verb == "summary":
-        print(json.dumps(write_summary(args.folder, args.recipe[0]), indent=1))
     else:
         args.recipe = args.recipe[0]
         raise SystemExit(cmd_run(args, extra))
