@@ -242,10 +242,6 @@ Path("/tmp/crucible-generator.pid").write_text(str(g.proc.pid)); print("crucible
   qwen-serve)  # the serving race on the installed Qwen2.5-Coder-1.5B-Instruct (after `qwen-setup`), vLLM fitted
     export MODEL_DIR; MODEL_DIR=$(dense_dir $QWEN); export MODEL_NAME=$QWEN
     serve_pairs "$QWEN" 0.3 0.35 cuda "" fitted ;;
-  servers-down)  # stop the vLLM (:8101) and Crucible (:8102) servers started above
-    bash bench/gpu-vllm.sh stop
-    [ -f /tmp/crucible-generator.pid ] && { kill -- -"$(cat /tmp/crucible-generator.pid)" 2>/dev/null || true; }
-    sleep 5; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   vllm-check)  # the hot-swap contract (bench/gpu-vllm.sh check) and the recorded fixtures, against :8101
     NAME=smollm2-135m-instruct PORT=8101 bash bench/gpu-vllm.sh check "$(dense_dir)"
     bash bench/gpu.sh vllm-fixtures ;;
