@@ -1,8 +1,6 @@
-"""What the benchmarks share: percentiles, the card, the learning recipes (recipes/learning.yaml),
-a job spec from a file plus `--set` overrides, the services a job needs (a sandbox and generators,
-or a gateway and its Redis, spawned), and a job run in-process through the worker's own entry point
-(`crucible_trainer.runtime.entry.execute`, what `crucible train --local` runs), timed. Imported as
-`bench.common` (each script puts the repository root on `sys.path`)."""
+"""What the benchmarks share: a job spec (a file or a recipe of recipes/learning.yaml) plus `--set`
+overrides, the services it needs spawned, the job run in-process through the worker's own entry
+point (what `crucible train --local` runs) and timed, and the figures read from its metrics."""
 
 from __future__ import annotations
 
@@ -142,9 +140,8 @@ def card() -> str:
 
 
 def recipes(path: Path = RECIPES) -> dict[str, dict[str, Any]]:
-    """The named recipes of `path`, each resolved: its job spec file (`spec`, from the repository
-    root), every `set` override from the recipe it builds on (`from`) down to its own, `about`,
-    `sft_first` and `humaneval` (inherited unless it says otherwise)."""
+    """The named recipes of `path`, each resolved: its `spec` file (from the repository root), every
+    `set` override from the recipe it builds on (`from`) down to its own, and its other keys (inherited)."""
     import yaml
 
     table = yaml.safe_load(path.read_text())
@@ -243,11 +240,9 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
              generator_url: str | None = None, max_loras: int = 4, generator_env: dict[str, str] | None = None,
              job: Any = None, **settings: Any) -> Iterator[Any]:  # fmt: skip
     """A sandbox and a generator of `model` per entry of `devices` (its CUDA_VISIBLE_DEVICES; None:
-    the caller's own), or the one at `generator_url`, spawned at once for the jobs of a benchmark and
-    stopped at the end; yields the trainer's `Settings` pointing at them, with the adapters and run
-    dirs under `work` (and any other `settings`). `generator_env`: more settings of every generator.
-    `job`: the spec about to run here, whose trainer cold start (`runtime.warm`) is taken meanwhile
-    on a host with the cores for it, as a stack's worker has it done before its first job."""
+    the caller's own), or the one at `generator_url`, spawned at once and stopped at the end; yields
+    the trainer's `Settings` for them, adapters and run dirs under `work`. `job`: the spec about to
+    run, whose trainer cold start (`runtime.warm`) is taken meanwhile, as a worker does."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx

@@ -48,10 +48,8 @@ def humaneval(job: Any, adapter: str | None, settings: Any) -> dict[str, Any]:
     model, max_tokens = {"base": job.model.base, "chat": job.model.chat}, (job.eval or job.rollout).max_tokens
     scores: dict[str, Any] = {}
     for label, loaded in [("before", None), ("after", adapter)][: 2 if adapter else 1]:
-        data = {"dataset": "humaneval"}
-        found = common.evaluation(
-            settings, f"humaneval-{label}", model, data, max_tokens, loaded, greedy=True
-        )
+        data, name = {"dataset": "humaneval"}, f"humaneval-{label}"
+        found = common.evaluation(settings, name, model, data, max_tokens, loaded, greedy=True)
         scores[label] = {k: found.get(k) for k in ("greedy_pass@1", "problems")}
     return scores
 

@@ -1,8 +1,7 @@
-"""Time to accuracy (docs/benchmarks.md, "Time to accuracy against TRL"): the same GRPO job run by
-Crucible and by TRL's `GRPOTrainer`, each saving its adapter every N steps with the wall time since
-its process started; every saved adapter is then evaluated through Crucible's evaluation jobs (off
-the runs' clocks) and the curves compared. `trl` on its own is also the GRPO race's TRL baseline
-(`bash bench/gpu.sh trl-1p5b`): it prints its median step, and `DIR/metrics.jsonl` keeps every step.
+"""Time to accuracy (docs/benchmarks.md, "Time to accuracy against TRL"): one GRPO job run by Crucible
+and by TRL's `GRPOTrainer`, each saving its adapter every N steps with the wall time since its process
+started; `eval` scores every saved adapter off the runs' clocks, `table` compares the curves. `trl`
+alone is also the GRPO race's TRL baseline (`bash bench/gpu.sh trl-1p5b`).
 
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
@@ -93,9 +92,6 @@ class Record(dict):
         print(json.dumps(shown | {"training": training(self["engine"], rows)}))
 
 
-# -- Crucible -------------------------------------------------------------------------------------
-
-
 def run_crucible(args: argparse.Namespace) -> None:
     full = train_spec(args)
     spec = train_spec(args, "eval=null")  # evaluated afterwards, off the run's clock
@@ -128,9 +124,6 @@ def run_crucible(args: argparse.Namespace) -> None:
     kept += ("fused_lora_layers",)
     ran = {k: summary.get(k) for k in kept}
     record.finish(job_wall_s=round(summary["wall_s"], 2), **ran)
-
-
-# -- TRL ------------------------------------------------------------------------------------------
 
 
 def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool) -> dict[str, Any]:
@@ -178,10 +171,8 @@ def trl_config(spec: Any, out: Path, engine: str, vllm_memory: float, cuda: bool
 
 
 def bf16_copy(model_dir: str) -> str:
-    """`model_dir` as a bfloat16 checkpoint: itself when it is one, else a copy beside it (made once).
-    TRL starts its colocated vLLM from the trainer model's directory without a dtype, and vLLM's
-    `auto` serves a float32 checkpoint (Crucible's dense cache) in float16, not the bfloat16 the
-    trainer and Crucible's generator use."""
+    """`model_dir` as a bfloat16 checkpoint: itself when it is one, else a copy beside it (made once):
+    TRL's colocated vLLM would serve a float32 checkpoint (Crucible's dense cache) in float16."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -308,9 +299,6 @@ def run_trl(args: argparse.Namespace) -> None:
     record.finish(rewards=faults, status="finished")
 
 
-# -- evaluation -----------------------------------------------------------------------------------
-
-
 def run_eval(args: argparse.Namespace) -> None:
     import tempfile
 
@@ -380,9 +368,6 @@ def keep_answers(report: Path, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
-
-
-# -- the comparison -------------------------------------------------------------------------------
 
 
 # Per-step metrics of each engine's metrics.jsonl: seconds, mean reward, mean completion tokens.

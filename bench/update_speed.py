@@ -1,12 +1,9 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
-the limit"): `--compare buckets`, micro-batches in the batch's order or longest first
-(`optim.length_buckets`); `--compare precision`, PEFT's casting or autocast (`rl/policy.py`);
-`--compare compile`, eager or compiled passes (`optim.compile: default`); `--compare fused`,
-transformers' norms and MLPs or the fused kernels (`rl/fused.py`, CUDA with liger-kernel); `--compare
-lora`, PEFT's LoRA layers or `rl/fused.lora_forward` (beside the fused norms and MLPs where they run). The job is
-bench/multi_gpu.py's GRPO spec with `--set` overrides; the batch is synthetic and seeded; the
-figures are per-arm medians of the update's own metrics, and each arm's first (warm-up) update is
-reported apart (`warmup_s`: with compile on, the compiler's time is there).
+the limit"): `--compare buckets` (micro-batches in the batch's order or longest first), `precision`
+(PEFT's casting or autocast), `compile` (eager or compiled passes), `fused` (transformers' norms and
+MLPs or rl/fused.py's kernels) or `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`). The job is
+bench/multi_gpu.py's GRPO spec with `--set` overrides, the batch synthetic and seeded; the figures
+are per-arm medians of the update's own metrics, each arm's first (warm-up) update apart (`warmup_s`).
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
@@ -33,8 +30,7 @@ from bench import common
 KEYS = {"update_s": None} | {f"{k}_s": f"time/update_{k}_s" for k in ("score", "ref", "forward_backward")}
 KEYS |= {"optimizer_s": "time/update_optimizer_s"}
 KEYS |= {k: f"perf/update_{k}" for k in ("tokens_per_s_per_gpu", "peak_fraction")}
-# --compare -> its two arms, before then after: each sets one field of the optimizer spec
-# (`length_buckets`) or of the policy (`mixed_precision`, `run_eager`, `fused_kernels`, its LoRA layers) one way.
+# --compare -> its two arms, before then after, each setting one field of the optimizer or the policy.
 ARMS = {
     "buckets": {"batch_order": ("length_buckets", False), "length_buckets": ("length_buckets", True)},
     "precision": {"peft_casting": ("mixed_precision", False), "mixed": ("mixed_precision", True)},
