@@ -174,9 +174,10 @@ def job_source(job: str, overrides: list[str]) -> tuple[Path, list[str], dict[st
     return ROOT / known[job]["spec"], [*known[job]["set"], *overrides], known[job]
 
 
-def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) -> Any:
+def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None, kind: str = "") -> Any:
     """The job spec in `source` (a YAML or JSON file, or the spec itself) with `--set` overrides applied
-    as every `crucible` command applies them (`crucible_cli.specs`); exits with the bad fields named."""
+    as every `crucible` command applies them (`crucible_cli.specs`); exits with the bad fields named,
+    or when the job is not of `kind` (if given)."""
     import typer
     import yaml
     from crucible_cli.specs import apply_overrides, validation_lines
@@ -185,14 +186,16 @@ def load_job(source: Path | dict[str, Any], overrides: list[str] | None = None) 
 
     try:
         raw = source if isinstance(source, dict) else yaml.safe_load(Path(source).read_text())
-        raw = apply_overrides(raw, overrides)
-        return TypeAdapter(JobSpec).validate_python(raw)
+        spec = TypeAdapter(JobSpec).validate_python(apply_overrides(raw, overrides))
     except typer.BadParameter as exc:
         raise SystemExit(f"--set {exc.message}") from None
     except ValidationError as exc:
         lines = validation_lines(exc, overrides)
         where = "the job" if isinstance(source, dict) else source
         raise SystemExit(f"{where}: invalid job spec:\n" + "\n".join(f"  {line}" for line in lines)) from None
+    if kind and spec.kind != kind:
+        raise SystemExit(f"{source}: a {spec.kind.value} job; this benchmark runs {kind} jobs")
+    return spec
 
 
 def random_adapter(

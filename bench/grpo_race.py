@@ -95,9 +95,7 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    spec = common.load_job(args.spec, args.overrides)
-    if spec.kind != "train":
-        raise SystemExit(f"{args.spec} holds a {spec.kind!r} job: this benchmark times training jobs")
+    spec = common.load_job(args.spec, args.overrides, kind="train")
     work = Path(tempfile.mkdtemp(prefix="crucible-race-"))
     job_id, sft, scores = f"race-{spec.method.name}", {}, {}
     loras = max(4, spec.overlap.max_staleness + 2)

@@ -36,10 +36,7 @@ from bench import common  # noqa: E402
 
 def train_spec(args: argparse.Namespace, *more: str) -> Any:
     """`args.job`'s training job (a spec file, or a recipe resolved), `args`' overrides and `more` applied."""
-    spec = common.load_job(*common.job_source(args.job, [*args.overrides, *more])[:2])
-    if spec.kind != "train":
-        raise SystemExit(f"{args.job}: a {spec.kind!r} job; this benchmark times training jobs")
-    return spec
+    return common.load_job(*common.job_source(args.job, [*args.overrides, *more])[:2], kind="train")
 
 
 def saved_steps(steps: int, every: int) -> list[int]:
