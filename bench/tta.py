@@ -27,6 +27,7 @@ import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -89,6 +90,46 @@ class Record(dict):
         print(json.dumps(shown | {"training": training(self["engine"], rows)}))
 
 
+class GeneratorLog(threading.Thread):
+    """Every second while a run trains, each generator's gauges and counters (its `/metrics`) as one
+    row of `path` with the run's clock: what its rows, queue and cache did, e.g. in the pre-filter."""
+
+    KEEP = ("running_sequences", "waiting_sequences", "kv_cache_usage", "generation_tokens_total",
+            "prompt_tokens_total", "prefix_reused_tokens_total", "preempted_sequences_total")  # fmt: skip
+
+    def __init__(self, urls: list[str], path: Path) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.path, self.done = urls, path, threading.Event()
+
+    def __enter__(self) -> GeneratorLog:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join()
+
+    def run(self) -> None:
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with httpx.Client(timeout=5) as client, open(self.path, "w") as f:
+            while not self.done.wait(1.0):
+                row: dict[str, Any] = {"wall_s": round(time.time() - T0, 2)}
+                for i, url in enumerate(self.urls):
+                    try:
+                        text = client.get(f"{url}/metrics").text
+                    except httpx.HTTPError:
+                        continue  # a busy or stopping generator: the next second's row
+                    for family in text_string_to_metric_families(text):
+                        for s in family.samples:
+                            name = s.name.removeprefix("crucible_generator_")
+                            if name in self.KEEP:
+                                row[f"{i}/{name}"] = s.value
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+
+
 def run_crucible(args: argparse.Namespace) -> None:
     full = train_spec(args)
     spec = train_spec(args, "eval=null")  # evaluated afterwards, off the run's clock
@@ -106,7 +147,8 @@ def run_crucible(args: argparse.Namespace) -> None:
         services = {"devices": devices, "max_ranks": ranks, "job": spec}
         with common.services(work, spec.model.base, args.rows, **services) as settings:
             record["train_start_s"] = round(time.time() - T0, 2)
-            summary = common.run_job(spec, job_id, settings, record.phase)
+            with GeneratorLog(settings.generator_urls, out / "generator.jsonl"):
+                summary = common.run_job(spec, job_id, settings, record.phase)
     except BaseException:
         common.show_logs(work)
         raise

@@ -123,6 +123,11 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     assert crucible["policy_load_s"] > 0 and crucible["policy_wait_s"] >= 0
     # A CPU: transformers' own norms and MLPs, the LoRA layers of the 2 blocks fused
     assert crucible["fused_modules"] == 0 and crucible["fused_lora_layers"] == 2 * 7
+    # The generator's counters, a row a second while it trained: tokens only ever grow
+    rows = [json.loads(line) for line in (tmp_path / "crucible-1gpu" / "generator.jsonl").open()]
+    tokens = [r["0/generation_tokens_total"] for r in rows if "0/generation_tokens_total" in r]
+    assert tokens and tokens == sorted(tokens) and tokens[-1] > 0
+    assert all(0 <= r.get("0/kv_cache_usage", 0) <= 1 for r in rows)
 
     runs = [str(tmp_path / "crucible-1gpu"), str(tmp_path / "trl")]
     run("eval", *runs, "--tasks", "2", "--humaneval-tasks", "1", "--rows", "8")
