@@ -68,6 +68,8 @@ def mean_diff(a: list[float], b: list[float]) -> float:
 def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_checkpoints):
     from crucible_trainer.rl.policy import Policy
 
+    from tests.unit.test_generator_idle_capture import wait_for_graphs
+
     path = family_checkpoints.get(name)
     adapters = {v: family_checkpoints.adapter(name, v) for v in (1, 2)}
     engine, tokenizer = engine_for(path, "float32", max_batch_size=4, max_model_len=512)
@@ -80,7 +82,8 @@ def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_che
 
         base = want(None)
         assert [c.token_ids for c in run(engine, prompts)] == base, f"{name}: base"
-        fast = engine.fast  # after the first request: the start-up captures have run
+        wait_for_graphs(engine)  # the idle-time captures (or the failed one) have run
+        fast = engine.fast
         if name in CAPTURE_FAILS:
             assert fast is None, f"{name}: captured; drop it from CAPTURE_FAILS"
         else:

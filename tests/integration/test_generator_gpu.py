@@ -18,6 +18,8 @@ def test_graph_decoding_matches_eager_decoding_on_smollm2():
     import crucible_models as models
     from crucible_generator.engine import Engine, SamplingParams
 
+    from tests.unit.test_generator_idle_capture import wait_for_graphs
+
     model, tokenizer = models.load_model(device="cuda")
     texts = [f"Write a Python function that returns the {w} of a list." for w in ("sum", "maximum", "length")]
     prompts = [
@@ -36,6 +38,7 @@ def test_graph_decoding_matches_eager_decoding_on_smollm2():
         try:
             outputs[mode] = asyncio.run(engine.generate(prompts, params))
             if mode == "on":
+                wait_for_graphs(engine)  # captured in the idle time after (or before) the request
                 assert engine.fast.use_graphs and engine.fast.captures > 0
         finally:
             engine.stop()
@@ -61,10 +64,13 @@ def test_left_padding_never_produces_nan_in_a_large_batch():
 
 
 def test_steady_state_decoding_captures_no_graph_and_joins_running_batches():
-    # Closed-loop clients on SmolLM2 with graphs: every window was captured at start-up, serving
-    # captures nothing, sequences join running batches, and answers match the eager path's start.
+    # Closed-loop clients on SmolLM2 with graphs: every window is captured (in the engine's idle
+    # time), serving captures nothing, sequences join running batches, and answers match the eager
+    # path's start.
     import crucible_models as models
     from crucible_generator.engine import Engine, SamplingParams
+
+    from tests.unit.test_generator_idle_capture import wait_for_graphs
 
     model, tokenizer = models.load_model(device="cuda")
     prompts = [tokenizer.encode(f"def f{i}(x):\n    return x" + " + x" * i) for i in range(24)]
@@ -88,6 +94,7 @@ def test_steady_state_decoding_captures_no_graph_and_joins_running_batches():
     try:
         want = asyncio.run(clients(eager))
         got = asyncio.run(clients(fast))
+        wait_for_graphs(fast)
         captured = fast.fast.captures
         assert captured == 5 * 8 + 5 * 8  # decode: 5 row sizes x 8 lengths; prefill: 5 counts x 8 widths
         asyncio.run(clients(fast))
@@ -137,6 +144,8 @@ def test_the_fast_path_streams_what_it_generates_as_rows_finish():
     import crucible_models as models
     from crucible_generator.engine import Engine, SamplingParams
 
+    from tests.unit.test_generator_idle_capture import wait_for_graphs
+
     model, tokenizer = models.load_model(device="cuda")
     texts = ["def add(a, b):", "# A list of primes\nprimes = [", "class Stack:\n    def", "import os\nimport"]
     prompts = [tokenizer.encode(t) for t in texts * 2]
@@ -154,6 +163,7 @@ def test_the_fast_path_streams_what_it_generates_as_rows_finish():
             return [pair async for pair in engine.stream(prompts, stopped)]
 
         got = asyncio.run(streamed())
+        wait_for_graphs(engine)
         assert engine.fast is not None and engine.fast.captures > 0
     finally:
         engine.stop()

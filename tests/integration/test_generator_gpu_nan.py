@@ -129,8 +129,13 @@ def test_the_crashing_runs_workload_keeps_every_logit_finite(attention_kernels) 
 
     model, tokenizer = models.load_model(device="cuda")
     train, test = _mbpp_prompts(tokenizer, "train"), _mbpp_prompts(tokenizer, "test")
-    engine = Engine(
-        model, tokenizer, max_batch_size=128, fast_decode="on", attention_kernels=attention_kernels
+    engine = Engine(  # graphs from the first step on, as in the crashing run
+        model,
+        tokenizer,
+        max_batch_size=128,
+        fast_decode="on",
+        attention_kernels=attention_kernels,
+        graph_capture="start",
     )
     engine.start()
     faults: list[str] = []

@@ -13,6 +13,7 @@ import asyncio
 import copy
 import logging
 import time
+from typing import Literal
 
 import pytest
 import torch
@@ -60,9 +61,15 @@ def replaying_capture(fn, warm_up, pool):
     return Replayed(fn, out), out
 
 
-def engine_with(model, capture) -> Engine:
+def engine_with(model, capture, graph_capture: Literal["idle", "start"] = "idle") -> Engine:
     engine = Engine(
-        copy.deepcopy(model), DigitsTokenizer(), max_batch_size=4, max_model_len=256, fast_decode="on", seed=0
+        copy.deepcopy(model),
+        DigitsTokenizer(),
+        max_batch_size=4,
+        max_model_len=256,
+        fast_decode="on",
+        seed=0,
+        graph_capture=graph_capture,
     )
     assert engine.fast is not None
     engine.fast.use_graphs = engine.fast.bucket_prefill = True  # as on CUDA
@@ -79,13 +86,28 @@ def warnings(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith("crucible") and r.levelno >= logging.WARNING]
 
 
-def test_a_capture_failing_at_start_up_serves_the_model_on_the_eager_path(gpt_oss, want, caplog):
-    engine = engine_with(gpt_oss, failing_capture)
+def left_the_fast_path(engine: Engine, timeout: float = 10.0) -> bool:
+    left = time.monotonic() + timeout
+    while engine.fast is not None and time.monotonic() < left:
+        time.sleep(0.01)
+    return engine.fast is None
+
+
+@pytest.mark.parametrize("graph_capture", ["start", "idle"])
+def test_a_capture_failing_at_start_up_serves_the_model_on_the_eager_path(
+    gpt_oss, want, caplog, graph_capture
+):
+    # `idle`: the first capture runs as soon as the engine is idle, before or after this request
+    # (which then decodes on the fast path, uncaptured): either way the same tokens, then eager.
+    engine = engine_with(gpt_oss, failing_capture, graph_capture)
     with caplog.at_level(logging.INFO):
         engine.start()
         try:
             assert generate(engine) == want
-            assert engine.fast is None  # the merged copy and its caches are gone
+            if graph_capture == "start":
+                assert engine.fast is None  # the merged copy and its caches are gone
+            assert left_the_fast_path(engine)
+            assert generate(engine) == want
         finally:
             engine.stop()
     (line,) = warnings(caplog)
@@ -96,7 +118,8 @@ def test_a_capture_failing_at_start_up_serves_the_model_on_the_eager_path(gpt_os
 
 
 def test_a_capture_failing_mid_serving_completes_the_batch_then_leaves_the_fast_path(gpt_oss, want, caplog):
-    engine = engine_with(gpt_oss, replaying_capture)
+    # `start` alone captures on the serving path: a window missing when a step needs it.
+    engine = engine_with(gpt_oss, replaying_capture, "start")
     with caplog.at_level(logging.INFO):
         engine.start()
         try:
@@ -107,10 +130,32 @@ def test_a_capture_failing_mid_serving_completes_the_batch_then_leaves_the_fast_
             fast._graphs.clear()
             assert generate(engine) == want
             assert fast.failure is not None and not fast.use_graphs
-            left = time.monotonic() + 10  # the engine leaves the fast path once the batch has ended
-            while engine.fast is not None and time.monotonic() < left:
+            assert left_the_fast_path(engine)  # once the batch has ended
+            assert generate(engine) == want  # and now on the eager path
+        finally:
+            engine.stop()
+    (line,) = warnings(caplog)
+    assert "CUDA graph capture failed (RuntimeError: operation not" in line.getMessage()
+
+
+def test_a_capture_failing_in_idle_time_after_serving_leaves_the_fast_path(gpt_oss, want, caplog):
+    # Served on the fast path (its graphs replayed), then one missing graph fails in the idle time.
+    engine = engine_with(gpt_oss, replaying_capture)
+    fast = engine.fast
+    assert fast is not None
+    with caplog.at_level(logging.INFO):
+        engine.start()
+        try:
+            left = time.monotonic() + 30
+            while fast.uncaptured() and time.monotonic() < left:
                 time.sleep(0.01)
-            assert engine.fast is None
+            assert fast.uncaptured() == [] and fast.failure is None
+            assert generate(engine) == want
+            with engine._cond:  # the engine thread sleeps, holding no graph in the making
+                fast._capture_graph = failing_capture
+                del fast._graphs[(1, 256)]
+                engine._cond.notify_all()  # as a request would wake it: it captures before sleeping again
+            assert left_the_fast_path(engine)
             assert generate(engine) == want  # and now on the eager path
         finally:
             engine.stop()

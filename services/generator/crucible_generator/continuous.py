@@ -11,13 +11,23 @@ next step boundary; nobody waits for the longest row of a batch to end.
 
 A decode step runs over a *window* of the cache: the first `b` rows (`b` a power of two covering
 the highest live row) and the first `l` slots (`l` a multiple of `LENGTH_BUCKET` covering the
-longest live row). Each window's step is captured as a CUDA graph the first time it is used and
-replayed from then on (`capture_all` takes every window at start-up): the buffers never move, so a
-graph stays valid for the life of the server and steady-state decoding captures nothing. A capture
-that fails (a forward that syncs with the host, ...) is recorded in `failure` and the engine serves
-the model on its eager path instead. Rows inside the window that are free compute a throwaway
-token (their write slot stays at 0, in the trash block or their own first block, so they never
-run off the cache).
+longest live row). Each window's step is captured once as a CUDA graph and replayed from then on:
+the buffers never move, so a graph stays valid for the life of the server and steady-state decoding
+captures nothing. When graphs are captured is `graph_capture`'s choice:
+
+* `start`: `capture_all` takes every window and prefill shape before the first batch (a window
+  still missing is captured when a step first needs it); the server answers meanwhile, but the
+  first requests wait for all of it (13-18 s at 512 rows on an H200).
+* `idle` (the default): the server decodes at once; a step or prefill whose graph is not captured
+  yet runs eagerly (the same computation, uncaptured: the same tokens), and the engine captures the
+  missing graphs one at a time (`capture_next`, in `capture_order`) whenever it has nothing to
+  decode, so a new request waits at most one capture. Idle captures run only while no row is live,
+  so they never touch a sequence's state.
+
+A capture that fails (a forward that syncs with the host, ...) is recorded in `failure` and the
+engine serves the model on its eager path instead. Rows inside the window that are free compute a
+throwaway token (their write slot stays at 0, in the trash block or their own first block, so they
+never run off the cache).
 
 Admission prefills the new sequences together (eagerly: prompts vary in length) into a scratch
 cache, then copies each prompt's keys and values into its row's blocks, shifted so the prompt starts
@@ -57,12 +67,15 @@ PREFILL_WIDTH_STEP = 64
 # H100s and which has had NaN and out-of-bounds bugs for masked shapes like the fast path's.
 WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
+GraphKind = Literal["decode", "prefill"]  # a decode window (rows, slots) or a prefill (prompts, width)
+
 
 class ContinuousDecoder:
     """The merged model, its paged cache and one CUDA graph per window; the engine drives it.
 
     `rows`: the most sequences decoded at once; `length`: the most slots one may fill; `blocks`:
-    the cache's blocks of `block_size` slots (default: enough for every row at full length)."""
+    the cache's blocks of `block_size` slots (default: enough for every row at full length);
+    `graph_capture`: when graphs are captured (the module's docstring)."""
 
     def __init__(
         self,
@@ -77,6 +90,7 @@ class ContinuousDecoder:
         on_capture: Callable[[], Any] | None = None,
         attention_kernels: Literal["auto", "no_cudnn"] = "auto",
         capture: Callable[..., tuple[Any, torch.Tensor]] | None = None,
+        graph_capture: Literal["idle", "start"] = "idle",
     ) -> None:
         self.merged = MergedModel(base)
         self.model = self.merged.model
@@ -123,6 +137,8 @@ class ContinuousDecoder:
         self.failure: str | None = None
         self._on_capture = on_capture
         self._capture_graph = capture or capture_graph
+        self.graph_capture = graph_capture
+        self._idle_capture_s = 0.0  # time spent in idle captures so far
         params = inspect.signature(type(self.model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._takes_cache_position = "cache_position" in params
@@ -289,18 +305,12 @@ class ContinuousDecoder:
         return self._forward(scratch, ids, prefill_mask(mask2d, ids.shape[1], self.dtype), positions)
 
     def _prefill_graph(self, shape: tuple[int, int]) -> _PrefillGraph | None:
-        """The captured prefill of `shape` (rows, width), capturing it now if needed; None when
-        capture fails (prefills then run eagerly from now on)."""
+        """The captured prefill of `shape` (rows, width); None when it is not captured (yet: with
+        `graph_capture: idle` the engine captures it when idle) or capture failed (prefills then
+        run eagerly from now on). With `start` a missing shape is captured now."""
         graph = self._prefill_graphs.get(shape)
-        if graph is not None:
-            return graph
-        try:
-            graph = _PrefillGraph(shape, self)
-        except Exception as exc:
-            self._graphs_failed(exc)
-            return None
-        self._prefill_graphs[shape] = graph
-        self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
+        if graph is None and self.graph_capture == "start" and self._capture_one("prefill", shape):
+            graph = self._prefill_graphs[shape]
         return graph
 
     def release(self, rows: Sequence[int], faulted: Sequence[int] = ()) -> None:
@@ -338,6 +348,10 @@ class ContinuousDecoder:
         if not self.use_graphs:
             return self._step(window)
         entry = self._graphs.get(window)
+        if entry is None and self.graph_capture == "idle":
+            # Not captured yet: the same computation, uncaptured. Capturing here would pause the
+            # running batch; the engine captures this window once it is idle (`capture_next`).
+            return self._step(window)
         if entry is None:
             try:
                 entry = self._capture(window)
@@ -361,26 +375,90 @@ class ContinuousDecoder:
         self.positions[:b, 0] += self.live[:b]
         return logits
 
+    # --- capturing ------------------------------------------------------------------------------
+
+    def capture_order(self) -> list[tuple[GraphKind, tuple[int, int]]]:
+        """Every graph the fast path replays (none without graphs), in the order they are captured.
+
+        Decode windows first: a batch takes a step per token and an admission one prefill. Of the
+        windows, the most rows first, each from the shortest to the longest: a training job's
+        requests are the large ones (a step's samples at once: hundreds to thousands of sequences,
+        filling the rows from the lowest up, so their steps run in the windows of the most rows),
+        and every batch starts short and grows, so it needs a row count's short windows before its
+        long ones (at ~0.1 s a capture on an H200, the 8 windows of 512 rows x 2,048 slots are in
+        within a second). Small row counts (a lone request, a batch's last stragglers) come last.
+        Then the prefill shapes, fewest prompts first: joiners come a few prompts at a time."""
+        if not self.use_graphs:
+            return []
+        sizes = sorted({bucket(n, self.rows) for n in range(1, self.rows + 1)}, reverse=True)
+        lengths = range(LENGTH_BUCKET, self.length + 1, LENGTH_BUCKET)
+        order: list[tuple[GraphKind, tuple[int, int]]] = [
+            ("decode", (b, slots)) for b in sizes for slots in lengths
+        ]
+        if self.bucket_prefill:
+            order += [("prefill", shape) for shape in prefill_graph_shapes(self.length)]
+        return order
+
+    def uncaptured(self) -> list[tuple[GraphKind, tuple[int, int]]]:
+        """The graphs of `capture_order` not captured yet, in that order."""
+        return [
+            (kind, shape)
+            for kind, shape in self.capture_order()
+            if shape not in (self._graphs if kind == "decode" else self._prefill_graphs)
+        ]
+
+    @property
+    def live_rows(self) -> bool:
+        """Whether a row holds a sequence (it holds blocks from its prefill until its release)."""
+        return any(self.row_blocks)
+
+    @property
+    def idle_captures_left(self) -> bool:
+        """Whether `capture_next` would capture a graph now (`graph_capture: idle`, graphs on, one
+        missing, no row live)."""
+        return self.graph_capture == "idle" and not self.live_rows and bool(self.uncaptured())
+
+    def capture_next(self) -> bool:
+        """Capture the first missing graph of `capture_order` (the engine calls this when it has
+        nothing to decode); returns whether one was captured. Nothing is captured while a row is
+        live: the capture's warm-up steps run over every row of its window. A failed capture is
+        recorded in `failure` (and nothing is left to capture). Logs one line when the last graph
+        is in."""
+        if not self.idle_captures_left:
+            return False
+        started = time.perf_counter()
+        kind, shape = self.uncaptured()[0]
+        captured = self._capture_one(kind, shape)
+        self._idle_capture_s += time.perf_counter() - started
+        if captured and not self.uncaptured():
+            log.info(
+                "captured %d CUDA graphs in the idle time of %.1f s", self.captures, self._idle_capture_s
+            )
+        return captured
+
     def capture_all(self) -> None:
-        """Capture every window's step now (at start-up, before any row is used), so that serving
-        never pauses for a capture. The captured steps write only into free rows."""
+        """Capture every graph now (`graph_capture: start`: at start-up, before any row is used), so
+        that serving never pauses for a capture. The captured steps write only into free rows."""
         if not self.use_graphs:
             return
         started = time.perf_counter()
-        sizes = sorted({bucket(n, self.rows) for n in range(1, self.rows + 1)})
+        for kind, shape in self.uncaptured():
+            if not self._capture_one(kind, shape):
+                return
+        log.info("captured %d CUDA graphs in %.1f s", self.captures, time.perf_counter() - started)
+
+    def _capture_one(self, kind: GraphKind, shape: tuple[int, int]) -> bool:
+        """Capture one decode window or prefill shape; False when capture failed (`failure`)."""
         try:
-            for b in sizes:
-                for slots in range(LENGTH_BUCKET, self.length + 1, LENGTH_BUCKET):
-                    if (b, slots) not in self._graphs:
-                        self._capture((b, slots))
+            if kind == "decode":
+                self._capture(shape)
+            else:
+                self._prefill_graphs[shape] = _PrefillGraph(shape, self)
+                self._count_capture(f"a prefill graph for {shape[0]} prompts x {shape[1]} tokens")
         except Exception as exc:
             self._graphs_failed(exc)
-            return
-        if self.bucket_prefill:
-            for shape in prefill_graph_shapes(self.length):
-                if self._prefill_graph(shape) is None:
-                    return
-        log.info("captured %d CUDA graphs in %.1f s", self.captures, time.perf_counter() - started)
+            return False
+        return True
 
     def _graphs_failed(self, exc: Exception) -> None:
         """Capturing a graph raised `exc`: record why (`failure`), capture nothing more and free

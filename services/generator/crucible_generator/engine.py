@@ -30,6 +30,12 @@ with a forward pass and never wait for a long batch to end. Loading adds new mod
 and leaves the others untouched, so requests in flight on an older version keep decoding with it.
 An unloaded adapter is deleted (its memory freed) when its last sequence finishes.
 
+**CUDA graphs** (`graph_capture`): with `start` the thread captures every graph before its first
+batch; with `idle` (the default) it serves at once (steps and prefills whose graph is missing run
+eagerly) and captures the missing graphs one at a time whenever nothing waits and nothing decodes
+(at start-up before the first request, and between a training job's steps), looking at the queue
+again between two captures, so a request arriving meanwhile waits for one capture at most.
+
 The event loop never blocks: results come back through `loop.call_soon_threadsafe`.
 """
 
@@ -42,7 +48,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -88,6 +94,7 @@ class Engine:
         block_size: int = 16,
         kv_blocks: int | None = None,
         eager_batch_size: int | None = None,
+        graph_capture: Literal["idle", "start"] = "idle",
     ) -> None:
         self.base = model
         self.peft: Any = None  # a PeftModel wrapping `base` while at least one adapter is loaded
@@ -122,6 +129,7 @@ class Engine:
                     prefill_graphs=prefill_graphs,
                     on_capture=self.metrics.graph_captures.inc,
                     attention_kernels="no_cudnn" if attention_kernels == "no_cudnn" else "auto",
+                    graph_capture=graph_capture,
                 )
                 self.continuous = ContinuousPath(
                     self, decoder, max_model_len=self.max_model_len, join_wait_s=join_wait_s
@@ -368,7 +376,7 @@ class Engine:
     # --- engine thread: batching -------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.continuous is not None:
+        if self.continuous is not None and self.continuous.decoder.graph_capture == "start":
             with torch.inference_mode():
                 self.continuous.decoder.capture_all()
             self._leave_fast_path_if_capture_failed()
@@ -412,8 +420,9 @@ class Engine:
         """A CUDA graph the fast path needed could not be captured (a model that syncs with the
         host inside its forward, such as gpt-oss's expert routing, ...): serve this model on the
         eager path from now on, with one log line, rather than on a path its tests never saw run
-        (`ContinuousDecoder.failure`). Called at start-up and between batches: the batch that hit
-        a failure mid-way completes without graphs first (the same steps, uncaptured)."""
+        (`ContinuousDecoder.failure`). Called after start-up's or an idle-time capture and between
+        batches: the batch that hit a failure mid-way completes without graphs first (the same
+        steps, uncaptured)."""
         if self.continuous is None or self.continuous.decoder.failure is None:
             return
         reason, self.continuous = (
@@ -426,7 +435,8 @@ class Engine:
 
     def _next_batch(self) -> list[Sequence] | None:
         """The next batch, FIFO: a run of sequences that all take the continuous path with one
-        adapter, or a run of sequences that all take the eager path."""
+        adapter, or a run of sequences that all take the eager path. While nothing waits, captures
+        the fast path's missing CUDA graphs one at a time (`graph_capture: idle`), then sleeps."""
         while True:
             self.run_control_ops()
             with self._cond:
@@ -437,21 +447,39 @@ class Engine:
                 while self._waiting and self._waiting[0].request.cancelled:
                     self._drop(self._waiting.popleft())
                 if not self._waiting:
-                    self._cond.wait()
-                    continue
-                wait_left = self._waiting[0].enqueued + self.batch_wait_s - time.monotonic()
-                if len(self._waiting) < self.max_batch_size and wait_left > 0:
-                    self._cond.wait(wait_left)
-                    continue
-                head = self._waiting[0]
-                path = self._path(head)
+                    if not self._idle_captures_left():
+                        self._cond.wait()
+                        continue
+                else:
+                    wait_left = self._waiting[0].enqueued + self.batch_wait_s - time.monotonic()
+                    if len(self._waiting) < self.max_batch_size and wait_left > 0:
+                        self._cond.wait(wait_left)
+                        continue
+                    head = self._waiting[0]
+                    path = self._path(head)
 
-                def joins(seq: Sequence, head: Sequence = head, path: DecodePath = path) -> bool:
-                    return self._path(seq) is path and path.joins(head, seq)
+                    def joins(seq: Sequence, head: Sequence = head, path: DecodePath = path) -> bool:
+                        return self._path(seq) is path and path.joins(head, seq)
 
-                batch = self._take(joins, path.rows)
-                if batch:
-                    return batch
+                    batch = self._take(joins, path.rows)
+                    if batch:
+                        return batch
+                    continue
+            # Idle: capture one graph outside the lock (`submit` must not wait for it), then look
+            # for work again, so that a request arriving now waits for this one capture at most.
+            self._capture_in_idle_time()
+
+    def _idle_captures_left(self) -> bool:
+        return self.continuous is not None and self.continuous.decoder.idle_captures_left
+
+    def _capture_in_idle_time(self) -> None:
+        """Capture the fast path's next missing CUDA graph: no row is live (every batch has ended)
+        and nothing waits. The graphs' memory is taken now rather than before serving (`sizing.py`
+        reserves it all the same)."""
+        assert self.continuous is not None
+        with torch.inference_mode():
+            self.continuous.decoder.capture_next()
+        self._leave_fast_path_if_capture_failed()
 
     def _take(self, joins: Callable[[Sequence], bool], limit: int) -> list[Sequence]:
         """Pop waiting sequences from the head while `joins` accepts them (caller holds the lock)."""

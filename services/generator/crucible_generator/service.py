@@ -580,6 +580,7 @@ def build_service(settings: Settings) -> GeneratorService:
         block_size=settings.block_size,
         kv_blocks=plan.blocks,
         eager_batch_size=plan.eager_rows,
+        graph_capture=settings.graph_capture,
     )
     engine.start()
     return GeneratorService(

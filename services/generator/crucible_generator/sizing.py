@@ -22,6 +22,13 @@ come, in bytes (`Footprint`):
 * the key/value cache: on the fast path, blocks of `block_size` tokens (`paged.py`) that rows take
   as they grow; on the eager path, each row's cache at `row_length` tokens.
 
+The CUDA graphs' share (the captured prefills' scratch caches, the decode steps' logits) is
+allocated later with `graph_capture: idle`, the default, than with `start`: one capture at a time in
+the engine's idle time while the server already serves, not before its first batch. On a card
+shared with a trainer that memory must still be free then: the plan keeps it out of the cache
+(counted above with a budget; without one, it comes out of what the cache leaves free), and the
+trainer must leave it (a capture that runs out of memory fails as any other: the eager path).
+
 On the fast path, when what is left holds `CONTIGUOUS_ROWS` rows or more at full length, the
 rows are the most that fit (a power of two, at most `MAX_ROWS`), each with its own blocks for good
 (no gather: `paged.py`); otherwise the rows are the largest power of two (at most `MAX_ROWS`)
