@@ -245,17 +245,25 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     """A sandbox and a generator of `model` per entry of `devices` (its CUDA_VISIBLE_DEVICES; None:
     the caller's own), or the one at `generator_url`, spawned at once and stopped at the end; yields
     the trainer's `Settings` for them, adapters and run dirs under `work`. `job`: the spec about to
-    run, whose trainer cold start (`runtime.warm`) is taken meanwhile, as a worker does."""
+    run, whose trainer cold start (`runtime.warm`) is taken meanwhile, as a worker does: for a job of
+    several ranks, by standby ranks (`distributed.standby`) started now and stopped at the end."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
+    from crucible_shared.jobs import TrainJob
     from crucible_trainer.runtime import warm
     from crucible_trainer.settings import Settings
 
-    warming = None
+    warming = standby = None
     if job is not None and warm.worth_it():
-        httpx.Client().close()  # what the threads below import to poll health, imported before the warm-up
-        warming = warm.in_background(job)
+        if isinstance(job, TrainJob) and job.distributed.train_gpus > 1:
+            from crucible_trainer.distributed import launch
+
+            # The ranks' own cold start (this process's would not help them), in ranks started now.
+            standby = launch.keep_standby(job.distributed.train_gpus)
+        else:
+            httpx.Client().close()  # what the threads below import to poll health, imported before the warm-up
+            warming = warm.in_background(job)
     devices = [] if generator_url else (devices or [None])
     many = len(devices) > 1
     up: dict[str | int, Any] = {}  # the sandbox and generator i, as they come up
@@ -286,6 +294,8 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     finally:
         if warming is not None:
             warming.join()  # no import of it left running beside what the caller does next
+        if standby is not None:
+            launch.release_standby()  # unless the job took it
         for service in up.values():
             service.stop()
 

@@ -1,6 +1,7 @@
 """A GRPO job over two ranks (`gloo`, CPU) through the worker's launcher, against the spawned
-generator and sandbox: it finishes and publishes; a rank killed mid-job fails it with the rank
-named (no hang), and running it again resumes from its checkpoint."""
+generator and sandbox: it finishes and publishes, also on standby ranks started before it (and a
+job after those were killed starts its own); a rank killed mid-job fails it with the rank named
+(no hang), and running it again resumes from its checkpoint."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainer import NO_STALE_CHECK, settings_for, tiny_job
+from tests.integration.test_trainer import NO_STALE_CHECK, SHORT_STEPS, settings_for, tiny_job
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +42,57 @@ def test_two_rank_job_finishes_and_publishes(stack_generator, sandbox, stack_dir
         json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     ]
     assert [r["update/ranks"] for r in rows if "update/ranks" in r] == [2.0, 2.0]
+
+
+def test_a_job_on_standby_ranks_finishes_and_one_after_they_died_starts_its_own(
+    stack_generator, sandbox, stack_dirs
+) -> None:
+    from crucible_trainer.distributed import launch
+
+    settings = two_ranks(stack_generator, sandbox, stack_dirs)
+    # What is checked is where the ranks come from, not the update: one short step.
+    spec = tiny_job(**SHORT_STEPS, optim={"steps": 1}, distributed={"train_gpus": 2}, publish=NO_STALE_CHECK)
+    try:
+        waiting = launch.keep_standby(2)  # started before the job, with this process's environment
+        deadline = time.monotonic() + 300
+        while not waiting.ready():
+            assert waiting.alive() and time.monotonic() < deadline
+            time.sleep(0.2)
+        summary = run(spec, "dist-standby", settings)
+        assert summary["status"] == "finished" and summary["ranks_ready_s"] > 0
+        assert (Path(summary["adapter"]) / "adapter_model.safetensors").exists()
+        assert (Path(settings.adapter_dir) / "dist-standby" / "v1").is_dir()  # published
+
+        dead = launch.keep_standby(2)
+        os.killpg(dead.proc.pid, signal.SIGKILL)
+        dead.proc.wait()
+        summary = run(spec, "dist-after-standby", settings)
+        assert summary["status"] == "finished" and summary["ranks_ready_s"] == 0  # its own ranks
+    finally:
+        launch.release_standby()
+
+
+def test_a_worker_keeps_standby_ranks_and_stops_them_when_it_exits(redis_url, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "REDIS_URL": redis_url, "TMPDIR": str(tmp_path)}  # the ranks' folder: here
+    env |= {"CRUCIBLE_TRAINER_MAX_RANKS": "2", "CRUCIBLE_TRAINER_STANDBY_RANKS": "true"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "crucible_trainer.worker", "--queues", "nothing"], env=env
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("crucible-ranks-*/ready-*"))) < 2:
+            assert worker.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+        assert not list(tmp_path.glob("crucible-ranks-*"))  # stopped with the worker
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
 
 
 def test_more_ranks_than_the_worker_has_fail_at_start(stack_generator, sandbox, stack_dirs) -> None:

@@ -1,7 +1,8 @@
 """`bench/common.services`: the sandbox and the generators start at once, the trainer warms beside
-them (on hosts with the cores for it) and is done before the job runs, and whatever came up is
-stopped at the end, also when one of them fails to start. The services are stand-ins here (the
-tiny race in test_bench_tta.py starts real ones); what is tested is how `services` composes them."""
+them (on hosts with the cores for it; for a job of several ranks, its standby ranks start) and is
+done before the job runs, and whatever came up is stopped at the end, also when one of them fails
+to start. The services are stand-ins here (the tiny race in test_bench_tta.py starts real ones);
+what is tested is how `services` composes them."""
 
 from __future__ import annotations
 
@@ -81,3 +82,16 @@ def test_no_warm_up_without_a_job_or_on_a_small_host(stands, tmp_path, monkeypat
     with common.services(tmp_path, "m", devices=["0", "1"], job=TrainJob()):
         pass
     assert not any(line.startswith("warmed") for line in stands)
+
+
+def test_a_job_of_several_ranks_has_its_ranks_started_beside_the_services(
+    stands, tmp_path, monkeypatch
+) -> None:
+    from crucible_trainer.distributed import launch
+
+    monkeypatch.setattr(launch, "keep_standby", lambda ranks: stands.append(f"standby {ranks}") or object())
+    monkeypatch.setattr(launch, "release_standby", lambda: stands.append("release standby"))
+    spec = TrainJob.model_validate({"distributed": {"train_gpus": 2}})
+    with common.services(tmp_path, "m", devices=["0", "1"], job=spec):
+        assert stands == ["standby 2"]  # not this process's warm-up: it would not help the ranks
+    assert stands[1] == "release standby" and len(stands) == 5

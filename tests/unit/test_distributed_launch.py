@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crucible_trainer.distributed.launch import describe_failure, rank_env, torchrun_command
+from crucible_trainer.distributed.launch import describe_failure, rank_env
+from crucible_trainer.distributed.standby import torchrun_command
 from crucible_trainer.settings import Settings
 
 # torchrun 2.13's summary when rank 1 was SIGKILLed and torchrun stopped rank 0 (a real run's).
@@ -81,9 +82,9 @@ def test_ranks_get_the_settings_in_their_environment(tmp_path: Path, monkeypatch
     assert env["CRUCIBLE_TRAINER_SANDBOX_API_KEY"] == "k" * 20
     assert "REDIS_URL" not in env and "CRUCIBLE_TRAINER_REDIS_URL" not in env  # the worker had none
     assert env["NCCL_NVLS_ENABLE"] == "0"
-    command = torchrun_command(2, "job-1", tmp_path / "spec.json")
+    command = torchrun_command(2, "--standby", str(tmp_path))
     assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in command
-    assert command[command.index("--job-id") + 1] == "job-1"
+    assert command[-3:] == ["crucible_trainer.distributed.rank", "--standby", str(tmp_path)]
 
 
 def test_crucible_up_shows_each_service_only_its_gpus() -> None:
@@ -105,10 +106,9 @@ def test_a_train_job_of_several_ranks_is_launched_by_the_worker() -> None:
 def test_rank_zeros_event_lines_reach_the_jobs_channel(tmp_path: Path) -> None:
     """Without Redis (`crucible train --local`) rank 0 prints its events; the worker shows them
     as the job's and keeps every line in torchrun.log."""
-    import asyncio
     import io
 
-    from crucible_trainer.distributed.launch import _relay
+    from crucible_trainer.distributed.launch import relay
     from crucible_trainer.runtime.channel import LocalChannel
 
     received: list[tuple[str, dict]] = []
@@ -122,16 +122,9 @@ def test_rank_zeros_event_lines_reach_the_jobs_channel(tmp_path: Path) -> None:
         b'\rLoading weights:  51%|##   | 174/339\r{"type": "difficulty_filter", "kept": 171, "of": 374}\n',
     ]
 
-    async def go() -> bytes:
-        stream = asyncio.StreamReader()
-        for line in lines:
-            stream.feed_data(line)
-        stream.feed_eof()
-        log = io.BytesIO()
-        await _relay(stream, log, channel)
-        return log.getvalue()
-
-    assert asyncio.run(go()) == b"".join(lines)
+    log = io.BytesIO()
+    relay(lines, log, channel)
+    assert log.getvalue() == b"".join(lines)
     assert [(kind, data.get("step")) for kind, data in received] == [
         ("resumed", 3),
         ("difficulty_filter", None),

@@ -38,6 +38,13 @@ class Settings(BaseSettings):
         description="Ranks this worker may launch for one job (distributed.train_gpus); default: its "
         "GPU count, 1 without GPUs.",
     )
+    standby_ranks: bool | None = Field(
+        None,
+        description="Keep a torchrun group of all the ranks this worker can launch (max_ranks) started, "
+        "waiting for the next job of that many ranks with its cold start (imports, CUDA contexts) taken; "
+        "each waiting rank holds a CUDA context (about 0.5 GB) on its card. Default: on where that is 2+ "
+        "ranks, with CUDA and 8+ cores (runtime.warm).",
+    )
     cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks its cancel flag.")
     snapshot_dir: Path | None = Field(
         None,

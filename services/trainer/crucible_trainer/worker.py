@@ -7,7 +7,10 @@ worker then exits. At its start the worker records how many ranks it can launch 
 (`crucible_shared.keys.worker_ranks`) and which installable models it has (`worker_models`), and
 every `served.REFRESH_S` which base models its generators serve (`worker_served`), which the gateway
 checks specs against. Before it takes its first job it imports what jobs run (`runtime.warm`, on
-hosts of 8 cores or more). A second SIGTERM stops at once (RQ's cold shutdown).
+hosts of 8 cores or more) and, where it can launch several ranks, starts a `torchrun` group of
+them that takes its cold start and waits for the next job of that many ranks (standby ranks,
+`distributed.standby`; `CRUCIBLE_TRAINER_STANDBY_RANKS`); after a job that took them it starts
+the next, and it stops them when it exits. A second SIGTERM stops at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
@@ -100,12 +103,22 @@ def main() -> None:
     from rq import Queue, SimpleWorker
     from rq.serializers import JSONSerializer
 
+    from crucible_trainer.distributed import launch
     from crucible_trainer.runtime.channel import WORKER_STOPPING
+
+    standby = launch.standby_size(settings)  # ranks kept waiting for the next job, 0: none
 
     class Worker(SimpleWorker):
         def request_stop(self, signum, frame):  # type: ignore[no-untyped-def]
             WORKER_STOPPING.set()
             super().request_stop(signum, frame)
+
+        def execute_job(self, job, queue):  # type: ignore[no-untyped-def]
+            try:
+                super().execute_job(job, queue)
+            finally:  # the next job's ranks, if this one took them (or they exited), whatever its end
+                if standby and not WORKER_STOPPING.is_set():
+                    launch.keep_standby(standby)
 
     # After a Redis restart every pooled connection is dead: the first command on one reconnects
     # and is sent again (no socket timeout: RQ's dequeue blocks on the socket for minutes).
@@ -121,9 +134,7 @@ def main() -> None:
     # What this worker can run, for the gateway's check of `distributed.train_gpus` at submission.
     from crucible_shared import keys
 
-    from crucible_trainer.distributed.launch import available_ranks
-
-    redis.hset(keys.worker_ranks(), worker.name, available_ranks(settings))
+    redis.hset(keys.worker_ranks(), worker.name, launch.available_ranks(settings))
     redis.hset(keys.worker_models(), worker.name, json.dumps(installable_models()))
     stop = threading.Event()
     reporter = threading.Thread(
@@ -134,8 +145,11 @@ def main() -> None:
     )
     reporter.start()
     try:
+        if standby:
+            launch.keep_standby(standby)
         worker.work(burst=args.burst, with_scheduler=False)
     finally:
+        launch.release_standby()
         stop.set()
         reporter.join(10)
         redis.hdel(keys.worker_ranks(), worker.name)

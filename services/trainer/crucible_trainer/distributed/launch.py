@@ -2,10 +2,12 @@
 
 The RQ worker that took the job keeps its place in the lifecycle (started, heartbeating, then
 finished / failed / released, in `runtime.entry.execute`); the ranks run in a `torchrun` child process
-group on this host, rank 0 writing to the job's channel itself. When the worker is asked to stop
-it writes the ranks' stop file: rank 0 then checkpoints at its next step boundary and the job goes
-back to the queue. A rank that dies makes `torchrun` stop the others (`--max-restarts 0`) and exit
-non-zero: the job fails, naming the rank and its error; a retry resumes from the checkpoint.
+group on this host, rank 0 writing to the job's channel itself. The group is a `standby.Standby`:
+one kept waiting for the job (`keep_standby`, its ranks' cold start taken) or one started for it.
+When the worker is asked to stop it writes the ranks' stop file: rank 0 then checkpoints at its
+next step boundary and the job goes back to the queue. A rank that dies makes `torchrun` stop the
+others (`--max-restarts 0`) and exit non-zero: the job fails, naming the rank and its error; a
+retry resumes from the checkpoint.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import logging
 import os
 import re
 import shutil
-import signal
-import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from crucible_shared.distributed import too_many_ranks
 from crucible_shared.jobs import TrainJob
 
 from crucible_trainer.distributed.rank import ranks_dir
+from crucible_trainer.distributed.standby import Standby, group_env
 from crucible_trainer.runtime.cancel import Interrupted
 from crucible_trainer.runtime.channel import JobChannel
 from crucible_trainer.runtime.jobrun import JobRun
@@ -55,6 +57,22 @@ def available_ranks(settings: Settings) -> int:
     return max(1, torch.cuda.device_count())
 
 
+def standby_size(settings: Settings) -> int:
+    """Ranks this worker keeps waiting for its next job (`Settings.standby_ranks`), 0 for none:
+    all it can launch, when that is two or more."""
+    ranks = available_ranks(settings)
+    if ranks < 2 or settings.standby_ranks is False:
+        return 0
+    if settings.standby_ranks is None:
+        import torch
+
+        from crucible_trainer.runtime import warm
+
+        if not (torch.cuda.is_available() and warm.worth_it()):
+            return 0
+    return ranks
+
+
 def rank_env(settings: Settings) -> dict[str, str]:
     """The worker's settings as the ranks read them (the environment, never a file in the run dir,
     which the gateway serves: it holds the sandbox key)."""
@@ -67,27 +85,51 @@ def rank_env(settings: Settings) -> dict[str, str]:
             env[key] = ",".join(value) if isinstance(value, list) else str(value)
     if settings.redis_url is None:  # the worker's choice, not an alias the ranks would find
         env.pop("REDIS_URL", None)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    for guard in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        env.setdefault(guard, "0" if guard == "NCCL_NVLS_ENABLE" else "1")
-    return env
+    return group_env(env)
 
 
-def torchrun_command(ranks: int, job_id: str, spec_path: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={ranks}",
-        "--max-restarts=0",
-        "-m",
-        "crucible_trainer.distributed.rank",
-        "--job-id",
-        job_id,
-        "--spec",
-        str(spec_path),
-    ]
+def job_env(settings: Settings, channel: JobChannel) -> dict[str, str]:
+    """What the ranks take from the job (`standby.use_job_env`): the Crucible part of `rank_env`,
+    and the run's fencing token (rank 0 writes as this run, with its lease, not as a run of its own)."""
+    env = {k: v for k, v in rank_env(settings).items() if k.startswith("CRUCIBLE_") or k == "REDIS_URL"}
+    return env | {"CRUCIBLE_JOB_LEASE": str(channel.token or "")}
+
+
+# The group kept waiting for this process's next job of its size (`keep_standby`).
+_standby: Standby | None = None
+
+
+def keep_standby(ranks: int) -> Standby:
+    """A group of `ranks` ranks waiting for this process's next job of that size: the one waiting
+    already, else a new one (in place of one of another size, or of one that exited)."""
+    global _standby
+    if _standby is not None and _standby.alive() and _standby.ranks == ranks:
+        return _standby
+    release_standby()
+    _standby = Standby(ranks)
+    return _standby
+
+
+def release_standby() -> None:
+    """Stop the waiting group, if any."""
+    global _standby
+    if _standby is not None:
+        _standby.close()
+        _standby = None
+
+
+def take_standby(ranks: int) -> Standby | None:
+    """The waiting group, for a job of `ranks` ranks: None if it has another size (it waits on) or
+    there is none; one that exited is dropped (the job starts its own)."""
+    global _standby
+    if _standby is not None and not _standby.alive():
+        tail = b"".join(_standby.lines()[-10:]).decode(errors="replace")
+        log.warning("standby ranks exited (code %s) before their job:\n%s", _standby.proc.returncode, tail)
+        release_standby()
+    if _standby is None or _standby.ranks != ranks:
+        return None
+    taken, _standby = _standby, None
+    return taken
 
 
 async def run_distributed_job(
@@ -103,48 +145,36 @@ async def run_distributed_job(
     folder.mkdir(parents=True)
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_dump_json())
-    log_path = folder / "torchrun.log"
-    with open(log_path, "wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *torchrun_command(asked, job_id, spec_path),
-            # Rank 0 writes as this run: the same fencing token (its lease), not a run of its own.
-            env={**rank_env(settings), "CRUCIBLE_JOB_LEASE": str(channel.token or "")},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped as one
-            limit=2**24,  # one event line may hold a whole summary
-        )
-        assert proc.stdout is not None
-        # Without Redis (`crucible train --local`) rank 0 prints its events: shown as the job's.
-        relay = asyncio.create_task(_relay(proc.stdout, log, channel if not settings.redis_url else None))
+    group = take_standby(asked) or Standby(asked)
+    # Without Redis (`crucible train --local`) rank 0 prints its events: shown as the job's.
+    events = channel if not settings.redis_url else None
+    with open(folder / "torchrun.log", "wb") as sink:
         try:
-            while True:
-                try:
-                    await asyncio.wait_for(proc.wait(), POLL_S)
-                    break
-                except TimeoutError:
-                    if channel.stop_requested():
-                        (folder / "stop").touch()
-                    if channel.cancel_requested():
-                        (folder / "cancel").touch()
-            await relay
+            group.hand_over(job_id, spec_path, job_env(settings, channel))
+            while group.alive():
+                relay(group.lines(), sink, events)
+                if channel.stop_requested():
+                    (folder / "stop").touch()
+                if channel.cancel_requested():
+                    (folder / "cancel").touch()
+                await asyncio.sleep(POLL_S)
+            group.reader.join()
+            relay(group.lines(), sink, events)
         finally:
-            if proc.returncode is None:  # the worker itself is going away: take the ranks along
-                os.killpg(proc.pid, signal.SIGTERM)
-                await proc.wait()
-            relay.cancel()
+            group.close()  # with the ranks, if the worker itself is going away
+    code = group.proc.returncode
     result = folder / "result.json"
-    if proc.returncode != 0 or not result.exists():
-        raise RankFailed(describe_failure(folder, asked, proc.returncode))
+    if code != 0 or not result.exists():
+        raise RankFailed(describe_failure(folder, asked, code))
     outcome = json.loads(result.read_text())
     if outcome["status"] == "interrupted":
         raise Interrupted(outcome["step"])
     return outcome["summary"]
 
 
-async def _relay(stream: asyncio.StreamReader, sink: Any, channel: JobChannel | None) -> None:
+def relay(lines: Iterable[bytes], sink: Any, channel: JobChannel | None) -> None:
     """Copy torchrun's output to its log file `sink`; pass rank 0's event lines on to `channel`."""
-    async for line in stream:
+    for line in lines:
         sink.write(line)
         sink.flush()
         # Another thread's progress bar on stderr (redrawn after a `\r`, no newline yet) can share

@@ -58,9 +58,12 @@ class LeaderRun(TrainRun):
         channel: JobChannel,
         control: Control,
         parallel: DataParallel,
+        ranks_ready_s: float | None = None,
     ) -> None:
         super().__init__(spec, job_id, settings, channel)
         self.control, self.parallel = control, parallel
+        if ranks_ready_s is not None:  # standby ranks: how long they had waited, cold start taken
+            self.summary["ranks_ready_s"] = round(ranks_ready_s, 3)
 
     def make_policy(self) -> RankPolicy:  # type: ignore[override]
         # The followers get the checked paths (a follower on another node has no access to this

@@ -1,9 +1,10 @@
 """`python -m torch.distributed.run ... -m crucible_trainer.distributed.rank`: one rank of a job.
 
-The worker (`launch.py`) starts `train_gpus` of these with `torchrun`; multi-node, Kubernetes
-starts one `torchrun` per node with a rendezvous (docs/deploy.md). Rank 0 runs the job and writes
-`<run dir>/ranks/result.json`; any rank that fails writes `rank-<r>.error` (its traceback) first,
-so the worker can say which rank failed and why, and exits at once.
+The worker (`launch.py`) starts `train_gpus` of these with `torchrun --standby DIR`: they take
+their cold start, then wait for the job in DIR (`standby.py`). Multi-node, Kubernetes starts one
+`torchrun` per node with a rendezvous and `--job-id`/`--spec` (docs/deploy.md). Rank 0 runs the
+job and writes `<run dir>/ranks/result.json`; any rank that fails writes `rank-<r>.error` (its
+traceback) first, so the worker can say which rank failed and why, and exits at once.
 """
 
 from __future__ import annotations
@@ -25,9 +26,19 @@ def ranks_dir(run_dir: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="One rank of a Crucible train job (started by torchrun).")
-    parser.add_argument("--job-id", required=True)
-    parser.add_argument("--spec", required=True, type=Path, help="the job's spec (JSON)")
+    parser.add_argument("--job-id")
+    parser.add_argument("--spec", type=Path, help="the job's spec (JSON)")
+    parser.add_argument("--standby", type=Path, help="instead: wait in this folder for the job (standby.py)")
+    parser.add_argument("--owner", type=int, help="with --standby: the worker's pid (gone: stop waiting)")
     args = parser.parse_args()
+    if args.standby is None and (args.job_id is None or args.spec is None):
+        parser.error("give --job-id and --spec, or --standby")
+
+    ready_s = None  # how long the ranks had been ready when the job came
+    if args.standby is not None:
+        from crucible_trainer.distributed.standby import await_job
+
+        args.job_id, args.spec, ready_s = await_job(args.standby, args.owner)
 
     from crucible_shared.jobs import TrainJob
 
@@ -39,7 +50,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     (folder / f"rank-{rank}.pid").write_text(str(os.getpid()))
     try:
-        outcome = run_rank(spec, args.job_id, settings, folder)
+        outcome = run_rank(spec, args.job_id, settings, folder, ready_s)
         if outcome is not None:
             (folder / "result.json").write_text(json.dumps(outcome, default=str))
     except BaseException as exc:
@@ -59,8 +70,11 @@ def main() -> None:
     os._exit(0)
 
 
-def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, Any] | None:
-    """Join the job's process group and lead (rank 0: the outcome) or follow (None)."""
+def run_rank(
+    spec: Any, job_id: str, settings: Any, folder: Path, ready_s: float | None = None
+) -> dict[str, Any] | None:
+    """Join the job's process group and lead (rank 0: the outcome) or follow (None); `ready_s`: how
+    long the ranks had waited for the job, cold start taken (standby ranks), for rank 0's summary."""
     import torch
     import torch.distributed as dist
 
@@ -91,7 +105,7 @@ def run_rank(spec: Any, job_id: str, settings: Any, folder: Path) -> dict[str, A
         return None
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"device": device})})
     channel = rank_channel(settings, job_id, folder / "stop")
-    run = LeaderRun(spec, job_id, settings, channel, control, parallel)
+    run = LeaderRun(spec, job_id, settings, channel, control, parallel, ready_s)
     try:
         summary = asyncio.run(run.run())
         outcome = {"status": summary.get("status", "finished"), "summary": summary}
