@@ -95,7 +95,8 @@ class GeneratorLog(threading.Thread):
     row of `path` with the run's clock: what its rows, queue and cache did, e.g. in the pre-filter."""
 
     KEEP = ("running_sequences", "waiting_sequences", "kv_cache_usage", "generation_tokens_total",
-            "prompt_tokens_total", "prefix_reused_tokens_total", "preempted_sequences_total")  # fmt: skip
+            "prompt_tokens_total", "prefix_reused_tokens_total", "preempted_sequences_total",
+            "graph_captures_total")  # fmt: skip
 
     def __init__(self, urls: list[str], path: Path) -> None:
         super().__init__(daemon=True)
@@ -160,7 +161,7 @@ def run_crucible(args: argparse.Namespace) -> None:
         record.point(step, written - T0, str(target))
     shutil.copy2(work / "jobs" / job_id / "metrics.jsonl", out / "metrics.jsonl")
     kept = ("difficulty_filter", "status", "policy_load_s", "policy_wait_s", "fused_modules")
-    kept += ("fused_lora_layers",)
+    kept += ("fused_lora_layers", "ranks_ready_s")
     ran = {k: summary.get(k) for k in kept}
     record.finish(job_wall_s=round(summary["wall_s"], 2), **ran)
 
