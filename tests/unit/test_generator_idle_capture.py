@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
-from crucible_generator.continuous import ContinuousDecoder
+from crucible_generator.continuous import CAPTURE_AFTER_EAGER_STEPS, ContinuousDecoder
 from crucible_generator.engine import Engine, SamplingParams
 
 from tests.unit.test_generator_engine import DigitsTokenizer, tiny_model
@@ -112,6 +112,23 @@ def test_idle_mode_decodes_uncaptured_windows_eagerly_as_the_graphs_do():
         pass
     assert greedy_decode(idle, PROMPTS, STEPS)[0] == want
     assert idle.captures == len(idle.capture_order())
+
+
+def test_a_window_that_lasts_is_captured_while_serving_after_a_few_eager_steps():
+    # Short prompts: every step of a long decode stays in the 256-slot window of 4 rows.
+    prompts, steps = [[5, 6, 7], [9] * 40, [3] * 10], CAPTURE_AFTER_EAGER_STEPS + 6
+    recorder = Recorder()
+    idle = decoder("idle", recorder)
+    got, got_logits = greedy_decode(idle, prompts, steps)
+    # One capture, on the spot, with the batch's rows live: the window had run that many steps eagerly
+    assert [call["live"] for call in recorder.calls] == [True] and idle.captures == 1
+    assert ("decode", (4, 256)) not in idle.uncaptured()
+    start = decoder("start", Recorder())
+    start.capture_all()
+    want, want_logits = greedy_decode(start, prompts, steps)
+    assert got == want  # token for token across the eager steps, the capture and the replays
+    for g, w in zip(got_logits, want_logits, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 def test_the_capture_order_takes_the_most_rows_first_short_to_long_then_prefills():
