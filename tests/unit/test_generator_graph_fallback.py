@@ -61,12 +61,14 @@ def replaying_capture(fn, warm_up, pool):
     return Replayed(fn, out), out
 
 
-def engine_with(model, capture, graph_capture: Literal["idle", "start"] = "idle") -> Engine:
+def engine_with(
+    model, capture, graph_capture: Literal["idle", "start"] = "idle", max_model_len: int = 256
+) -> Engine:
     engine = Engine(
         copy.deepcopy(model),
         DigitsTokenizer(),
         max_batch_size=4,
-        max_model_len=256,
+        max_model_len=max_model_len,
         fast_decode="on",
         seed=0,
         graph_capture=graph_capture,

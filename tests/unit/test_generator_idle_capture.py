@@ -24,6 +24,7 @@ from crucible_generator.engine import Engine, SamplingParams
 
 from tests.unit.test_generator_engine import DigitsTokenizer, tiny_model
 from tests.unit.test_generator_graph_fallback import Replayed
+from tests.unit.test_generator_graph_fallback import engine_with as fallback_engine
 
 LENGTH = 512  # two window lengths (256, 512 slots)
 ROWS = 4  # three row counts (1, 2, 4)
@@ -205,18 +206,7 @@ def generated(engine: Engine) -> float:
 
 
 def engine_with(model, mode: Mode, recorder: Recorder) -> Engine:
-    engine = Engine(
-        copy.deepcopy(model),
-        DigitsTokenizer(),
-        max_batch_size=ROWS,
-        max_model_len=LENGTH,
-        fast_decode="on",
-        seed=0,
-        graph_capture=mode,
-    )
-    assert engine.fast is not None
-    engine.fast.use_graphs = engine.fast.bucket_prefill = True  # as on CUDA
-    engine.fast._capture_graph = recorder
+    engine = fallback_engine(model, recorder, mode, max_model_len=LENGTH)  # ROWS rows
     recorder.decoder = engine.fast
     recorder.tokens = lambda: generated(engine)
     return engine
