@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -24,15 +25,20 @@ from crucible_trainer.settings import Settings
 # torchrun's stand-in: one process that prints, waits for the job file and writes rank 0's outcome.
 FAKE_RANKS = r"""
 import json, os, pathlib, sys, time
-folder = pathlib.Path(sys.argv[sys.argv.index("--standby") + 1])
-owner = int(sys.argv[sys.argv.index("--owner") + 1])
-print("cold start done", flush=True)
-while not (folder / "job.json").exists():
-    os.kill(owner, 0)  # raises once the test process is gone
-    time.sleep(0.02)
-job = json.loads((folder / "job.json").read_text())
-ranks = pathlib.Path(job["env"]["CRUCIBLE_TRAINER_RUNS_DIR"]) / job["job_id"] / "ranks"
-summary = {"pid": os.getpid(), "ranks": int(sys.argv[1]), "lease": job["env"]["CRUCIBLE_JOB_LEASE"]}
+if "--standby" in sys.argv:  # waiting: for the job file, then its settings
+    folder = pathlib.Path(sys.argv[sys.argv.index("--standby") + 1])
+    owner = int(sys.argv[sys.argv.index("--owner") + 1])
+    print("cold start done", flush=True)
+    while not (folder / "job.json").exists():
+        os.kill(owner, 0)  # raises once the test process is gone
+        time.sleep(0.02)
+    job = json.loads((folder / "job.json").read_text())
+    job_id, env = job["job_id"], job["env"]
+else:  # started for its job: the settings in the environment
+    job_id, env = sys.argv[sys.argv.index("--job-id") + 1], os.environ
+ranks = pathlib.Path(env["CRUCIBLE_TRAINER_RUNS_DIR"]) / job_id / "ranks"
+summary = {"pid": os.getpid(), "ranks": int(sys.argv[1]), "lease": env["CRUCIBLE_JOB_LEASE"],
+           "waited": "--standby" in sys.argv}
 (ranks / "result.json").write_text(json.dumps({"status": "finished", "summary": summary}))
 """
 
@@ -110,8 +116,9 @@ def run(settings: Settings, job_id: str, ranks: int = 2) -> dict:
 def test_a_job_runs_on_the_waiting_ranks_of_its_size(fake_ranks) -> None:
     waiting = launch.keep_standby(2)
     assert launch.keep_standby(2) is waiting  # one group kept, not one per call
+    assert stat.S_IMODE(waiting.dir.stat().st_mode) == 0o700  # the job file will hold the sandbox key
     summary = run(fake_ranks, "j1")
-    assert summary == {"pid": waiting.proc.pid, "ranks": 2, "lease": "9"}
+    assert summary == {"pid": waiting.proc.pid, "ranks": 2, "lease": "9", "waited": True}
     assert launch.take_standby(2) is None  # the job took it
     assert not waiting.dir.exists()  # the job file (the sandbox key) is gone with it
     log = (fake_ranks.runs_dir / "j1" / "ranks" / "torchrun.log").read_text()
@@ -131,6 +138,7 @@ def test_ranks_that_exited_are_dropped_and_the_job_starts_its_own(fake_ranks) ->
     dead.proc.wait()
     summary = run(fake_ranks, "j3")
     assert summary["ranks"] == 2 and summary["pid"] != dead.proc.pid
+    assert summary["waited"] is False and summary["lease"] == "9"  # started for the job, as before
     assert launch.take_standby(2) is None and not dead.dir.exists()
 
 
@@ -139,6 +147,10 @@ def test_standby_ranks_are_kept_only_where_several_can_be_launched(monkeypatch) 
     assert launch.standby_size(Settings(max_ranks=1, standby_ranks=True)) == 0
     assert launch.standby_size(Settings(max_ranks=4, standby_ranks=False)) == 0
     import torch
+    from crucible_trainer.runtime import warm
 
+    monkeypatch.setattr(warm, "MIN_CORES", 1)  # the cores are there: CUDA decides
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert launch.standby_size(Settings(max_ranks=4)) == 4
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert launch.standby_size(Settings(max_ranks=4)) == 0  # by default, only with CUDA

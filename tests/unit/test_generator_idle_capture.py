@@ -121,8 +121,9 @@ def test_a_window_that_lasts_is_captured_while_serving_after_a_few_eager_steps()
     recorder = Recorder()
     idle = decoder("idle", recorder)
     got, got_logits = greedy_decode(idle, prompts, steps)
-    # One capture, on the spot, with the batch's rows live: the window had run that many steps eagerly
+    # One capture, with the batch's rows live, after exactly that many eager steps of the window
     assert [call["live"] for call in recorder.calls] == [True] and idle.captures == 1
+    assert idle._eager_steps == {(4, 256): CAPTURE_AFTER_EAGER_STEPS}
     assert ("decode", (4, 256)) not in idle.uncaptured()
     start = decoder("start", Recorder())
     start.capture_all()

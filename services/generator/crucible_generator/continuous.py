@@ -23,8 +23,8 @@ captures nothing. When graphs are captured is `graph_capture`'s choice:
   missing graphs one at a time (`capture_next`, in `capture_order`) whenever it has nothing to
   decode, so a new request waits at most one capture. Idle captures run only while no row is live,
   so they never touch a sequence's state. A decode window that serving has already stepped through
-  `CAPTURE_AFTER_EAGER_STEPS` times eagerly is captured on the spot, as `start` captures a window it
-  lacks: a large first request (an RL job's pre-filter: 1,496 sequences at 512 rows, sent a second
+  `CAPTURE_AFTER_EAGER_STEPS` times eagerly is captured at its next step, as `start` captures a
+  window it lacks: a large first request (an RL job's pre-filter: 1,496 sequences at 512 rows, sent a second
   after the server came up) otherwise ran all its hundreds of steps eagerly, at half the speed.
 
 A capture that fails (a forward that syncs with the host, ...) is recorded in `failure` and the
@@ -66,10 +66,11 @@ PREFILL_TOKENS = 16384  # most (padded) prompt tokens one prefill forward takes
 PREFILL_GRAPH_ROWS = 16
 PREFILL_GRAPH_WIDTH = 512
 PREFILL_WIDTH_STEP = 64
-# `graph_capture: idle`: a window stepped through this many times eagerly while serving is captured
-# then. A large batch keeps one window for hundreds of steps: its capture (~0.12 s at 1.5B on an
-# H200) pays for itself within a few steps (an eager 512-row step took ~40 ms, replayed ~20 ms). The
-# few steps a draining batch spends in each smaller window are left to idle time.
+# `graph_capture: idle`: a window that serving has stepped through this many times eagerly (over the
+# server's life) is captured at its next step. A large batch keeps one window for hundreds of steps:
+# its capture (~0.12 s at 1.5B on an H200) pays for itself within a few steps (an eager 512-row step
+# took ~40 ms, replayed ~20 ms). The few steps a draining batch spends in each smaller window are
+# mostly left to idle time.
 CAPTURE_AFTER_EAGER_STEPS = 8
 # `attention_kernels: no_cudnn`: SDPA without cuDNN attention, which PyTorch >= 2.11 prefers on
 # H100s and which has had NaN and out-of-bounds bugs for masked shapes like the fast path's.
@@ -361,7 +362,7 @@ class ContinuousDecoder:
             # Not captured yet: the same computation, uncaptured, until the window has proved it
             # lasts (`CAPTURE_AFTER_EAGER_STEPS`); else the engine captures it once idle.
             uses = self._eager_steps.get(window, 0) + 1
-            if uses < CAPTURE_AFTER_EAGER_STEPS:
+            if uses <= CAPTURE_AFTER_EAGER_STEPS:
                 self._eager_steps[window] = uses
                 return self._step(window)
         if entry is None:

@@ -145,20 +145,24 @@ async def run_distributed_job(
     folder.mkdir(parents=True)
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_dump_json())
-    group = take_standby(asked) or Standby(asked)
+    env = job_env(settings, channel)
+    group = take_standby(asked) or Standby(asked, (job_id, spec_path, env))
     # Without Redis (`crucible train --local`) rank 0 prints its events: shown as the job's.
     events = channel if not settings.redis_url else None
     with open(folder / "torchrun.log", "wb") as sink:
         try:
-            group.hand_over(job_id, spec_path, job_env(settings, channel))
+            if group.waiting:
+                group.hand_over(job_id, spec_path, env)
             while group.alive():
                 relay(group.lines(), sink, events)
+                group.drop_job_file(folder)
                 if channel.stop_requested():
                     (folder / "stop").touch()
                 if channel.cancel_requested():
                     (folder / "cancel").touch()
                 await asyncio.sleep(POLL_S)
-            group.reader.join()
+            # Off the event loop, and bounded: a child that outlived its rank may hold the pipe.
+            await asyncio.to_thread(group.reader.join, 30)
             relay(group.lines(), sink, events)
         finally:
             group.close()  # with the ranks, if the worker itself is going away

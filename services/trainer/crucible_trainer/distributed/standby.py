@@ -3,11 +3,12 @@ imports of torch, transformers, PEFT and the trainer, and its CUDA context: 16-2
 is over by the time the job comes, as the worker's own warm-up (`runtime.warm`) is for one rank.
 
 Every job of several ranks runs through a `Standby` (`launch.run_distributed_job`): one the
-worker kept waiting (`launch.keep_standby`), else one started for the job and handed it at once.
+worker kept waiting (`launch.keep_standby`), else one started for the job with `--job-id/--spec`,
+as ranks always were.
 The ranks start with `--standby DIR`, a private folder (0700: the job file holds the sandbox key);
 each takes its cold start (`cold_start`), then polls DIR/job.json, which the launcher writes in
 one piece: the job's id, its spec's path and the job's environment (the worker's settings and its
-lease, `launch.job_env`). A rank swaps its own CRUCIBLE_* and REDIS_URL for the job's, keeping
+lease, `launch.job_env`), and removes once every rank has read it. A rank swaps its own CRUCIBLE_* and REDIS_URL for the job's, keeping
 torchrun's (RANK, MASTER_ADDR...), and runs the job as a rank launched for it does (`rank.main`).
 A waiting rank whose worker is gone (killed outright) exits rather than hold its card.
 
@@ -61,19 +62,32 @@ def group_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class Standby:
-    """A `torchrun` group of `ranks` ranks waiting in `self.dir` for the job `hand_over` gives it."""
+    """A `torchrun` group of `ranks` ranks: waiting in `self.dir` for the job `hand_over` gives it, or,
+    given `job` (its id, spec path and environment), started for that job as ranks were before any
+    waited: no folder, no job file, the job's settings in their environment from the start."""
 
-    def __init__(self, ranks: int) -> None:
+    def __init__(self, ranks: int, job: tuple[str, Path, dict[str, str]] | None = None) -> None:
         self.ranks = ranks
-        self.dir = Path(tempfile.mkdtemp(prefix="crucible-ranks-"))  # mode 0700
-        args = ("--standby", str(self.dir), "--owner", str(os.getpid()))
-        self.proc = subprocess.Popen(
-            torchrun_command(ranks, *args),
-            env=group_env(dict(os.environ)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped as one
-        )
+        env = dict(os.environ)
+        self.dir: Path | None = None
+        if job is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="crucible-ranks-"))  # mode 0700
+            args: tuple[str, ...] = ("--standby", str(self.dir), "--owner", str(os.getpid()))
+        else:
+            args = ("--job-id", job[0], "--spec", str(job[1]))
+            use_job_env(env, job[2])
+        try:
+            self.proc = subprocess.Popen(
+                torchrun_command(ranks, *args),
+                env=group_env(env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped as one
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.waiting = job is None  # until `hand_over`
         self.output: queue.Queue[bytes] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="standby-ranks-output", daemon=True)
         self.reader.start()
@@ -88,13 +102,21 @@ class Standby:
         return self.proc.poll() is None
 
     def ready(self) -> bool:
-        """Whether every rank has taken its cold start."""
-        return all((self.dir / f"ready-{r}").exists() for r in range(self.ranks))
+        """Whether every waiting rank has taken its cold start."""
+        return self.dir is not None and all((self.dir / f"ready-{r}").exists() for r in range(self.ranks))
 
     def hand_over(self, job_id: str, spec: Path, env: dict[str, str]) -> None:
-        """Give the ranks their job: written whole (a rank never reads half of it)."""
+        """Give the waiting ranks their job: written whole (a rank never reads half of it)."""
+        assert self.dir is not None and self.waiting, "a group started for its job takes no other"
         with output_file(self.dir / JOB_FILE) as tmp:
             tmp.write_text(json.dumps({"job_id": job_id, "spec": str(spec), "env": env}))
+        self.waiting = False
+
+    def drop_job_file(self, ranks_folder: Path) -> None:
+        """Remove the job file (it holds the sandbox key) once every rank has read it: each writes
+        its pid file in the job's `ranks_folder` right after."""
+        if self.dir is not None and all((ranks_folder / f"rank-{r}.pid").exists() for r in range(self.ranks)):
+            (self.dir / JOB_FILE).unlink(missing_ok=True)
 
     def lines(self) -> list[bytes]:
         """The output lines read since the last call (all of them once the group has exited and
@@ -106,10 +128,12 @@ class Standby:
 
     def close(self) -> None:
         """Stop the group if it still runs (with the ranks' whole process group) and remove its folder."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        proc = getattr(self, "proc", None)  # none when it could not start
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -- a rank's side ------------------------------------------------------------------------------
