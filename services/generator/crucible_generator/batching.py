@@ -41,6 +41,16 @@ class ContinuousPath:
         self.max_model_len, self.join_wait_s = max_model_len, join_wait_s
         self._live: tuple[list[int], torch.Tensor | None] = ([], None)  # the batch's row index
 
+    def capture(self, idle: bool) -> None:
+        """Capture CUDA graphs: every one before serving (`graph_capture: start`, called with
+        `idle=False` at the engine's start), or the next missing one (`idle`, called while no row
+        is live and nothing waits: its memory is taken now, `sizing.py` reserves it all the same)."""
+        with torch.inference_mode():
+            if idle:
+                self.decoder.capture_next()
+            elif self.decoder.graph_capture == "start":
+                self.decoder.capture_all()
+
     def fits(self, seq: Sequence) -> bool:
         """Whether `seq` can decode in a row. (The lookahead step after its last token writes that
         token's keys, at slot `longest - 1`: nothing past the row.)"""

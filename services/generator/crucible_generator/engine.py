@@ -30,11 +30,8 @@ with a forward pass and never wait for a long batch to end. Loading adds new mod
 and leaves the others untouched, so requests in flight on an older version keep decoding with it.
 An unloaded adapter is deleted (its memory freed) when its last sequence finishes.
 
-**CUDA graphs** (`graph_capture`): with `start` the thread captures every graph before its first
-batch; with `idle` (the default) it serves at once (steps and prefills whose graph is missing run
-eagerly) and captures the missing graphs one at a time whenever nothing waits and nothing decodes
-(at start-up before the first request, and between a training job's steps), looking at the queue
-again between two captures, so a request arriving meanwhile waits for one capture at most.
+**CUDA graphs** (`graph_capture`, continuous.py): all captured before the first batch (`start`), or
+(`idle`) one at a time whenever nothing waits and nothing decodes, the queue looked at between two.
 
 The event loop never blocks: results come back through `loop.call_soon_threadsafe`.
 """
@@ -63,7 +60,16 @@ from .fastpath import LENGTH_BUCKET
 from .features import fast_length
 from .metrics import Metrics
 from .sampling import RowParams, SampleOutput, make_generator, sample
-from .sequences import Completion, Readback, Request, SamplingParams, Sequence, eos_ids, resolve
+from .sequences import (
+    Completion,
+    Readback,
+    Request,
+    SamplingParams,
+    Sequence,
+    eos_ids,
+    hit_stop_string,
+    resolve,
+)
 from .slots import SpareSlot, config_signature
 
 log = logging.getLogger(__name__)
@@ -376,9 +382,8 @@ class Engine:
     # --- engine thread: batching -------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.continuous is not None and self.continuous.decoder.graph_capture == "start":
-            with torch.inference_mode():
-                self.continuous.decoder.capture_all()
+        if self.continuous is not None:
+            self.continuous.capture(idle=False)
             self._leave_fast_path_if_capture_failed()
         while True:
             batch = self._next_batch()
@@ -425,10 +430,7 @@ class Engine:
         steps, uncaptured)."""
         if self.continuous is None or self.continuous.decoder.failure is None:
             return
-        reason, self.continuous = (
-            self.continuous.decoder.failure,
-            None,
-        )  # its merged copy, caches and graphs go
+        reason, self.continuous = self.continuous.decoder.failure, None  # its copy, caches, graphs go
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         log.warning("CUDA graph capture failed (%s); this model decodes on the eager path", reason)
@@ -447,7 +449,7 @@ class Engine:
                 while self._waiting and self._waiting[0].request.cancelled:
                     self._drop(self._waiting.popleft())
                 if not self._waiting:
-                    if not self._idle_captures_left():
+                    if self.continuous is None or not self.continuous.decoder.idle_captures_left:
                         self._cond.wait()
                         continue
                 else:
@@ -467,19 +469,9 @@ class Engine:
                     continue
             # Idle: capture one graph outside the lock (`submit` must not wait for it), then look
             # for work again, so that a request arriving now waits for this one capture at most.
-            self._capture_in_idle_time()
-
-    def _idle_captures_left(self) -> bool:
-        return self.continuous is not None and self.continuous.decoder.idle_captures_left
-
-    def _capture_in_idle_time(self) -> None:
-        """Capture the fast path's next missing CUDA graph: no row is live (every batch has ended)
-        and nothing waits. The graphs' memory is taken now rather than before serving (`sizing.py`
-        reserves it all the same)."""
-        assert self.continuous is not None
-        with torch.inference_mode():
-            self.continuous.decoder.capture_next()
-        self._leave_fast_path_if_capture_failed()
+            assert self.continuous is not None
+            self.continuous.capture(idle=True)
+            self._leave_fast_path_if_capture_failed()
 
     def _take(self, joins: Callable[[Sequence], bool], limit: int) -> list[Sequence]:
         """Pop waiting sequences from the head while `joins` accepts them (caller holds the lock)."""
@@ -548,7 +540,7 @@ class Engine:
             seq.finish_reason = "stop"
         elif token in params.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token
-        elif params.stop and self._hit_stop_string(seq):
+        elif params.stop and hit_stop_string(seq, self.tokenizer):
             return True
         elif (
             len(seq.output_ids) >= params.max_tokens
@@ -556,24 +548,6 @@ class Engine:
         ):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
-
-    def _hit_stop_string(self, seq: Sequence) -> bool:
-        skip = seq.params.skip_special_tokens
-        # A new stop string must end in the newest token: decoding a short tail first keeps this
-        # check O(1) per token (decoding the whole output at every step is quadratic).
-        tail = 2 * max(len(s) for s in seq.params.stop) + 8
-        if len(seq.output_ids) > tail:
-            recent = self.tokenizer.decode(seq.output_ids[-tail:], skip_special_tokens=skip)
-            if not any(s in recent for s in seq.params.stop):
-                return False
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=skip)
-        hits = [(text.find(s), s) for s in seq.params.stop if s in text]
-        if not hits:
-            return False
-        at, stop = min(hits)
-        seq.text = text[: at + len(stop)] if seq.params.include_stop_str_in_output else text[:at]
-        seq.finish_reason, seq.stop_reason = "stop", stop
-        return True
 
     def _complete(self, seq: Sequence) -> None:
         if seq.text is None:

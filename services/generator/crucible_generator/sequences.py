@@ -1,5 +1,6 @@
 """What the engine thread works on: a request's settings, its sequences (one per prompt and sample),
-their finished completions, and a sampled step on its way from the device to the host."""
+their finished completions, a sampled step on its way from the device to the host, and where
+a stop string ends one (`hit_stop_string`)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,24 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         elif value:
             ids.update(int(v) for v in value)
     return frozenset(ids)
+
+
+def hit_stop_string(seq: Sequence, tokenizer: Any) -> bool:
+    """Whether `seq` has just produced one of its stop strings: then its text is cut there and it
+    finishes with `stop` (the string in `stop_reason`)."""
+    skip = seq.params.skip_special_tokens
+    # A new stop string must end in the newest token: decoding a short tail first keeps this
+    # check O(1) per token (decoding the whole output at every step is quadratic).
+    tail = 2 * max(len(s) for s in seq.params.stop) + 8
+    if len(seq.output_ids) > tail:
+        recent = tokenizer.decode(seq.output_ids[-tail:], skip_special_tokens=skip)
+        if not any(s in recent for s in seq.params.stop):
+            return False
+    text = tokenizer.decode(seq.output_ids, skip_special_tokens=skip)
+    hits = [(text.find(s), s) for s in seq.params.stop if s in text]
+    if not hits:
+        return False
+    at, stop = min(hits)
+    seq.text = text[: at + len(stop)] if seq.params.include_stop_str_in_output else text[:at]
+    seq.finish_reason, seq.stop_reason = "stop", stop
+    return True
