@@ -67,7 +67,7 @@ def test_a_job_on_standby_ranks_finishes_and_one_after_they_died_starts_its_own(
         os.killpg(dead.proc.pid, signal.SIGKILL)
         dead.proc.wait()
         summary = run(spec, "dist-after-standby", settings)
-        assert summary["status"] == "finished" and summary["ranks_ready_s"] == 0  # its own ranks
+        assert summary["status"] == "finished" and "ranks_ready_s" not in summary  # ranks of its own
     finally:
         launch.release_standby()
 
