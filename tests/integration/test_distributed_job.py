@@ -44,9 +44,7 @@ def test_two_rank_job_finishes_and_publishes(stack_generator, sandbox, stack_dir
     assert [r["update/ranks"] for r in rows if "update/ranks" in r] == [2.0, 2.0]
 
 
-def test_a_job_on_standby_ranks_finishes_and_publishes(
-    stack_generator, sandbox, stack_dirs
-) -> None:
+def test_a_job_on_standby_ranks_finishes_and_publishes(stack_generator, sandbox, stack_dirs) -> None:
     from crucible_trainer.distributed import launch
 
     settings = two_ranks(stack_generator, sandbox, stack_dirs)
