@@ -238,6 +238,25 @@ def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int =
     return start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)
 
 
+def generator_metrics(url: str, client: Any = None) -> dict[str, float] | None:
+    """The unlabelled counters and gauges a Crucible generator at `url` shows at `/metrics`, named
+    without their `crucible_generator_` prefix ({} from a server of other metrics: vLLM), or None
+    when it does not answer."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = (client or httpx).get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    return {
+        s.name.removeprefix("crucible_generator_"): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("crucible_generator_") and not s.labels
+    }
+
+
 @contextmanager
 def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str | None] | None = None,
              generator_url: str | None = None, max_loras: int = 4, generator_env: dict[str, str] | None = None,

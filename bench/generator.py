@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -204,12 +203,7 @@ def closed_loop(url: str, body: dict, clients: int, seconds: float) -> dict:
 
 def captures(url: str) -> float | None:
     """Crucible's graph-capture counter, or None for a server without it (vLLM)."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return None
-    found = re.search(r"^crucible_generator_graph_captures_total(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M)
-    return float(found.group(1)) if found else None
+    return (common.generator_metrics(url) or {}).get("graph_captures_total")
 
 
 def race(args: Any) -> dict:

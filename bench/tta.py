@@ -112,21 +112,13 @@ class GeneratorLog(threading.Thread):
 
     def run(self) -> None:
         import httpx
-        from prometheus_client.parser import text_string_to_metric_families
 
-        with httpx.Client(timeout=5) as client, open(self.path, "w") as f:
+        with httpx.Client() as client, open(self.path, "w") as f:
             while not self.done.wait(1.0):
                 row: dict[str, Any] = {"wall_s": round(time.time() - T0, 2)}
                 for i, url in enumerate(self.urls):
-                    try:
-                        text = client.get(f"{url}/metrics").text
-                    except httpx.HTTPError:
-                        continue  # a busy or stopping generator: the next second's row
-                    for family in text_string_to_metric_families(text):
-                        for s in family.samples:
-                            name = s.name.removeprefix("crucible_generator_")
-                            if name in self.KEEP:
-                                row[f"{i}/{name}"] = s.value
+                    found = common.generator_metrics(url, client) or {}  # none from a busy one: next second
+                    row |= {f"{i}/{name}": value for name, value in found.items() if name in self.KEEP}
                 f.write(json.dumps(row) + "\n")
                 f.flush()
 

@@ -429,7 +429,11 @@ class ContinuousDecoder:
     def idle_captures_left(self) -> bool:
         """Whether `capture_next` would capture a graph now (`graph_capture: idle`, graphs on, one
         missing, no row live)."""
-        return self.graph_capture == "idle" and not self.live_rows and bool(self.uncaptured())
+        return bool(self._idle_missing())
+
+    def _idle_missing(self) -> list[tuple[GraphKind, tuple[int, int]]]:
+        """What an idle capture may take now: the missing graphs (`graph_capture: idle`, no row live)."""
+        return self.uncaptured() if self.graph_capture == "idle" and not self.live_rows else []
 
     def capture_next(self) -> bool:
         """Capture the first missing graph of `capture_order` (the engine calls this when it has
@@ -437,13 +441,13 @@ class ContinuousDecoder:
         live: the capture's warm-up steps run over every row of its window. A failed capture is
         recorded in `failure` (and nothing is left to capture). Logs one line when the last graph
         is in."""
-        if not self.idle_captures_left:
+        missing = self._idle_missing()
+        if not missing:
             return False
         started = time.perf_counter()
-        kind, shape = self.uncaptured()[0]
-        captured = self._capture_one(kind, shape)
+        captured = self._capture_one(*missing[0])
         self._idle_capture_s += time.perf_counter() - started
-        if captured and not self.uncaptured():
+        if captured and len(missing) == 1:
             log.info(
                 "captured %d CUDA graphs in the idle time of %.1f s", self.captures, self._idle_capture_s
             )

@@ -88,6 +88,7 @@ class Standby:
             self.close()
             raise
         self.waiting = job is None  # until `hand_over`
+        self.job_file_kept = False  # from `hand_over` until every rank has read it
         self.output: queue.Queue[bytes] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="standby-ranks-output", daemon=True)
         self.reader.start()
@@ -110,13 +111,16 @@ class Standby:
         assert self.dir is not None and self.waiting, "a group started for its job takes no other"
         with output_file(self.dir / JOB_FILE) as tmp:
             tmp.write_text(json.dumps({"job_id": job_id, "spec": str(spec), "env": env}))
-        self.waiting = False
+        self.waiting, self.job_file_kept = False, True
 
     def drop_job_file(self, ranks_folder: Path) -> None:
         """Remove the job file (it holds the sandbox key) once every rank has read it: each writes
-        its pid file in the job's `ranks_folder` right after."""
-        if self.dir is not None and all((ranks_folder / f"rank-{r}.pid").exists() for r in range(self.ranks)):
+        its pid file in the job's `ranks_folder` right after. Looks no more once it is gone."""
+        if self.dir is None or not self.job_file_kept:
+            return
+        if all((ranks_folder / f"rank-{r}.pid").exists() for r in range(self.ranks)):
             (self.dir / JOB_FILE).unlink(missing_ok=True)
+            self.job_file_kept = False
 
     def lines(self) -> list[bytes]:
         """The output lines read since the last call (all of them once the group has exited and
