@@ -123,7 +123,7 @@ def test_a_window_that_lasts_is_captured_while_serving_after_a_few_eager_steps()
     got, got_logits = greedy_decode(idle, prompts, steps)
     # One capture, with the batch's rows live, after exactly that many eager steps of the window
     assert [call["live"] for call in recorder.calls] == [True] and idle.captures == 1
-    assert idle._eager_steps == {(4, 256): CAPTURE_AFTER_EAGER_STEPS}
+    assert idle._eager_uses[("decode", (4, 256))] == CAPTURE_AFTER_EAGER_STEPS
     assert ("decode", (4, 256)) not in idle.uncaptured()
     start = decoder("start", Recorder())
     start.capture_all()
@@ -131,6 +131,27 @@ def test_a_window_that_lasts_is_captured_while_serving_after_a_few_eager_steps()
     assert got == want  # token for token across the eager steps, the capture and the replays
     for g, w in zip(got_logits, want_logits, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_a_prefill_shape_that_lasts_is_captured_while_serving_after_a_few_eager_uses():
+    # A pre-filter's admissions: a few prompts join at a time while other rows decode, each join a
+    # prefill of the same shape (here 1 prompt x 64 tokens), hundreds of times.
+    recorder = Recorder()
+    idle, start = decoder("idle", recorder), decoder("start", Recorder())
+    start.capture_all()
+    idle.prefill([0], [[4] * 70])  # a live row through all the joins (a prefill of 1 x 128)
+    start.prefill([0], [[4] * 70])
+    for join in range(CAPTURE_AFTER_EAGER_STEPS + 3):
+        prompt = [3 + (join + i) % 7 for i in range(20)]
+        got, _ = idle.prefill([1], [prompt])
+        want, _ = start.prefill([1], [prompt])
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        idle.release([1])
+        start.release([1])
+        # Eager until the shape has proved it lasts, then captured once (row 0 live) and replayed
+        assert idle.captures == (join >= CAPTURE_AFTER_EAGER_STEPS)
+    assert [call["live"] for call in recorder.calls] == [True]
+    assert ("prefill", (1, 64)) not in idle.uncaptured() and ("decode", (4, 256)) in idle.uncaptured()
 
 
 def test_the_capture_order_takes_the_most_rows_first_short_to_long_then_prefills():

@@ -22,10 +22,12 @@ captures nothing. When graphs are captured is `graph_capture`'s choice:
   yet runs eagerly (the same computation, uncaptured: the same tokens), and the engine captures the
   missing graphs one at a time (`capture_next`, in `capture_order`) whenever it has nothing to
   decode, so a new request waits at most one capture. Idle captures run only while no row is live,
-  so they never touch a sequence's state. A decode window that serving has already stepped through
-  `CAPTURE_AFTER_EAGER_STEPS` times eagerly is captured at its next step, as `start` captures a
-  window it lacks: a large first request (an RL job's pre-filter: 1,496 sequences at 512 rows, sent a second
-  after the server came up) otherwise ran all its hundreds of steps eagerly, at half the speed.
+  so they never touch a sequence's state. A decode window or prefill shape that serving has already
+  run `CAPTURE_AFTER_EAGER_STEPS` times eagerly is captured at its next use, as `start` captures
+  one it lacks: a large first request keeps a server busy for its whole length (an RL job's
+  pre-filter: 1,496 sequences at 512 rows, sent a second after the server came up), and its
+  admissions, a few prompts joining at almost every step, otherwise all prefilled eagerly (on an
+  H200, 10-12k tokens/s while prompts still joined, 19-27k once they stopped).
 
 A capture that fails (a forward that syncs with the host, ...) is recorded in `failure` and the
 engine serves the model on its eager path instead. Rows inside the window that are free compute a
@@ -67,8 +69,9 @@ PREFILL_GRAPH_ROWS = 16
 PREFILL_GRAPH_WIDTH = 512
 PREFILL_WIDTH_STEP = 64
 # `graph_capture: idle`: a window that serving has stepped through this many times eagerly (over the
-# server's life) is captured at its next step. A large batch keeps one window for hundreds of steps:
-# its capture (~0.12 s at 1.5B on an H200) pays for itself within a few steps (an eager 512-row step
+# server's life), or a prefill shape it has prefilled this many times, is captured at its next use.
+# A large batch keeps one window for hundreds of steps and admits joiners in a few prefill shapes:
+# a capture (~0.12 s at 1.5B on an H200) pays for itself within a few uses (an eager 512-row step
 # took ~40 ms, replayed ~20 ms). The few steps a draining batch spends in each smaller window are
 # mostly left to idle time.
 CAPTURE_AFTER_EAGER_STEPS = 8
@@ -136,7 +139,8 @@ class ContinuousDecoder:
         self._slots = torch.arange(self.length, device=self.device)
         self._rows = torch.arange(rows, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
-        self._eager_steps: dict[tuple[int, int], int] = {}  # `idle`: uncaptured steps per window
+        # `idle`: eager uses of each graph not captured yet (decode windows, prefill shapes)
+        self._eager_uses: dict[tuple[GraphKind, tuple[int, int]], int] = {}
         self._prefill_graphs: dict[tuple[int, int], _PrefillGraph] = {}
         # Prefill in fixed shapes (and, with graphs, replay them); tests turn it on without CUDA.
         self.bucket_prefill = self.use_graphs and prefill_graphs
@@ -315,11 +319,10 @@ class ContinuousDecoder:
         return self._forward(scratch, ids, prefill_mask(mask2d, ids.shape[1], self.dtype), positions)
 
     def _prefill_graph(self, shape: tuple[int, int]) -> _PrefillGraph | None:
-        """The captured prefill of `shape` (rows, width); None when it is not captured (yet: with
-        `graph_capture: idle` the engine captures it when idle) or capture failed (prefills then
-        run eagerly from now on). With `start` a missing shape is captured now."""
+        """The captured prefill of `shape` (rows, width), captured now if `_capture_now` says so;
+        None when it is not captured (yet) or capture failed (prefills then run eagerly from now on)."""
         graph = self._prefill_graphs.get(shape)
-        if graph is None and self.graph_capture == "start" and self._capture_one("prefill", shape):
+        if graph is None and self._capture_now("prefill", shape) and self._capture_one("prefill", shape):
             graph = self._prefill_graphs[shape]
         return graph
 
@@ -358,13 +361,8 @@ class ContinuousDecoder:
         if not self.use_graphs:
             return self._step(window)
         entry = self._graphs.get(window)
-        if entry is None and self.graph_capture == "idle":
-            # Not captured yet: the same computation, uncaptured, until the window has proved it
-            # lasts (`CAPTURE_AFTER_EAGER_STEPS`); else the engine captures it once idle.
-            uses = self._eager_steps.get(window, 0) + 1
-            if uses <= CAPTURE_AFTER_EAGER_STEPS:
-                self._eager_steps[window] = uses
-                return self._step(window)
+        if entry is None and not self._capture_now("decode", window):
+            return self._step(window)  # the same computation, uncaptured
         if entry is None:
             try:
                 entry = self._capture(window)
@@ -375,6 +373,19 @@ class ContinuousDecoder:
                 return self._step(window)
         entry[0].replay()
         return entry[1]
+
+    def _capture_now(self, kind: GraphKind, shape: tuple[int, int]) -> bool:
+        """Whether a graph that is not captured is captured at this use: always with `start`; with
+        `idle` once serving has run it eagerly `CAPTURE_AFTER_EAGER_STEPS` times (it has proved it
+        lasts: a pre-filter's admissions reuse a few prefill shapes hundreds of times), else the
+        engine captures it once idle. Counts this use."""
+        if self.graph_capture == "start":
+            return True
+        uses = self._eager_uses.get((kind, shape), 0) + 1
+        if uses <= CAPTURE_AFTER_EAGER_STEPS:
+            self._eager_uses[(kind, shape)] = uses
+            return False
+        return True
 
     def _step(self, window: tuple[int, int]) -> torch.Tensor:
         b, slots = window
