@@ -6,6 +6,7 @@ to every operation of the running services.
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -47,10 +48,12 @@ def fuzz(url: str) -> list[str]:
     return failures
 
 
+@pytest.mark.slow
 def test_sandbox_never_answers_5xx(sandbox) -> None:
     assert fuzz(sandbox.url) == []
 
 
+@pytest.mark.slow
 def test_gateway_never_answers_5xx(gateway, redis_url) -> None:
     from redis import Redis
     from rq import Queue

@@ -54,6 +54,7 @@ def stream(redis_url: str, job_id: str) -> list[dict[str, Any]]:
     return [json.loads(fields[b"data"]) for _, fields in entries]
 
 
+@pytest.mark.slow
 def test_a_redis_outage_neither_requeues_a_live_job_nor_loses_its_events(tmp_path, stack_dirs) -> None:
     """The issue's 95-second outage, shortened: heartbeats fail for longer than the heartbeat
     timeout; when Redis is back the job is still attempt 1, running, its events of the outage are

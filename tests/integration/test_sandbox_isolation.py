@@ -133,6 +133,7 @@ def _run_processes(started_before: float) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_hostile_programs_are_contained_and_benign_runs_unaffected(sandbox) -> None:
     hostile = [
         {"code": code, "tests": tests, "limits": LIMITS, "use_cache": False}

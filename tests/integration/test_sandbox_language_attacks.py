@@ -213,6 +213,7 @@ def sandbox_mode(request):
         yield request.param, service
 
 
+@pytest.mark.slow
 def test_language_attacks_are_contained(sandbox_mode) -> None:
     mode, sandbox = sandbox_mode
     runs, where = [], {}

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from crucible_cli.spawn import free_port, port_free
 from crucible_shared import keys
 from crucible_shared.lifecycle import JobRecord, JobStatus
@@ -41,6 +42,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_stopping_the_stack_stops_workers_first_and_they_hand_their_job_back(tmp_path: Path) -> None:
     """A worker in the middle of a long step: `Stack.stop` stops it first (a second SIGTERM after
     `worker_stop_s`), its job is re-queued, not left `running`; the other services are stopped

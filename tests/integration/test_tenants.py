@@ -309,6 +309,7 @@ def test_sandbox_quotas_are_429_naming_the_quota(sandbox_tenants) -> None:
     assert 'crucible_sandbox_tenant_runs_total{status="passed",tenant="quiet"}' in metrics
 
 
+@pytest.mark.slow
 def test_one_tenants_backlog_delays_another_by_one_run_slot(sandbox_tenants) -> None:
     """`flood` may hold both workers (its concurrent_runs quota) and has 8 runs of 2 s in flight (an
     8 s backlog); `fair`'s trivial run waits for one slot to come free (≤ 2 s), not for the

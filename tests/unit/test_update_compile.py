@@ -130,6 +130,7 @@ def longer_batch() -> list:
     ]
 
 
+@pytest.mark.slow
 def test_a_compiled_update_gives_the_eager_gradients(adapter_model, quick_compiler) -> None:
     """Two passes of one optimizer step each, a KL term (the reference scored with the adapter
     disabled, as a job without `init_adapter` does), micro-batches of 5, 5 and 1 rows padded to

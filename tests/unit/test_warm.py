@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from crucible_shared.jobs import EvalJob, TrainJob
 from crucible_trainer.runtime import hardware, warm
 
@@ -41,6 +42,7 @@ def probe(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_worker_warm_up_imports_the_training_and_evaluation_jobs() -> None:
     found = probe()
     assert found["before"] == []
@@ -54,6 +56,7 @@ def test_the_worker_warm_up_imports_the_training_and_evaluation_jobs() -> None:
     assert found["seconds"] > 0
 
 
+@pytest.mark.slow
 def test_a_job_warm_up_imports_its_own_runner() -> None:
     evaluation = EvalJob.model_validate({"data": {"limit": 1}})
     found = probe(evaluation.model_dump_json(), "eval")
