@@ -119,7 +119,7 @@ print("dense checkpoint:", target)'
     size=${1#race-} steps=6 extra=()
     [ "$size" = 7b ] && { steps=3 extra=(--generator-rows auto)
       export CRUCIBLE_GENERATOR_GPU_MEMORY_FRACTION=0.5 CRUCIBLE_GENERATOR_MAX_LORA_RANK=32; }
-    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/grpo_race.py examples/grpo_qwen1p5b.yaml \
+    CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/learning.py job examples/grpo_qwen1p5b.yaml \
       $(shape_sets "/root/shapes/qwen2.5-coder-${size/p/.}" "${2:-$steps}") "${extra[@]}" --json "$O/$1.json" ;;
   trl-1p5b)  # STEPS: TRL's GRPOTrainer + vLLM colocate on the 1.5B shape (after `shapes`), race-1p5b's job
     CRUCIBLE_MODEL_ROOTS=/root/shapes python3 bench/tta.py trl examples/grpo_qwen1p5b.yaml \
@@ -138,32 +138,21 @@ print("dense checkpoint:", target)'
     python3 bench/update_speed.py "${model[@]}" --compare compile --set optim.compile="$mode" --prompts 64 \
       --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "$O/$1-$mode.json" "${@:3}" \
       2>&1 | tee "$O/$1-$mode.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
-  learn)  # METHOD STEPS EVAL_TASKS [--tag T] [grpo_race.py arguments]: the race's job with an evaluation
+  learn)  # METHOD STEPS EVAL_TASKS [--tag T] [learning.py job arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
     evaluation=eval.data.limit="$tasks"; [ "$tasks" = 0 ] && evaluation=eval=null
     sets=(--set optim.steps="$steps" --set optim.micro_batch=64 --set "$evaluation")
     [ "$method" = srrl ] && sets+=(--set "method={name: srrl, c1: 2, c2: 4, c2_temperature: 0.3, budget: 10}")
-    python3 bench/grpo_race.py recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "$O/learn-$tag.json" ;;
-  seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- grpo_race.py arguments]: bench/seeds.py, one JSON
+    python3 bench/learning.py job recipes/grpo_smollm2.yaml "${sets[@]}" "$@" --json "$O/learn-$tag.json" ;;
+  seeds)  # RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [-- job arguments]: bench/learning.py run, one JSON
     # per run + summary under $OUT/results/<card>/learning/ (long: run it with `bg`, then `wait-bg`)
-    python3 bench/seeds.py run "$2" --out "$O/results" "${@:3}" ;;  # the recipe first: argparse's positional
+    python3 bench/learning.py run "$2" --out "$O/results" "${@:3}" ;;  # the recipe first: argparse's positional
   qwen-tta)  # after `qwen-setup` on a 4-GPU host, in the background: card 0 Crucible then `qwen-serve`,
     # card 1 TRL, cards 2+3 `tta-2gpu`; results under $TTA/<run>/
     CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg c1 seq tta-crucible:crucible-1gpu:0:- tta-eval:0:crucible-1gpu qwen-serve
     CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq tta-trl tta-eval:1:trl
     bash bench/gpu.sh bg c2 tta-2gpu ;;
-  qwen-tta-seeds)  # [CARDS: 1 or 2] after `qwen-setup`, in the background: SEEDS (default "0 1 2") of both
-    # engines, each run evaluated as it ends; one card: pairs one after the other; two: Crucible on 0, TRL on 1
-    cards=${2:-1} c=() t=() pairs=()
-    for s in ${SEEDS:-0 1 2}; do
-      c+=("tta-crucible:crucible-s$s:0:-:--set:seed=$s:--set:data.seed=$s" "tta-eval:0:crucible-s$s")
-      t+=("tta-trl:--out:$TTA/trl-s$s:--set:seed=$s:--set:data.seed=$s" "tta-eval:$((cards - 1)):trl-s$s")
-      pairs+=("${c[@]: -2}" "${t[@]: -2}")
-    done
-    if [ "$cards" = 1 ]; then CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg tta seq "${pairs[@]}"
-    else CUDA_VISIBLE_DEVICES=0 bash bench/gpu.sh bg crucible seq "${c[@]}"
-      CUDA_VISIBLE_DEVICES=1 bash bench/gpu.sh bg trl seq "${t[@]}"; fi ;;
   tta-crucible)  # LABEL TRAINER_CARDS GENERATOR_CARDS|- [bench/tta.py crucible arguments]: TTA_RECIPE's job
     # on these cards (several trainer cards: DDP ranks; `-`: the generator on the trainer's card)
     label=$2 cards=$3 gens=$4; shift 4

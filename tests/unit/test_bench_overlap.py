@@ -1,4 +1,4 @@
-"""The overlap benchmark's recipes (recipes/learning.yaml `overlap-s0/1/2`, run by `bench/seeds.py`):
+"""The overlap benchmark's recipes (recipes/learning.yaml `overlap-s0/1/2`, run by `bench/learning.py`):
 the three jobs are the same job but for the overlap section, evaluated after training only."""
 
 from __future__ import annotations

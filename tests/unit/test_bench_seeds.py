@@ -1,7 +1,7 @@
-"""`bench/seeds.py`: one recipe (spec + overrides) over seeds, one JSON file per run, the summary
-and the paired comparison, with a stand-in for `grpo_race.py` that reads the job spec and overrides
-it is given (the real one trains; `bench/seeds.py run tiny` runs it end to end on a CPU in about a
-minute a seed). And every shipped recipe resolves to a valid training job."""
+"""`bench/learning.py run`: one recipe (spec + overrides) over seeds, one JSON file per run, the
+summary and the paired comparison, with a stand-in for `learning.py job` that reads the job spec and
+overrides it is given (the real one trains; `bench/learning.py run tiny` runs it end to end on a CPU
+in about a minute a seed). And every shipped recipe resolves to a valid training job."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_RACE = """
 import argparse, json, yaml
 p = argparse.ArgumentParser()
-p.add_argument("job"); p.add_argument("--set", action="append", default=[]); p.add_argument("--json")
+p.add_argument("verb"); p.add_argument("job"); p.add_argument("--set", action="append", default=[]); p.add_argument("--json")
 p.add_argument("--keep-reports"); p.add_argument("--generator-rows"); p.add_argument("--humaneval", action="store_true")
 a = p.parse_args()
 spec = yaml.safe_load(open(a.job))
@@ -42,7 +42,7 @@ pre: {about: pre-filter, from: grpo, set: ["method.filter.mode=pre"]}
 
 
 def load_seeds():
-    spec = importlib.util.spec_from_file_location("bench_seeds", ROOT / "bench" / "seeds.py")
+    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -62,7 +62,7 @@ def seeds(tmp_path, monkeypatch):
 
 
 def run(seeds, tmp_path, monkeypatch, *argv: str) -> int:
-    monkeypatch.setattr(sys, "argv", ["seeds.py", *argv, "--card", "card", "--out", str(tmp_path / "out")])
+    monkeypatch.setattr(sys, "argv", ["learning.py", *argv, "--card", "card", "--out", str(tmp_path / "out")])
     try:
         seeds.main()
     except SystemExit as exit:
@@ -82,9 +82,9 @@ def test_a_seed_of_a_recipe_is_its_spec_and_overrides_with_the_seeds(seeds) -> N
 def test_a_runs_file_holds_its_scores_and_samples_per_second(seeds) -> None:
     rows = [{"step": s, "samples": 8, "time/step_s": 2.0} for s in (1, 2)]
     race = {"rows": rows, "eval": {"before": {"greedy_pass@1": 0.036}, "after": {"greedy_pass@1": 0.07}}}
-    r = seeds.record("pre", 1, race, ["python", "bench/grpo_race.py"], 12.5)
+    r = seeds.record("pre", 1, race, ["python", "bench/learning.py", "job"], 12.5)
     assert (r["recipe"], r["seed"], r["before"], r["after"]) == ("pre", 1, 0.036, 0.07)
-    assert (r["steps"], r["samples_per_s"], r["command"]) == (2, 4.0, "python bench/grpo_race.py")
+    assert (r["steps"], r["samples_per_s"], r["command"]) == (2, 4.0, "python bench/learning.py job")
 
 
 def test_summary_and_comparison_over_seeds(seeds) -> None:
@@ -184,7 +184,7 @@ SHIPPED = load_seeds().recipes()
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_every_shipped_recipe_is_a_valid_training_job(name: str) -> None:
-    """What `bench/grpo_race.py` would run: the recipe's spec file with its overrides, validated."""
+    """What `bench/learning.py job` would run: the recipe's spec file with its overrides, validated."""
     from crucible_shared.jobs import TrainJob
 
     sys.path.insert(0, str(ROOT))
