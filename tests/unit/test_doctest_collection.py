@@ -4,6 +4,7 @@ without a doctest are not imported for it."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import tomllib
@@ -52,7 +53,11 @@ class Item:
 
 
 def test_the_files_with_the_most_slow_tests_run_first_each_file_kept_together_in_order() -> None:
-    from conftest import pytest_collection_modifyitems
+    # The root conftest.py by its path: `conftest` names another one under xdist.
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
 
     items = [
         Item("tests/unit/test_a.py::one"),
@@ -63,7 +68,7 @@ def test_the_files_with_the_most_slow_tests_run_first_each_file_kept_together_in
         Item("tests/integration/test_c.py::two", slow=True),
         Item("shared/x.py::x.f"),
     ]
-    pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    root_conftest.pytest_collection_modifyitems(items)
     assert [i.nodeid for i in items] == [
         "tests/integration/test_c.py::one",
         "tests/integration/test_c.py::two",
