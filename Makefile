@@ -46,12 +46,11 @@ sandbox-demo: setup
 # Two pytest-xdist workers, each taking a whole test file at a time (a module's services start
 # once): much of the suite waits on spawned services and subprocesses. Each worker has its own
 # Redis, sandbox uids and temporary directories (tests/integration/conftest.py, stack_fixtures.py).
-# The files with the most slow tests go first, in collection order (conftest.py), so that both
-# workers end together. TEST_WORKERS=0 runs the suite in one process.
+# TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
 test: dev lint toolchains
-	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: dev
 	$(BIN)/python -m pytest -q
