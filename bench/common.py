@@ -260,12 +260,14 @@ def generator_metrics(url: str, client: Any = None) -> dict[str, float] | None:
 @contextmanager
 def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str | None] | None = None,
              generator_url: str | None = None, max_loras: int = 4, generator_env: dict[str, str] | None = None,
-             job: Any = None, **settings: Any) -> Iterator[Any]:  # fmt: skip
+             job: Any = None, ready: dict[str, float] | None = None, **settings: Any) -> Iterator[Any]:  # fmt: skip
     """A sandbox and a generator of `model` per entry of `devices` (its CUDA_VISIBLE_DEVICES; None:
     the caller's own), or the one at `generator_url`, spawned at once and stopped at the end; yields
     the trainer's `Settings` for them, adapters and run dirs under `work`. `job`: the spec about to
     run, whose trainer cold start (`runtime.warm`) is taken meanwhile, as a worker does: for a job of
-    several ranks, by standby ranks (`distributed.standby`) started now and stopped at the end."""
+    several ranks, by standby ranks (`distributed.standby`) started now and stopped at the end.
+    `ready` gets the seconds from this call to each one being ready (`sandbox`, `generator-I`,
+    `trainer warm-up`): which of them the job waited for."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -273,6 +275,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     from crucible_trainer.runtime import warm
     from crucible_trainer.settings import Settings
 
+    began, ready = time.perf_counter(), {} if ready is None else ready
     warming = standby = None
     if job is not None and warm.worth_it():
         if isinstance(job, TrainJob) and job.distributed.train_gpus > 1:
@@ -290,6 +293,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     def one(key: str | int) -> None:
         if key == "sandbox":
             up[key] = sandbox(work)
+            ready[key] = round(time.perf_counter() - began, 2)
             return
         i = int(key)
         # Replicas sharing a CPU decode on one thread each.
@@ -298,6 +302,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
         log = f"generator-{i}.log" if many else "generator.log"
         env |= generator_env or {}
         up[i] = spawn_generator(work, model, rows, max_loras=max_loras, env=env, log=log, timeout=900)
+        ready[f"generator-{i}"] = round(time.perf_counter() - began, 2)
 
     keys: list[str | int] = ["sandbox", *range(len(devices))]
     try:
@@ -306,6 +311,8 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
         if warming is not None:
             warming.join()
             took = "failed (the job meets it)" if warming.seconds is None else f"{warming.seconds:.1f} s"
+            if warming.seconds is not None:  # it started with this call
+                ready["trainer warm-up"] = round(warming.seconds, 2)
             print(f"trainer warm-up beside the services: {took}", flush=True)
         urls = [generator_url] if generator_url else [up[i].url for i in range(len(devices))]
         paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}

@@ -1,6 +1,7 @@
 """Random-weight checkpoints with the exact shapes of real models, built where they run (no weights
 travel): the published config (`SHAPES`) with seeded random weights, saved to `OUT/<name>`, and the
-built-in tokenizer padded to the model's vocabulary with placeholder tokens no text encodes to.
+built-in tokenizer (or, on a machine that has only Qwen2.5-Coder-1.5B-Instruct installed, Qwen's own)
+padded to the model's vocabulary with placeholder tokens no text encodes to.
 Random weights write garbage: measure with `ignore_eos` and fixed lengths, never learning.
 `local_model` gives the benchmarks theirs: such a shape, or a tiny Qwen2 that checks a script on a CPU.
 
@@ -33,6 +34,18 @@ SHAPES: dict[str, dict[str, Any]] = {
 TINY = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 TINY |= {"num_attention_heads": 4, "num_key_value_heads": 2}
 PLACEHOLDER = "<|pad_{:06d}|>"
+QWEN_INSTALLED = "qwen2.5-coder-1.5b-instruct"
+
+
+def shape_tokenizer() -> Any:
+    """The built-in model's tokenizer; where it is not installed (a GPU lease that carried only
+    Qwen2.5-Coder-1.5B-Instruct's parts), the installed Qwen's, which every Qwen2.5 size shares."""
+    import crucible_models
+
+    try:
+        return crucible_models.load_tokenizer()
+    except FileNotFoundError:
+        return crucible_models.load_tokenizer(QWEN_INSTALLED)
 
 
 def config_for(values: dict[str, Any], tokenizer: Any) -> Any:
@@ -60,12 +73,11 @@ def pad_tokenizer(folder: Path, vocab_size: int) -> int:
 
 def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
     """Build (bf16, seed 0, on a GPU if any), save and check one shape (`tiny`: 2 layers of it)."""
-    import crucible_models
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    tokenizer = crucible_models.load_tokenizer()
+    tokenizer = shape_tokenizer()
     config = config_for(SHAPES[name] | ({"num_hidden_layers": 2} if tiny else {}), tokenizer)
     target = out / (f"{name}-tiny" if tiny else name)
     target.mkdir(parents=True, exist_ok=True)
@@ -91,11 +103,10 @@ def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
 
 def tiny_model(out: Path) -> str:
     """A 2-layer Qwen2 of hidden size 64 with the built-in tokenizer (random weights, CPU), at `out`."""
-    import crucible_models
     import torch
     from transformers import AutoModelForCausalLM
 
-    tokenizer = crucible_models.load_tokenizer()
+    tokenizer = shape_tokenizer()
     torch.manual_seed(0)
     config = config_for(TINY | {"vocab_size": len(tokenizer)}, tokenizer)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)

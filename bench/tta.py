@@ -137,9 +137,12 @@ def run_crucible(args: argparse.Namespace) -> None:
     work.mkdir(parents=True)
     common.local_events()
     try:
-        services = {"devices": devices, "max_ranks": ranks, "job": spec}
+        ready: dict[str, float] = {}  # what the job waited for: each service's and the warm-up's end
+        services = {"devices": devices, "max_ranks": ranks, "job": spec, "ready": ready}
+        began = time.time() - T0
         with common.services(work, spec.model.base, args.rows, **services) as settings:
             record["train_start_s"] = round(time.time() - T0, 2)
+            record["ready_s"] = {name: round(began + s, 2) for name, s in ready.items()}
             with GeneratorLog(settings.generator_urls, out / "generator.jsonl"):
                 summary = common.run_job(spec, job_id, settings, record.phase)
     except BaseException:

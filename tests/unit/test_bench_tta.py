@@ -121,6 +121,10 @@ def test_tiny_race_end_to_end(tmp_path) -> None:
     # The policy loaded beside the job's first calls; how long the job then waited for it
     crucible = json.loads((tmp_path / "crucible-1gpu" / "run.json").read_text())
     assert crucible["policy_load_s"] > 0 and crucible["policy_wait_s"] >= 0
+    # When each service came up (and the trainer's warm-up ended, where the cores allow one), before the job
+    ready = crucible["ready_s"]
+    assert set(ready) - {"trainer warm-up"} == {"sandbox", "generator-0"}
+    assert 0 < max(ready["sandbox"], ready["generator-0"]) <= crucible["train_start_s"]
     # A CPU: transformers' own norms and MLPs, the LoRA layers of the 2 blocks fused
     assert crucible["fused_modules"] == 0 and crucible["fused_lora_layers"] == 2 * 7
     # The generator's counters, a row a second while it trained: tokens only ever grow
