@@ -34,6 +34,10 @@ if "--standby" in sys.argv:  # waiting: for the job file, then its settings
         time.sleep(0.02)
     job = json.loads((folder / "job.json").read_text())
     job_id, env = job["job_id"], job["env"]
+    if os.environ.get("FAKE_RANKS_FAIL_AFTER_TAKING"):  # a rank that read the job, then died
+        ranks = pathlib.Path(env["CRUCIBLE_TRAINER_RUNS_DIR"]) / job_id / "ranks"
+        (ranks / "rank-0.pid").write_text(str(os.getpid()))
+        sys.exit(3)
 else:  # started for its job: the settings in the environment
     job_id, env = sys.argv[sys.argv.index("--job-id") + 1], os.environ
 ranks = pathlib.Path(env["CRUCIBLE_TRAINER_RUNS_DIR"]) / job_id / "ranks"
@@ -140,6 +144,35 @@ def test_ranks_that_exited_are_dropped_and_the_job_starts_its_own(fake_ranks) ->
     assert summary["ranks"] == 2 and summary["pid"] != dead.proc.pid
     assert summary["waited"] is False and summary["lease"] == "9"  # started for the job, as before
     assert launch.take_standby(2) is None and not dead.dir.exists()
+
+
+def test_ranks_that_die_once_taken_leave_the_job_to_ranks_started_for_it(fake_ranks, monkeypatch) -> None:
+    kept = launch.keep_standby(2)
+    take = launch.take_standby
+
+    def take_then_die(ranks: int):  # the race: alive when taken, killed before reading the job
+        group = take(ranks)
+        os.killpg(group.proc.pid, signal.SIGKILL)
+        group.proc.wait()
+        return group
+
+    monkeypatch.setattr(launch, "take_standby", take_then_die)
+    summary = run(fake_ranks, "j4")
+    assert summary["ranks"] == 2 and summary["pid"] != kept.proc.pid
+    assert summary["waited"] is False and summary["lease"] == "9"  # ranks started for the job
+    log = (fake_ranks.runs_dir / "j4" / "ranks" / "torchrun.log").read_text()
+    assert "standby ranks exited (code -9) before taking the job: starting ranks for it" in log
+    assert not kept.dir.exists()
+
+
+def test_ranks_that_die_after_taking_the_job_fail_it(fake_ranks, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_RANKS_FAIL_AFTER_TAKING", "1")  # in the kept group's environment only
+    kept = launch.keep_standby(2)
+    monkeypatch.delenv("FAKE_RANKS_FAIL_AFTER_TAKING")
+    with pytest.raises(launch.RankFailed, match="exited with 3"):
+        run(fake_ranks, "j5")  # part of the job may have run: a retry resumes it, not a silent rerun
+    log = (fake_ranks.runs_dir / "j5" / "ranks" / "torchrun.log").read_text()
+    assert "starting ranks for it" not in log and not kept.alive()
 
 
 def test_standby_ranks_are_kept_only_where_several_can_be_launched(monkeypatch) -> None:

@@ -3,7 +3,8 @@
 The RQ worker that took the job keeps its place in the lifecycle (started, heartbeating, then
 finished / failed / released, in `runtime.entry.execute`); the ranks run in a `torchrun` child process
 group on this host, rank 0 writing to the job's channel itself. The group is a `standby.Standby`:
-one kept waiting for the job (`keep_standby`, its ranks' cold start taken) or one started for it.
+one kept waiting for the job (`keep_standby`, its ranks' cold start taken) or one started for it;
+a kept one that exits before any of its ranks read the job is replaced by one started for it.
 When the worker is asked to stop it writes the ranks' stop file: rank 0 then checkpoints at its
 next step boundary and the job goes back to the queue. A rank that dies makes `torchrun` stop the
 others (`--max-restarts 0`) and exit non-zero: the job fails, naming the rank and its error; a
@@ -146,24 +147,31 @@ async def run_distributed_job(
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_dump_json())
     env = job_env(settings, channel)
-    group = take_standby(asked) or Standby(asked, (job_id, spec_path, env))
+    kept = take_standby(asked)
+    group = kept or Standby(asked, (job_id, spec_path, env))
     # Without Redis (`crucible train --local`) rank 0 prints its events: shown as the job's.
     events = channel if not settings.redis_url else None
     with open(folder / "torchrun.log", "wb") as sink:
         try:
             if group.waiting:
                 group.hand_over(job_id, spec_path, env)
-            while group.alive():
-                relay(group.lines(), sink, events)
-                group.drop_job_file(folder)
-                if channel.stop_requested():
-                    (folder / "stop").touch()
-                if channel.cancel_requested():
-                    (folder / "cancel").touch()
-                await asyncio.sleep(POLL_S)
-            # Off the event loop, and bounded: a child that outlived its rank may hold the pipe.
-            await asyncio.to_thread(group.reader.join, 30)
-            relay(group.lines(), sink, events)
+            await supervise(group, folder, sink, events, channel)
+            asked_to_end = channel.stop_requested() or channel.cancel_requested()
+            if (
+                group is kept
+                and group.proc.returncode != 0
+                and not job_taken(folder, asked)
+                and not asked_to_end
+            ):
+                # The kept group died after it was taken and before any rank read the job (killed
+                # while it waited): nothing of the job ran, so it runs on ranks started for it, as
+                # it would have without a group kept waiting.
+                note = f"standby ranks exited (code {group.proc.returncode}) before taking the job: starting ranks for it"
+                log.warning("%s: %s", job_id, note)
+                sink.write(f"{note}\n".encode())
+                group.close()
+                group = Standby(asked, (job_id, spec_path, env))
+                await supervise(group, folder, sink, events, channel)
         finally:
             group.close()  # with the ranks, if the worker itself is going away
     code = group.proc.returncode
@@ -174,6 +182,30 @@ async def run_distributed_job(
     if outcome["status"] == "interrupted":
         raise Interrupted(outcome["step"])
     return outcome["summary"]
+
+
+async def supervise(
+    group: Standby, folder: Path, sink: Any, events: JobChannel | None, channel: JobChannel
+) -> None:
+    """Until `group` exits: its output to `sink` (rank 0's events to `events`), the job file removed
+    once read, and the worker's stop and cancel requests passed on as files in the ranks' `folder`."""
+    while group.alive():
+        relay(group.lines(), sink, events)
+        group.drop_job_file(folder)
+        if channel.stop_requested():
+            (folder / "stop").touch()
+        if channel.cancel_requested():
+            (folder / "cancel").touch()
+        await asyncio.sleep(POLL_S)
+    # Off the event loop, and bounded: a child that outlived its rank may hold the pipe.
+    await asyncio.to_thread(group.reader.join, 30)
+    relay(group.lines(), sink, events)
+
+
+def job_taken(folder: Path, ranks: int) -> bool:
+    """Whether any rank read the job (each writes its pid file in the ranks' `folder` right after)
+    or its outcome was written."""
+    return (folder / "result.json").exists() or any((folder / f"rank-{r}.pid").exists() for r in range(ranks))
 
 
 def relay(lines: Iterable[bytes], sink: Any, channel: JobChannel | None) -> None:
