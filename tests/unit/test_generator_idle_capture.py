@@ -154,6 +154,23 @@ def test_a_prefill_shape_that_lasts_is_captured_while_serving_after_a_few_eager_
     assert ("prefill", (1, 64)) not in idle.uncaptured() and ("decode", (4, 256)) in idle.uncaptured()
 
 
+def test_the_last_graph_captured_while_serving_says_that_every_graph_is_in(caplog):
+    # Idle time took every graph but the 4-row, 256-slot window; a long decode there captures it.
+    idle = decoder("idle", Recorder())
+    for kind, shape in idle.uncaptured():
+        if (kind, shape) != ("decode", (4, 256)):
+            assert idle._capture_one(kind, shape)
+    assert idle.uncaptured() == [("decode", (4, 256))]
+    prompts, steps = [[5, 6, 7], [9] * 40, [3] * 10], CAPTURE_AFTER_EAGER_STEPS + 4
+    with caplog.at_level(logging.INFO, logger="crucible_generator.continuous"):
+        greedy_decode(idle, prompts, steps)
+        assert not idle.capture_next()  # nothing left for idle time: no second line
+    assert idle.uncaptured() == [] and idle.captures == len(idle.capture_order())
+    (line,) = [r.getMessage() for r in caplog.records if "CUDA graphs" in r.getMessage()]
+    assert line.startswith(f"captured {idle.captures} CUDA graphs in the idle time of ")
+    assert line.endswith(", 1 of them while serving")
+
+
 def test_the_capture_order_takes_the_most_rows_first_short_to_long_then_prefills():
     dec = decoder("idle")
     order = dec.capture_order()

@@ -153,6 +153,8 @@ class ContinuousDecoder:
         self._capture_graph = capture or capture_graph
         self.graph_capture = graph_capture
         self._idle_capture_s = 0.0  # time spent in idle captures so far
+        self._serving_captures = 0  # graphs captured at their use while serving (`_capture_now`)
+        self._complete_told = False  # the line that says every graph is in, logged once
         params = inspect.signature(type(self.model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._takes_cache_position = "cache_position" in params
@@ -324,6 +326,7 @@ class ContinuousDecoder:
         graph = self._prefill_graphs.get(shape)
         if graph is None and self._capture_now("prefill", shape) and self._capture_one("prefill", shape):
             graph = self._prefill_graphs[shape]
+            self._captured_while_serving()
         return graph
 
     def release(self, rows: Sequence[int], faulted: Sequence[int] = ()) -> None:
@@ -371,6 +374,7 @@ class ContinuousDecoder:
                 # batch completes; the engine leaves the fast path once it has.
                 self._graphs_failed(exc)
                 return self._step(window)
+            self._captured_while_serving()
         entry[0].replay()
         return entry[1]
 
@@ -451,7 +455,7 @@ class ContinuousDecoder:
         nothing to decode); returns whether one was captured. Nothing is captured while a row is
         live: the capture's warm-up steps run over every row of its window. A failed capture is
         recorded in `failure` (and nothing is left to capture). Logs one line when the last graph
-        is in."""
+        is in, here or at its use while serving."""
         missing = self._idle_missing()
         if not missing:
             return False
@@ -459,10 +463,24 @@ class ContinuousDecoder:
         captured = self._capture_one(*missing[0])
         self._idle_capture_s += time.perf_counter() - started
         if captured and len(missing) == 1:
-            log.info(
-                "captured %d CUDA graphs in the idle time of %.1f s", self.captures, self._idle_capture_s
-            )
+            self._tell_complete()
         return captured
+
+    def _captured_while_serving(self) -> None:
+        """A graph was captured at its use (`graph_capture: idle`): counted, and if it was the last
+        one missing, the line that says every graph is in."""
+        self._serving_captures += 1
+        if self.graph_capture == "idle" and not self.uncaptured():
+            self._tell_complete()
+
+    def _tell_complete(self) -> None:
+        """Log, once, that every graph is captured (in idle time, and at their use while serving)."""
+        if self._complete_told:
+            return
+        self._complete_told = True
+        serving = f", {self._serving_captures} of them while serving" if self._serving_captures else ""
+        line = "captured %d CUDA graphs in the idle time of %.1f s%s"
+        log.info(line, self.captures, self._idle_capture_s, serving)
 
     def capture_all(self) -> None:
         """Capture every graph now (`graph_capture: start`: at start-up, before any row is used), so
