@@ -267,7 +267,7 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
     run, whose trainer cold start (`runtime.warm`) is taken meanwhile, as a worker does: for a job of
     several ranks, by standby ranks (`distributed.standby`) started now and stopped at the end.
     `ready` gets the seconds from this call to each one being ready (`sandbox`, `generator-I`,
-    `trainer warm-up`): which of them the job waited for."""
+    `trainer warm-up` and the end of its imports, `trainer imports`): which of them the job waited for."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -311,8 +311,9 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
         if warming is not None:
             warming.join()
             took = "failed (the job meets it)" if warming.seconds is None else f"{warming.seconds:.1f} s"
-            if warming.seconds is not None:  # it started with this call
+            if warming.seconds is not None:  # it started with this call: its end, and its imports' end
                 ready["trainer warm-up"] = round(warming.seconds, 2)
+                ready["trainer imports"] = round(warming.parts["imports_s"], 2)
             print(f"trainer warm-up beside the services: {took}", flush=True)
         urls = [generator_url] if generator_url else [up[i].url for i in range(len(devices))]
         paths = {"adapter_dir": work / "adapters", "runs_dir": work / "jobs"}

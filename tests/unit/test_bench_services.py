@@ -39,9 +39,10 @@ def stands(monkeypatch):
         started.wait()
         return Stand(f"generator-{env['CUDA_VISIBLE_DEVICES']}", log)
 
-    def warm_up(spec=None):
+    def warm_up(spec=None, parts=None):
         time.sleep(0.3)
         log.append(f"warmed {spec.seed}")
+        parts.update(imports_s=0.2, resolve_s=0.1)
         return 0.3
 
     monkeypatch.setattr(common, "sandbox", sandbox)
@@ -56,9 +57,13 @@ def warming() -> bool:
 
 
 def test_the_services_start_at_once_and_the_trainer_is_warm_before_the_job(stands, tmp_path) -> None:
-    spec = TrainJob.model_validate({"seed": 7})
-    with common.services(tmp_path, "m", devices=["1", "0"], job=spec) as settings:
+    spec, ready = TrainJob.model_validate({"seed": 7}), {}
+    with common.services(tmp_path, "m", devices=["1", "0"], job=spec, ready=ready) as settings:
         assert not warming() and stands == ["warmed 7"]
+        # When each was up, from the call: the services at once, the warm-up's end and its imports'
+        assert set(ready) == {"sandbox", "generator-0", "generator-1", "trainer warm-up", "trainer imports"}
+        assert ready["trainer warm-up"] == 0.3 and ready["trainer imports"] == 0.2
+        assert all(0 <= ready[k] < 5 for k in ("sandbox", "generator-0", "generator-1"))
         assert settings.generator_urls == ["http://127.0.0.1:1/generator-1", "http://127.0.0.1:1/generator-0"]
         assert settings.sandbox_url == "http://127.0.0.1:1/sandbox"
     assert sorted(stands[1:]) == ["stop generator-0", "stop generator-1", "stop sandbox"]

@@ -76,8 +76,12 @@ def test_resolves_a_one_rank_job_once_and_a_ranked_job_never(monkeypatch) -> Non
 
     monkeypatch.setattr(hardware, "resolve", counted)
     one = TrainJob.model_validate({"method": {"name": "grpo"}, "model": {"device": "cpu"}})
-    warm.warm_up(one)
+    parts: dict[str, float] = {}
+    seconds = warm.warm_up(one, parts)
     assert calls == [1]
+    # Where it went: the imports, then the settings (here a CPU's: the model's config read)
+    assert set(parts) == {"imports_s", "resolve_s"} and parts["resolve_s"] > 0
+    assert parts["imports_s"] + parts["resolve_s"] == pytest.approx(seconds, abs=0.01)
     two = one.model_copy(update={"distributed": one.distributed.model_copy(update={"train_gpus": 2})})
     warm.warm_up(two)  # its ranks are other processes: nothing to resolve here
     assert calls == [1]
@@ -97,6 +101,7 @@ def test_a_failed_warm_up_is_quiet_and_leaves_the_error_to_the_job(caplog, monke
     ok = warm.in_background(None)
     ok.join(120)
     assert ok.seconds is not None and ok.seconds >= 0
+    assert ok.parts["imports_s"] >= 0 and ok.parts["resolve_s"] == pytest.approx(0, abs=0.01)  # no job
 
 
 def test_only_a_host_with_cores_to_spare_warms_up(monkeypatch) -> None:

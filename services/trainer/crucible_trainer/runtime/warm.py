@@ -35,10 +35,11 @@ def worth_it() -> bool:
     return len(os.sched_getaffinity(0)) >= MIN_CORES
 
 
-def warm_up(spec: Any | None = None) -> float:
+def warm_up(spec: Any | None = None, parts: dict[str, float] | None = None) -> float:
     """Import the modules a job of `spec` runs (without one: an online training job's and an
     evaluation's) and, for a training job whose policy lives in this process (one rank), resolve
-    its hardware settings once. Returns the seconds taken."""
+    its hardware settings once. Returns the seconds taken; `parts` gets those of the imports
+    (`imports_s`) and of the settings (`resolve_s`: the CUDA context, the model's config)."""
     from crucible_shared.jobs import EvalJob, TrainJob
 
     from crucible_trainer.runtime import hardware, runners
@@ -53,15 +54,18 @@ def warm_up(spec: Any | None = None) -> float:
             importlib.import_module(path.split(":")[0])
     else:
         runners.runner_for(spec)
+    imported = time.perf_counter()
     if isinstance(spec, TrainJob) and spec.distributed.train_gpus == 1:
         hardware.resolve(spec)
+    if parts is not None:
+        parts.update(imports_s=imported - started, resolve_s=time.perf_counter() - imported)
     return time.perf_counter() - started
 
 
-def attempt(spec: Any | None = None) -> float | None:
-    """`warm_up(spec)`, logged: its seconds, or None (and a warning) when it stopped."""
+def attempt(spec: Any | None = None, parts: dict[str, float] | None = None) -> float | None:
+    """`warm_up(spec, parts)`, logged: its seconds, or None (and a warning) when it stopped."""
     try:
-        seconds = warm_up(spec)
+        seconds = warm_up(spec, parts)
     except Exception as exc:  # the job meets it again and reports it
         log.warning("trainer warm-up stopped: %s", exc)
         return None
@@ -70,16 +74,17 @@ def attempt(spec: Any | None = None) -> float | None:
 
 
 class WarmUp(threading.Thread):
-    """`attempt(spec)` on a thread of its own: `seconds` once it is done (None if it stopped).
-    Join it before the job starts."""
+    """`attempt(spec)` on a thread of its own: `seconds` once it is done (None if it stopped), and
+    `parts`, its imports' and settings' seconds. Join it before the job starts."""
 
     def __init__(self, spec: Any | None = None) -> None:
         super().__init__(name="crucible-warm-up", daemon=True)
         self.spec = spec
         self.seconds: float | None = None
+        self.parts: dict[str, float] = {}
 
     def run(self) -> None:
-        self.seconds = attempt(self.spec)
+        self.seconds = attempt(self.spec, self.parts)
 
 
 def in_background(spec: Any | None = None) -> WarmUp:
