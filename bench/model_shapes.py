@@ -102,7 +102,7 @@ def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
 
 
 def tiny_model(out: Path) -> str:
-    """A 2-layer Qwen2 of hidden size 64 with the built-in tokenizer (random weights, CPU), at `out`."""
+    """A 2-layer Qwen2 of hidden size 64 with the shapes' tokenizer (random weights, CPU), at `out`."""
     import torch
     from transformers import AutoModelForCausalLM
 

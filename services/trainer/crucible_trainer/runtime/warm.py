@@ -57,9 +57,10 @@ def warm_up(spec: Any | None = None, parts: dict[str, float] | None = None) -> f
     imported = time.perf_counter()
     if isinstance(spec, TrainJob) and spec.distributed.train_gpus == 1:
         hardware.resolve(spec)
+    done = time.perf_counter()
     if parts is not None:
-        parts.update(imports_s=imported - started, resolve_s=time.perf_counter() - imported)
-    return time.perf_counter() - started
+        parts.update(imports_s=imported - started, resolve_s=done - imported)
+    return done - started
 
 
 def attempt(spec: Any | None = None, parts: dict[str, float] | None = None) -> float | None:
