@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 import torch
+from crucible_generator.metrics import START_PARTS, process_age_s
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.generator_fixtures import BASE
 
@@ -206,6 +208,21 @@ def test_metrics_count_tokens(generator, client):
     text = httpx.get(f"{generator.url}/metrics").text
     assert "crucible_generator_generation_tokens_total" in text
     assert 'crucible_generator_requests_total{route="/v1/completions",status="200"}' in text
+
+
+def test_metrics_say_what_the_start_took(generator):
+    """Each part of the server's start is measured, and together they fit in the process's life."""
+    text = httpx.get(f"{generator.url}/metrics").text
+    age = process_age_s(generator.proc.pid)
+    parts = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("crucible_generator_start_")
+    }
+    assert set(parts) == {f"crucible_generator_start_{p}_seconds" for p in START_PARTS}
+    assert all(value > 0 for value in parts.values()), parts
+    assert age is not None and sum(parts.values()) <= age, (parts, age)
 
 
 @pytest.mark.slow

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger(__name__)
+
+# The server's start, by part (`Metrics.started`): what a job that spawns its generator waits for.
+START_PARTS = {
+    "imports": "from the process's start to loading the model: the interpreter, settings, torch, the app",
+    "load": "loading the model's weights and tokenizer onto the device",
+    "engine": "the cache plan, the engine's memory and its start (graphs captured at start included)",
+}
 
 
 class Metrics:
@@ -81,5 +94,29 @@ class Metrics:
             registry=r,
         )
 
+        self.start_seconds = {
+            part: Gauge(f"crucible_generator_start_{part}_seconds", f"Start: {what}.", registry=r)
+            for part, what in START_PARTS.items()
+        }
+
+    def started(self, **seconds: float | None) -> None:
+        """Record (and log) the seconds of each part of the server's start (`START_PARTS`); a part
+        not known (None: the process's age off Linux) is left at 0."""
+        for part, value in seconds.items():
+            self.start_seconds[part].set(value or 0.0)
+        log.info("started: %s", ", ".join(f"{p} {v:.1f} s" for p, v in seconds.items() if v is not None))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def process_age_s(pid: int | str = "self") -> float | None:
+    """Seconds since process `pid` (this one) started, from Linux's /proc; None where not known."""
+    try:
+        # Field 22 of /proc/PID/stat, the start in clock ticks after boot; fields counted after the
+        # command's closing parenthesis, which may itself hold spaces.
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))

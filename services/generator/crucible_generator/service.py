@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -44,6 +45,7 @@ from .adapter_files import MAX_NAME_CHARS, check_load_request, snapshot_adapter
 from .engine import Completion, Engine, SamplingParams
 from .errors import BadRequest, GeneratorError, NotFound
 from .faults import for_json
+from .metrics import process_age_s
 from .settings import Settings
 from .sizing import WORKING_LEN, CachePlan
 
@@ -559,8 +561,10 @@ def build_service(settings: Settings) -> GeneratorService:
     if settings.threads:
         torch.set_num_threads(settings.threads)
 
+    imports, began = process_age_s(), time.perf_counter()
     model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     log.info("loaded %s on %s (%s)", settings.model, model.device, model.dtype)
+    loaded = time.perf_counter()
     plan = cache_plan(model, settings)
     engine = Engine(
         model,
@@ -583,6 +587,7 @@ def build_service(settings: Settings) -> GeneratorService:
         graph_capture=settings.graph_capture,
     )
     engine.start()
+    engine.metrics.started(imports=imports, load=loaded - began, engine=time.perf_counter() - loaded)
     return GeneratorService(
         engine,
         model_name=settings.base_model_name,
