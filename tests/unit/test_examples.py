@@ -87,3 +87,22 @@ def test_the_best_recipe_example_is_the_pre_filter_recipe_at_temperature_0_7() -
     assert (best.rollout.temperature, pre.rollout.temperature) == (0.7, 1.0)
     assert best.model_dump(exclude={"name", "rollout"}) == pre.model_dump(exclude={"name", "rollout"})
     assert best.rollout.model_dump(exclude={"temperature"}) == pre.rollout.model_dump(exclude={"temperature"})
+
+
+def test_the_real_model_example_is_the_b16_v_recipe_with_24_problems_a_step() -> None:
+    """examples/grpo_qwen1p5b_mbpp.yaml is the spec of the learning recipe `qwen-tta-all-b24-v`,
+    which docs/benchmarks.md compares with `qwen-tta-all-b16-v` seed by seed: the two jobs differ in
+    the problems a step only."""
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES[0].parents[1]))
+    from bench.common import job_source, load_job
+
+    b24, b16 = (load_job(*job_source(name, [])[:2]) for name in ("qwen-tta-all-b24-v", "qwen-tta-all-b16-v"))
+    assert job_source("qwen-tta-all-b24-v", [])[0].name == "grpo_qwen1p5b_mbpp.yaml"
+    assert (b24.optim.problems_per_step, b16.optim.problems_per_step) == (24, 16)
+    assert b24.model_dump(exclude={"name", "optim"}) == b16.model_dump(exclude={"name", "optim"})
+    assert b24.optim.model_dump(exclude={"problems_per_step"}) == b16.optim.model_dump(
+        exclude={"problems_per_step"}
+    )
+    assert (b24.data.id_range, b24.model.base) == ((511, 974), "qwen2.5-coder-1.5b-instruct")
