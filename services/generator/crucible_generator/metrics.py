@@ -111,7 +111,8 @@ class Metrics:
 
 
 def process_age_s(pid: int | str = "self") -> float | None:
-    """Seconds since process `pid` (this one) started, from Linux's /proc; None where not known."""
+    """Seconds since process `pid` (default: this one) started, from Linux's /proc; None where
+    that is not known."""
     try:
         # Field 22 of /proc/PID/stat, the start in clock ticks after boot; fields counted after the
         # command's closing parenthesis, which may itself hold spaces.
