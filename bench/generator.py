@@ -201,9 +201,12 @@ def closed_loop(url: str, body: dict, clients: int, seconds: float) -> dict:
     return out | {"tps": tokens / max(seconds, 1e-9), "processes": procs}
 
 
-def captures(url: str) -> float | None:
-    """Crucible's graph-capture counter, or None for a server without it (vLLM)."""
-    return (common.generator_metrics(url) or {}).get("graph_captures_total")
+def counters(url: str) -> dict[str, float] | None:
+    """Crucible's graph captures and admissions (count, seconds) so far; None from a server without
+    them (vLLM)."""
+    found = common.generator_metrics(url) or {}
+    keys = ("graph_captures_total", "admissions_total", "admission_seconds_total")
+    return {k: found[k] for k in keys if k in found} or None
 
 
 def race(args: Any) -> dict:
@@ -224,14 +227,15 @@ def race(args: Any) -> dict:
     for clients in RACE_CLIENTS:
         for url in servers.values():  # warm-up
             closed_loop(url, body, clients, 3.0)
-        before = {name: captures(url) for name, url in servers.items()}
+        before = {name: counters(url) for name, url in servers.items()}
         arms = {name: lambda _, u=url, c=clients: closed_loop(u, body, c, RACE_SECONDS)
                 for name, url in servers.items()}  # fmt: skip
         row = {name: {"tps": statistics.median(r["tps"] for r in runs), "rounds": runs}
                for name, runs in common.alternate(arms, 2).items()}  # fmt: skip
         for name, url in servers.items():
-            if before[name] is not None:
-                row[name]["captures_while_measured"] = captures(url) - before[name]
+            if before[name] is not None:  # what the measured rounds captured and admitted
+                after = counters(url) or {}
+                row[name]["while_measured"] = {k: round(after[k] - v, 3) for k, v in before[name].items()}
         results["clients"][clients] = row
         print({"clients": clients} | {n: round(r["tps"], 1) for n, r in row.items()}, flush=True)
     device = args.swap_device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -64,6 +64,8 @@ def test_a_request_joins_a_running_batch_and_generates_what_it_would_alone(engin
     assert fast.fast.packed_attention  # decode steps use the packed GQA attention (attention.py)
     long_prompt, short_prompt = [5, 6, 7, 8], [9, 10]
     joined_before = counter(fast, "crucible_generator_joined_sequences_total")
+    admitted_before = counter(fast, "crucible_generator_admissions_total")
+    admission_s_before = counter(fast, "crucible_generator_admission_seconds_total")
 
     async def scenario():
         long = asyncio.ensure_future(fast.generate([long_prompt], greedy(300)))
@@ -74,6 +76,9 @@ def test_a_request_joins_a_running_batch_and_generates_what_it_would_alone(engin
 
     long, short = asyncio.run(scenario())
     assert counter(fast, "crucible_generator_joined_sequences_total") == joined_before + 1
+    # Two admissions, the long request's start and the short one's join, each a prefill that took time.
+    assert counter(fast, "crucible_generator_admissions_total") == admitted_before + 2
+    assert counter(fast, "crucible_generator_admission_seconds_total") > admission_s_before
     # 300 tokens cross a window boundary (256 slots): the window grows under the running rows.
     for got, (prompt, params) in ((long, (long_prompt, greedy(300))), (short, (short_prompt, greedy(12)))):
         want = solo(eager, prompt, params)

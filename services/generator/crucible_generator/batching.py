@@ -214,7 +214,7 @@ class ContinuousPath:
 
     def _admit(self, seqs: list[Sequence], rows: dict[int, Sequence], free: list[int]) -> None:
         """Prefill `seqs` into free rows and sample their first tokens (settled at once)."""
-        fast = self.decoder
+        fast, began = self.decoder, time.perf_counter()
         placed = [free.pop() for _ in seqs]
         # A preempted sequence comes back with its tokens so far: they are prefilled with its prompt.
         logits, reused = fast.prefill(placed, [s.prompt_ids + s.output_ids for s in seqs])
@@ -226,6 +226,8 @@ class ContinuousPath:
         launched = Launched(list(zip(placed, seqs, strict=True)), self.host.sample(logits, seqs))
         fast.feed(index, launched.picked.tokens)
         self._settle(launched, rows, free)
+        self.host.metrics.admissions.inc()
+        self.host.metrics.admission_seconds.inc(time.perf_counter() - began)
 
     def _launch(self, rows: dict[int, Sequence], lagging: bool) -> Launched:
         """Queue one decode step of every live row and the sampling of its tokens (not read back).

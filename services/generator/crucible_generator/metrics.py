@@ -57,6 +57,16 @@ class Metrics:
             "Sequences admitted into a continuous batch that was already decoding.",
             registry=r,
         )
+        self.admissions = Counter(
+            "crucible_generator_admissions",
+            "Admissions into the continuous batch: one prefill of the sequences starting or joining.",
+            registry=r,
+        )
+        self.admission_seconds = Counter(
+            "crucible_generator_admission_seconds",
+            "Wall time of those admissions (prefill and first tokens): the running rows wait for them.",
+            registry=r,
+        )
         self.prefix_reused_tokens = Counter(
             "crucible_generator_prefix_reused_tokens",
             "Prompt tokens not prefilled again: an identical prompt was prefilled in the same admission.",
