@@ -8,6 +8,7 @@ are per-arm medians of the update's own metrics, each arm's first (warm-up) upda
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
     python bench/update_speed.py --compare compile --out /tmp/c.json
+    python bench/update_speed.py --model qwen2.5-coder-1.5b-instruct --profile /tmp/prof ...  # where it goes
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         dtype=(None, "model.dtype (default: bf16 on a GPU, float32 on a CPU)"),
         seed=0,
         out=Path,
+        profile=(None, "a folder: one more update of the second arm, profiled (kernels.txt, trace.json)"),
     ).parse_args(argv)
 
 
@@ -133,6 +135,9 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     graphs = {"after_warmup": compiled_graphs() - start}  # graphs traced after the warm-ups
     updates = common.alternate({arm: lambda r, a=arm: timed(a, r + 1) for arm in arms}, args.repeats)
     graphs["at_end"] = compiled_graphs() - start
+    profiled = (
+        profile(lambda: timed(list(arms)[-1], args.repeats + 1), Path(args.profile)) if args.profile else None
+    )
 
     medians = {
         arm: {k: median(rows, metric or k) for k, metric in KEYS.items()} for arm, rows in updates.items()
@@ -151,7 +156,26 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         out["compile_s"] = warmup["compiled"] - medians["compiled"]["update_s"] if compiled else None
         out["graphs"] = graphs
     out |= {"medians": medians, "speedup": round(before / after, 3) if after else None}
-    return out | {"updates": updates}
+    return out | {"profile": profiled, "updates": updates}
+
+
+def profile(call: Any, folder: Path) -> str:
+    """`call()` under torch.profiler: its operators by device time (CPU time without a GPU), the
+    top 40 in `folder/kernels.txt`, and a Chrome trace in `folder/trace.json`; the table's path."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    cuda = torch.cuda.is_available()
+    with profiler(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        call()
+    folder.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages().table(
+        sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40
+    )
+    (folder / "kernels.txt").write_text(table)
+    prof.export_chrome_trace(str(folder / "trace.json"))
+    return str(folder / "kernels.txt")
 
 
 def median(rows: list[dict[str, float]], key: str) -> float | None:

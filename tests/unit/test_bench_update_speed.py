@@ -21,6 +21,17 @@ def test_tiny_run_reports_both_arms(tmp_path) -> None:
         assert len(report["updates"][arm]) == 1
 
 
+def test_profile_writes_the_operators_of_one_more_update(tmp_path) -> None:
+    out, folder = tmp_path / "update.json", tmp_path / "prof"
+    argv = ["--prompts", "2", "--group", "2", "--max-tokens", "8", "--repeats", "1", "--out", str(out)]
+    update_speed.main([*argv, "--profile", str(folder)])
+    report = json.loads(out.read_text())
+    assert report["profile"] == str(folder / "kernels.txt")
+    table = (folder / "kernels.txt").read_text()
+    assert "aten::mm" in table or "aten::addmm" in table  # the update's products were profiled
+    assert json.loads((folder / "trace.json").read_text())["traceEvents"]
+
+
 def test_precision_arms_on_a_bf16_tiny_model(tmp_path) -> None:
     out = tmp_path / "precision.json"
     argv = ["--prompts", "2", "--group", "2", "--min-tokens", "8", "--max-tokens", "8", "--repeats", "1"]
