@@ -64,7 +64,7 @@ class Metrics:
         )
         self.admission_seconds = Counter(
             "crucible_generator_admission_seconds",
-            "Wall time of those admissions (prefill and first tokens): the running rows wait for them.",
+            "Wall time of those admissions (prefill, first tokens): rows already running do not decode meanwhile.",
             registry=r,
         )
         self.prefix_reused_tokens = Counter(
