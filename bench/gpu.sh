@@ -246,7 +246,7 @@ Path("/tmp/crucible-generator.pid").write_text(str(g.proc.pid)); print("crucible
   shapes)  # random-weight Qwen2.5-Coder-1.5B and -7B shapes in /root/shapes (bench/model_shapes.py; after `setup` or `qwen-setup`)
     python3 bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes "${@:2}" | tee "$O/shapes.json"
     du -sh /root/shapes/* ;;
-  families-gpu)  # every model family on the CUDA fast path against transformers (after `setup`: they take its tokenizer), and the real shapes when built
+  families-gpu)  # every model family on the CUDA fast path against transformers (after `setup` or `qwen-setup`: they take that model's tokenizer), and the real shapes when built
     CRUCIBLE_SHAPES_DIR=/root/shapes python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
       tests/integration/test_families_gpu.py "${@:2}" ;;
   selfplay)  # code-output game and tic-tac-toe, RAE and shared baseline, 4 runs sharing the GPU

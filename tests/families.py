@@ -4,7 +4,9 @@ Each family is built from its own transformers config (2 layers, hidden 64, the 
 ratios as in the released models: grouped or full key/value heads, tied or untied embeddings,
 sliding windows, soft-capping) with seeded random weights, saved with the built-in model's
 tokenizer (SmolLM2's, 49,152 tokens: the vocabulary of every tiny config) so that servers, the
-trainer and transformers all load the same directory. `family_checkpoints` (registered in
+trainer and transformers all load the same directory. Where the built-in model is not installed
+(a GPU lease that carried only Qwen2.5-Coder-1.5B-Instruct), the installed Qwen's tokenizer is
+taken instead and the configs' vocabulary grows to hold it. `family_checkpoints` (registered in
 tests/conftest.py) builds each family at most once per test session, on first use, under a
 session temporary directory.
 
@@ -81,8 +83,16 @@ def family_config(name: str, tokenizer: Any | None = None) -> Any:
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            vocab_size=max(values["vocab_size"], len(tokenizer)),  # every id it can give is embedded
         )
     return AutoConfig.for_model(model_type, **values)
+
+
+def default_tokenizer() -> Any:
+    """The built-in model's tokenizer, or the installed Qwen's where the built-in model is missing."""
+    from bench.model_shapes import shape_tokenizer
+
+    return shape_tokenizer()
 
 
 def save_checkpoint(config: Any, out: Path, tokenizer: Any, seed: int, dtype: Any = None) -> Path:
@@ -103,10 +113,8 @@ def save_checkpoint(config: Any, out: Path, tokenizer: Any, seed: int, dtype: An
 
 def build_family(name: str, root: Path, seed: int = 0, tokenizer: Any = None) -> Path:
     """Family `name`'s tiny checkpoint under `root/name` (random weights seeded by `seed`), with
-    `tokenizer` (default: the built-in model's)."""
-    from crucible_models import load_tokenizer
-
-    tokenizer = tokenizer or load_tokenizer()
+    `tokenizer` (default: `default_tokenizer()`)."""
+    tokenizer = tokenizer or default_tokenizer()
     return save_checkpoint(family_config(name, tokenizer), root / name, tokenizer, seed)
 
 
@@ -186,9 +194,7 @@ class FamilyCheckpoints:
     def get(self, name: str) -> Path:
         if name not in self._built:
             if self._tokenizer is None:
-                from crucible_models import load_tokenizer
-
-                self._tokenizer = load_tokenizer()
+                self._tokenizer = default_tokenizer()
             seed = sorted(FAMILIES).index(name)
             self._built[name] = build_family(name, self.root, seed, self._tokenizer)
         return self._built[name]

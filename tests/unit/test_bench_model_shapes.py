@@ -35,3 +35,19 @@ def test_with_neither_model_installed_the_error_is_the_qwens(monkeypatch) -> Non
     monkeypatch.setattr(crucible_models, "load_tokenizer", load)
     with pytest.raises(FileNotFoundError, match=r"qwen2\.5-coder-1\.5b-instruct is not installed"):
         model_shapes.shape_tokenizer()
+
+
+def test_family_configs_grow_their_vocabulary_to_a_larger_tokenizer() -> None:
+    """The tiny family checkpoints take the installed Qwen's tokenizer where the built-in model is
+    missing: every id it gives must have an embedding row, while the built-in's 49,152 stay as they are."""
+    from types import SimpleNamespace
+
+    from tests.families import family_config
+
+    class Qwenish(SimpleNamespace):
+        def __len__(self) -> int:
+            return 151_665
+
+    qwenish = Qwenish(bos_token_id=None, eos_token_id=151_645, pad_token_id=151_643)
+    assert family_config("qwen2", qwenish).vocab_size == 151_665
+    assert family_config("llama", crucible_models.load_tokenizer()).vocab_size == 49_152
