@@ -88,13 +88,6 @@ def family_config(name: str, tokenizer: Any | None = None) -> Any:
     return AutoConfig.for_model(model_type, **values)
 
 
-def default_tokenizer() -> Any:
-    """The built-in model's tokenizer, or the installed Qwen's where the built-in model is missing."""
-    from bench.model_shapes import shape_tokenizer
-
-    return shape_tokenizer()
-
-
 def save_checkpoint(config: Any, out: Path, tokenizer: Any, seed: int, dtype: Any = None) -> Path:
     """Random weights for `config` (seeded), saved with `tokenizer` as a `from_pretrained` directory."""
     import torch
@@ -113,8 +106,10 @@ def save_checkpoint(config: Any, out: Path, tokenizer: Any, seed: int, dtype: An
 
 def build_family(name: str, root: Path, seed: int = 0, tokenizer: Any = None) -> Path:
     """Family `name`'s tiny checkpoint under `root/name` (random weights seeded by `seed`), with
-    `tokenizer` (default: `default_tokenizer()`)."""
-    tokenizer = tokenizer or default_tokenizer()
+    `tokenizer` (default: the built-in model's, else the installed Qwen's: `shape_tokenizer`)."""
+    from bench.model_shapes import shape_tokenizer
+
+    tokenizer = tokenizer or shape_tokenizer()
     return save_checkpoint(family_config(name, tokenizer), root / name, tokenizer, seed)
 
 
@@ -194,7 +189,9 @@ class FamilyCheckpoints:
     def get(self, name: str) -> Path:
         if name not in self._built:
             if self._tokenizer is None:
-                self._tokenizer = default_tokenizer()
+                from bench.model_shapes import shape_tokenizer
+
+                self._tokenizer = shape_tokenizer()
             seed = sorted(FAMILIES).index(name)
             self._built[name] = build_family(name, self.root, seed, self._tokenizer)
         return self._built[name]
