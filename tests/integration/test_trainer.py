@@ -134,6 +134,43 @@ def test_grpo_two_steps_publishes_and_learns(stack_generator, sandbox, stack_dir
     assert (run_dir / "learning_curve.png").exists()
 
 
+def test_the_update_starts_on_the_groups_scored_while_the_last_programs_run(
+    stack_generator, sandbox, stack_dirs, monkeypatch
+) -> None:
+    """`optim.early_update: true` on a CPU: every sandbox batch answers a second late, so the last
+    completions' programs run after generation ends, and the update begins beside them (after
+    the stale-policy check), trains exactly the samples of groups whose rewards differ, and
+    publishes the version the next step's check finds the generator serving."""
+    from crucible_shared.sandbox_client import SandboxClient
+
+    real = SandboxClient.run_batch
+
+    async def late(self, runs):
+        await asyncio.sleep(1.0)
+        return await real(self, runs)
+
+    monkeypatch.setattr(SandboxClient, "run_batch", late)
+    spec = tiny_job(**SHORT_STEPS, optim={"early_update": True})
+    summary = train(spec, "early-it", settings_for(stack_generator, sandbox, stack_dirs))
+    assert summary["status"] == "finished"
+    run_dir = Path(summary["run_dir"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        step = row["step"]
+        rollouts = [
+            json.loads(line)
+            for line in (run_dir / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        ]
+        trained = [r for r in rollouts if r["advantage"] != 0 and r["tokens"] > 0]
+        assert row["update/sequences"] == len(trained), (step, row, rollouts)
+        assert row["update/normaliser_sequences"] == len(rollouts) == 4
+        # The update was under way for the last second of the programs' run at least.
+        assert row["time/update_beside_tail_s"] >= 0.8 and row["time/execute_tail_s"] >= 0.8
+        assert row["update/early_micro_batches"] >= 0 and row["stale/diff"] <= 0.05
+    assert summary["stale_check"]["stale/diff"] <= 0.05
+
+
 def test_a_generator_serving_other_weights_fails_the_step(
     stack_generator, sandbox, stack_dirs, monkeypatch
 ) -> None:

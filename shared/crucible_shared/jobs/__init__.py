@@ -93,6 +93,7 @@ from crucible_shared.jobs.train import (
     OFFLINE_METHODS,
     Method,
     TrainJob,
+    early_update_blocker,
 )
 
 __all__ = [
@@ -148,6 +149,7 @@ __all__ = [
     "TrainEvalSpec",
     "TrainJob",
     "check_offline_optim",
+    "early_update_blocker",
     "invalid",
     "job_paths",
     "looks_like_path",

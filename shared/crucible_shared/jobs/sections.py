@@ -86,6 +86,15 @@ class OptimSpec(_Spec):
         description="Fill each optimizer step's micro-batches longest first, so each pads to its own "
         "longest sequence (the same gradients, less padding); false: in the batch's order.",
     )
+    early_update: bool | Literal["auto"] = Field(
+        "auto",
+        description="Run a step's forward and backward passes on the groups already scored while the "
+        "sandbox still runs the step's last programs, and take the optimizer step when the last group "
+        "is scored (the same gradient, sooner). It needs GRPO without dynamic sampling or batch "
+        "scaling, num_iterations 1, no KL term, grad_accum unset, one training process and no overlap; "
+        "auto: on a GPU where the job allows it; true: also on a CPU (refused where the job does not "
+        "allow it); false: the update starts once every program has run.",
+    )
     compile: Literal[False, "default"] = Field(
         False,
         description="Run the update's forward and backward passes (training, the old and reference "

@@ -74,6 +74,12 @@ class TrainJob(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _check_early_update(self) -> TrainJob:
+        if self.optim.early_update is True and (why := early_update_blocker(self)):
+            raise invalid("optim.early_update", f"{why}; set it to auto or false")
+        return self
+
+    @model_validator(mode="after")
     def _check_compile(self) -> TrainJob:
         """Compiled passes are built for one process: DDP and FSDP wrap the model they would trace."""
         if self.optim.compile and self.distributed.train_gpus > 1:
@@ -129,3 +135,29 @@ class TrainJob(_Spec):
         if self.logging._changed("samples_every"):
             raise unused("logging.samples_every", f"{offline}: no samples to show")
         return self
+
+
+def early_update_blocker(job: TrainJob) -> str | None:
+    """Why `job`'s update cannot start on the groups already scored (`optim.early_update`), or None.
+
+    It can when each group's advantages need only that group's rewards, every scored sample
+    counts in the loss's normaliser (known once generation ends), and the step is one pass of one
+    optimizer step in one process on rollouts of the version it updates."""
+    method = job.method
+    if not isinstance(method, GRPOConfig):
+        return f"method {method.name} is not GRPO, whose groups' advantages need only their own rewards"
+    if method.filter.mode == "dynamic":
+        return "method.filter.mode is dynamic: which groups train is known only once all are scored"
+    if method.scale == "batch":
+        return "method.scale is batch: every advantage needs the whole batch's rewards"
+    if method.num_iterations > 1:
+        return f"method.num_iterations is {method.num_iterations}: later passes need the whole batch"
+    if method.kl_beta > 0:
+        return "method.kl_beta is above 0: samples of zero advantage train too"
+    if job.optim.grad_accum is not None:
+        return "optim.grad_accum is set: a step of several optimizer steps needs the whole batch"
+    if job.distributed.train_gpus > 1:
+        return f"distributed.train_gpus is {job.distributed.train_gpus}: the ranks share the whole batch"
+    if job.overlap.max_staleness:
+        return "overlap.max_staleness is above 0: the update already runs beside the next rollouts"
+    return None

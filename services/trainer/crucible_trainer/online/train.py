@@ -36,7 +36,7 @@ from typing import Any
 
 from crucible_models import load_tokenizer
 from crucible_shared.generator_client import GeneratorPool
-from crucible_shared.jobs import TrainJob
+from crucible_shared.jobs import TrainJob, early_update_blocker
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import evaluation, tasks
@@ -46,6 +46,7 @@ from crucible_trainer.online import checkpoint
 from crucible_trainer.online.overlapped import OverlappedSteps, RunHooks
 from crucible_trainer.rl.ahead import Collect
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
+from crucible_trainer.rl.early import EarlyGroups, update_early
 from crucible_trainer.rl.policy import Policy, name_base
 from crucible_trainer.rl.publish import Publisher, StalePolicyError, stale_check
 from crucible_trainer.rl.rollout import Roller, Sample, Timing
@@ -355,6 +356,11 @@ class TrainRun(JobRun):
         check: bool,
     ) -> dict[str, float]:
         spec, step = self.spec, ctx.step
+        ucfg = self.method.update_config(spec.method, spec)
+        ctx.early = EarlyGroups() if self._updates_early(policy) else None
+        collecting: asyncio.Future[tuple[list[Sample], dict[str, float]]] | None = None
+        updating: asyncio.Future[dict[str, float]] | None = None
+        checked_after = 0.0  # the part of the check that generation did not hide (early update)
         t0 = time.perf_counter()
 
         checking = (
@@ -371,9 +377,35 @@ class TrainRun(JobRun):
                 # after the other): the check runs first. On a GPU it runs beside the rollouts.
                 await self.cancel.guard(checking)
             waited = time.perf_counter() - t0
-            samples, metrics = await self.cancel.guard(self.method.collect(ctx, spec.method, batch))
+            collecting = asyncio.ensure_future(self.method.collect(ctx, spec.method, batch))
+            if ctx.early is not None:
+                # The update starts when generation ends (and the check, on the same policy, is
+                # done), on the groups scored by then, while the last programs still run.
+                generated = asyncio.ensure_future(ctx.early.generated_event.wait())
+                await self.cancel.guard(
+                    asyncio.wait({collecting, generated}, return_when=asyncio.FIRST_COMPLETED)
+                )
+                generated.cancel()
+                generated_at = time.perf_counter()
+                if checking is not None:
+                    await self.cancel.guard(asyncio.shield(checking))
+                early_from = time.perf_counter()
+                checked_after = early_from - generated_at
+                updating = asyncio.ensure_future(
+                    policy.call(update_early, policy, ctx.early, ucfg, spec.seed + step)
+                )
+            samples, metrics = await self.cancel.guard(collecting)
+            if ctx.early is not None:
+                ctx.early.close(samples)
             t1 = time.perf_counter()
             checked = await self.cancel.guard(checking) if checking is not None else {}
+        except BaseException as exc:
+            if collecting is not None and not collecting.done():
+                collecting.cancel()
+            if updating is not None and ctx.early is not None:
+                ctx.early.close(error=exc)  # the update stops, its gradients dropped
+                await asyncio.gather(updating, return_exceptions=True)
+            raise
         finally:
             if checking is not None and not checking.done():
                 checking.cancel()
@@ -381,8 +413,11 @@ class TrainRun(JobRun):
                 checking.exception()  # retrieved: the step's own error is the one to report
         t2 = time.perf_counter()
         metrics.update(checked)
-        ucfg = self.method.update_config(spec.method, spec)
-        metrics.update(await policy.call(self.update_policy, policy, samples, ucfg, spec.seed + step))
+        if updating is not None:
+            metrics.update(await updating)  # as the update below, not abandoned halfway
+            metrics["time/update_beside_tail_s"] = t1 - early_from
+        else:
+            metrics.update(await policy.call(self.update_policy, policy, samples, ucfg, spec.seed + step))
         self.channel.gate()  # a run paused in its update and superseded meanwhile stops here
         t3 = time.perf_counter()
         metrics["lr"] = policy.lr
@@ -391,7 +426,7 @@ class TrainRun(JobRun):
         metrics["time/execute_tail_s"] = ctx.timing.execute_tail_s
         metrics["time/execute_busy_s"] = ctx.timing.execute_busy_s
         if check:  # the part of the check the rollouts did not hide
-            metrics["time/stale_wait_s"] = waited + t2 - t1
+            metrics["time/stale_wait_s"] = waited + checked_after + t2 - t1
         metrics["time/train_s"] = t3 - t2
         self._log_rollouts(step, samples)
         if step % spec.publish.every == 0:
@@ -402,6 +437,17 @@ class TrainRun(JobRun):
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["policy_version"] = float(step if publisher.current else 0)
         return metrics
+
+    def _updates_early(self, policy: Policy) -> bool:
+        """Whether this step's update starts on the groups already scored (`optim.early_update`):
+        where the job allows it (`early_update_blocker`), with this class's own one-process update,
+        and, on `auto`, on a GPU (on a CPU the passes would take the cores the sandbox runs on)."""
+        mode = self.spec.optim.early_update
+        if mode is False or early_update_blocker(self.spec) is not None:
+            return False
+        if type(self).update_policy is not TrainRun.update_policy:  # data-parallel ranks share the batch
+            return False
+        return mode is True or policy.device.startswith("cuda")
 
     async def _stale_check(
         self, pool: GeneratorPool, policy: Policy, model_name: str, version: int, probe: str

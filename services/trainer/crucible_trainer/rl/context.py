@@ -7,12 +7,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible_shared.jobs import TrainJob
 
 from crucible_trainer import tasks
 from crucible_trainer.rl.rollout import Prompt, Roller, Sample, Timing
+
+if TYPE_CHECKING:
+    from crucible_trainer.rl.early import EarlyGroups
 
 
 class ProblemSampler:
@@ -89,6 +92,9 @@ class StepContext:
     # saved in every checkpoint and restored on resume. Plain data only (it is pickled).
     state: dict[str, Any] = field(default_factory=dict)
     version: int = 0  # the policy version `model_name` serves: every sample claims it
+    # The update that starts on the step's groups as they are scored (`rl/early.py`), when the
+    # loop runs one; a method that can set one group's advantages opens it (GRPO).
+    early: EarlyGroups | None = None
 
     async def sample(
         self,
@@ -115,6 +121,7 @@ class StepContext:
             seed=seed + round * 104_729,
             extract=extract,
             timing=self.timing,
+            early=self.early,
         )
         for s in out:
             s.version = self.version

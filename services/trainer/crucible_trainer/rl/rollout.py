@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible_shared.generator_client import GeneratorPool, sample_of
 from crucible_shared.jobs import RewardSpec
@@ -22,6 +22,9 @@ from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer.rl.rewards import length_cost
 from crucible_trainer.rl.rewards import reward as reward_of
+
+if TYPE_CHECKING:
+    from crucible_trainer.rl.early import EarlyGroups
 
 LINGER_S = 0.02  # how long a finished completion waits for others to share its sandbox batch
 
@@ -93,7 +96,10 @@ class Roller:
         seed: int,
         extract=None,
         timing: Timing | None = None,
+        early: EarlyGroups | None = None,
     ) -> list[Sample]:
+        """`n` completions of each prompt, in prompt order, each run and scored. `early`: told of
+        each scored sample and, when generation ends, of the batch (`rl/early.py`)."""
         extract = extract or self.extract
         timing = timing or Timing()
         if not prompts:
@@ -116,6 +122,8 @@ class Roller:
                     length_penalty=self.reward_spec.length_penalty,
                 )
             timing.execute_busy_s += time.perf_counter() - sent
+            if early is not None:
+                early.scored(batch)
 
         def flush() -> None:
             """The pending programs to the sandbox, in one batch."""
@@ -168,6 +176,9 @@ class Roller:
             generated = time.perf_counter()
             if len(out) != len(prompts) * n:  # a group short of samples would shift its baseline
                 raise RuntimeError(f"the generator streamed {len(out)} of {len(prompts) * n} completions")
+            ordered = [x for _, x in sorted(out, key=lambda pair: pair[0])]
+            if early is not None:
+                early.generated(ordered)
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             flush()  # what arrived during the last linger
@@ -179,4 +190,4 @@ class Roller:
         finished = time.perf_counter()
         timing.generate_s += generated - started
         timing.execute_tail_s += finished - generated
-        return [x for _, x in sorted(out, key=lambda pair: pair[0])]
+        return ordered

@@ -1,0 +1,254 @@
+"""A step's update started on the groups already scored, while the sandbox still runs the last
+programs (`optim.early_update`).
+
+A step's samples are scored as their completions arrive (`rollout.py`), so when generation ends
+most groups are scored, but the step still waits for the programs of its last completions, and a
+program that loops runs to its time limit: on a GPU the card has nothing to do meanwhile. When a
+group's advantages need only that group's rewards (GRPO with group or no scaling), and the loss of
+every micro-batch is divided by the whole batch's count, which is known when generation ends (every
+sample counts, by its completion's tokens: `update.Normaliser`), the forward and backward passes
+of the groups already scored can run during that wait, and the step's one optimizer step follows
+the last group. The gradient is the sum of the same terms as the whole batch's update (in another
+order: float rounding aside), over the same samples (`update.trainable`).
+
+`EarlyGroups` is the hand-over. The roller reports each scored sample (`scored`) and, when
+generation ends, the batch in its final order (`generated`); a method that can set one group's
+advantages opens the stream with that function (`open`, GRPO); the loop closes it with the batch
+`collect` returned (`close`: what no group handed out yet, with the method's final advantages) or
+with the step's error. `update_early` runs on the policy's thread and takes micro-batches
+(`micro_batches`) as they fill: the longest ready samples first while groups are still out, the
+rest once the stream is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from crucible_trainer.rl import throughput
+from crucible_trainer.rl.policy import Policy
+from crucible_trainer.rl.rollout import Sample
+from crucible_trainer.rl.timing import PartTimer
+from crucible_trainer.rl.update import Normaliser, UpdateConfig, _micro_loss, trainable
+
+log = logging.getLogger(__name__)
+
+
+class StepFailed(RuntimeError):
+    """The step's collection failed after its update began: the update stops without a step."""
+
+
+class EarlyGroups:
+    """The scored groups of one step, handed from the event loop to the policy's thread."""
+
+    def __init__(self) -> None:
+        self.generated_event = asyncio.Event()  # set on the loop's thread when generation ends
+        self._cond = threading.Condition()
+        self._advantages: Callable[[list[Sample]], object] | None = None
+        self._batch: list[Sample] | None = None
+        self._where: dict[int, int] = {}  # id(sample) -> its index in the batch
+        self._sizes: dict[int, int] = {}
+        self._members: dict[int, list[Sample]] = defaultdict(list)
+        self._ready: list[int] = []  # trainable indices not handed out yet
+        self._handed: set[int] = set()
+        self._closed = False
+        self._error: BaseException | None = None
+        self.handed_early = 0  # micro-batches handed out before the stream closed
+        self.waited_s = 0.0  # how long the update waited for groups (not its own time)
+
+    # -- the event loop's side -------------------------------------------------------------
+    def open(self, advantages: Callable[[list[Sample]], object]) -> None:
+        """The method sets one group's advantages with `advantages(members)` (in batch order)."""
+        self._advantages = advantages
+
+    def scored(self, samples: list[Sample]) -> None:
+        """Samples whose rewards are set."""
+        with self._cond:
+            for s in samples:
+                self._members[s.group].append(s)
+            self._release([s.group for s in samples])
+
+    def generated(self, batch: list[Sample]) -> None:
+        """Every completion of the step has arrived: `batch` in the order `collect` returns it."""
+        with self._cond:
+            self._batch = batch
+            self._where = {id(s): i for i, s in enumerate(batch)}
+            for s in batch:
+                self._sizes[s.group] = self._sizes.get(s.group, 0) + 1
+            self._release(list(self._members))
+            self._cond.notify_all()
+        self.generated_event.set()
+
+    def close(self, batch: list[Sample] | None = None, error: BaseException | None = None) -> None:
+        """The step's samples are final (`batch`, as `collect` returned it) or it failed (`error`)."""
+        with self._cond:
+            if error is None and batch is not None and self._batch is not None:
+                if len(batch) != len(self._batch) or any(
+                    a is not b for a, b in zip(batch, self._batch, strict=True)
+                ):
+                    error = RuntimeError("the method's batch is not the one its rollouts generated")
+                else:  # what no group handed out, with the method's own advantages
+                    out = self._handed | set(self._ready)
+                    self._ready += [i for i, s in enumerate(batch) if i not in out and _trains(s)]
+            elif error is None:
+                error = RuntimeError("the step's rollouts never reported their batch")
+            self._error, self._closed = error, True
+            self._cond.notify_all()
+
+    def _release(self, groups: list[int]) -> None:
+        """Complete groups (their size known once generation ends) get their advantages."""
+        if self._batch is None or self._advantages is None:
+            return
+        for g in dict.fromkeys(groups):
+            members = self._members.get(g, [])
+            if not members or len(members) != self._sizes.get(g):
+                continue
+            members.sort(key=lambda s: self._where[id(s)])  # as `by_group` orders the batch
+            self._advantages(members)
+            self._ready += [self._where[id(s)] for s in members if _trains(s)]
+            del self._members[g]
+        self._cond.notify_all()
+
+    # -- the policy thread's side ------------------------------------------------------------
+    def batch(self) -> list[Sample]:
+        """The step's batch, once generation has ended."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._batch is not None or self._closed)
+            self._raise()
+            assert self._batch is not None
+            return self._batch
+
+    def micro_batches(self, size: int) -> Iterator[list[int]]:
+        """Indices into the batch, `size` at a time: while groups are still out, full micro-batches
+        of the longest samples ready; once the stream is closed, the rest, longest first."""
+        assert self._batch is not None
+        batch = self._batch
+
+        def length(i: int) -> tuple[int, int]:
+            return len(batch[i].prompt_ids) + len(batch[i].completion_ids), len(batch[i].completion_ids)
+
+        while True:
+            with self._cond:
+                started = time.perf_counter()
+                self._cond.wait_for(lambda: self._closed or len(self._ready) >= size)
+                self.waited_s += time.perf_counter() - started
+                self._raise()
+                pool = sorted(self._ready, key=length, reverse=True)
+                last = self._closed
+                take = len(pool) if last else len(pool) // size * size
+                out, self._ready = pool[:take], pool[take:]
+                self._handed.update(out)
+                if not last:
+                    self.handed_early += take // size
+            yield from (out[i : i + size] for i in range(0, len(out), size))
+            if last:
+                return
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise StepFailed(f"the step's collection failed: {self._error!r}") from self._error
+
+
+def _trains(s: Sample) -> bool:
+    return bool(trainable([s], kl_beta=0.0))
+
+
+def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
+    """One pass, one optimizer step over the step's groups as `groups` hands them out (the loop
+    starts it once generation has ended). Its metrics are `update.update`'s (its times without
+    the waits for groups), plus `update/early_micro_batches`, the micro-batches run before the
+    last group was scored, and `time/update_waited_s`, the waits. A step
+    whose gradient is not finite runs again under the policy's fallback kernels, as `update` does;
+    a failed collection leaves no gradient behind."""
+    del seed  # one pass in the given order: nothing is shuffled
+    batch = groups.batch()
+    # Every sample will be scored (a sample without a result fails the step), so the normaliser
+    # is the whole batch's now; checked against the scored batch before the optimizer step.
+    norm = Normaliser(float(len(batch)), float(sum(len(s.completion_ids) for s in batch)))
+    timer = PartTimer(policy.device)
+    zero = torch.zeros((), dtype=torch.float32, device=policy.device)
+    ran: list[list[int]] = []
+    retried, grad_norm, sums = 0, 0.0, [zero, zero, zero, zero]
+    t0 = time.perf_counter()
+    try:
+        for attempt, kernels in enumerate([nullcontext, *policy.fallbacks]):
+            micro = groups.micro_batches(cfg.micro_batch) if attempt == 0 else list(ran)
+            sums = [zero, zero, zero, zero]  # loss, clip fraction, KL, ratio
+            with kernels():
+                for idx in micro:
+                    with timer.part("forward_backward"):
+                        out = _micro_loss(policy, batch, idx, cfg, norm, None, None)
+                        out.loss.backward()
+                    sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
+                    if attempt == 0:
+                        ran.append(idx)
+            if not ran:
+                break
+            # What `update` would train, each sample once, divided by what it would divide by.
+            ran_samples = sorted(i for idx in ran for i in idx)
+            if ran_samples != [i for i, s in enumerate(batch) if _trains(s)]:
+                raise RuntimeError("the micro-batches handed out are not the batch's trainable samples")
+            scored = Normaliser.of(batch, cfg.micro_batch, None)
+            if scored != norm:
+                raise RuntimeError(f"the batch's normaliser changed while it was scored: {norm} -> {scored}")
+            with timer.part("optimizer"):
+                grad_norm = policy.step()  # skipped when not finite (Policy.step)
+            if math.isfinite(grad_norm):
+                break
+            again = attempt < len(policy.fallbacks)
+            log.warning(
+                "gradient norm %s is not finite: %s",
+                grad_norm,
+                "running the step again with fallback kernels" if again else "optimizer step skipped",
+            )
+            retried += int(attempt == 0 and again)
+    except BaseException:
+        policy.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient for the next step
+        raise
+    t1 = time.perf_counter()
+    trained = [i for idx in ran for i in idx]
+    metrics: dict[str, float] = {
+        "update/sequences": float(len(trained)),
+        "update/normaliser_sequences": norm.sequences,
+        "update/normaliser_tokens": norm.tokens,
+        "update/early_micro_batches": float(groups.handed_early),
+        "time/update_waited_s": groups.waited_s,
+    }
+    if not ran:
+        metrics.update({"loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "kl": 0.0})
+        return metrics
+    stepped = math.isfinite(grad_norm)
+    metrics.update(
+        {
+            "loss": float(sums[0]),
+            "clip_fraction": float(sums[1]) / len(ran),
+            "kl": float(sums[2]) / len(ran),
+            "update/ratio_mean_iter0": float(sums[3]) / len(ran),
+            "grad_norm": grad_norm if stepped else 0.0,
+            "update/optimizer_steps": float(stepped),
+            "update/skipped_nonfinite_steps": float(not stepped),
+            "update/retried_nonfinite_steps": float(retried),
+            "time/update_score_s": 0.0,
+            "time/update_passes_s": t1 - t0 - groups.waited_s,
+        }
+    )
+    parts = timer.seconds()
+    for part in ("ref", "old", "forward_backward", "allreduce", "optimizer"):
+        metrics[f"time/update_{part}_s"] = parts.get(part, 0.0)
+    lengths = [(len(batch[i].prompt_ids), len(batch[i].completion_ids)) for i in trained]
+    seconds: dict[str, Any] = {**parts, "total": t1 - t0 - groups.waited_s}
+    metrics.update(
+        throughput.update_figures(
+            policy, lengths, iterations=1, seconds=seconds, gpus=1, scored_old=False, scored_ref=False
+        )
+    )
+    return metrics
