@@ -92,11 +92,13 @@ class Record(dict):
 
 class GeneratorLog(threading.Thread):
     """Every second while a run trains, each generator's gauges and counters (its `/metrics`) as one
-    row of `path` with the run's clock: what its rows, queue and cache did, e.g. in the pre-filter."""
+    row of `path` with the run's clock: what its rows, queue and cache did, e.g. in the pre-filter,
+    and the parts of its start (`start_*_seconds`)."""
 
     KEEP = ("running_sequences", "waiting_sequences", "kv_cache_usage", "generation_tokens_total",
             "prompt_tokens_total", "prefix_reused_tokens_total", "preempted_sequences_total",
-            "graph_captures_total")  # fmt: skip
+            "graph_captures_total",
+            "start_imports_seconds", "start_load_seconds", "start_engine_seconds")  # fmt: skip
 
     def __init__(self, urls: list[str], path: Path) -> None:
         super().__init__(daemon=True)
@@ -219,7 +221,12 @@ def bf16_copy(model_dir: str) -> str:
         tmp = target.with_name(f".{target.name}.{os.getpid()}")
         AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(tmp)
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another run (on the other card) made it first: theirs is the same copy
+            if not (target / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
 
 

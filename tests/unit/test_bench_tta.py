@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,24 @@ def test_trl_gets_a_bfloat16_copy_of_a_float32_checkpoint(tmp_path) -> None:
     assert (tmp_path / "model-bf16" / "tokenizer.json").is_file()
     assert bf16_copy(copy) == copy  # already bfloat16: used as it is
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model-bf16"]
+
+
+def test_two_runs_making_the_bfloat16_copy_at_once_both_get_it(tmp_path, monkeypatch) -> None:
+    # Two TRL runs started together (one per card) both found no copy: the second's rename met
+    # the first's finished copy (measured: "Directory not empty", one run lost). It uses that copy.
+    import bench.tta as tta
+    from bench.model_shapes import tiny_model
+
+    model = tiny_model(tmp_path / "model")
+    real = tta.os.replace
+
+    def beaten(src, dst):
+        shutil.copytree(src, dst)  # the other run's copy lands first
+        real(src, dst)
+
+    monkeypatch.setattr(tta.os, "replace", beaten)
+    assert tta.bf16_copy(model) == str(tmp_path / "model-bf16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model-bf16"]  # its own copy removed
 
 
 def test_a_run_keeps_every_nth_adapter_and_the_last() -> None:

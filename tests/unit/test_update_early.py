@@ -90,6 +90,32 @@ def test_the_early_update_takes_the_whole_batch_gradient_in_one_step(aggregation
     assert sorted(opened) == [[0, 0, 0], [1, 1], [2, 2], [3, 3]]
 
 
+def test_a_sample_left_without_a_reward_runs_the_passes_again_by_the_smaller_count(adapter_model) -> None:  # noqa: F811
+    # A sandbox fault leaves a sample unscored (reward None): the published count drops it, as
+    # `update`'s does, so the passes run before it was known are run again with that count.
+    from crucible_trainer.rl.early import EarlyGroups
+    from crucible_trainer.rl.update import UpdateConfig
+
+    from tests.unit.test_update_buckets import recorded
+
+    cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
+    samples = batch()
+    samples[6].reward = None  # group 2's second sample: its six tokens leave the count
+    groups = EarlyGroups()
+    groups.open(lambda members: None)
+    groups.scored(samples)
+    groups.generated(samples)
+    groups.close(samples)
+    thread, out = started(make_policy(*adapter_model), groups, cfg)
+    thread.join(timeout=60)
+    (got,) = out["steps"]
+    plain = batch()
+    plain[6].reward = None
+    (want,), metrics = recorded(make_policy(*adapter_model), cfg, plain)
+    assert metrics["update/normaliser_tokens"] == out["metrics"]["update/normaliser_tokens"] == 28
+    assert_close(got, want)
+
+
 def test_a_failed_collection_stops_the_update_without_a_step_or_gradients(adapter_model) -> None:  # noqa: F811
     from crucible_trainer.rl.early import EarlyGroups, StepFailed
     from crucible_trainer.rl.update import UpdateConfig

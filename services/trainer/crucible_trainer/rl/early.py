@@ -171,35 +171,50 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
     a failed collection leaves no gradient behind."""
     del seed  # one pass in the given order: nothing is shuffled
     batch = groups.batch()
-    # Every sample will be scored (a sample without a result fails the step), so the normaliser
-    # is the whole batch's now; checked against the scored batch before the optimizer step.
+    # Every sample counts once scored, so the normaliser is the whole batch's now; a sandbox fault
+    # (a sample left without a reward) changes it, which the check before the step catches.
     norm = Normaliser(float(len(batch)), float(sum(len(s.completion_ids) for s in batch)))
     timer = PartTimer(policy.device)
     zero = torch.zeros((), dtype=torch.float32, device=policy.device)
     ran: list[list[int]] = []
-    retried, grad_norm, sums = 0, 0.0, [zero, zero, zero, zero]
+    retried, grad_norm, sums = 0, 0.0, [zero, zero, zero, zero]  # sums: loss, clip fraction, KL, ratio
     t0 = time.perf_counter()
+
+    def passes(micro: Any, record: bool) -> list[torch.Tensor]:
+        """Forward and backward over `micro`'s micro-batches; their loss, clip, KL and ratio sums."""
+        sums = [zero, zero, zero, zero]
+        for idx in micro:
+            with timer.part("forward_backward"):
+                out = _micro_loss(policy, batch, idx, cfg, norm, None, None)
+                out.loss.backward()
+            sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
+            if record:
+                ran.append(idx)
+        return sums
+
     try:
         for attempt, kernels in enumerate([nullcontext, *policy.fallbacks]):
-            micro = groups.micro_batches(cfg.micro_batch) if attempt == 0 else list(ran)
-            sums = [zero, zero, zero, zero]  # loss, clip fraction, KL, ratio
             with kernels():
-                for idx in micro:
-                    with timer.part("forward_backward"):
-                        out = _micro_loss(policy, batch, idx, cfg, norm, None, None)
-                        out.loss.backward()
-                    sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
-                    if attempt == 0:
-                        ran.append(idx)
-            if not ran:
-                break
-            # What `update` would train, each sample once, divided by what it would divide by.
-            ran_samples = sorted(i for idx in ran for i in idx)
-            if ran_samples != [i for i, s in enumerate(batch) if _trains(s)]:
-                raise RuntimeError("the micro-batches handed out are not the batch's trainable samples")
-            scored = Normaliser.of(batch, cfg.micro_batch, None)
-            if scored != norm:
-                raise RuntimeError(f"the batch's normaliser changed while it was scored: {norm} -> {scored}")
+                sums = passes(
+                    groups.micro_batches(cfg.micro_batch) if attempt == 0 else list(ran), attempt == 0
+                )
+                if not ran:
+                    break
+                # What `update` would train, each sample once, divided by what it would divide by.
+                if sorted(i for idx in ran for i in idx) != [i for i, s in enumerate(batch) if _trains(s)]:
+                    raise RuntimeError("the micro-batches handed out are not the batch's trainable samples")
+                scored = Normaliser.of(batch, cfg.micro_batch, None)
+                if (
+                    scored != norm
+                ):  # a sandbox fault dropped samples (no reward): the batch again, by its count
+                    log.warning(
+                        "the batch's count changed while it was scored (%s -> %s): its passes run again",
+                        norm,
+                        scored,
+                    )
+                    policy.optimizer.zero_grad(set_to_none=True)
+                    norm = scored
+                    sums = passes(list(ran), False)
             with timer.part("optimizer"):
                 grad_norm = policy.step()  # skipped when not finite (Policy.step)
             if math.isfinite(grad_norm):
