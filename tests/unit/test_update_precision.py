@@ -110,9 +110,25 @@ def adapter_state(policy) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
 
 
+def run_update(kind: str, policy, cfg) -> dict[str, float]:
+    """`update` over the test batch, or the update started on scored groups (`rl/early.py`) over
+    it with every group already scored."""
+    from crucible_trainer.rl.early import EarlyGroups, update_early
+    from crucible_trainer.rl.update import update
+
+    if kind == "update":
+        return update(policy, batch(), cfg, seed=7)
+    samples = batch()
+    groups = EarlyGroups()
+    groups.generated(samples)
+    groups.close(samples)
+    return update_early(policy, groups, cfg)
+
+
+@pytest.mark.parametrize("kind", ["update", "early"])
 @pytest.mark.parametrize("cured", [True, False], ids=["fallback-finite", "fallback-not-finite"])
-def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, adapter_model, caplog) -> None:
-    from crucible_trainer.rl.update import UpdateConfig, update
+def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, kind, adapter_model, caplog) -> None:
+    from crucible_trainer.rl.update import UpdateConfig
 
     policy = make_policy(*adapter_model, "float32")
     poison = Poison(policy)
@@ -120,7 +136,7 @@ def test_a_non_finite_step_runs_again_under_the_fallback_kernels(cured, adapter_
     before = adapter_state(policy)
     cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
     with caplog.at_level(logging.WARNING, logger="crucible_trainer.rl.update"):
-        metrics = update(policy, batch(), cfg, seed=7)
+        metrics = run_update(kind, policy, cfg)
     after = adapter_state(policy)
     assert metrics["update/retried_nonfinite_steps"] == 1.0
     # The log says what happened: a retry, and "skipped" only when the retry did not cure it.

@@ -38,7 +38,7 @@ from crucible_trainer.rl import throughput
 from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.timing import PartTimer
-from crucible_trainer.rl.update import Normaliser, UpdateConfig, _micro_loss, trainable
+from crucible_trainer.rl.update import Normaliser, UpdateConfig, _micro_loss, optimizer_step, trainable
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +204,8 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
                 if sorted(i for idx in ran for i in idx) != [i for i, s in enumerate(batch) if _trains(s)]:
                     raise RuntimeError("the micro-batches handed out are not the batch's trainable samples")
                 scored = Normaliser.of(batch, cfg.micro_batch, None)
-                if (
-                    scored != norm
-                ):  # a sandbox fault dropped samples (no reward): the batch again, by its count
+                # A sandbox fault dropped samples (no reward): the batch again, by its own count.
+                if scored != norm:
                     log.warning(
                         "the batch's count changed while it was scored (%s -> %s): its passes run again",
                         norm,
@@ -215,17 +214,10 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
                     policy.optimizer.zero_grad(set_to_none=True)
                     norm = scored
                     sums = passes(list(ran), False)
-            with timer.part("optimizer"):
-                grad_norm = policy.step()  # skipped when not finite (Policy.step)
-            if math.isfinite(grad_norm):
-                break
-            again = attempt < len(policy.fallbacks)
-            log.warning(
-                "gradient norm %s is not finite: %s",
-                grad_norm,
-                "running the step again with fallback kernels" if again else "optimizer step skipped",
-            )
+            grad_norm, again = optimizer_step(policy, timer, attempt)
             retried += int(attempt == 0 and again)
+            if not again:
+                break
     except BaseException:
         policy.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient for the next step
         raise

@@ -181,18 +181,10 @@ def update(
                         step_micro += 1
                 with timer.part("allreduce"):
                     parallel.reduce(policy)
-                with timer.part("optimizer"):
-                    grad_norm = policy.step()  # skipped when not finite (Policy.step)
-                if math.isfinite(grad_norm):
+                grad_norm, again = optimizer_step(policy, timer, attempt)
+                counts["retried"] += int(attempt == 0 and again)
+                if not again:
                     break
-                again = attempt < len(policy.fallbacks)
-                log.warning(
-                    "gradient norm %s is not finite: %s",
-                    grad_norm,
-                    "running the step again with fallback kernels" if again else "optimizer step skipped",
-                )
-                if attempt == 0 and again:
-                    counts["retried"] += 1
             loss_sum, clip_sum, kl_sum = (
                 loss_sum + step_sums[0],
                 clip_sum + step_sums[1],
@@ -243,6 +235,23 @@ def update(
     if tis is not None:
         metrics.update(tis.metrics())  # this rank's samples
     return metrics
+
+
+def optimizer_step(policy: Policy, timer: PartTimer, attempt: int) -> tuple[float, bool]:
+    """The optimizer step after pass `attempt` (0: the policy's own kernels, then each of
+    `policy.fallbacks`): its gradient norm, and whether the step is to run again under the next
+    fallback (a norm that is not finite, logged; `Policy.step` took no step)."""
+    with timer.part("optimizer"):
+        grad_norm = policy.step()
+    if math.isfinite(grad_norm):
+        return grad_norm, False
+    again = attempt < len(policy.fallbacks)
+    log.warning(
+        "gradient norm %s is not finite: %s",
+        grad_norm,
+        "running the step again with fallback kernels" if again else "optimizer step skipped",
+    )
+    return grad_norm, again
 
 
 def _micro_loss(
