@@ -83,6 +83,24 @@ class Roller:
         self.generator, self.sandbox, self.tasks, self.reward_spec = generator, sandbox, tasks, reward
         self.extract = extract  # (text, task) -> code
 
+    def _sample(self, choice: Any, n: int, prompts: list[Prompt], extract: Any) -> tuple[int, Sample]:
+        """A streamed choice as a `Sample` (its code extracted), with its place in the batch."""
+        s = sample_of(choice, n)
+        prompt = prompts[s.prompt_index]
+        x = Sample(
+            task_index=prompt.task_index,
+            group=prompt.group,
+            prompt_ids=list(s.prompt_token_ids or []),
+            completion_ids=list(s.token_ids or []),
+            text=s.text,
+            code=extract(s.text, self.tasks[prompt.task_index]),
+            gen_logprobs=s.logprobs,
+            finish_reason=s.finish_reason,
+            phase=prompt.phase,
+            parent=prompt.parent,
+        )
+        return s.index, x
+
     async def roll(
         self,
         prompts: list[Prompt],
@@ -155,22 +173,8 @@ class Roller:
                 seed=seed,
                 logprobs=0,
             ):
-                s = sample_of(choice, n)
-                prompt = prompts[s.prompt_index]
-                task = self.tasks[prompt.task_index]
-                x = Sample(
-                    task_index=prompt.task_index,
-                    group=prompt.group,
-                    prompt_ids=list(s.prompt_token_ids or []),
-                    completion_ids=list(s.token_ids or []),
-                    text=s.text,
-                    code=extract(s.text, task),
-                    gen_logprobs=s.logprobs,
-                    finish_reason=s.finish_reason,
-                    phase=prompt.phase,
-                    parent=prompt.parent,
-                )
-                out.append((s.index, x))
+                index, x = self._sample(choice, n, prompts, extract)
+                out.append((index, x))
                 pending.append(x)
                 arrived.set()
             generated = time.perf_counter()
