@@ -165,7 +165,7 @@ def _trains(s: Sample) -> bool:
 def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
     """One pass, one optimizer step over the step's groups as `groups` hands them out (the loop
     starts it once generation has ended). Its metrics are `update.update`'s (its times without
-    the waits for groups), plus `update/early_micro_batches`, the micro-batches run before the
+    the waits for groups), plus `update/early_micro_batches`, the micro-batches handed out before the
     last group was scored, and `time/update_waited_s`, the waits. A step
     whose gradient is not finite runs again under the policy's fallback kernels, as `update` does;
     a failed collection leaves no gradient behind."""
