@@ -387,15 +387,16 @@ class TrainRun(JobRun):
                 )
                 generated.cancel()
                 generated_at = time.perf_counter()
-                if checking is not None:
-                    await self.cancel.guard(asyncio.shield(checking))
-                early_from = time.perf_counter()
-                checked_after = early_from - generated_at
-                updating = asyncio.ensure_future(
-                    policy.call(update_early, policy, ctx.early, ucfg, spec.seed + step)
-                )
+                if ctx.early.generated_event.is_set():  # else collect ended first (its error, below)
+                    if checking is not None:
+                        await self.cancel.guard(asyncio.shield(checking))
+                    early_from = time.perf_counter()
+                    checked_after = early_from - generated_at
+                    updating = asyncio.ensure_future(
+                        policy.call(update_early, policy, ctx.early, ucfg, spec.seed + step)
+                    )
             samples, metrics = await self.cancel.guard(collecting)
-            if ctx.early is not None:
+            if updating is not None and ctx.early is not None:
                 ctx.early.close(samples)
             t1 = time.perf_counter()
             checked = await self.cancel.guard(checking) if checking is not None else {}
