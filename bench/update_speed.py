@@ -167,13 +167,20 @@ def profile(call: Any, folder: Path) -> str:
     from torch.profiler import profile as profiler
 
     cuda = torch.cuda.is_available()
+    started = time.perf_counter()
     with profiler(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         call()
+    wall = time.perf_counter() - started
     folder.mkdir(parents=True, exist_ok=True)
-    table = prof.key_averages().table(
-        sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40
+    averages = prof.key_averages()
+    table = averages.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40)
+    # The device's busy time against the wall's: far below it, the host (launches) is what binds.
+    busy = sum(e.self_device_time_total for e in averages) / 1e6 if cuda else None
+    launches = sum(
+        e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
     )
-    (folder / "kernels.txt").write_text(table)
+    header = f"wall {wall:.3f} s (profiled), device busy {busy} s, kernel launches {launches}\n\n"
+    (folder / "kernels.txt").write_text(header + table)
     prof.export_chrome_trace(str(folder / "trace.json"))
     return str(folder / "kernels.txt")
 

@@ -26,6 +26,17 @@ EXAMPLES: list[tuple[str, dict[str, Any], str | None]] = [
         },
         "micro-batch 16",
     ),
+    (
+        "settings",
+        {
+            "device": "cuda:0",
+            "dtype": "bfloat16",
+            "attn_implementation": "sdpa",
+            "micro_batch": 32,
+            "gradient_checkpointing": "auto",
+        },
+        "gradient checkpointing per micro-batch",
+    ),
     ("metrics", {"step": 2, "metrics": {"reward_mean": 0.5, "pass_rate": 0.25}}, None),
     ("eval_started", {"label": "before", "model": "base", "tasks": 4, "data": "mbpp/test"}, "on 4 tasks"),
     (

@@ -74,7 +74,8 @@ def _status(e: ev.StatusEvent) -> str:
 
 def _settings(e: ev.SettingsEvent) -> str:
     parts = [e.device, e.dtype, f"micro-batch {e.micro_batch}"]
-    parts.append("gradient checkpointing " + ("on" if e.gradient_checkpointing else "off"))
+    checkpointing = {True: "on", False: "off"}.get(e.gradient_checkpointing, "per micro-batch")
+    parts.append("gradient checkpointing " + checkpointing)
     parts.append(f"attention {e.attn_implementation}")
     if e.gpu_free_gb is not None:
         parts.append(f"{e.gpu_free_gb} of {e.gpu_total_gb} GiB free")

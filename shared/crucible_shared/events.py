@@ -55,7 +55,9 @@ class SettingsEvent(_Event):
     dtype: str
     attn_implementation: str
     micro_batch: int
-    gradient_checkpointing: bool
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        description="auto: decided for each micro-batch from its shape and the memory free when it runs."
+    )
     gpu_free_gb: float | None = None
     gpu_total_gb: float | None = None
     sequence_mb: int | None = Field(None, description="Estimated update memory of one sequence.")

@@ -130,6 +130,7 @@ class TinyPolicy:
         self.opt = torch.optim.SGD([self.table], lr=0.5)
         self.pad_id, self.device = 0, "cpu"
         self.fallbacks: list = []  # kernels to run a non-finite step again with (none on a CPU)
+        self.checkpointed = 0  # micro-batches run with gradient checkpointing (none here)
 
     def token_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         k = batch.tail

@@ -163,8 +163,9 @@ class ModelSpec(_Spec):
     )
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto",
-        description="Trade compute for memory in the update; auto: on when a micro-batch would not fit "
-        "in free GPU memory.",
+        description="Trade compute for memory in the update; auto: on for the micro-batches that would "
+        "not fit in free GPU memory (decided per micro-batch in one process on a GPU; for the job with "
+        "several ranks or compiled passes).",
     )
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto",

@@ -83,9 +83,16 @@ class Policy:
             # compiler breaks its graph at it).
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.disable_input_require_grads()
-        elif spec.gradient_checkpointing is True:  # "auto" is resolved by `hardware.resolve`
+        elif spec.gradient_checkpointing is True:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
+        # "auto" here (`hardware.resolve` keeps it for one process on a GPU): each training
+        # micro-batch is checkpointed only if its own shape would not fit in the memory free then
+        # (`_checkpoint_for`); elsewhere it is off.
+        self.checkpointing = spec.gradient_checkpointing
+        self._checkpointing_on = spec.gradient_checkpointing is True
+        self.checkpointed = 0  # training micro-batches run with checkpointing, over the job
+        self.free_memory: Callable[[], int | None] = self._free_memory
         self.model.train()
         self.mixed_precision(True)
         # Kernels to run a step again with when its gradient is not finite: PyTorch 2.11's default
@@ -216,6 +223,10 @@ class Policy:
             self.run_eager = before
 
     def _forward(self, batch: Batch) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            if self.checkpointing == "auto":
+                self._checkpoint_for(batch)
+            self.checkpointed += self._checkpointing_on
         if self._compiled is None or self.run_eager:
             return self._logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.tail_mask)
         # Two rows at least: the compiler gives a dimension of size 1 a graph of its own.
@@ -226,6 +237,36 @@ class Policy:
             torch._dynamo.maybe_mark_dynamic(t, 1)
         rows = batch.input_ids.shape[0]
         return self._compiled(*inputs)[:rows, -batch.tail :]
+
+    def _checkpoint_for(self, batch: Batch) -> None:
+        """Gradient checkpointing on for `batch` if its estimate (`hardware.checkpoint_needed`)
+        does not fit in the memory free now, off otherwise (switched only when that changes)."""
+        from crucible_trainer.runtime.hardware import checkpoint_needed
+
+        free = self.free_memory()
+        base = self.model.get_base_model()
+        config = base.config.get_text_config()
+        rows, width = batch.input_ids.shape
+        attention = getattr(config, "_attn_implementation", None) or "sdpa"
+        need = free is not None and checkpoint_needed(
+            config, rows, width, batch.tail, base.dtype.itemsize, free, attention
+        )
+        if need == self._checkpointing_on:
+            return
+        if need:  # the non-reentrant form: it needs no hook making the embeddings' output require grad
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.model.gradient_checkpointing_disable()
+        self._checkpointing_on = need
+
+    def _free_memory(self) -> int | None:
+        """Bytes a micro-batch may use on this policy's GPU: free on the card plus what this
+        process's allocator holds unused; None on a CPU (no checkpointing decided there)."""
+        if not self.device.startswith("cuda"):
+            return None
+        device = torch.device(self.device)
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
     def _logprobs(
         self,

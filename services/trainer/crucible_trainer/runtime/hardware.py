@@ -3,10 +3,13 @@ checkpointing.
 
 `resolve` turns every `auto` of a spec into a value for this machine and says what it chose
 (the job logs it at its start). On a GPU the micro-batch comes from free memory and an
-estimate of what one sequence costs in the update (activations of every layer, the float32
-logits of the completion and their gradients); gradient checkpointing turns on when a
-micro-batch of the size asked for (or of 8, for auto) would not fit. On a CPU: 16, off.
-Anything the spec sets explicitly is kept.
+estimate of what one sequence costs in the update (`bytes_per_sequence`: activations of every
+layer, the float32 logits of the completion and their gradients). Gradient checkpointing on `auto`
+is decided per micro-batch by the policy of a one-GPU job (`checkpoint_needed`: that micro-batch's
+own rows, width and completion against the memory free when it runs), so short micro-batches run
+without recomputing the forward; for several ranks or compiled passes, once for the job, when a
+micro-batch of the size asked for (or of 8, for auto) at the longest length would not fit. On a
+CPU: 16, off. Anything the spec sets explicitly is kept.
 """
 
 from __future__ import annotations
@@ -19,21 +22,54 @@ CPU_MICRO_BATCH = 16
 MEMORY_SHARE = (
     0.6  # of free GPU memory for the update's activations (weights and optimizer are in it already)
 )
+# Of the memory free when a micro-batch runs (the process's cached blocks included) that its
+# estimate may fill without checkpointing: the estimate is already above every measured peak.
+MICRO_BATCH_SHARE = 0.85
 PROMPT_TOKENS = 512  # a generous guess at prompt length (chat template + problem)
 
 
-def bytes_per_sequence(config: Any, tokens: int, completion: int, dtype_bytes: int) -> int:
-    """Memory one sequence costs in a forward/backward pass (Korthikanti et al.'s 34·h bytes per
-    token and layer at 16 bits, without attention scores: SDPA/flash keep none), plus the fp32
-    logits of the completion, their log-softmax and gradient.
+def bytes_per_sequence(
+    config: Any, tokens: int, completion: int, dtype_bytes: int, attention: str = "sdpa"
+) -> int:
+    """Memory one sequence costs in a forward/backward pass without checkpointing: per token and
+    layer `(18 h + 6 i) · dtype_bytes / 2` bytes (the tensors saved for the backward: the norms',
+    attention's and projections' inputs, about 9 h, and the gated MLP's gate, up and product, 3 i;
+    SDPA keeps no attention scores), plus 16 bytes per completion token and vocabulary entry (the
+    logits, their float32 copy, log-softmax and gradient). Eager attention (`attention`) also keeps
+    every head's scores and probabilities: `2 · heads · tokens²` values a layer.
 
-    >>> class C: num_hidden_layers, hidden_size, vocab_size = 30, 576, 49152
-    >>> round(bytes_per_sequence(C, 768, 256, 2) / 2**20)
-    574
+    Fitted to peaks measured on an H200 (docs/benchmarks.md, "Gradient checkpointing per
+    micro-batch"): Qwen2.5-Coder-1.5B 1.99 MiB per token and 2.28 MiB more per completion token,
+    under this estimate's 2.17 and 2.32 MiB (75.9 GiB for 32 rows of 784 tokens, 384 of them
+    completion, against 81.1 GiB here); SmolLM2-135M 13.0 GiB for 32 rows of 456 tokens (256
+    completion) against 14.0 GiB here.
+
+    >>> class C: num_hidden_layers, hidden_size, intermediate_size, vocab_size = 30, 576, 1536, 49152
+    >>> round(bytes_per_sequence(C, 456, 256, 2) / 2**20)
+    447
     """
-    activations = config.num_hidden_layers * tokens * 34 * config.hidden_size * dtype_bytes // 2
-    logits = completion * config.vocab_size * 4 * 3
-    return activations + logits
+    hidden = config.hidden_size
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    activations = config.num_hidden_layers * tokens * (18 * hidden + 6 * intermediate) * dtype_bytes // 2
+    logits = completion * config.vocab_size * 16
+    scores = 0
+    if attention == "eager":
+        scores = config.num_hidden_layers * 2 * config.num_attention_heads * tokens * tokens * dtype_bytes
+    return activations + logits + scores
+
+
+def checkpoint_needed(
+    config: Any, rows: int, width: int, tail: int, dtype_bytes: int, free: int, attention: str = "sdpa"
+) -> bool:
+    """Whether a micro-batch of `rows` sequences `width` tokens wide, the last `tail` of them its
+    completion, needs gradient checkpointing with `free` bytes available.
+
+    >>> class C: num_hidden_layers, hidden_size, intermediate_size, vocab_size = 30, 576, 1536, 49152
+    >>> checkpoint_needed(C, 32, 456, 256, 2, 17 * 2**30), checkpoint_needed(C, 32, 456, 256, 2, 16 * 2**30)
+    (False, True)
+    """
+    need = rows * bytes_per_sequence(config, width, tail, dtype_bytes, attention)
+    return need > MICRO_BATCH_SHARE * free
 
 
 def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str, Any]]:
@@ -56,11 +92,15 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         free, total = torch.cuda.mem_get_info(torch.device(device))
         config = AutoConfig.from_pretrained(resolve_model_path(base))
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
-        per_sequence = bytes_per_sequence(config, tokens, spec.rollout.max_tokens, dtype.itemsize)
+        per_sequence = bytes_per_sequence(
+            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"]
+        )
         fits = max(1, int(MEMORY_SHARE * free // per_sequence))
         if micro == "auto":
             micro = min(256, 1 << (fits.bit_length() - 1))  # a power of two that fits
-        if checkpointing == "auto":
+        if checkpointing == "auto" and (spec.optim.compile or spec.distributed.train_gpus > 1):
+            # Ranks or a compiled graph keep one setting for the job; one process decides per
+            # micro-batch (`checkpoint_needed`, in the policy) and keeps `auto`.
             checkpointing = fits < (micro if micro != "auto" else 8)
         chosen.update(
             gpu_free_gb=round(free / 2**30, 1),
@@ -69,7 +109,7 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         )
     if micro == "auto":
         micro = CPU_MICRO_BATCH
-    if checkpointing == "auto":
+    if checkpointing == "auto" and not device.startswith("cuda"):
         checkpointing = False
     chosen.update(micro_batch=micro, gradient_checkpointing=checkpointing)
     resolved = spec.model_copy(

@@ -1,0 +1,82 @@
+"""On CUDA: the update's memory estimate (`hardware.bytes_per_sequence`) covers what a training
+micro-batch really takes, without checkpointing, and not by a wide margin.
+
+Gradient checkpointing on `auto` is decided per micro-batch from that estimate against the free
+memory (`Policy._checkpoint_for`), so an estimate below the real peak would run a micro-batch out
+of memory, and one far above it would recompute forwards for nothing. Two geometries in bf16 with
+a rank-16 float32 adapter on every linear layer, each micro-batch's peak over what was allocated
+before its forward: SmolLM2-135M's (the built-in model) and Qwen2.5-Coder-1.5B's widths and
+vocabulary on 8 layers (the estimate is linear in layers). The figures print as JSON lines.
+
+Run on the GPU machine: `bash bench/gpu.sh gpu-tests tests/integration/test_update_memory_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+QWEN_1P5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 8}
+QWEN_1P5B |= {"num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936}
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30}
+SMOLLM2 |= {"num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152}
+SHAPES = [(8, 200, 128), (8, 200, 384), (32, 200, 256)]  # rows, prompt tokens, completion tokens
+
+
+@pytest.fixture(
+    scope="module", params=[("qwen2", QWEN_1P5B), ("llama", SMOLLM2)], ids=["qwen-1p5b", "smollm2"]
+)
+def policy(request, tmp_path_factory):
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.rl.policy import Policy
+    from transformers import AutoConfig
+
+    from bench.model_shapes import shape_tokenizer
+    from tests.families import save_checkpoint
+
+    family, geometry = request.param
+    root = tmp_path_factory.mktemp(f"memory-{family}")
+    tokenizer = shape_tokenizer()  # the built-in model's, or Qwen's where only Qwen is installed
+    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    # Every special id inside the vocabulary whichever tokenizer is installed (the estimate reads the config's).
+    vocab = max(geometry["vocab_size"], len(tokenizer))
+    config = AutoConfig.for_model(family, **(geometry | {"vocab_size": vocab}), **ids)
+    model = save_checkpoint(config, root / "model", tokenizer, seed=0, dtype=torch.bfloat16)
+    spec = TrainJob.model_validate(
+        {
+            "model": {
+                "base": str(model),
+                "device": "cuda",
+                "dtype": "bfloat16",
+                "gradient_checkpointing": False,
+            },
+            "optim": {"lr": 1e-5, "micro_batch": 8},
+        }
+    )
+    return Policy(spec.model, spec.optim, spec.seed)
+
+
+@pytest.mark.parametrize(("rows", "prompt", "tail"), SHAPES)
+def test_the_estimate_covers_a_micro_batchs_peak(policy, rows: int, prompt: int, tail: int) -> None:
+    from crucible_trainer.rl.batch import make_batch
+    from crucible_trainer.runtime.hardware import bytes_per_sequence
+
+    batch = make_batch([[11] * prompt] * rows, [[12] * tail] * rows, policy.pad_id, policy.device)
+    policy.optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    (policy.token_logprobs(batch).sum() * 1e-6).backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    policy.optimizer.zero_grad(set_to_none=True)
+    config = policy.model.get_base_model().config
+    estimate = rows * bytes_per_sequence(config, prompt + tail, tail, 2)
+    row = {"layers": config.num_hidden_layers, "hidden": config.hidden_size, "rows": rows}
+    row |= {"prompt": prompt, "tail": tail, "peak_gib": round(peak / 2**30, 3)}
+    print(json.dumps(row | {"estimate_gib": round(estimate / 2**30, 3), "ratio": round(estimate / peak, 3)}))
+    assert peak <= estimate <= 1.3 * peak

@@ -1,0 +1,134 @@
+"""Gradient checkpointing decided per micro-batch (`model.gradient_checkpointing: auto`).
+
+A one-GPU job keeps `auto` and the policy checkpoints only the micro-batches whose own estimate
+(`hardware.checkpoint_needed`) does not fit in the memory free when they run. Here, on a CPU, the
+policy's free memory is set by hand to a budget between the estimates of a step's longest and
+shorter micro-batches: the longest is checkpointed (every decoder layer goes through
+`torch.utils.checkpoint`, as transformers binds it) and the others are not, and the gradients handed to the optimizer equal
+those of the same update with checkpointing never on and always on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.families import build_family, save_lora
+from tests.unit.test_update_buckets import batch, grads
+
+
+@pytest.fixture(scope="module")
+def adapter_model(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("ckpt")
+    model = build_family("llama", root)
+    return model, save_lora(model, root / "adapter", seed=5, rank=4, scale=0.05)
+
+
+def make_policy(model: Path, adapter: str, checkpointing: bool | str = "auto"):
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.rl.policy import Policy
+
+    spec = TrainJob.model_validate(
+        {
+            "model": {
+                "base": str(model),
+                "device": "cpu",
+                "dtype": "float32",
+                "init_adapter": adapter,
+                "gradient_checkpointing": checkpointing,
+            },
+            "optim": {"lr": 1e-2, "micro_batch": 3, "max_grad_norm": 1.0},
+            "seed": 3,
+        }
+    )
+    return Policy(spec.model, spec.optim, spec.seed)
+
+
+def first_step(policy) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    from crucible_trainer.rl.update import UpdateConfig, update
+
+    seen: list[dict[str, torch.Tensor]] = []
+    inner = policy.step
+
+    def step() -> float:
+        seen.append(grads(policy))
+        return inner()
+
+    policy.step = step
+    metrics = update(policy, batch(), UpdateConfig(micro_batch=3, aggregation="token"), seed=7)
+    return seen[0], metrics
+
+
+def estimate(policy, rows: int, width: int, tail: int) -> int:
+    from crucible_trainer.runtime.hardware import bytes_per_sequence
+
+    config = policy.model.get_base_model().config
+    return rows * bytes_per_sequence(config, width, tail, 4)
+
+
+def test_only_the_micro_batches_that_do_not_fit_are_checkpointed(adapter_model, monkeypatch) -> None:
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE
+    from transformers import modeling_utils
+
+    reference, _ = first_step(make_policy(*adapter_model, checkpointing=False))
+    always, always_metrics = first_step(make_policy(*adapter_model, checkpointing=True))
+
+    policy = make_policy(*adapter_model)
+    assert policy.free_memory() is None  # on a CPU `auto` decides nothing: off
+    # Longest first (`bucketed`), micro-batches of 3, 3 and 1: widths 16, 7 and 2 tokens, completion
+    # tails 8, 4 and 1 (test_update_buckets.batch). A budget between the first two estimates:
+    longest, next_one = estimate(policy, 3, 16, 8), estimate(policy, 3, 7, 4)
+    budget = int((longest + next_one) / 2 / MICRO_BATCH_SHARE)
+    policy.free_memory = lambda: budget
+    layers = policy.model.get_base_model().config.num_hidden_layers
+    calls: list[int] = []
+    real = modeling_utils.checkpoint  # what transformers binds to each layer when checkpointing is enabled
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_utils, "checkpoint", counted)
+    mixed, metrics = first_step(policy)
+
+    assert metrics["update/checkpointed_micro_batches"] == 1.0
+    assert len(calls) == layers  # the longest micro-batch's layers, once each
+    assert always_metrics["update/checkpointed_micro_batches"] == 3.0
+    assert not policy._checkpointing_on  # the last (short) micro-batch ran without it
+    for name, g in reference.items():
+        assert torch.allclose(mixed[name], g, atol=1e-6, rtol=1e-5), name
+        assert torch.allclose(always[name], g, atol=1e-6, rtol=1e-5), name
+
+
+def test_every_micro_batch_is_checkpointed_when_memory_is_short(adapter_model) -> None:
+    policy = make_policy(*adapter_model)
+    policy.free_memory = lambda: 1
+    _, metrics = first_step(policy)
+    assert metrics["update/checkpointed_micro_batches"] == 3.0
+    policy.free_memory = lambda: 2**50
+    _, metrics = first_step(policy)
+    assert metrics["update/checkpointed_micro_batches"] == 0.0 and not policy._checkpointing_on
+
+
+def test_one_gpu_keeps_auto_and_ranks_decide_for_the_job(adapter_model, monkeypatch) -> None:
+    import crucible_models
+    from crucible_shared.events import SettingsEvent
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.runtime import hardware
+
+    monkeypatch.setattr(crucible_models, "pick_device", lambda device=None: "cuda:0")
+    monkeypatch.setattr(crucible_models, "pick_dtype", lambda device, dtype=None: torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**36, 2**37))
+    model, _ = adapter_model
+    one = TrainJob.model_validate({"model": {"base": str(model)}, "optim": {"micro_batch": 4}})
+    resolved, chosen = hardware.resolve(one)
+    assert resolved.model.gradient_checkpointing == "auto" and chosen["gradient_checkpointing"] == "auto"
+    SettingsEvent(**chosen)  # the event takes it
+    two = one.model_copy(update={"distributed": one.distributed.model_copy(update={"train_gpus": 2})})
+    resolved, chosen = hardware.resolve(two)
+    assert resolved.model.gradient_checkpointing is False  # a tiny model fits in 64 GiB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**10, 2**37))
+    resolved, _ = hardware.resolve(two)
+    assert resolved.model.gradient_checkpointing is True
