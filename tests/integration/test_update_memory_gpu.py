@@ -80,3 +80,66 @@ def test_the_estimate_covers_a_micro_batchs_peak(policy, rows: int, prompt: int,
     row |= {"prompt": prompt, "tail": tail, "peak_gib": round(peak / 2**30, 3)}
     print(json.dumps(row | {"estimate_gib": round(estimate / 2**30, 3), "ratio": round(estimate / peak, 3)}))
     assert peak <= estimate <= 1.3 * peak
+
+
+def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy) -> None:
+    """`auto` on the card, with the fused kernels: the free memory set between the estimates of a
+    step's longest and shorter micro-batches checkpoints the longest only (the non-reentrant form,
+    switched on and off within one update), and the gradient points where the update without
+    checkpointing points (bf16: cosine > 0.999)."""
+    from crucible_trainer.rl.rollout import Sample
+    from crucible_trainer.rl.update import UpdateConfig, update
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE, bytes_per_sequence
+
+    def sample(group: int, prompt: int, completion: int, advantage: float) -> Sample:
+        return Sample(
+            group,
+            group,
+            [11] * prompt,
+            [12] * completion,
+            "",
+            "",
+            None,
+            None,
+            reward=1.0,
+            advantage=advantage,
+        )
+
+    batch = [
+        sample(0, 200, 384, 1.0),
+        sample(0, 200, 300, -1.0),
+        sample(1, 100, 40, 1.0),
+        sample(1, 100, 30, -1.0),
+    ]
+    cfg = UpdateConfig(micro_batch=2, aggregation="token")
+
+    def gradient(free) -> tuple[torch.Tensor, dict[str, float]]:
+        policy.free_memory = free
+        seen: list[torch.Tensor] = []
+        inner, policy.step = policy.step, lambda: seen.append(flat_grad(policy)) or 0.0
+        try:
+            metrics = update(policy, batch, cfg)
+        finally:
+            policy.step = inner
+            policy.optimizer.zero_grad(set_to_none=True)
+        return seen[0], metrics
+
+    config = policy.model.get_base_model().config
+    longest, short = (2 * bytes_per_sequence(config, w, t, 2) for w, t in ((584, 384), (140, 40)))
+    policy.checkpointing = "auto"
+    try:
+        plain, plain_metrics = gradient(lambda: 2**50)
+        mixed, metrics = gradient(lambda: int((longest + short) / 2 / MICRO_BATCH_SHARE))
+    finally:
+        policy.checkpointing, policy.free_memory = False, policy._free_memory
+        policy.model.gradient_checkpointing_disable()
+        policy._checkpointing_on = False
+    assert plain_metrics["update/checkpointed_micro_batches"] == 0.0
+    assert metrics["update/checkpointed_micro_batches"] == 1.0 and metrics["update/micro_batches"] == 2.0
+    cosine = torch.nn.functional.cosine_similarity(plain, mixed, dim=0)
+    print(json.dumps({"layers": config.num_hidden_layers, "gradient_cosine": round(float(cosine), 6)}))
+    assert cosine > 0.999
+
+
+def flat_grad(policy) -> torch.Tensor:
+    return torch.cat([p.grad.float().flatten() for p in policy.model.parameters() if p.grad is not None])

@@ -94,6 +94,8 @@ def test_only_the_micro_batches_that_do_not_fit_are_checkpointed(adapter_model, 
     mixed, metrics = first_step(policy)
 
     assert metrics["update/checkpointed_micro_batches"] == 1.0
+    # 48 + 21 + 2 token slots (3 rows of 16, 3 of 7, 1 of 2) holding 38 + 18 + 2 real tokens
+    assert metrics["update/micro_batches"] == 3.0 and metrics["update/padding_fraction"] == 0.1831
     assert len(calls) == layers  # the longest micro-batch's layers, once each
     assert always_metrics["update/checkpointed_micro_batches"] == 3.0
     assert not policy._checkpointing_on  # the last (short) micro-batch ran without it

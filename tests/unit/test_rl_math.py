@@ -11,6 +11,7 @@ from crucible_shared.sandbox import RunResult
 from crucible_trainer.methods import srrl
 from crucible_trainer.methods.groups import assign_group_advantages
 from crucible_trainer.rl import advantages, losses, rewards
+from crucible_trainer.rl.policy import PassCounts
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig, update
 
@@ -130,7 +131,7 @@ class TinyPolicy:
         self.opt = torch.optim.SGD([self.table], lr=0.5)
         self.pad_id, self.device = 0, "cpu"
         self.fallbacks: list = []  # kernels to run a non-finite step again with (none on a CPU)
-        self.checkpointed = 0  # micro-batches run with gradient checkpointing (none here)
+        self.passes = PassCounts()  # what `Policy` counts of its forwards (none go through it here)
 
     def token_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         k = batch.tail

@@ -19,6 +19,7 @@ class Batch:
     position_ids: torch.Tensor  # [B, T]
     tail_mask: torch.Tensor  # [B, K]: 1 on completion tokens
     tail: int  # K = longest completion
+    tokens: int = 0  # the real (unpadded) tokens of all rows
 
 
 def make_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: str) -> Batch:
@@ -34,7 +35,8 @@ def make_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: i
         if c:
             tail_mask[i, tail - len(c) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return Batch(ids.to(device), mask.to(device), positions.to(device), tail_mask.to(device), tail)
+    real = sum(len(seq) for seq in seqs)
+    return Batch(ids.to(device), mask.to(device), positions.to(device), tail_mask.to(device), tail, real)
 
 
 def padded(batch: Batch, multiple: int, pad_id: int, rows: int = 1) -> Batch:
@@ -73,6 +75,7 @@ def padded(batch: Batch, multiple: int, pad_id: int, rows: int = 1) -> Batch:
         more(pad(batch.position_ids, left, 0)),
         more(pad(batch.tail_mask, tail - batch.tail, 0.0), masked=True),
         tail,
+        batch.tokens,
     )
 
 

@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -175,7 +176,7 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
     # (a sample left without a reward) changes it, which the check before the step catches.
     norm = Normaliser(float(len(batch)), float(sum(len(s.completion_ids) for s in batch)))
     timer = PartTimer(policy.device)
-    checkpointed = policy.checkpointed
+    counted = replace(policy.passes)
     zero = torch.zeros((), dtype=torch.float32, device=policy.device)
     ran: list[list[int]] = []
     retried, grad_norm, sums = 0, 0.0, [zero, zero, zero, zero]  # sums: loss, clip fraction, KL, ratio
@@ -245,10 +246,10 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
             "update/optimizer_steps": float(stepped),
             "update/skipped_nonfinite_steps": float(not stepped),
             "update/retried_nonfinite_steps": float(retried),
-            "update/checkpointed_micro_batches": float(policy.checkpointed - checkpointed),
             "time/update_score_s": 0.0,
             "time/update_passes_s": t1 - t0 - groups.waited_s,
         }
+        | policy.passes.since(counted)
     )
     parts = timer.seconds()
     for part in ("ref", "old", "forward_backward", "allreduce", "optimizer"):

@@ -40,6 +40,7 @@ import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -59,6 +60,39 @@ T = TypeVar("T")
 
 # A compiled forward's batches are padded to a multiple of this many tokens (and completion tail).
 COMPILE_MULTIPLE = 64
+
+
+@dataclass
+class PassCounts:
+    """The policy's training forwards (micro-batches) so far; an update reports its own share
+    (`since`): how many, how many checkpointed, and the share of their token slots that was
+    padding (rows times width against the real tokens)."""
+
+    micro_batches: int = 0
+    checkpointed: int = 0
+    slots: int = 0
+    tokens: int = 0
+
+    def count(self, batch: Batch, checkpointed: bool) -> None:
+        self.micro_batches += 1
+        self.checkpointed += checkpointed
+        self.slots += batch.input_ids.numel()
+        self.tokens += batch.tokens
+
+    def since(self, before: PassCounts) -> dict[str, float]:
+        """The update's figures: these counts less `before` (a copy taken when it began).
+
+        >>> now = PassCounts(micro_batches=3, checkpointed=1, slots=71, tokens=58)
+        >>> now.since(PassCounts())["update/padding_fraction"]
+        0.1831
+        """
+        slots = self.slots - before.slots
+        padding = 1 - (self.tokens - before.tokens) / slots if slots else 0.0
+        return {
+            "update/micro_batches": float(self.micro_batches - before.micro_batches),
+            "update/checkpointed_micro_batches": float(self.checkpointed - before.checkpointed),
+            "update/padding_fraction": round(padding, 4),
+        }
 
 
 class Policy:
@@ -91,7 +125,7 @@ class Policy:
         # (`_checkpoint_for`); elsewhere it is off.
         self.checkpointing = spec.gradient_checkpointing
         self._checkpointing_on = spec.gradient_checkpointing is True
-        self.checkpointed = 0  # training micro-batches run with checkpointing, over the job
+        self.passes = PassCounts()  # the training forwards so far (each update reports its share)
         self.free_memory: Callable[[], int | None] = self._free_memory
         self.model.train()
         self.mixed_precision(True)
@@ -226,7 +260,7 @@ class Policy:
         if torch.is_grad_enabled():
             if self.checkpointing == "auto":
                 self._checkpoint_for(batch)
-            self.checkpointed += self._checkpointing_on
+            self.passes.count(batch, self._checkpointing_on)
         if self._compiled is None or self.run_eager:
             return self._logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.tail_mask)
         # Two rows at least: the compiler gives a dimension of size 1 a graph of its own.

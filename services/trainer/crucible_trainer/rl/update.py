@@ -30,7 +30,7 @@ import math
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -124,7 +124,7 @@ def update(
     comps = [s.completion_ids for s in samples]
     lengths = [(len(p), len(c)) for p, c in zip(prompts, comps, strict=True)]
     timer = PartTimer(policy.device)
-    checkpointed = policy.checkpointed
+    passes = replace(policy.passes)
     order = list(range(len(samples)))
     first_plan = parallel.plan(order, cfg.micro_batch, cfg.grad_accum)
     # log p_old is the policy before the update. When the first pass is one optimizer step in one
@@ -213,7 +213,7 @@ def update(
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
     metrics["update/retried_nonfinite_steps"] = float(counts["retried"])
-    metrics["update/checkpointed_micro_batches"] = float(policy.checkpointed - checkpointed)
+    metrics.update(policy.passes.since(passes))
     # Where the update's time goes (wall times; each optimizer step reads the gradient norm, so
     # they include the device's work): scoring old / reference log-probs (with the gather of every
     # rank's share), then the passes of forward, backward and optimizer steps (with the gradients'
