@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.families import build_family, save_lora
-from tests.unit.test_update_buckets import batch, grads
+from tests.unit.test_update_buckets import recorded
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +47,10 @@ def make_policy(model: Path, adapter: str, checkpointing: bool | str = "auto"):
 
 
 def first_step(policy) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    from crucible_trainer.rl.update import UpdateConfig, update
+    from crucible_trainer.rl.update import UpdateConfig
 
-    seen: list[dict[str, torch.Tensor]] = []
-    inner = policy.step
-
-    def step() -> float:
-        seen.append(grads(policy))
-        return inner()
-
-    policy.step = step
-    metrics = update(policy, batch(), UpdateConfig(micro_batch=3, aggregation="token"), seed=7)
-    return seen[0], metrics
+    steps, metrics = recorded(policy, UpdateConfig(micro_batch=3, aggregation="token"))
+    return steps[0], metrics
 
 
 def estimate(policy, rows: int, width: int, tail: int) -> int:
