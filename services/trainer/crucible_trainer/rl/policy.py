@@ -65,8 +65,9 @@ COMPILE_MULTIPLE = 64
 @dataclass
 class PassCounts:
     """The policy's training forwards (micro-batches) so far; an update reports its own share
-    (`since`): how many, how many checkpointed, and the share of their token slots that was
-    padding (rows times width against the real tokens)."""
+    (`since`): how many (a step run again after a non-finite gradient counts again), how many
+    checkpointed, and the share of their token slots that was padding (rows times width against
+    the real tokens)."""
 
     micro_batches: int = 0
     checkpointed: int = 0

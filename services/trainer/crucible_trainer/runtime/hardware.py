@@ -38,8 +38,8 @@ def bytes_per_sequence(
     logits, their float32 copy, log-softmax and gradient). Eager attention (`attention`) also keeps
     every head's scores and probabilities: `2 · heads · tokens²` values a layer.
 
-    Fitted to peaks measured on an H200 (docs/benchmarks.md, "Gradient checkpointing per
-    micro-batch"): Qwen2.5-Coder-1.5B 1.99 MiB per token and 2.28 MiB more per completion token,
+    Fitted to peaks measured on an H200 (docs/benchmarks.md, "The update at a real batch's
+    lengths"): Qwen2.5-Coder-1.5B 1.99 MiB per token and 2.28 MiB more per completion token,
     under this estimate's 2.17 and 2.32 MiB (75.9 GiB for 32 rows of 784 tokens, 384 of them
     completion, against 81.1 GiB here); SmolLM2-135M 13.0 GiB for 32 rows of 456 tokens (256
     completion) against 14.0 GiB here.
