@@ -28,8 +28,9 @@ async def collect(
     async def groups(chosen: list[int], offset: int, round: int) -> tuple[list[Sample], dict[str, float]]:
         return await ctx.sample(first_prompts(ctx, chosen, offset), cfg.group_size, round=round), {}
 
-    if ctx.early is not None and cfg.filter.mode != "dynamic" and cfg.scale != "batch":
-        # One group's advantages need only its rewards: the update may start on it (rl/early.py).
+    if ctx.early is not None:
+        # Set only where one group's advantages need only its rewards (`early_update_blocker`):
+        # the update may start on each group as it is scored (rl/early.py).
         ctx.early.open(lambda members: assign_group_advantages(members, cfg.scale))
     batch, sampled, _, filter_metrics = await select_groups(ctx, cfg.filter, indices, groups)
     assign_group_advantages(batch, cfg.scale)

@@ -51,6 +51,7 @@ from crucible_shared.jobs import ModelSpec, OptimSpec
 from crucible_trainer.rl import fused
 from crucible_trainer.rl.batch import Batch, make_batch, padded
 from crucible_trainer.runtime.atomic import output_dir
+from crucible_trainer.runtime.hardware import checkpoint_needed
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -276,8 +277,6 @@ class Policy:
     def _checkpoint_for(self, batch: Batch) -> None:
         """Gradient checkpointing on for `batch` if its estimate (`hardware.checkpoint_needed`)
         does not fit in the memory free now, off otherwise (switched only when that changes)."""
-        from crucible_trainer.runtime.hardware import checkpoint_needed
-
         free = self.free_memory()
         base = self.model.get_base_model()
         config = base.config.get_text_config()
