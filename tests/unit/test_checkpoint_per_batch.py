@@ -5,7 +5,8 @@ A one-GPU job keeps `auto` and the policy checkpoints only the micro-batches who
 policy's free memory is set by hand to a budget between the estimates of a step's longest and
 shorter micro-batches: the longest is checkpointed (every decoder layer goes through
 `torch.utils.checkpoint`, as transformers binds it) and the others are not, and the gradients handed to the optimizer equal
-those of the same update with checkpointing never on and always on.
+those of the same update with checkpointing never on and always on; and so for every family of
+`tests/families.py` (tiny random checkpoints, random adapters).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.families import build_family, save_lora
-from tests.unit.test_update_buckets import recorded
+from tests.families import FAMILIES, build_family, save_lora
+from tests.unit.test_update_buckets import batch, recorded
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +127,41 @@ def test_one_gpu_keeps_auto_and_ranks_decide_for_the_job(adapter_model, monkeypa
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**10, 2**37))
     resolved, _ = hardware.resolve(two)
     assert resolved.model.gradient_checkpointing is True
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_trains_the_same_with_checkpointing_switched(family, tmp_path) -> None:
+    """Each family users train, its tiny random checkpoint with a random adapter: the update's
+    gradient with the longest micro-batch checkpointed (switched on, then off, within one update)
+    equals the gradient with checkpointing never on."""
+    model = build_family(family, tmp_path)
+    policy = make_policy(model, save_lora(model, tmp_path / "adapter", seed=5, rank=4, scale=0.05))
+    attention = policy.model.get_base_model().config._attn_implementation
+
+    def gradient(free: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        from crucible_trainer.rl.update import UpdateConfig, update
+
+        seen: list[dict[str, torch.Tensor]] = []
+
+        def record() -> float:  # the gradient, no step: both updates start from the same weights
+            seen.append(
+                {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+            )
+            policy.optimizer.zero_grad(set_to_none=True)
+            return 0.0
+
+        policy.free_memory, policy.step = (lambda: free), record
+        metrics = update(policy, batch(), UpdateConfig(micro_batch=3))
+        return seen[0], metrics
+
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE, bytes_per_sequence
+
+    config = policy.model.get_base_model().config
+    longest, next_one = (3 * bytes_per_sequence(config, w, t, 4, attention) for w, t in ((16, 8), (7, 4)))
+    plain, plain_metrics = gradient(2**50)
+    mixed, metrics = gradient(int((longest + next_one) / 2 / MICRO_BATCH_SHARE))
+    assert plain_metrics["update/checkpointed_micro_batches"] == 0.0
+    assert metrics["update/checkpointed_micro_batches"] == 1.0
+    assert plain.keys() == mixed.keys() and plain
+    for name, g in plain.items():
+        assert torch.allclose(mixed[name], g, atol=1e-6, rtol=1e-5), name
