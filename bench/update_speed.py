@@ -1,7 +1,8 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
 the limit"): `--compare buckets` (micro-batches in the batch's order or longest first), `precision`
 (PEFT's casting or autocast), `compile` (eager or compiled passes), `fused` (transformers' norms and
-MLPs or rl/fused.py's kernels) or `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`). The job is
+MLPs or rl/fused.py's kernels), `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`) or `head`
+(the full logits or rl/head.py's chunked head). The job is
 bench/multi_gpu.py's GRPO spec with `--set` overrides, the batch synthetic and seeded; the figures
 are per-arm medians of the update's own metrics, each arm's first (warm-up) update apart (`warmup_s`).
 
@@ -38,6 +39,7 @@ ARMS = {
     "compile": {"eager": ("run_eager", True), "compiled": ("run_eager", False)},
     "fused": {"unfused": ("fused_kernels", False), "fused": ("fused_kernels", True)},
     "lora": {"peft_lora": ("lora_layers", False), "fused_lora": ("lora_layers", True)},
+    "head": {"full_logits": ("head", False), "chunked_head": ("head", True)},
 }
 
 
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
     arms = ARMS[args.compare]
+    head = policy.head
 
     def config(arm: str) -> Any:
         """The update's config with `arm`'s field set."""
@@ -117,6 +120,8 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             policy.mixed_precision(value)
         elif field == "fused_kernels":
             policy.fused_kernels(value)
+        elif field == "head":  # the chunked head (rl/head.py) or the full logits
+            policy.head = head if value else None
         elif field == "lora_layers":  # also what a step run again re-fuses
             policy.lora_kernels = value
             policy.fused_kernels(False)

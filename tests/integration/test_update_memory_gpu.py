@@ -1,5 +1,6 @@
 """On CUDA: the update's memory estimate (`hardware.bytes_per_sequence`) covers what a training
-micro-batch really takes, without checkpointing, and not by a wide margin.
+micro-batch really takes, without checkpointing, and not by a wide margin: with the full logits
+and with the chunked head (rl/head.py).
 
 Gradient checkpointing on `auto` is decided per micro-batch from that estimate against the free
 memory (`Policy._checkpoint_for`), so an estimate below the real peak would run a micro-batch out
@@ -60,26 +61,45 @@ def policy(request, tmp_path_factory):
     return Policy(spec.model, spec.optim, spec.seed)
 
 
+def estimate(policy, rows: int, width: int, tail: int) -> int:
+    """A micro-batch's estimate as the policy makes it (with the chunked head: its workspace too)."""
+    from crucible_trainer.runtime.hardware import bytes_per_sequence, head_workspace
+
+    config = policy.model.get_base_model().config
+    if policy.head is None:
+        return rows * bytes_per_sequence(config, width, tail, 2)
+    return rows * bytes_per_sequence(config, width, tail, 2, head="chunked") + head_workspace(
+        config, rows * tail
+    )
+
+
+@pytest.mark.parametrize("head", ["full", "chunked"])
 @pytest.mark.parametrize(("rows", "prompt", "tail"), SHAPES)
-def test_the_estimate_covers_a_micro_batchs_peak(policy, rows: int, prompt: int, tail: int) -> None:
+def test_the_estimate_covers_a_micro_batchs_peak(
+    policy, rows: int, prompt: int, tail: int, head: str
+) -> None:
     from crucible_trainer.rl.batch import make_batch
-    from crucible_trainer.runtime.hardware import bytes_per_sequence
 
     batch = make_batch([[11] * prompt] * rows, [[12] * tail] * rows, policy.pad_id, policy.device)
-    policy.optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    (policy.token_logprobs(batch).sum() * 1e-6).backward()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    policy.optimizer.zero_grad(set_to_none=True)
+    chunked, policy.head = policy.head, (policy.head if head == "chunked" else None)
+    try:
+        assert chunked is not None  # both geometries' families take the chunked head
+        policy.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        (policy.token_logprobs(batch).sum() * 1e-6).backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        policy.optimizer.zero_grad(set_to_none=True)
+        expected = estimate(policy, rows, prompt + tail, tail)
+    finally:
+        policy.head = chunked
     config = policy.model.get_base_model().config
-    estimate = rows * bytes_per_sequence(config, prompt + tail, tail, 2)
-    row = {"layers": config.num_hidden_layers, "hidden": config.hidden_size, "rows": rows}
+    row = {"head": head, "layers": config.num_hidden_layers, "hidden": config.hidden_size, "rows": rows}
     row |= {"prompt": prompt, "tail": tail, "peak_gib": round(peak / 2**30, 3)}
-    print(json.dumps(row | {"estimate_gib": round(estimate / 2**30, 3), "ratio": round(estimate / peak, 3)}))
-    assert peak <= estimate <= 1.3 * peak
+    print(json.dumps(row | {"estimate_gib": round(expected / 2**30, 3), "ratio": round(expected / peak, 3)}))
+    assert peak <= expected <= 1.3 * peak
 
 
 def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy) -> None:
@@ -89,7 +109,7 @@ def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy)
     checkpointing points (bf16: cosine > 0.999)."""
     from crucible_trainer.rl.rollout import Sample
     from crucible_trainer.rl.update import UpdateConfig, update
-    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE, bytes_per_sequence
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE
 
     def sample(group: int, prompt: int, completion: int, advantage: float) -> Sample:
         return Sample(
@@ -125,7 +145,7 @@ def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy)
         return seen[0], metrics
 
     config = policy.model.get_base_model().config
-    longest, short = (2 * bytes_per_sequence(config, w, t, 2) for w, t in ((584, 384), (140, 40)))
+    longest, short = estimate(policy, 2, 584, 384), estimate(policy, 2, 140, 40)
     policy.checkpointing = "auto"
     try:
         plain, plain_metrics = gradient(lambda: 2**50)
@@ -143,3 +163,38 @@ def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy)
 
 def flat_grad(policy) -> torch.Tensor:
     return torch.cat([p.grad.float().flatten() for p in policy.model.parameters() if p.grad is not None])
+
+
+def test_the_chunked_head_keeps_log_probs_and_gradient(policy) -> None:
+    """On the card, bf16 with the fused kernels: the chunked head's log-probs equal the full
+    logits' (within bf16's rounding of one product) and its gradient points the same way."""
+    from crucible_trainer.rl.batch import make_batch
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = policy.head.out_features
+    prompts = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (200, 120, 60, 30)]
+    completions = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (384, 200, 40, 1)]
+    batch = make_batch(prompts, completions, policy.pad_id, policy.device)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        policy.optimizer.zero_grad(set_to_none=True)
+        logp = policy.token_logprobs(batch)
+        (logp.sum() * 1e-3).backward()
+        grad = flat_grad(policy)
+        policy.optimizer.zero_grad(set_to_none=True)
+        return logp.detach(), grad
+
+    chunked, policy.head = policy.head, None
+    try:
+        full, full_grad = run()
+    finally:
+        policy.head = chunked
+    got, grad = run()
+    cosine = torch.nn.functional.cosine_similarity(full_grad, grad, dim=0)
+    gap = (got - full).abs().max()
+    print(
+        json.dumps(
+            {"head_logprob_gap": round(float(gap), 5), "head_gradient_cosine": round(float(cosine), 6)}
+        )
+    )
+    assert gap < 0.05 and cosine > 0.999

@@ -55,10 +55,14 @@ def first_step(policy) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
 
 
 def estimate(policy, rows: int, width: int, tail: int) -> int:
-    from crucible_trainer.runtime.hardware import bytes_per_sequence
+    """A micro-batch's estimate as the policy makes it: its attention kernel, and the chunked
+    head's workspace where it takes that head (rl/head.py)."""
+    from crucible_trainer.runtime.hardware import bytes_per_sequence, head_workspace
 
     config = policy.model.get_base_model().config
-    return rows * bytes_per_sequence(config, width, tail, 4)
+    head = "full" if policy.head is None else "chunked"
+    per_sequence = bytes_per_sequence(config, width, tail, 4, config._attn_implementation, head)
+    return rows * per_sequence + (head_workspace(config, rows * tail) if policy.head is not None else 0)
 
 
 def test_only_the_micro_batches_that_do_not_fit_are_checkpointed(adapter_model, monkeypatch) -> None:
@@ -136,7 +140,6 @@ def test_every_family_trains_the_same_with_checkpointing_switched(family, tmp_pa
     equals the gradient with checkpointing never on."""
     model = build_family(family, tmp_path)
     policy = make_policy(model, save_lora(model, tmp_path / "adapter", seed=5, rank=4, scale=0.05))
-    attention = policy.model.get_base_model().config._attn_implementation
 
     def gradient(free: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         from crucible_trainer.rl.update import UpdateConfig, update
@@ -154,10 +157,9 @@ def test_every_family_trains_the_same_with_checkpointing_switched(family, tmp_pa
         metrics = update(policy, batch(), UpdateConfig(micro_batch=3))
         return seen[0], metrics
 
-    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE, bytes_per_sequence
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE
 
-    config = policy.model.get_base_model().config
-    longest, next_one = (3 * bytes_per_sequence(config, w, t, 4, attention) for w, t in ((16, 8), (7, 4)))
+    longest, next_one = estimate(policy, 3, 16, 8), estimate(policy, 3, 7, 4)
     plain, plain_metrics = gradient(2**50)
     mixed, metrics = gradient(int((longest + next_one) / 2 / MICRO_BATCH_SHARE))
     assert plain_metrics["update/checkpointed_micro_batches"] == 0.0

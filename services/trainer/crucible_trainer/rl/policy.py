@@ -1,8 +1,10 @@
 """The policy: the base model with a trainable LoRA adapter (PEFT), and what the trainer asks of it.
 
 Log-probabilities are computed for exactly the token ids the generator sampled (never by
-re-tokenising text), left-padded so every completion ends at the last position and only the
-last `max_completion + 1` logits are materialised.
+re-tokenising text), left-padded so every completion ends at the last position. Only the
+completion tokens' hidden states go through the output layer, a chunk at a time (rl/head.py),
+where the family's logits are that layer's output; elsewhere, and in compiled passes, the last
+`max_completion + 1` positions' full logits are materialised.
 
 Mixed precision: the adapter's weights and their optimizer state stay float32 (PEFT upcasts them)
 while a bf16/fp16 base model computes in its own dtype. Forwards run under autocast with PEFT's
@@ -50,6 +52,7 @@ from crucible_shared.jobs import ModelSpec, OptimSpec
 
 from crucible_trainer.rl import fused
 from crucible_trainer.rl.batch import Batch, make_batch, padded
+from crucible_trainer.rl.head import hidden_out, output_layer, tail_logprobs
 from crucible_trainer.runtime.atomic import output_dir
 from crucible_trainer.runtime.hardware import checkpoint_needed
 
@@ -148,6 +151,8 @@ class Policy:
             log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
         if self.fused:
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
+        # The output layer the chunked head stands in for (rl/head.py), None where it may not.
+        self.head: torch.nn.Linear | None = output_layer(self.model.get_base_model())
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
         self.compile_mode: str | None = optim.compile or None
@@ -282,8 +287,9 @@ class Policy:
         config = base.config.get_text_config()
         rows, width = batch.input_ids.shape
         attention = getattr(config, "_attn_implementation", None) or "sdpa"
+        head = "chunked" if self.head is not None and (self._compiled is None or self.run_eager) else "full"
         need = free is not None and checkpoint_needed(
-            config, rows, width, batch.tail, base.dtype.itemsize, free, attention
+            config, rows, width, batch.tail, base.dtype.itemsize, free, attention, head
         )
         if need == self._checkpointing_on:
             return
@@ -311,7 +317,11 @@ class Policy:
     ) -> torch.Tensor:
         """[B, K] log-probabilities of the last K tokens (K: `tail_mask`'s width) under `tail_mask`."""
         k = tail_mask.shape[1]
-        with self.precision():
+        targets = input_ids[:, -k:]
+        # Eager passes take the completion tokens' hidden states through the chunked head
+        # (rl/head.py) where it computes what the full logits would; compiled ones keep the logits.
+        head = self.head if self._compiled is None or self.run_eager else None
+        with self.precision(), hidden_out(head) if head is not None else nullcontext():
             out = self.runner(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -319,8 +329,9 @@ class Policy:
                 logits_to_keep=k + 1,
                 use_cache=False,
             )
+        if head is not None:
+            return tail_logprobs(out.logits[:, -(k + 1) : -1, :], head, targets, tail_mask)
         logits = out.logits[:, -(k + 1) : -1, :].float()
-        targets = input_ids[:, -k:]
         picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
         logp = picked - torch.logsumexp(logits, dim=-1)
         return logp * tail_mask

@@ -4,7 +4,8 @@ checkpointing.
 `resolve` turns every `auto` of a spec into a value for this machine and says what it chose
 (the job logs it at its start). On a GPU the micro-batch comes from free memory and an
 estimate of what one sequence costs in the update (`bytes_per_sequence`: activations of every
-layer, the float32 logits of the completion and their gradients). Gradient checkpointing on `auto`
+layer, and the completion's float32 logits and their gradients, or with the chunked head of
+rl/head.py the completion's hidden states). Gradient checkpointing on `auto`
 is decided per micro-batch by the policy of a one-GPU job (`checkpoint_needed`: that micro-batch's
 own rows, width and completion against the memory free when it runs), so short micro-batches run
 without recomputing the forward; for several ranks or compiled passes, once for the job, when a
@@ -18,6 +19,8 @@ from typing import Any
 
 from crucible_shared.jobs import TrainJob
 
+from crucible_trainer.rl.head import chunk_tokens, plain_head
+
 CPU_MICRO_BATCH = 16
 MEMORY_SHARE = (
     0.6  # of free GPU memory for the update's activations (weights and optimizer are in it already)
@@ -29,14 +32,16 @@ PROMPT_TOKENS = 512  # a generous guess at prompt length (chat template + proble
 
 
 def bytes_per_sequence(
-    config: Any, tokens: int, completion: int, dtype_bytes: int, attention: str = "sdpa"
+    config: Any, tokens: int, completion: int, dtype_bytes: int, attention: str = "sdpa", head: str = "full"
 ) -> int:
     """Memory one sequence costs in a forward/backward pass without checkpointing: per token and
     layer `(18 h + 6 i) · dtype_bytes / 2` bytes (the tensors saved for the backward: the norms',
     attention's and projections' inputs, about 9 h, and the gated MLP's gate, up and product, 3 i;
-    SDPA keeps no attention scores), plus 16 bytes per completion token and vocabulary entry (the
-    logits, their float32 copy, log-softmax and gradient). Eager attention (`attention`) also keeps
-    every head's scores and probabilities: `2 · heads · tokens²` values a layer.
+    SDPA keeps no attention scores), plus, per completion token, 16 bytes a vocabulary entry with
+    the full logits (`head="full"`: the logits, their float32 copy, log-softmax and gradient) or
+    8 bytes a hidden unit with the chunked head (`"chunked"`, rl/head.py: its hidden state and that
+    state's gradient; the chunks' own logits are `head_workspace` per micro-batch). Eager attention
+    (`attention`) also keeps every head's scores and probabilities: `2 · heads · tokens²` values a layer.
 
     Fitted to peaks measured on an H200 (docs/benchmarks.md, "The update at a real batch's
     lengths"): Qwen2.5-Coder-1.5B 1.99 MiB per token and 2.28 MiB more per completion token,
@@ -51,7 +56,7 @@ def bytes_per_sequence(
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     activations = config.num_hidden_layers * tokens * (18 * hidden + 6 * intermediate) * dtype_bytes // 2
-    logits = completion * config.vocab_size * 16
+    logits = completion * (config.vocab_size * 16 if head == "full" else hidden * 8)
     scores = 0
     if attention == "eager":
         scores = config.num_hidden_layers * 2 * config.num_attention_heads * tokens * tokens * dtype_bytes
@@ -59,17 +64,33 @@ def bytes_per_sequence(
 
 
 def checkpoint_needed(
-    config: Any, rows: int, width: int, tail: int, dtype_bytes: int, free: int, attention: str = "sdpa"
-) -> bool:
+    config: Any, rows: int, width: int, tail: int, dtype_bytes: int, free: int, attention: str = "sdpa",
+    head: str = "full",
+) -> bool:  # fmt: skip
     """Whether a micro-batch of `rows` sequences `width` tokens wide, the last `tail` of them its
-    completion, needs gradient checkpointing with `free` bytes available.
+    completion, needs gradient checkpointing with `free` bytes available (`head`: as in
+    `bytes_per_sequence`).
 
     >>> class C: num_hidden_layers, hidden_size, intermediate_size, vocab_size = 30, 576, 1536, 49152
     >>> checkpoint_needed(C, 32, 456, 256, 2, 17 * 2**30), checkpoint_needed(C, 32, 456, 256, 2, 16 * 2**30)
     (False, True)
+    >>> checkpoint_needed(C, 32, 456, 256, 2, 12 * 2**30, head="chunked")
+    False
     """
-    need = rows * bytes_per_sequence(config, width, tail, dtype_bytes, attention)
+    need = rows * bytes_per_sequence(config, width, tail, dtype_bytes, attention, head)
+    need += head_workspace(config, rows * tail) if head == "chunked" else 0
     return need > MICRO_BATCH_SHARE * free
+
+
+def head_workspace(config: Any, completion: int) -> int:
+    """The chunked head's transient memory in a micro-batch of `completion` completion tokens
+    (rl/head.py): one chunk's logits in the layer's dtype and float32, their exponent and gradient.
+
+    >>> class C: vocab_size = 151936
+    >>> head_workspace(C, 100) / 2**20, round(head_workspace(C, 10_000) / 2**30, 2)
+    (231.8359375, 2.0)
+    """
+    return 16 * config.vocab_size * min(completion, chunk_tokens(config.vocab_size))
 
 
 def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str, Any]]:
@@ -92,8 +113,10 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         free, total = torch.cuda.mem_get_info(torch.device(device))
         config = AutoConfig.from_pretrained(resolve_model_path(base))
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
+        # The chunked head where the policy will use it (eager passes of a plain-head family).
+        head = "chunked" if plain_head(config.get_text_config()) and not spec.optim.compile else "full"
         per_sequence = bytes_per_sequence(
-            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"]
+            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"], head
         )
         fits = max(1, int(MEMORY_SHARE * free // per_sequence))
         if micro == "auto":
