@@ -159,8 +159,12 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
             torch.testing.assert_close(got_step[name], want, rtol=1e-4, atol=1e-6, msg=name)
     got_adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert got_adapter.keys() == want_adapter.keys()
+    # Two ranks sum a micro-batch's products in another order than one process: the gradients
+    # differ in float32's last bits, which AdamW's normalised steps (lr 1e-2) carry into the
+    # adapter as a few 1e-6 (measured up to 5.4e-6 after two steps); a wrong gradient moves an
+    # entry by about the learning rate.
     for name, want in want_adapter.items():
-        torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=2e-5, msg=name)
     assert got["metrics"]["update/sequences"] == 5
     # Rank 0 times the update's parts: handing the batch over, scoring, the passes.
     m = got["metrics"]

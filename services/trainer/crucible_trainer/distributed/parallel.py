@@ -82,6 +82,9 @@ class DataParallel(Parallel):
         else:
             # The fused norms, MLPs and LoRA layers (rl/fused.py) have not run under FSDP's gathered weights yet.
             policy.fused_kernels(False)
+            # Nor the chunked head (rl/head.py): it reads the output layer's weight after the
+            # forward, when FSDP has sharded it again. The full logits, computed inside the forward.
+            policy.head = None
             shard(policy.model)
         self.runner = policy.runner if self.strategy == "ddp" else policy.model
 

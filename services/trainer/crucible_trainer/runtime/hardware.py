@@ -113,8 +113,11 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         free, total = torch.cuda.mem_get_info(torch.device(device))
         config = AutoConfig.from_pretrained(resolve_model_path(base))
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
-        # The chunked head where the policy will use it (eager passes of a plain-head family).
-        head = "chunked" if plain_head(config.get_text_config()) and not spec.optim.compile else "full"
+        # The chunked head where the policy will use it (eager passes of a plain-head family, not
+        # under FSDP: distributed/parallel.py).
+        fsdp = spec.distributed.strategy == "fsdp"
+        chunked = plain_head(config.get_text_config()) and not spec.optim.compile and not fsdp
+        head = "chunked" if chunked else "full"
         per_sequence = bytes_per_sequence(
             config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"], head
         )
