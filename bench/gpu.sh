@@ -130,6 +130,15 @@ print("dense checkpoint:", target)'
     shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
     python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "$O/$1.json" "${@:3}" \
       2>&1 | tee "$O/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
+  update-head)  # [MB...]: bench/update_speed.py, the full logits against the chunked head (rl/head.py) at a
+    # real batch's lengths (20 problems x 8 samples, completions of 30-384 tokens) on the installed Qwen
+    # (after `qwen-setup`), per micro-batch (default 32 64), JSON and log in $OUT
+    for mb in "${@:2}"; do
+      python3 bench/update_speed.py --model "$QWEN" --compare head --kl-beta 0 --prompts 20 --group 8 \
+        --min-tokens 30 --max-tokens 384 --repeats 2 --micro-batch "$mb" --out "$O/head-mb$mb.json" \
+        2>&1 | tee "$O/head-mb$mb.log" | grep -vE "it/s]|^\s*warnings.warn"
+    done
+    [ $# -gt 1 ] || bash bench/gpu.sh update-head 32 64 ;;
   update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: bench/update_speed.py, eager against compiled passes
     # (optim.compile MODE: default) at the benchmark's batch (after `setup`), JSON and log in $OUT
     mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)

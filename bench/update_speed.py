@@ -32,6 +32,8 @@ from bench import common
 KEYS = {"update_s": None} | {f"{k}_s": f"time/update_{k}_s" for k in ("score", "ref", "forward_backward")}
 KEYS |= {"optimizer_s": "time/update_optimizer_s"}
 KEYS |= {k: f"perf/update_{k}" for k in ("tokens_per_s_per_gpu", "peak_fraction")}
+KEYS |= {k: f"update/{k}" for k in ("micro_batches", "checkpointed_micro_batches")}
+KEYS |= {"peak_gib": None}  # the most the update held on the card at once, over what it held before
 # --compare -> its two arms, before then after, each setting one field of the optimizer or the policy.
 ARMS = {
     "buckets": {"batch_order": ("length_buckets", False), "length_buckets": ("length_buckets", True)},
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    import torch
     from crucible_trainer.methods import method_module
     from crucible_trainer.rl.policy import Policy
     from crucible_trainer.rl.update import update
@@ -132,8 +135,16 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
     def timed(arm: str, seed: int) -> dict[str, float]:
         cfg = config(arm)
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        return update(policy, batch, cfg, seed=seed) | {"update_s": time.perf_counter() - started}
+        out = update(policy, batch, cfg, seed=seed) | {"update_s": time.perf_counter() - started}
+        if cuda:
+            out["peak_gib"] = round((torch.cuda.max_memory_allocated() - held) / 2**30, 2)
+        return out
 
     start = compiled_graphs()
     warmup = {arm: timed(arm, 0)["update_s"] for arm in arms}  # the first of each arm warms up
