@@ -111,7 +111,6 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch = synthetic_batch(args, len(policy.tokenizer))
     arms = ARMS[args.compare]
-    head = policy.head
 
     def config(arm: str) -> Any:
         """The update's config with `arm`'s field set."""
@@ -124,7 +123,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         elif field == "fused_kernels":
             policy.fused_kernels(value)
         elif field == "head":  # the chunked head (rl/head.py) or the full logits
-            policy.head = head if value else None
+            policy.head_mode = "chunked" if value else "full"
         elif field == "lora_layers":  # also what a step run again re-fuses
             policy.lora_kernels = value
             policy.fused_kernels(False)

@@ -3,7 +3,7 @@ micro-batch really takes, without checkpointing, and not by a wide margin: with 
 and with the chunked head (rl/head.py).
 
 Gradient checkpointing on `auto` is decided per micro-batch from that estimate against the free
-memory (`Policy._checkpoint_for`), so an estimate below the real peak would run a micro-batch out
+memory (`Policy._plan`), so an estimate below the real peak would run a micro-batch out
 of memory, and one far above it would recompute forwards for nothing. Two geometries in bf16 with
 a rank-16 float32 adapter on every linear layer, each micro-batch's peak over what was allocated
 before its forward: SmolLM2-135M's (the built-in model) and Qwen2.5-Coder-1.5B's widths and
@@ -61,16 +61,15 @@ def policy(request, tmp_path_factory):
     return Policy(spec.model, spec.optim, spec.seed)
 
 
-def estimate(policy, rows: int, width: int, tail: int) -> int:
-    """A micro-batch's estimate as the policy makes it (with the chunked head: its workspace too)."""
+def estimate(policy, rows: int, width: int, tail: int, head: str = "full") -> int:
+    """A micro-batch's estimate, its logits held as `head` says (chunked: with its workspace)."""
     from crucible_trainer.runtime.hardware import bytes_per_sequence, head_workspace
 
     config = policy.model.get_base_model().config
-    if policy.head is None:
+    if head == "full":
         return rows * bytes_per_sequence(config, width, tail, 2)
-    return rows * bytes_per_sequence(config, width, tail, 2, head="chunked") + head_workspace(
-        config, rows * tail
-    )
+    chunked = rows * bytes_per_sequence(config, width, tail, 2, head="chunked")
+    return chunked + head_workspace(config, rows * tail)
 
 
 @pytest.mark.parametrize("head", ["full", "chunked"])
@@ -81,9 +80,9 @@ def test_the_estimate_covers_a_micro_batchs_peak(
     from crucible_trainer.rl.batch import make_batch
 
     batch = make_batch([[11] * prompt] * rows, [[12] * tail] * rows, policy.pad_id, policy.device)
-    chunked, policy.head = policy.head, (policy.head if head == "chunked" else None)
+    assert policy.head is not None  # both geometries' families take the chunked head
+    policy.head_mode = head
     try:
-        assert chunked is not None  # both geometries' families take the chunked head
         policy.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -92,9 +91,9 @@ def test_the_estimate_covers_a_micro_batchs_peak(
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         policy.optimizer.zero_grad(set_to_none=True)
-        expected = estimate(policy, rows, prompt + tail, tail)
+        expected = estimate(policy, rows, prompt + tail, tail, head)
     finally:
-        policy.head = chunked
+        policy.head_mode = "auto"
     config = policy.model.get_base_model().config
     row = {"head": head, "layers": config.num_hidden_layers, "hidden": config.hidden_size, "rows": rows}
     row |= {"prompt": prompt, "tail": tail, "peak_gib": round(peak / 2**30, 3)}
@@ -145,7 +144,9 @@ def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy)
         return seen[0], metrics
 
     config = policy.model.get_base_model().config
-    longest, short = estimate(policy, 2, 584, 384), estimate(policy, 2, 140, 40)
+    # The longest at its smallest without checkpointing (through the chunked head), the short one
+    # with its full logits: between them, only the longest is checkpointed.
+    longest, short = estimate(policy, 2, 584, 384, "chunked"), estimate(policy, 2, 140, 40)
     policy.checkpointing = "auto"
     try:
         plain, plain_metrics = gradient(lambda: 2**50)
@@ -184,12 +185,13 @@ def test_the_chunked_head_keeps_log_probs_and_gradient(policy) -> None:
         policy.optimizer.zero_grad(set_to_none=True)
         return logp.detach(), grad
 
-    chunked, policy.head = policy.head, None
     try:
+        policy.head_mode = "full"
         full, full_grad = run()
+        policy.head_mode = "chunked"
+        got, grad = run()
     finally:
-        policy.head = chunked
-    got, grad = run()
+        policy.head_mode = "auto"
     cosine = torch.nn.functional.cosine_similarity(full_grad, grad, dim=0)
     gap = (got - full).abs().max()
     print(

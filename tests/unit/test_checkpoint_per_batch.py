@@ -55,8 +55,9 @@ def first_step(policy) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
 
 
 def estimate(policy, rows: int, width: int, tail: int) -> int:
-    """A micro-batch's estimate as the policy makes it: its attention kernel, and the chunked
-    head's workspace where it takes that head (rl/head.py)."""
+    """A micro-batch's estimate at its smallest without checkpointing, as the policy decides
+    it: its attention kernel, and through the chunked head (with its workspace) where the family
+    takes it (rl/head.py: the policy takes it where the full logits do not fit)."""
     from crucible_trainer.runtime.hardware import bytes_per_sequence, head_workspace
 
     config = policy.model.get_base_model().config

@@ -96,11 +96,11 @@ def test_every_family_gets_the_full_logits_log_probs_and_gradients(family, tmp_p
         grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
         return logp.detach(), grads
 
-    chunked_head, policy.head = policy.head, None
+    policy.head_mode = "full"
     full, full_grads = run()
-    policy.head = chunked_head
+    policy.head_mode = "auto"  # on a CPU: the chunked head wherever the family takes it
     got, grads = run()
-    assert (chunked_head is None) == (family == "gemma2")
+    assert (policy.head is None) == (family == "gemma2")
     assert torch.equal(got == 0, made.tail_mask == 0) or family == "gemma2"
     assert torch.allclose(got, full, atol=1e-5, rtol=1e-5)
     assert grads.keys() == full_grads.keys() and grads
@@ -122,3 +122,55 @@ def test_the_output_layer_is_given_back_after_a_forward_that_failed(tmp_path) ->
     assert "forward" not in vars(head)  # the layer computes logits again
     logits = policy.model(input_ids=made.input_ids, attention_mask=made.attention_mask).logits
     assert logits.shape[-1] == head.out_features
+
+
+def test_a_gpu_takes_the_chunked_head_only_where_the_full_logits_do_not_fit(tmp_path, monkeypatch) -> None:
+    """`head_mode: auto` with the free memory known (a GPU's; set here by hand): a micro-batch whose
+    full logits fit keeps them, one that fits only through the chunked head takes it, one that
+    fits neither way is checkpointed too; the gradient is the same every way."""
+    from crucible_trainer.rl import head
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE, bytes_per_sequence, head_workspace
+
+    model = build_family("qwen2", tmp_path)
+    policy = make_policy(model, save_lora(model, tmp_path / "adapter", seed=5, rank=4, scale=0.05))
+    config = policy.model.get_base_model().config
+    # Chunks of 2 tokens: this batch's micro-batches hold a few completion tokens where a real one
+    # holds thousands, more than a chunk (883 at Qwen2.5's vocabulary), as here.
+    monkeypatch.setattr(head, "CHUNK_ELEMENTS", 2 * config.vocab_size)
+
+    def need(rows: int, width: int, tail: int, head: str) -> int:
+        extra = head_workspace(config, rows * tail) if head == "chunked" else 0
+        return rows * bytes_per_sequence(config, width, tail, 4, "sdpa", head) + extra
+
+    # The longest micro-batch (3 rows of 16 tokens, tails of 8: test_update_buckets.batch) against
+    # the next (3 rows of 7, tails of 4) and the last (1 row of 2, tail 1).
+    longest_full, longest_chunked = need(3, 16, 8, "full"), need(3, 16, 8, "chunked")
+    assert longest_chunked < need(3, 7, 4, "full") < longest_full
+    cases = {  # free memory -> (micro-batches through the chunked head, checkpointed)
+        2**50: (0.0, 0.0),
+        int((need(3, 7, 4, "full") + longest_full) / 2 / MICRO_BATCH_SHARE): (1.0, 0.0),
+        1: (3.0, 3.0),
+    }
+
+    def gradient(free: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        from crucible_trainer.rl.update import UpdateConfig, update
+
+        seen: list[dict[str, torch.Tensor]] = []
+
+        def record() -> float:  # the gradient, no step: every update starts from the same weights
+            seen.append({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
+            policy.optimizer.zero_grad(set_to_none=True)
+            return 0.0
+
+        policy.free_memory, policy.step = (lambda: free), record
+        return seen, update(policy, batch(), UpdateConfig(micro_batch=3))
+
+    reference = gradient(2**50)[0][0]
+    for free, (chunked, checkpointed) in cases.items():
+        seen, metrics = gradient(free)
+        grads = seen[0]
+        assert metrics["update/micro_batches"] == 3.0
+        assert metrics["update/chunked_head_micro_batches"] == chunked, free
+        assert metrics["update/checkpointed_micro_batches"] == checkpointed, free
+        for name, g in reference.items():
+            assert torch.allclose(grads[name], g, atol=1e-6, rtol=1e-5), name

@@ -1,10 +1,11 @@
 """The policy: the base model with a trainable LoRA adapter (PEFT), and what the trainer asks of it.
 
 Log-probabilities are computed for exactly the token ids the generator sampled (never by
-re-tokenising text), left-padded so every completion ends at the last position. Only the
-completion tokens' hidden states go through the output layer, a chunk at a time (rl/head.py),
-where the family's logits are that layer's output; elsewhere, and in compiled passes, the last
-`max_completion + 1` positions' full logits are materialised.
+re-tokenising text), left-padded so every completion ends at the last position, and only the
+last `max_completion + 1` positions' logits are materialised. Where those logits would not fit in
+a GPU's free memory (and always on a CPU, where it is faster), only the completion tokens'
+hidden states go through the output layer instead, a chunk at a time (rl/head.py, for the
+families whose logits are that layer's output; not in compiled passes).
 
 Mixed precision: the adapter's weights and their optimizer state stay float32 (PEFT upcasts them)
 while a bf16/fp16 base model computes in its own dtype. Forwards run under autocast with PEFT's
@@ -70,17 +71,19 @@ COMPILE_MULTIPLE = 64
 class PassCounts:
     """The policy's training forwards (micro-batches) so far; an update reports its own share
     (`since`): how many (a step run again after a non-finite gradient counts again), how many
-    checkpointed, and the share of their token slots that was padding (rows times width against
+    checkpointed, how many through the chunked head, and the share of their token slots that was padding (rows times width against
     the real tokens)."""
 
     micro_batches: int = 0
     checkpointed: int = 0
+    chunked: int = 0
     slots: int = 0
     tokens: int = 0
 
-    def count(self, batch: Batch, checkpointed: bool) -> None:
+    def count(self, batch: Batch, checkpointed: bool, chunked: bool = False) -> None:
         self.micro_batches += 1
         self.checkpointed += checkpointed
+        self.chunked += chunked
         self.slots += batch.input_ids.numel()
         self.tokens += batch.tokens
 
@@ -96,6 +99,7 @@ class PassCounts:
         return {
             "update/micro_batches": float(self.micro_batches - before.micro_batches),
             "update/checkpointed_micro_batches": float(self.checkpointed - before.checkpointed),
+            "update/chunked_head_micro_batches": float(self.chunked - before.chunked),
             "update/padding_fraction": round(padding, 4),
         }
 
@@ -151,8 +155,13 @@ class Policy:
             log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
         if self.fused:
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
-        # The output layer the chunked head stands in for (rl/head.py), None where it may not.
+        # The output layer the chunked head stands in for (rl/head.py), None where it may not, and
+        # when it does (`head_mode`): `auto` on a CPU always; on a GPU for a training micro-batch
+        # whose full logits would not fit in the memory free (`_plan`), before checkpointing it
+        # (where the free memory is unknown, a CPU: always).
         self.head: torch.nn.Linear | None = output_layer(self.model.get_base_model())
+        self.head_mode: str = "auto"  # or "chunked" / "full" (tests, a benchmark's arms)
+        self._chunked_now = False  # this forward's choice (`_plan`)
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
         self.compile_mode: str | None = optim.compile or None
@@ -264,10 +273,9 @@ class Policy:
             self.run_eager = before
 
     def _forward(self, batch: Batch) -> torch.Tensor:
+        self._plan(batch)
         if torch.is_grad_enabled():
-            if self.checkpointing == "auto":
-                self._checkpoint_for(batch)
-            self.passes.count(batch, self._checkpointing_on)
+            self.passes.count(batch, self._checkpointing_on, self._chunked_now)
         if self._compiled is None or self.run_eager:
             return self._logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.tail_mask)
         # Two rows at least: the compiler gives a dimension of size 1 a graph of its own.
@@ -279,18 +287,37 @@ class Policy:
         rows = batch.input_ids.shape[0]
         return self._compiled(*inputs)[:rows, -batch.tail :]
 
-    def _checkpoint_for(self, batch: Batch) -> None:
-        """Gradient checkpointing on for `batch` if its estimate (`hardware.checkpoint_needed`)
-        does not fit in the memory free now, off otherwise (switched only when that changes)."""
+    def _plan(self, batch: Batch) -> None:
+        """How `batch`'s forward holds its memory: through the chunked head or the full logits
+        (`head_mode`), and, on `gradient_checkpointing: auto`, checkpointed or not. A training
+        micro-batch on a GPU takes the full logits where their estimate
+        (`hardware.checkpoint_needed`) fits in the memory free now, else the chunked head, and is
+        checkpointed only if it does not fit even so; checkpointing is switched only when that
+        changes. Scoring (no gradient) keeps the full logits on a GPU."""
+        eager = self._compiled is None or self.run_eager
         free = self.free_memory()
+        if self.head is None or not eager or self.head_mode == "full":
+            self._chunked_now = False
+        elif self.head_mode == "chunked" or free is None:  # None: a CPU
+            self._chunked_now = True
+        else:
+            self._chunked_now = torch.is_grad_enabled() and not self._fits(batch, "full", free)
+        if torch.is_grad_enabled() and self.checkpointing == "auto":
+            head = "chunked" if self._chunked_now else "full"
+            self._checkpoint(free is not None and not self._fits(batch, head, free))
+
+    def _fits(self, batch: Batch, head: str, free: int) -> bool:
+        """Whether `batch` fits in `free` bytes without checkpointing, its logits held as `head` says."""
         base = self.model.get_base_model()
         config = base.config.get_text_config()
         rows, width = batch.input_ids.shape
         attention = getattr(config, "_attn_implementation", None) or "sdpa"
-        head = "chunked" if self.head is not None and (self._compiled is None or self.run_eager) else "full"
-        need = free is not None and checkpoint_needed(
+        return not checkpoint_needed(
             config, rows, width, batch.tail, base.dtype.itemsize, free, attention, head
         )
+
+    def _checkpoint(self, need: bool) -> None:
+        """Gradient checkpointing on (`need`) or off for the next forwards."""
         if need == self._checkpointing_on:
             return
         if need:  # the non-reentrant form: it needs no hook making the embeddings' output require grad
@@ -318,9 +345,9 @@ class Policy:
         """[B, K] log-probabilities of the last K tokens (K: `tail_mask`'s width) under `tail_mask`."""
         k = tail_mask.shape[1]
         targets = input_ids[:, -k:]
-        # Eager passes take the completion tokens' hidden states through the chunked head
-        # (rl/head.py) where it computes what the full logits would; compiled ones keep the logits.
-        head = self.head if self._compiled is None or self.run_eager else None
+        # The completion tokens' hidden states through the chunked head (rl/head.py) where `_plan`
+        # chose it; compiled passes keep the logits (`_plan` never chooses it for them).
+        head = self.head if self._chunked_now else None
         with self.precision(), hidden_out(head) if head is not None else nullcontext():
             out = self.runner(
                 input_ids=input_ids,
