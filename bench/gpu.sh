@@ -182,6 +182,24 @@ print("dense checkpoint:", target)'
       "${sets[@]}" || echo "crucible-2gpu-split-overlap$tag failed"
     bash bench/gpu.sh bg "ev-ddp$tag" tta-eval "$a" "crucible-2gpu-ddp$tag"
     bash bench/gpu.sh tta-eval "$b" "crucible-2gpu-split-overlap$tag" ;;
+  tta-race)  # [CARDS] [SEEDS]: issue 34 §4 in one lease (after `qwen-setup` and vLLM's install): TTA_RECIPE by
+    # TRL (`tta-trl`) and by Crucible, each seed of SEEDS (default 0,1,2) once each, every run alone on
+    # its card, the runs dealt to CARDS (default 0; e.g. 0,1) in turn, TRL and Crucible alternating (two
+    # cards: both engines on each); then each card evaluates its own runs (long: `bg`, then `wait-bg`)
+    IFS=, read -ra cs <<< "${2:-0}"; IFS=, read -ra ss <<< "${3:-0,1,2}"
+    runs=(); for s in "${ss[@]}"; do  # odd seeds Crucible first: two cards each get both engines
+      if (( s % 2 )); then runs+=("c-s$s" "trl-s$s"); else runs+=("trl-s$s" "c-s$s"); fi; done
+    for i in "${!cs[@]}"; do
+      (card=${cs[$i]} mine=()
+       for ((j = i; j < ${#runs[@]}; j += ${#cs[@]})); do
+         run=${runs[$j]} seed=${runs[$j]##*-s} sets=(--every 5 --set "seed=${runs[$j]##*-s}" --set "data.seed=${runs[$j]##*-s}")
+         if [[ $run == trl-* ]]; then CUDA_VISIBLE_DEVICES=$card bash bench/gpu.sh tta-trl --out "$TTA/$run" "${sets[@]}"
+         else bash bench/gpu.sh tta-crucible "$run" "$card" - --rows 512 "${sets[@]}"; fi || echo "$run (seed $seed) failed"
+         mine+=("$run")
+       done
+       bash bench/gpu.sh tta-eval "$card" "${mine[@]}") &
+    done
+    wait; bash bench/gpu.sh tta-table ;;
   tta-eval)  # CARD RUN...: every saved adapter of these runs (under /root/results/tta) evaluated on CARD
     runs=(); for run in "${@:3}"; do [ -f "$TTA/$run/run.json" ] && runs+=("$TTA/$run"); done
     [ ${#runs[@]} -gt 0 ] || { echo "no run to evaluate among: ${*:3}"; exit 1; }

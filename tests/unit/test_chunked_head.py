@@ -174,3 +174,29 @@ def test_a_gpu_takes_the_chunked_head_only_where_the_full_logits_do_not_fit(tmp_
         assert metrics["update/checkpointed_micro_batches"] == checkpointed, free
         for name, g in reference.items():
             assert torch.allclose(grads[name], g, atol=1e-6, rtol=1e-5), name
+
+
+def test_an_output_layer_that_trains_or_is_wrapped_keeps_the_full_logits(tmp_path) -> None:
+    """A head with trainable weights (an adapter or `modules_to_save` on it) or one that is not a
+    plain `nn.Linear` (PEFT's wrappers): the chunked head would compute another gradient, so none."""
+    from crucible_trainer.rl.head import output_layer
+
+    model = build_family("llama", tmp_path)
+    policy = make_policy(model, save_lora(model, tmp_path / "adapter", seed=5, rank=4, scale=0.05))
+    base = policy.model.get_base_model()
+    head = base.get_output_embeddings()
+    assert output_layer(base) is head
+    head.weight.requires_grad_(True)
+    assert output_layer(base) is None
+    head.weight.requires_grad_(False)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Linear) -> None:
+            super().__init__()
+            self.inner, self.weight = inner, inner.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    base.set_output_embeddings(Wrapped(head))
+    assert output_layer(base) is None
