@@ -71,8 +71,8 @@ COMPILE_MULTIPLE = 64
 class PassCounts:
     """The policy's training forwards (micro-batches) so far; an update reports its own share
     (`since`): how many (a step run again after a non-finite gradient counts again), how many
-    checkpointed, how many through the chunked head, and the share of their token slots that was padding (rows times width against
-    the real tokens)."""
+    checkpointed, how many through the chunked head, and the share of their token slots that was
+    padding (rows times width against the real tokens)."""
 
     micro_batches: int = 0
     checkpointed: int = 0
@@ -155,10 +155,8 @@ class Policy:
             log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
         if self.fused:
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
-        # The output layer the chunked head stands in for (rl/head.py), None where it may not, and
-        # when it does (`head_mode`): `auto` on a CPU always; on a GPU for a training micro-batch
-        # whose full logits would not fit in the memory free (`_plan`), before checkpointing it
-        # (where the free memory is unknown, a CPU: always).
+        # The output layer the chunked head stands in for (rl/head.py), None where it may not; when
+        # it does is `head_mode`'s (`auto`: `_plan` decides per forward).
         self.head: torch.nn.Linear | None = output_layer(self.model.get_base_model())
         self.head_mode: str = "auto"  # or "chunked" / "full" (tests, a benchmark's arms)
         self._chunked_now = False  # this forward's choice (`_plan`)
@@ -293,16 +291,17 @@ class Policy:
         micro-batch on a GPU takes the full logits where their estimate
         (`hardware.checkpoint_needed`) fits in the memory free now, else the chunked head, and is
         checkpointed only if it does not fit even so; checkpointing is switched only when that
-        changes. Scoring (no gradient) keeps the full logits on a GPU."""
-        eager = self._compiled is None or self.run_eager
-        free = self.free_memory()
-        if self.head is None or not eager or self.head_mode == "full":
-            self._chunked_now = False
-        elif self.head_mode == "chunked" or free is None:  # None: a CPU
-            self._chunked_now = True
+        changes. Scoring (no gradient) keeps the full logits on a GPU. Where the free memory is
+        unknown (a CPU) every forward takes the chunked head, and none is checkpointed."""
+        grad, eager = torch.is_grad_enabled(), self._compiled is None or self.run_eager
+        choose_head = self.head is not None and eager and self.head_mode == "auto"
+        choose_checkpoint = grad and self.checkpointing == "auto"
+        free = self.free_memory() if choose_head or choose_checkpoint else None
+        if choose_head:
+            self._chunked_now = free is None or (grad and not self._fits(batch, "full", free))
         else:
-            self._chunked_now = torch.is_grad_enabled() and not self._fits(batch, "full", free)
-        if torch.is_grad_enabled() and self.checkpointing == "auto":
+            self._chunked_now = self.head is not None and eager and self.head_mode == "chunked"
+        if choose_checkpoint:
             head = "chunked" if self._chunked_now else "full"
             self._checkpoint(free is not None and not self._fits(batch, head, free))
 
