@@ -128,7 +128,7 @@ def test_a_gpu_takes_the_chunked_head_only_where_the_full_logits_do_not_fit(tmp_
     """`head_mode: auto` with the free memory known (a GPU's; set here by hand): a micro-batch whose
     full logits fit keeps them, one that fits only through the chunked head takes it, one that
     fits neither way is checkpointed too; the gradient is the same every way."""
-    from crucible_trainer.rl import head
+    from crucible_trainer.runtime import hardware
     from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE, bytes_per_sequence, head_workspace
 
     model = build_family("qwen2", tmp_path)
@@ -136,7 +136,7 @@ def test_a_gpu_takes_the_chunked_head_only_where_the_full_logits_do_not_fit(tmp_
     config = policy.model.get_base_model().config
     # Chunks of 2 tokens: this batch's micro-batches hold a few completion tokens where a real one
     # holds thousands, more than a chunk (883 at Qwen2.5's vocabulary), as here.
-    monkeypatch.setattr(head, "CHUNK_ELEMENTS", 2 * config.vocab_size)
+    monkeypatch.setattr(hardware, "CHUNK_ELEMENTS", 2 * config.vocab_size)
 
     def need(rows: int, width: int, tail: int, head: str) -> int:
         extra = head_workspace(config, rows * tail) if head == "chunked" else 0

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from crucible_trainer.runtime.hardware import chunk_tokens
+
 # Families whose causal-LM forward returns `lm_head(hidden)` unchanged (transformers 5): the
 # chunked head computes exactly their logits. Others keep the full logits.
 PLAIN_HEAD_FAMILIES = frozenset(
@@ -51,8 +53,6 @@ PLAIN_HEAD_FAMILIES = frozenset(
 )
 # Config fields that transform the logits after the head when set (soft-capping, scaling).
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-# Most logits one chunk holds (float32: 512 MiB), so a chunk's transient memory stays bounded.
-CHUNK_ELEMENTS = 2**27
 
 
 def plain_head(config: Any) -> bool:
@@ -87,11 +87,6 @@ def hidden_out(head: torch.nn.Module) -> Iterator[None]:
 
 def _passthrough(hidden: torch.Tensor) -> torch.Tensor:
     return hidden
-
-
-def chunk_tokens(vocab: int) -> int:
-    """Tokens per chunk: at most `CHUNK_ELEMENTS` logits at once."""
-    return max(1, CHUNK_ELEMENTS // vocab)
 
 
 class TokenLogprobs(torch.autograd.Function):

@@ -5,7 +5,8 @@ checkpointing.
 (the job logs it at its start). On a GPU the micro-batch comes from free memory and an
 estimate of what one sequence costs in the update (`bytes_per_sequence`: activations of every
 layer, and the completion's float32 logits and their gradients, or with the chunked head of
-rl/head.py the completion's hidden states). Gradient checkpointing on `auto`
+rl/head.py, which the policy takes where those do not fit, the completion's hidden states).
+Gradient checkpointing on `auto`
 is decided per micro-batch by the policy of a one-GPU job (`checkpoint_needed`: that micro-batch's
 own rows, width and completion against the memory free when it runs), so short micro-batches run
 without recomputing the forward; for several ranks or compiled passes, once for the job, when a
@@ -19,8 +20,6 @@ from typing import Any
 
 from crucible_shared.jobs import TrainJob
 
-from crucible_trainer.rl.head import chunk_tokens, plain_head
-
 CPU_MICRO_BATCH = 16
 MEMORY_SHARE = (
     0.6  # of free GPU memory for the update's activations (weights and optimizer are in it already)
@@ -29,6 +28,18 @@ MEMORY_SHARE = (
 # estimate may fill without checkpointing: the estimate is already above every measured peak.
 MICRO_BATCH_SHARE = 0.85
 PROMPT_TOKENS = 512  # a generous guess at prompt length (chat template + problem)
+# Most logits one chunk of rl/head.py's chunked head holds (float32: 512 MiB), so that a chunk's
+# transient memory stays bounded whatever the micro-batch.
+CHUNK_ELEMENTS = 2**27
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk of the chunked head: at most `CHUNK_ELEMENTS` logits at once.
+
+    >>> chunk_tokens(151936), chunk_tokens(49152)
+    (883, 2730)
+    """
+    return max(1, CHUNK_ELEMENTS // vocab)
 
 
 def bytes_per_sequence(
@@ -113,13 +124,10 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         free, total = torch.cuda.mem_get_info(torch.device(device))
         config = AutoConfig.from_pretrained(resolve_model_path(base))
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
-        # The chunked head where the policy will use it (eager passes of a plain-head family, not
-        # under FSDP: distributed/parallel.py).
-        fsdp = spec.distributed.strategy == "fsdp"
-        chunked = plain_head(config.get_text_config()) and not spec.optim.compile and not fsdp
-        head = "chunked" if chunked else "full"
+        # With the full logits, as the policy computes them where they fit (rl/head.py's chunked
+        # head is its way out for a micro-batch that does not, decided when it runs).
         per_sequence = bytes_per_sequence(
-            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"], head
+            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"]
         )
         fits = max(1, int(MEMORY_SHARE * free // per_sequence))
         if micro == "auto":
