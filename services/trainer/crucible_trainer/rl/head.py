@@ -18,6 +18,8 @@ full logits gave: the same product in the same dtype, then float32.
 It applies where the causal-LM's forward is exactly `lm_head(hidden)`: families whose head is a
 plain, frozen `nn.Linear` with nothing applied to the logits after it (`plain_head`). Soft-capped
 or scaled logits (Gemma-2, Cohere, Granite) and heads with an adapter keep the full logits.
+When it is used is the policy's choice (`Policy._plan`): where the full logits of a training
+micro-batch would not fit in a GPU's free memory, and always on a CPU.
 """
 
 from __future__ import annotations
