@@ -378,28 +378,38 @@ def run_eval(args: argparse.Namespace) -> None:
     try:
         env = {"CRUCIBLE_GENERATOR_ADAPTER_ROOTS": roots}
         with common.services(work, base, args.rows, generator_env=env) as settings:
-            for out, run in runs:
+            # Every run's base and last point first, then the others from the latest back: a lease
+            # that ends early still holds each run's result, and the curves as far as they got.
+            todo = [(rank, i, p) for i, (_, run) in enumerate(runs) for rank, p in eval_order(run["points"])]
+            for _, i, p in sorted(todo, key=lambda t: (t[0], t[1])):
+                out, run = runs[i]
                 evals: dict[str, Any] = common.read_json(out / "evals.json", {})
-                final = max(p["step"] for p in run["points"])
-                for p in run["points"]:  # HumanEval at the base and the last point only
-                    entry = evals.setdefault(str(p["step"]), {})
-                    for dataset in ["mbpp", "humaneval"][: 1 + (p["step"] in (0, final))]:
-                        if dataset in entry:
-                            continue
-                        label = f"{out.name}-{p['step']}-{dataset}" if p["adapter"] else f"base-{dataset}"
-                        # The last point's greedy answers are kept to be read by hand, and the base's
-                        # once beside its cached scores.
-                        keep = None
-                        if p["step"] in (0, final):
-                            keep = out / "answers" if p["adapter"] else cache.parent / "base-answers"
-                        entry[dataset] = score(settings, run, p["adapter"], dataset, label, keep)
-                        common.dump(out / "evals.json", evals)
-                        print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
+                final = max(q["step"] for q in run["points"])
+                entry = evals.setdefault(str(p["step"]), {})
+                for dataset in ["mbpp", "humaneval"][: 1 + (p["step"] in (0, final))]:  # HumanEval: ends only
+                    if dataset in entry:
+                        continue
+                    label = f"{out.name}-{p['step']}-{dataset}" if p["adapter"] else f"base-{dataset}"
+                    # The last point's greedy answers are kept to be read by hand, and the base's
+                    # once beside its cached scores.
+                    keep = None
+                    if p["step"] in (0, final):
+                        keep = out / "answers" if p["adapter"] else cache.parent / "base-answers"
+                    entry[dataset] = score(settings, run, p["adapter"], dataset, label, keep)
+                    common.dump(out / "evals.json", evals)
+                    print(f"{out.name} step {p['step']} {dataset}: {entry[dataset]}", flush=True)
     except BaseException:
         common.show_logs(work)
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def eval_order(points: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """A run's points ranked for evaluation: the base (0), the last point (1), then the others from
+    the latest back (2, 3, ...)."""
+    ordered = sorted(points, key=lambda p: (p["step"] != 0, -p["step"]))
+    return list(enumerate(ordered))
 
 
 def keep_answers(report: Path, path: Path) -> None:

@@ -196,6 +196,19 @@ def test_a_run_keeps_every_nth_adapter_and_the_last() -> None:
     assert saved_steps(2, 10) == [2]
 
 
+def test_evaluation_takes_the_base_and_the_last_point_before_the_rest() -> None:
+    from bench.tta import eval_order
+
+    points = [{"step": s} for s in (0, 5, 10, 15, 20)]
+    assert [(rank, p["step"]) for rank, p in eval_order(points)] == [
+        (0, 0),
+        (1, 20),
+        (2, 15),
+        (3, 10),
+        (4, 5),
+    ]
+
+
 def test_training_figures_of_each_engine() -> None:
     from bench.tta import training
 
