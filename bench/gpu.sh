@@ -53,7 +53,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 M=/root/m O=${OUT:-/tmp} QWEN=qwen2.5-coder-1.5b-instruct
-TTA=/root/results/tta TTA_RECIPE=${TTA_RECIPE:-qwen-tta}  # time to accuracy (bench/tta.py): where, which recipe
+TTA=${TTA:-/root/results/tta} TTA_RECIPE=${TTA_RECIPE:-qwen-tta}  # time to accuracy (bench/tta.py): where, which recipe
 shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shape (kl_beta 0.01: all train)
   echo --set model.base="$1" --set optim.steps="$2" --set eval=null --set checkpoint.every=10000 \
     --set logging.wandb_mode=disabled --set method.kl_beta=0.01
@@ -185,21 +185,25 @@ print("dense checkpoint:", target)'
   tta-race)  # [CARDS] [SEEDS]: issue 34 §4 in one lease (after `qwen-setup` and vLLM's install): TTA_RECIPE by
     # TRL (`tta-trl`) and by Crucible, each seed of SEEDS (default 0,1,2) once each, every run alone on
     # its card, the runs dealt to CARDS (default 0; e.g. 0,1) in turn, TRL and Crucible alternating (two
-    # cards: both engines on each); then each card evaluates its own runs (long: `bg`, then `wait-bg`)
-    IFS=, read -ra cs <<< "${2:-0}"; IFS=, read -ra ss <<< "${3:-0,1,2}"
+    # cards: both engines on each); then each card evaluates its own runs (long: `bg`, then `wait-bg`).
+    # A lease running short: `touch $TTA/skip-RUN` (RUN: trl-sN, c-sN) drops a run not yet started,
+    # `touch $TTA/stop` every one, and the cards go on to evaluate what ran. TTA_DRY=1: print the plan.
+    IFS=, read -ra cs <<< "${2:-0}"; IFS=, read -ra ss <<< "${3:-0,1,2}"; mkdir -p "$TTA"
+    run_=(bash bench/gpu.sh); [ -n "${TTA_DRY:-}" ] && run_=(echo "${run_[@]}")
     runs=(); for s in "${ss[@]}"; do  # odd seeds Crucible first: two cards each get both engines
       if (( s % 2 )); then runs+=("c-s$s" "trl-s$s"); else runs+=("trl-s$s" "c-s$s"); fi; done
     for i in "${!cs[@]}"; do
       (card=${cs[$i]} mine=()
        for ((j = i; j < ${#runs[@]}; j += ${#cs[@]})); do
          run=${runs[$j]} seed=${runs[$j]##*-s} sets=(--every 5 --set "seed=${runs[$j]##*-s}" --set "data.seed=${runs[$j]##*-s}")
-         if [[ $run == trl-* ]]; then CUDA_VISIBLE_DEVICES=$card bash bench/gpu.sh tta-trl --out "$TTA/$run" "${sets[@]}"
-         else bash bench/gpu.sh tta-crucible "$run" "$card" - --rows 512 "${sets[@]}"; fi || echo "$run (seed $seed) failed"
+         if [ -e "$TTA/stop" ] || [ -e "$TTA/skip-$run" ]; then echo "$run skipped"; continue; fi
+         if [[ $run == trl-* ]]; then CUDA_VISIBLE_DEVICES=$card "${run_[@]}" tta-trl --out "$TTA/$run" "${sets[@]}"
+         else "${run_[@]}" tta-crucible "$run" "$card" - --rows 512 "${sets[@]}"; fi || echo "$run (seed $seed) failed"
          mine+=("$run")
        done
-       bash bench/gpu.sh tta-eval "$card" "${mine[@]}") &
+       [ ${#mine[@]} -eq 0 ] || "${run_[@]}" tta-eval "$card" "${mine[@]}") &
     done
-    wait; bash bench/gpu.sh tta-table ;;
+    wait; "${run_[@]}" tta-table ;;
   tta-eval)  # CARD RUN...: every saved adapter of these runs (under /root/results/tta) evaluated on CARD
     runs=(); for run in "${@:3}"; do [ -f "$TTA/$run/run.json" ] && runs+=("$TTA/$run"); done
     [ ${#runs[@]} -gt 0 ] || { echo "no run to evaluate among: ${*:3}"; exit 1; }

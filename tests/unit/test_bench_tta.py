@@ -316,3 +316,24 @@ def test_one_table_holds_runs_of_one_learning_job() -> None:
     with pytest.raises(SystemExit, match=different + ": table them apart$"):
         one_job({"a": {"run": {"job": {"reward": {"length_penalty": 0.0}}}},
                  "b": {"run": {"job": {"reward": {"length_penalty": 0.01}}}}})  # fmt: skip
+
+
+def _race_plan(tta: Path, cards: str, seeds: str) -> list[str]:
+    env = {**os.environ, "TTA": str(tta), "TTA_DRY": "1"}
+    done = subprocess.run(["bash", "bench/gpu.sh", "tta-race", cards, seeds], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def test_the_race_deals_both_engines_to_each_card_and_drops_runs_asked_to(tmp_path) -> None:
+    plan = _race_plan(tmp_path, "0,1", "0,1,2")
+    evals = sorted(line.split()[3:] for line in plan if " tta-eval " in line)
+    assert evals == [["0", "trl-s0", "c-s1", "trl-s2"], ["1", "c-s0", "trl-s1", "c-s2"]]
+    assert plan[-1].endswith("tta-table")  # after every card's evaluation
+    (tmp_path / "skip-trl-s1").touch()
+    plan = _race_plan(tmp_path, "0", "0,1")
+    assert "trl-s1 skipped" in plan
+    assert [line.split()[3:] for line in plan if " tta-eval " in line] == [["0", "trl-s0", "c-s0", "c-s1"]]
+    (tmp_path / "stop").touch()
+    plan = _race_plan(tmp_path, "0", "0,1")
+    assert [line for line in plan if "skipped" not in line] == ["bash bench/gpu.sh tta-table"]
