@@ -348,11 +348,22 @@ def load_model(
     **kwargs: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `(model, tokenizer)` in eval mode on the chosen device, dtype and attention kernel
-    (see `pick_*`); `model.config._attn_implementation` says which kernel runs."""
+    (see `pick_*`); `model.config._attn_implementation` says which kernel runs. On a GPU each
+    tensor goes straight to the card and is cast there (`device_map`), not first cast on the host:
+    the same weights, without the host-side copy of the whole model (the cached checkpoints are
+    float32, served and trained in bf16)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
     chosen_device = pick_device(device)
+    if chosen_device.startswith("cuda"):
+        # A bare "cuda" is the current device, as `.to` reads it (transformers would read
+        # LOCAL_RANK, which a process that sees one card may have inherited).
+        target = torch.device(chosen_device)
+        if target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+        kwargs.setdefault("device_map", {"": target})
     model = AutoModelForCausalLM.from_pretrained(
         path,
         dtype=pick_dtype(chosen_device, dtype),

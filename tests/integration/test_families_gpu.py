@@ -64,6 +64,28 @@ def mean_diff(a: list[float], b: list[float]) -> float:
     return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen2-tied"])
+def test_a_model_loaded_onto_the_card_has_the_weights_of_one_loaded_on_the_host(
+    name, dtype, family_checkpoints
+):
+    """`load_model` on CUDA loads each tensor onto the card (`device_map`): the same weights, bit
+    for bit, as the host load cast and moved (what it did before)."""
+    import crucible_models as models
+    from transformers import AutoModelForCausalLM
+
+    path = family_checkpoints.get(name)
+    model, _ = models.load_model(str(path), device="cuda", dtype=dtype)
+    host = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to("cuda")
+    ours, theirs = dict(model.named_parameters()), dict(host.named_parameters())
+    assert ours.keys() == theirs.keys()
+    for key, value in ours.items():
+        assert value.device.type == "cuda" and value.dtype == getattr(torch, dtype), key
+        assert torch.equal(value, theirs[key]), key
+    tied = model.config.get_text_config().tie_word_embeddings
+    assert (model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()) == tied
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_family_on_the_cuda_fast_path_equals_transformers(name, family_checkpoints):
     from crucible_trainer.rl.policy import Policy
