@@ -158,7 +158,7 @@ def run_crucible(args: argparse.Namespace) -> None:
         record.point(step, written - T0, str(target))
     shutil.copy2(work / "jobs" / job_id / "metrics.jsonl", out / "metrics.jsonl")
     kept = ("difficulty_filter", "status", "policy_load_s", "policy_wait_s", "fused_modules")
-    kept += ("fused_lora_layers", "ranks_ready_s", "settings")
+    kept += ("fused_lora_layers", "kernel_warm_up_s", "ranks_ready_s", "settings")
     ran = {k: summary.get(k) for k in kept}
     record.finish(job_wall_s=round(summary["wall_s"], 2), **ran)
 

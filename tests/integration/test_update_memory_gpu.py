@@ -8,6 +8,7 @@ of memory, and one far above it would recompute forwards for nothing. Two geomet
 a rank-16 float32 adapter on every linear layer, each micro-batch's peak over what was allocated
 before its forward: SmolLM2-135M's (the built-in model) and Qwen2.5-Coder-1.5B's widths and
 vocabulary on 8 layers (the estimate is linear in layers). The figures print as JSON lines.
+First, the policy's kernel warm-up (`Policy.warm_kernels`) on the same geometries.
 
 Run on the GPU machine: `bash bench/gpu.sh gpu-tests tests/integration/test_update_memory_gpu.py`.
 """
@@ -70,6 +71,39 @@ def estimate(policy, rows: int, width: int, tail: int, head: str = "full") -> in
         return rows * bytes_per_sequence(config, width, tail, 2)
     chunked = rows * bytes_per_sequence(config, width, tail, 2, head="chunked")
     return chunked + head_workspace(config, rows * tail)
+
+
+def test_the_kernel_warm_up_leaves_the_gradient_and_the_generators_as_they_were(policy) -> None:
+    """First in this file, so its first call is the process's first use of the policy's kernels
+    on this geometry (the fused ones compile unless Triton's cache has them): `warm_kernels` at a
+    micro-batch of 32, 200 prompt and 384 completion tokens, twice (both times print), leaves
+    the card's and the host's random generators and the gradients as they were, and a training
+    pass after it has the gradient of one before it (bf16: cosine > 0.9999)."""
+    from crucible_trainer.rl.batch import make_batch
+
+    device = torch.device(policy.device)
+    batch = make_batch([[11] * 200, [13] * 90], [[12] * 384, [14] * 20], policy.pad_id, policy.device)
+
+    def gradient() -> torch.Tensor:
+        (policy.token_logprobs(batch).sum() * 1e-3).backward()
+        grad = flat_grad(policy)
+        policy.optimizer.zero_grad(set_to_none=True)
+        return grad
+
+    host, card = torch.get_rng_state(), torch.cuda.get_rng_state(device)
+    first = policy.warm_kernels(32, 200, 384)
+    again = policy.warm_kernels(32, 200, 384)
+    before = gradient()
+    policy.warm_kernels(32, 200, 384)
+    after = gradient()
+    assert torch.equal(torch.get_rng_state(), host) and torch.equal(torch.cuda.get_rng_state(device), card)
+    assert all(p.grad is None for p in policy.model.parameters())
+    cosine = torch.nn.functional.cosine_similarity(before, after, dim=0)
+    layers = policy.model.get_base_model().config.num_hidden_layers
+    print(
+        json.dumps({"layers": layers, "warm_up_first_s": round(first, 2), "warm_up_again_s": round(again, 2)})
+    )
+    assert cosine > 0.9999
 
 
 @pytest.mark.parametrize("head", ["full", "chunked"])

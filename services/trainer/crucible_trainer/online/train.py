@@ -10,7 +10,8 @@ on which one it is.
 The trainer's model loads in the background from `setup` on: the first calls of a fresh job
 (waiting for the services, the pre-filter's samples, the "before" evaluation) need the generator
 and the sandbox, not the policy, so its load costs a job no time of its own unless they are
-shorter (the summary's `policy_load_s` and `policy_wait_s`).
+shorter (the summary's `policy_load_s` and `policy_wait_s`). On one GPU its first passes follow
+there too (`Policy.warm_kernels`: kernels compiled and loaded on first use), not in step 1.
 
 The stale-policy check asks the generator to score a probe with the version a step samples from
 and compares it with the trainer's policy, which still holds exactly that version until the
@@ -110,6 +111,33 @@ class TrainRun(JobRun):
         self.summary["fused_lora_layers"] = getattr(policy, "fused_lora", 0)
         return policy
 
+    def _warm_kernels(self, prompts: PromptBook) -> None:
+        """Once the policy has loaded, on CUDA: its first passes (`Policy.warm_kernels`: a
+        micro-batch of the job's size, its first prompt's length and the rollout's max tokens) on
+        its thread, ahead of whatever the job asks of the policy next (its calls run in order),
+        while the generator works without it: the pre-filter, the "before" evaluation, step 1's
+        rollouts. One rank only: a data-parallel rank's backward would wait for the others. Its
+        seconds are the summary's `kernel_warm_up_s`; one that fails only logs (step 1 meets the
+        same problem and reports it)."""
+        spec = self.spec
+        if spec.distributed.train_gpus != 1:
+            return
+        rows, completion = spec.optim.micro_batch, spec.rollout.max_tokens  # resolved by `setup`
+
+        async def warm() -> None:
+            try:
+                policy = await asyncio.shield(self._loading)
+                if not policy.device.startswith("cuda") or policy.runner is not policy.model:
+                    return
+                prompt = len(self.tokenizer(prompts.first(0)).input_ids)
+                took = await policy.call(policy.warm_kernels, rows, prompt, completion)
+            except Exception as exc:  # the load's error is the job's where it needs the policy
+                log.warning("the policy's kernel warm-up stopped: %r", exc)
+                return
+            self.summary["kernel_warm_up_s"] = round(took, 2)
+
+        self._warming = asyncio.create_task(warm())
+
     async def loaded_policy(self) -> Policy:
         """The policy, once `setup`'s background load has made it (its error, if it failed);
         the summary's `policy_wait_s` sums how long the job waited for it."""
@@ -126,6 +154,9 @@ class TrainRun(JobRun):
         loading = getattr(self, "_loading", None)
         if loading is not None and not loading.done():
             await asyncio.wait([loading])
+        warming = getattr(self, "_warming", None)
+        if warming is not None and not warming.done():
+            await asyncio.wait([warming])  # its passes on the card end with the job (it logs its errors)
         if loading is not None and loading.done() and not loading.cancelled():
             loading.exception()  # retrieved: the job's own error (or the load's, raised) is reported
 
@@ -166,6 +197,7 @@ class TrainRun(JobRun):
             lambda text, task: tasks.answer_to_code(task, text, chat=chat),
         )
         prompts = PromptBook(self.problems, chat, self.tokenizer)
+        self._warm_kernels(prompts)
         sampler = ProblemSampler(list(range(len(self.problems))), spec.seed)
         start, version = await self._resume(publisher, sampler)
         if start == 1:

@@ -40,10 +40,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -394,6 +395,40 @@ class Policy:
                 n = len(completions[i])
                 out[i] = row[tail - n :].tolist() if n else []
         return out
+
+    def warm_kernels(self, rows: int, prompt: int, completion: int) -> float:
+        """A training forward and backward, and a scoring forward, of a made-up micro-batch of
+        `rows` sequences (`prompt` tokens, then completions of `completion` down to a quarter of it,
+        left-padded as a step's are), with everything they touch put back: the gradients, the pass
+        counts and every random generator (LoRA dropout draws from them). Returns the seconds.
+
+        On CUDA a process's first passes pay for first use: Triton compiles the fused kernels
+        (rl/fused.py; its on-disk cache serves later processes of the machine), CUDA loads the
+        kernels it picks lazily, and cuDNN builds its attention plans; about 10 s at the 1.5B
+        shape on an H200 (docs/benchmarks.md). A job runs this while the generator is busy
+        without the policy (its pre-filter, the first step's rollouts), so that step 1 does not
+        wait for it. It changes no weight and takes no optimizer step."""
+        started = time.perf_counter()
+        vocab = self.model.get_base_model().config.get_text_config().vocab_size
+        lengths = [completion - (completion * 3 // 4) * i // max(1, rows - 1) for i in range(rows)]
+        prompts = [[(7 + j) % vocab for j in range(prompt)] for _ in range(rows)]
+        completions = [[(11 + j) % vocab for j in range(max(1, n))] for n in lengths]
+        batch = make_batch(prompts, completions, self.pad_id, self.device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads, counts = [p.grad for p in params], replace(self.passes)
+        for p in params:  # else the backward adds into the gradient held
+            p.grad = None
+        cuda = [torch.device(self.device)] if self.device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=cuda):
+            self._forward(batch).sum().backward()
+            with torch.no_grad():
+                self._forward(batch)
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad
+        self.passes = counts
+        if cuda:
+            torch.cuda.synchronize(cuda[0])
+        return time.perf_counter() - started
 
     # -- optimisation ---------------------------------------------------------------------------
     def step(self) -> float:
