@@ -231,18 +231,18 @@ def test_the_policy_loads_while_the_prefilter_samples(
     from crucible_trainer.online import train as train_module
 
     prefilter_began = threading.Event()
-    real_prepare, real_make = train_module.TrainRun._prepare, train_module.TrainRun.make_policy
+    real_prepare, real_make = train_module.TrainRun._start_pre_filter, train_module.TrainRun.make_policy
     seen: dict[str, bool] = {}
 
-    async def prepare(self, ctx, sampler):
+    async def prepare(self, ctx, start):
         prefilter_began.set()
-        return await real_prepare(self, ctx, sampler)
+        return await real_prepare(self, ctx, start)
 
     def make_policy(self):
         seen["began_first"] = prefilter_began.wait(timeout=60)
         return real_make(self)
 
-    monkeypatch.setattr(train_module.TrainRun, "_prepare", prepare)
+    monkeypatch.setattr(train_module.TrainRun, "_start_pre_filter", prepare)
     monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
     # A random model solves nothing: the filter keeps the first problem, as if only it were sometimes solved.
     monkeypatch.setattr(
@@ -265,6 +265,47 @@ def test_the_policy_loads_while_the_prefilter_samples(
     kept = summary["difficulty_filter"]
     assert kept["kept"] == 1 and kept["of"] > 1
     assert kept["seconds"] >= kept["generate_s"] + kept["execute_tail_s"] - 0.02 and kept["generate_s"] > 0
+
+
+def test_a_streamed_pre_filter_judges_beside_the_steps(
+    stack_generator, sandbox, stack_dirs, monkeypatch
+) -> None:
+    """The judging streamed, as on a GPU (forced here on the CPU): the job trains on the kept
+    problems in its first epoch's order, each step reports how long its draw waited for verdicts,
+    and `filter.json` ends with every verdict and the choice."""
+    from crucible_trainer import tasks
+    from crucible_trainer.methods import groups
+    from crucible_trainer.online import prefilter
+    from crucible_trainer.rl.context import ProblemSampler
+
+    kept = {0, 2, 3}  # of the job's 5 problems (a random model solves none): as if sometimes solved
+    monkeypatch.setattr(prefilter, "streams", lambda model: True)
+    monkeypatch.setattr(
+        groups, "worth_training", lambda members, keep: bool(members) and members[0].task_index in kept
+    )
+    spec = tiny_job(
+        method={"name": "grpo", "group_size": 2, "filter": {"mode": "pre", "pre_samples": 2}},
+        data={"dataset": "mbpp", "ids": [601, 602, 603, 604, 605]},
+        rollout={"max_tokens": 16},
+        optim={"steps": 3, "problems_per_step": 1},
+        publish=NO_STALE_CHECK,
+    )
+    settings = settings_for(stack_generator, sandbox, stack_dirs)
+    summary = train(spec, "streamed-it", settings)
+    assert summary["status"] == "finished"
+    assert summary["difficulty_filter"]["kept"] == 3 and summary["difficulty_filter"]["streamed"] is True
+    sampler = ProblemSampler(list(range(5)), spec.seed)
+    order = sampler.screen()
+    sampler.judge({i: i in kept for i in range(5)})
+    ids = [t.task_id for t in tasks.load_tasks(spec.data)]
+    assert step_problems(Path(summary["run_dir"])) == [[ids[i] for i in sampler.draw(1)] for _ in range(3)]
+    rows = [
+        json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert all(r["time/filter_wait_s"] >= 0 for r in rows if "eval_label" not in r)
+    saved = json.loads((Path(summary["run_dir"]) / "filter.json").read_text())
+    assert saved["order"] == order and {i for i, v in saved["verdicts"] if v} == kept
+    assert saved["indices"] == [i for i in order if i in kept]
 
 
 def test_a_policy_that_fails_to_load_fails_the_job_with_its_error(
@@ -302,7 +343,7 @@ def test_a_job_failing_while_its_policy_loads_waits_for_the_load(
         loaded.set()
         return policy
 
-    async def prepare(self, ctx, sampler):
+    async def prepare(self, ctx, start):
         await asyncio.to_thread(loading.wait, 60)
         raise ValueError("the pre-filter broke (test)")
 
@@ -314,7 +355,7 @@ def test_a_job_failing_while_its_policy_loads_waits_for_the_load(
         await real_close(self)
 
     monkeypatch.setattr(train_module.TrainRun, "make_policy", make_policy)
-    monkeypatch.setattr(train_module.TrainRun, "_prepare", prepare)
+    monkeypatch.setattr(train_module.TrainRun, "_start_pre_filter", prepare)
     monkeypatch.setattr(train_module.TrainRun, "close_services", close_services)
     spec = tiny_job(**SHORT_STEPS, optim={"steps": 1, "problems_per_step": 1}, publish=NO_STALE_CHECK)
     with pytest.raises(ValueError, match=r"the pre-filter broke \(test\)"):

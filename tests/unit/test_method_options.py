@@ -89,7 +89,7 @@ def test_every_online_method_of_the_spec_union_is_registered() -> None:
     assert online == set(REGISTRY)  # offline methods (TRL on a file) run outside the online loop
     assert OFFLINE_METHODS == ("sft", "dpo")  # read from the classes
     for module in REGISTRY.values():
-        for name in ("prepare", "collect", "update_config", "report"):
+        for name in ("judge", "collect", "update_config", "report"):
             assert callable(getattr(module, name)), (module.__name__, name)
     with pytest.raises(ValueError, match="no method module"):
         method_module(object())

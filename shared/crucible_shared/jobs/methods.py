@@ -13,10 +13,11 @@ from crucible_shared.jobs.compat import filter_from_difficulty
 class GroupFilter(_Spec):
     """Which groups of samples train: all, those of a one-off pre-filter, or dynamic sampling.
 
-    Groups whose rewards are all equal have zero advantage and carry no gradient. `pre`
-    samples every problem once before training and keeps those with 0 < pass rate < 1
-    (`pre_keep: pass_rate`) or, with `pre_keep: reward_spread`, those whose samples' rewards differ
-    under the job's reward (a fraction-of-tests reward also keeps problems partly solved).
+    Groups whose rewards are all equal have zero advantage and carry no gradient. `pre` judges
+    every problem from `pre_samples` samples of the starting policy (before training, or on a GPU
+    while it trains) and keeps those with 0 < pass rate < 1 (`pre_keep: pass_rate`) or, with
+    `pre_keep: reward_spread`, those whose samples' rewards differ under the job's reward (a
+    fraction-of-tests reward also keeps problems partly solved).
     `dynamic` (DAPO's dynamic sampling) drops zero-variance groups during training and samples
     groups of fresh problems until the step has `problems_per_step` informative ones, drawing
     at most `max_draw_factor` times that many groups per step.

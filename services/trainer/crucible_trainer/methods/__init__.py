@@ -1,11 +1,11 @@
 """The method registry: each method's config class maps to the module that implements it.
 
-Every method module has the same protocol (`MethodModule`): `prepare` (once, before training:
-which problems to train on), `collect` (one step's samples with their advantages, and metrics),
-`update_config` (how the policy update runs over them) and `report` (once, at the end: what the
-method adds to the run's report, from the run dir). The training loop dispatches
-through `REGISTRY` alone. Adding a method is one module here, one config class in
-`crucible_shared.jobs` (in its `Method` union) and one line below.
+Every method module has the same protocol (`MethodModule`): `judge` (its pre-filter's judge of
+which problems are worth training on, or None: every problem trains), `collect` (one step's
+samples with their advantages, and metrics), `update_config` (how the policy update runs over
+them) and `report` (once, at the end: what the method adds to the run's report, from the run
+dir). The training loop dispatches through `REGISTRY` alone. Adding a method is one module here,
+one config class in `crucible_shared.jobs` (in its `Method` union) and one line below.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from typing import Any, Protocol, cast
 from crucible_shared.jobs import GRPOConfig, PPOConfig, ReinforceConfig, SpiralConfig, SRRLConfig, TrainJob
 
 from crucible_trainer.methods import grpo, ppo, reinforce, spiral, srrl
+from crucible_trainer.methods.groups import Judge
 from crucible_trainer.rl.context import StepContext
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
 
 class MethodModule(Protocol):
-    async def prepare(self, ctx: StepContext, cfg: Any, indices: list[int]) -> list[int]: ...
+    def judge(self, cfg: Any) -> Judge | None: ...
 
     async def collect(
         self, ctx: StepContext, cfg: Any, indices: list[int]

@@ -6,9 +6,10 @@ A group whose rewards are all equal has zero advantage everywhere and carries no
 * `dynamic` (DAPO's dynamic sampling): drop such groups and sample groups of fresh problems
   (drawn from the job's `ProblemSampler`, so the order stays reproducible) until the step has
   its quota of informative groups or has drawn `max_draw_factor` times the quota;
-* `pre`: `prefilter` samples every problem once before training and keeps those the policy
-  sometimes solves (0 < pass rate < 1) or, with `pre_keep: reward_spread`, those whose rewards
-  differ.
+* `pre`: `pre_filter`'s judge samples each problem a few times and keeps those the starting
+  policy sometimes solves (0 < pass rate < 1) or, with `pre_keep: reward_spread`, those whose
+  rewards differ; the job judges every problem before training or while it trains
+  (online/prefilter.py).
 """
 
 from __future__ import annotations
@@ -113,18 +114,22 @@ async def select_groups(
     return batch, everything, counts, metrics
 
 
-async def prefilter(ctx: StepContext, filt: GroupFilter, indices: list[int]) -> list[int]:
-    """`pre`: the problems worth training on, from `pre_samples` first attempts each (all of them,
-    with a warning, if none qualifies)."""
+# (step context, problem indices, draw round) -> whether each problem is worth training on
+Judge = Callable[[StepContext, list[int], int], Awaitable[dict[int, bool]]]
+
+
+def pre_filter(filt: GroupFilter) -> Judge | None:
+    """`pre`'s judge: each problem's verdict from `pre_samples` first attempts (`worth_training`);
+    None for the other modes. Which problems it judges, and when, is the job's (online/prefilter.py)."""
     if filt.mode != "pre":
-        return indices
-    batch = await ctx.sample(first_prompts(ctx, indices), filt.pre_samples)
-    groups = by_group(batch)
-    keep = [t for i, t in enumerate(indices) if worth_training(groups.get(i, []), filt.pre_keep)]
-    if not keep:
-        log.warning("the pre-filter kept no problem; training on all of them")
-        return indices
-    return keep
+        return None
+
+    async def judge(ctx: StepContext, indices: list[int], round: int = 0) -> dict[int, bool]:
+        batch = await ctx.sample(first_prompts(ctx, indices), filt.pre_samples, round=round)
+        groups = by_group(batch)
+        return {t: worth_training(groups.get(i, []), filt.pre_keep) for i, t in enumerate(indices)}
+
+    return judge
 
 
 def worth_training(members: list[Sample], keep: str) -> bool:

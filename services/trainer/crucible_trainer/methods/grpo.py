@@ -9,8 +9,9 @@ from crucible_shared.jobs import GRPOConfig
 
 from crucible_trainer.methods.clipped import update_config as update_config  # GRPO, SRRL, SPIRAL share it
 from crucible_trainer.methods.groups import (
+    Judge,
     assign_group_advantages,
-    prefilter,
+    pre_filter,
     select_groups,
     zero_signal_metrics,
 )
@@ -18,8 +19,8 @@ from crucible_trainer.rl.context import StepContext, first_prompts, reward_metri
 from crucible_trainer.rl.rollout import Sample
 
 
-async def prepare(ctx: StepContext, cfg: GRPOConfig, indices: list[int]) -> list[int]:
-    return await prefilter(ctx, cfg.filter, indices)
+def judge(cfg: GRPOConfig) -> Judge | None:
+    return pre_filter(cfg.filter)
 
 
 async def collect(

@@ -15,8 +15,8 @@ from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.update import UpdateConfig
 
 
-async def prepare(ctx: StepContext, cfg: PPOConfig, indices: list[int]) -> list[int]:
-    return indices
+def judge(cfg: PPOConfig) -> None:  # no pre-filter: every problem trains
+    return None
 
 
 async def collect(

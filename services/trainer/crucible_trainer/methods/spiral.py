@@ -39,8 +39,8 @@ from crucible_trainer.rl.context import StepContext
 from crucible_trainer.rl.rollout import Sample
 
 
-async def prepare(ctx: StepContext, cfg: SpiralConfig, indices: list[int]) -> list[int]:
-    return indices
+def judge(cfg: SpiralConfig) -> None:  # no pre-filter: every problem trains
+    return None
 
 
 async def collect(

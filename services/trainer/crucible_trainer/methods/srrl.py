@@ -15,8 +15,9 @@ from crucible_shared.jobs import SRRLConfig
 from crucible_trainer import tasks
 from crucible_trainer.methods.clipped import update_config as update_config  # GRPO, SRRL, SPIRAL share it
 from crucible_trainer.methods.groups import (
+    Judge,
     assign_group_advantages,
-    prefilter,
+    pre_filter,
     select_groups,
     zero_signal_metrics,
 )
@@ -87,8 +88,8 @@ async def attempt_and_refine(
     return first + second, stats
 
 
-async def prepare(ctx: StepContext, cfg: SRRLConfig, indices: list[int]) -> list[int]:
-    return await prefilter(ctx, cfg.filter, indices)
+def judge(cfg: SRRLConfig) -> Judge | None:
+    return pre_filter(cfg.filter)
 
 
 async def collect(

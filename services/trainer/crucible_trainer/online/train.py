@@ -1,10 +1,11 @@
 """The training job: one loop for every method, run by the RQ worker and by `crucible train --local`.
 
-Per step: problems from the sampler -> the method collects samples (rollouts from the generator
-at the current adapter version, sandbox results, rewards, advantages), and meanwhile (on a GPU;
-just before, on a CPU) the stale-policy check of that version -> policy update -> publish the
-new version to every generator replica -> metrics, rollouts, events -> checkpoint -> interval
-evaluation. The method is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends
+Per step: problems from the sampler (on a GPU a pre-filter judges them while the steps run, and a
+draw waits only for the verdicts it reaches: online/prefilter.py) -> the method collects samples
+(rollouts from the generator at the current adapter version, sandbox results, rewards,
+advantages), and meanwhile (on a GPU; just before, on a CPU) the stale-policy check of that
+version -> policy update -> publish the new version to every generator replica -> metrics,
+rollouts, events -> checkpoint -> interval evaluation. The method is looked up in `crucible_trainer.methods.REGISTRY`; nothing here depends
 on which one it is.
 
 The trainer's model loads in the background from `setup` on: the first calls of a fresh job
@@ -22,13 +23,12 @@ last step is checked once more before the final evaluation.
 A checkpoint holds the adapter, the optimizer, every RNG, the problem sampler and the method's
 state (`StepContext.state`, e.g. SPIRAL's baselines), so a job killed at step k and resumed trains
 on the same problems in the same order as one that never stopped; the "before" evaluation and the
-pre-filter's choice stay in the run dir for it.
+pre-filter's verdicts stay in the run dir for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -43,7 +43,7 @@ from crucible_shared.sandbox_client import SandboxClient
 from crucible_trainer import evaluation, tasks
 from crucible_trainer.evaluation.job import evaluate_spec, served_base
 from crucible_trainer.methods import method_module
-from crucible_trainer.online import checkpoint
+from crucible_trainer.online import checkpoint, prefilter
 from crucible_trainer.online.overlapped import OverlappedSteps, RunHooks
 from crucible_trainer.rl.ahead import Collect
 from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
@@ -62,6 +62,14 @@ from crucible_trainer.settings import Settings
 log = logging.getLogger(__name__)
 
 
+async def draw(sampler: ProblemSampler, n: int) -> tuple[list[int], float]:
+    """A step's `n` problems and the seconds the draw waited for a pre-filter's verdicts (the
+    step's `time/filter_wait_s`)."""
+    started = time.perf_counter()
+    problems = await sampler.take(n)
+    return problems, time.perf_counter() - started
+
+
 class TrainRun(JobRun):
     """State of one training job; `run()` (the base's) executes it to the end, a cancel or an error."""
 
@@ -74,6 +82,7 @@ class TrainRun(JobRun):
         self.method_state: dict[str, Any] = {}  # the method's state across steps (StepContext.state)
         # Its steps on rollouts collected ahead of the update (overlap.max_staleness > 0).
         self.overlapped: OverlappedSteps | None = None
+        self.pre_filter: prefilter.PreFilter | None = None  # its judging may run beside the steps
 
     # -- what data-parallel ranks replace (crucible_trainer.distributed.leader) ----------------
     def make_policy(self) -> Policy:
@@ -177,6 +186,8 @@ class TrainRun(JobRun):
         try:
             await self._loop(pool, sandbox, publisher)
         finally:
+            if self.pre_filter is not None:
+                await self.pre_filter.close()
             if self.overlapped is not None:
                 await self.overlapped.close()
             # A finished, cancelled or failed job frees its generator slots (--max-loras is
@@ -200,11 +211,9 @@ class TrainRun(JobRun):
         self._warm_kernels(prompts)
         sampler = ProblemSampler(list(range(len(self.problems))), spec.seed)
         start, version = await self._resume(publisher, sampler)
-        if start == 1:
-            if spec.model.init_adapter:
-                await publisher.publish(await self.loaded_policy(), 0)
-            ctx = self._context(roller, prompts, sampler, publisher, 0)
-            await self._prepare(ctx, sampler)
+        if start == 1 and spec.model.init_adapter:
+            await publisher.publish(await self.loaded_policy(), 0)
+        await self._start_pre_filter(self._context(roller, prompts, sampler, publisher, 0), start)
         before = await self._before(pool, sandbox, publisher.model_name, start)
         policy = await self.loaded_policy()
         if spec.overlap.max_staleness:
@@ -220,11 +229,12 @@ class TrainRun(JobRun):
                 metrics, drawn = await self.overlapped.step(step)
             else:
                 ctx = self._context(roller, prompts, sampler, publisher, step, version)
-                batch = sampler.draw(spec.optim.problems_per_step)
+                batch, waited = await self.cancel.guard(draw(sampler, spec.optim.problems_per_step))
                 # The served version is the trainer's policy only when nothing trained since it was
                 # published (with publish.every > 1 the rollouts of the steps between are off-policy).
                 served_is_policy = spec.publish.stale_check and version == step - 1
                 metrics = await self._step(ctx, policy, publisher, pool, batch, served_is_policy)
+                metrics["time/filter_wait_s"] = waited
                 drawn = sampler.state()
             version = step if step % spec.publish.every == 0 else version
             if self.channel.superseded():
@@ -342,41 +352,32 @@ class TrainRun(JobRun):
             step: int, version: int, name: str
         ) -> tuple[list[Sample], dict[str, float], Timing]:
             ctx = self._context(roller, prompts, sampler, publisher, step, version, name)
-            batch = sampler.draw(self.spec.optim.problems_per_step)
+            batch, waited = await draw(sampler, self.spec.optim.problems_per_step)
             samples, metrics = await self.method.collect(ctx, self.spec.method, batch)
-            return samples, metrics, ctx.timing
+            return samples, {**metrics, "time/filter_wait_s": waited}, ctx.timing
 
         return collect
 
-    async def _prepare(self, ctx: StepContext, sampler: ProblemSampler) -> None:
-        """The method's one-off choice of problems (a pre-filter), kept in the run dir so a
-        retried job reuses it instead of sampling again."""
-        saved = self.run_dir / "filter.json"
-        indices = list(range(len(self.problems)))
-        took: dict[str, float] = {}
-        if saved.exists():
-            chosen = json.loads(saved.read_text())["indices"]
-        else:
-            started = time.perf_counter()
-            chosen = await self.cancel.guard(self.method.prepare(ctx, self.spec.method, indices))
-            if chosen == indices:
-                return
-            # Where a pre-filter's time went: until the last completion, then programs still running.
-            took = {
-                "seconds": round(time.perf_counter() - started, 2),
-                "generate_s": round(ctx.timing.generate_s, 2),
-                "execute_tail_s": round(ctx.timing.execute_tail_s, 2),
-            }
-            record = {
-                "indices": chosen,
-                "kept": [self.problems[i].task_id for i in chosen],
-                "of": len(indices),
-            }
-            self.channel.gate()
-            saved.write_text(json.dumps(record, indent=2))
-        sampler.restrict(chosen)
-        self.summary["difficulty_filter"] = {"kept": len(chosen), "of": len(indices), **took}
-        self.events.emit("difficulty_filter", kept=len(chosen), of=len(indices))
+    async def _start_pre_filter(self, ctx: StepContext, start: int) -> None:
+        """The method's pre-filter, if it has one (online/prefilter.py): every problem judged by
+        the starting policy before step `start`, or, for a policy on a GPU that starts from the
+        base model, judged while the steps run (`body` stops what is left when the job ends)."""
+        judge = self.method.judge(self.spec.method)
+        if judge is None:
+            return
+        streamed = prefilter.streams(self.spec.model)
+        # Judged by the base model (the starting policy) whichever version is served by then.
+        ctx.model_name = ctx.base_name if streamed else ctx.model_name
+        self.pre_filter = prefilter.PreFilter(
+            judge,
+            ctx,
+            self.run_dir / "filter.json",
+            [p.task_id for p in self.problems],
+            self.channel.gate,
+            self.events.emit,
+            self.summary,
+        )
+        await self.cancel.guard(self.pre_filter.start(start, streamed))
 
     async def _step(
         self,

@@ -4,6 +4,8 @@ state that lives across steps and checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,20 +19,39 @@ from crucible_trainer.rl.rollout import Prompt, Roller, Sample, Timing
 if TYPE_CHECKING:
     from crucible_trainer.rl.early import EarlyGroups
 
+log = logging.getLogger(__name__)
+
 
 class ProblemSampler:
     """The order problems are trained in: epochs of the pool, each shuffled by one seeded RNG.
 
-    Its whole state (pool, what is left of the current epoch, the RNG) goes into checkpoints,
-    so a resumed job draws exactly the problems an uninterrupted one would have.
+    A streamed pre-filter (online/prefilter.py) judges the first epoch while training runs: after
+    `screen`, draws take that epoch's problems judged worth training (`judge`), in its order,
+    never passing one not judged yet (`take` waits for its verdict); once every problem has one,
+    the pool is the kept problems and later epochs shuffle those.
+
+    Its whole state (pool, what is left of the current epoch, the RNG, the verdicts) goes into
+    checkpoints, so a resumed job draws exactly the problems an uninterrupted one would have.
     """
 
     def __init__(self, pool: list[int], seed: int) -> None:
         self.pool = list(pool)
         self.rng = random.Random(seed)
         self.queue: list[int] = []
+        self.verdicts: dict[int, bool] | None = None  # while a pre-filter streams: those so far
+        self._news = asyncio.Event()  # a verdict came in, or the judging stopped
+        self.error: BaseException | None = None  # why the judging stopped, if it did
 
     def draw(self, n: int) -> list[int]:
+        if self.verdicts is not None:
+            if not self.ready(n):
+                raise RuntimeError("these draws reach problems not judged yet: await `take`")
+            out: list[int] = []
+            while len(out) < n:
+                index = self.queue.pop(0)
+                if self.verdicts[index]:
+                    out.append(index)
+            return out
         while len(self.queue) < n:
             chunk = self.pool[:]
             self.rng.shuffle(chunk)
@@ -43,13 +64,72 @@ class ProblemSampler:
         keep = set(pool)
         self.pool, self.queue = list(pool), [i for i in self.queue if i in keep]
 
+    def screen(self) -> list[int]:
+        """Begin judging the first epoch, shuffled as a first draw shuffles it; returns its order."""
+        if self.queue or self.verdicts is not None:
+            raise RuntimeError("a pre-filter streams from the first draw of a job only")
+        self.queue = self.pool[:]
+        self.rng.shuffle(self.queue)
+        self.verdicts = {}
+        return list(self.queue)
+
+    def unjudged(self) -> list[int]:
+        """The problems still to judge, in the order draws reach them."""
+        return [] if self.verdicts is None else [i for i in self.queue if i not in self.verdicts]
+
+    def judge(self, verdicts: dict[int, bool]) -> None:
+        """Take these verdicts; once every problem has one, the pool is the kept problems (all of
+        them, with a warning, if none is kept) and draws no longer wait."""
+        if self.verdicts is None:
+            raise RuntimeError("no pre-filter is streaming")
+        self.verdicts.update(verdicts)
+        if not self.unjudged():
+            kept = [i for i in self.pool if self.verdicts[i]]
+            if kept:
+                self.queue = [i for i in self.queue if self.verdicts[i]]
+            else:
+                log.warning("the pre-filter kept no problem; training on all of them")
+                kept = self.pool
+            self.pool, self.verdicts = kept, None
+        self._news.set()
+
+    def stopped(self, error: BaseException) -> None:
+        """The judging stopped on `error`: a draw that needs a verdict still to come raises it."""
+        self.error = error
+        self._news.set()
+
+    def ready(self, n: int) -> bool:
+        """Whether `n` problems can be drawn without passing one not judged yet."""
+        if self.verdicts is None:
+            return True
+        found = 0
+        for index in self.queue:
+            if index not in self.verdicts:
+                return False
+            found += self.verdicts[index]
+            if found >= n:
+                return True
+        return False
+
+    async def take(self, n: int) -> list[int]:
+        """`draw(n)` once the verdicts it needs are in (at once when no pre-filter streams)."""
+        while not self.ready(n):
+            if self.error is not None:
+                raise self.error
+            self._news.clear()
+            await self._news.wait()
+        return self.draw(n)
+
     def state(self) -> dict[str, Any]:
-        return {"pool": self.pool, "queue": self.queue, "rng": self.rng.getstate()}
+        verdicts = None if self.verdicts is None else dict(self.verdicts)
+        return {"pool": self.pool, "queue": self.queue, "rng": self.rng.getstate(), "verdicts": verdicts}
 
     def load(self, state: dict[str, Any]) -> None:
         self.pool, self.queue = list(state["pool"]), list(state["queue"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+        verdicts = state.get("verdicts")  # absent from checkpoints older than streamed pre-filters
+        self.verdicts = None if verdicts is None else {int(i): bool(v) for i, v in verdicts.items()}
 
 
 class PromptBook:
