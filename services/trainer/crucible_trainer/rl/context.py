@@ -100,7 +100,7 @@ class ProblemSampler:
 
     def ready(self, n: int) -> bool:
         """Whether `n` problems can be drawn without passing one not judged yet."""
-        if self.verdicts is None:
+        if self.verdicts is None or n <= 0:
             return True
         found = 0
         for index in self.queue:
