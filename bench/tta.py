@@ -381,9 +381,9 @@ def run_eval(args: argparse.Namespace) -> None:
             # Every run's base and last point first, then the others from the latest back: a lease
             # that ends early still holds each run's result, and the curves as far as they got.
             todo = [(rank, i, p) for i, (_, run) in enumerate(runs) for rank, p in eval_order(run["points"])]
+            scored: list[dict[str, Any]] = [common.read_json(out / "evals.json", {}) for out, _ in runs]
             for _, i, p in sorted(todo, key=lambda t: (t[0], t[1])):
-                out, run = runs[i]
-                evals: dict[str, Any] = common.read_json(out / "evals.json", {})
+                (out, run), evals = runs[i], scored[i]
                 final = max(q["step"] for q in run["points"])
                 entry = evals.setdefault(str(p["step"]), {})
                 for dataset in ["mbpp", "humaneval"][: 1 + (p["step"] in (0, final))]:  # HumanEval: ends only

@@ -86,7 +86,7 @@ class PreFilter:
             return  # judged before the checkpoint the job resumed from
         elif not self.order:  # the file is gone: the verdicts the checkpoint has, then the rest
             self.order = [*self.sampler.verdicts, *self.sampler.unjudged()]
-        self.sampler.judge({i: v for i, v in self.saved.items() if i not in (self.sampler.verdicts or {})})
+        self.sampler.judge(self.saved)  # those of the checkpoint and any made after it
         self.task = asyncio.ensure_future(self._judge_rest())
 
     async def _judge_first(self, first_step: int, saved: dict[str, Any]) -> None:
@@ -118,9 +118,9 @@ class PreFilter:
             while todo := self.sampler.unjudged()[: self.chunk]:
                 verdicts = await self.judge(self.ctx, todo, 1 + len(self.saved))
                 self.saved.update(verdicts)
-                kept = [i for i in self.order if self.saved.get(i)]
                 record: dict[str, Any] = {"order": self.order, "verdicts": sorted(self.saved.items())}
                 if len(self.saved) == len(self.order):
+                    kept = [i for i in self.order if self.saved[i]]
                     record |= {
                         "indices": kept,
                         "kept": [self.task_ids[i] for i in kept],

@@ -366,8 +366,8 @@ class TrainRun(JobRun):
         if judge is None:
             return
         streamed = prefilter.streams(self.spec.model)
-        # Judged by the base model (the starting policy) whichever version is served by then.
-        ctx.model_name = ctx.base_name if streamed else ctx.model_name
+        if streamed:  # by the base model (the starting policy) whichever version is served by then
+            ctx.model_name = ctx.base_name
         self.pre_filter = prefilter.PreFilter(
             judge,
             ctx,
