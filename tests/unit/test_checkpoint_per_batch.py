@@ -112,7 +112,9 @@ def test_every_micro_batch_is_checkpointed_when_memory_is_short(adapter_model) -
     assert metrics["update/checkpointed_micro_batches"] == 0.0 and not policy._checkpointing_on
 
 
-def test_one_gpu_keeps_auto_and_ranks_decide_for_the_job(adapter_model, monkeypatch) -> None:
+def test_one_gpu_and_ddp_ranks_keep_auto_and_fsdp_or_compiled_decide_for_the_job(
+    adapter_model, monkeypatch
+) -> None:
     import crucible_models
     from crucible_shared.events import SettingsEvent
     from crucible_shared.jobs import TrainJob
@@ -126,12 +128,21 @@ def test_one_gpu_keeps_auto_and_ranks_decide_for_the_job(adapter_model, monkeypa
     resolved, chosen = hardware.resolve(one)
     assert resolved.model.gradient_checkpointing == "auto" and chosen["gradient_checkpointing"] == "auto"
     SettingsEvent(**chosen)  # the event takes it
-    two = one.model_copy(update={"distributed": one.distributed.model_copy(update={"train_gpus": 2})})
-    resolved, chosen = hardware.resolve(two)
-    assert resolved.model.gradient_checkpointing is False  # a tiny model fits in 64 GiB
+
+    def ranks(strategy: str) -> TrainJob:
+        return one.model_copy(
+            update={"distributed": one.distributed.model_copy(update={"train_gpus": 2, "strategy": strategy})}
+        )
+
+    compiled = one.model_copy(update={"optim": one.optim.model_copy(update={"compile": True})})
+    # DDP ranks run no collective in their backwards: each decides per micro-batch, as one process does.
+    assert hardware.resolve(ranks("ddp"))[0].model.gradient_checkpointing == "auto"
+    for job in (ranks("fsdp"), compiled):
+        assert hardware.resolve(job)[0].model.gradient_checkpointing is False  # a tiny model fits in 64 GiB
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**10, 2**37))
-    resolved, _ = hardware.resolve(two)
-    assert resolved.model.gradient_checkpointing is True
+    for job in (ranks("fsdp"), compiled):
+        assert hardware.resolve(job)[0].model.gradient_checkpointing is True
+    assert hardware.resolve(ranks("ddp"))[0].model.gradient_checkpointing == "auto"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

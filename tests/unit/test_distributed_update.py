@@ -5,7 +5,9 @@ Rank 0 drives rank 1 through the command channel exactly as a job does (`init`, 
 `stop`); every optimizer step's gradient (gathered from its shards under FSDP) and the adapter
 after the update are compared with one process running `rl/update.py` on the same batch. The
 batch has a zero-advantage group and five trained samples, so with a micro-batch of 2 the ranks'
-shares differ and one rank runs an empty micro-batch.
+shares differ and one rank runs an empty micro-batch. DDP ranks decide gradient checkpointing and the
+chunked head per micro-batch, each from its own free memory, as one process does: one case gives
+the ranks budgets that make rank 0 checkpoint every micro-batch and rank 1 none.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def one_process(model: Path, cfg, out: Path) -> tuple[list, dict]:
     return record, load_file(str(out / "adapter_model.safetensors"))
 
 
-def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg, out: Path) -> None:
+def rank_main(
+    rank: int, world: int, port: int, model: Path, strategy: str, cfg, out: Path, free: tuple[int, ...] = ()
+) -> None:
     import torch.distributed as dist
     from crucible_trainer.distributed.leader import make_rank_policy
     from crucible_trainer.distributed.parallel import DataParallel
@@ -99,6 +103,8 @@ def rank_main(rank: int, world: int, port: int, model: Path, strategy: str, cfg,
 
     def make(spec: str, leader: Control | None = None):
         policy = make_rank_policy(spec, "cpu", parallel, leader)
+        if free:  # the memory this rank's `auto` decisions see (a CPU reports none)
+            policy.free_memory = lambda: free[rank]
         recording(policy, record)
         return policy
 
@@ -133,10 +139,11 @@ def tiny_llama(tmp_path_factory) -> Path:
     return build_family("llama", tmp_path_factory.mktemp("models"))
 
 
-CASES = {
-    "ddp-one-step": ("ddp", {}),
-    "ddp-accumulation-iterations": ("ddp", {"grad_accum": 1, "iterations": 2}),
-    "fsdp-one-step": ("fsdp", {}),
+CASES = {  # strategy, update options, each rank's free memory (none: a CPU's)
+    "ddp-one-step": ("ddp", {}, ()),
+    "ddp-accumulation-iterations": ("ddp", {"grad_accum": 1, "iterations": 2}, ()),
+    "ddp-checkpointing-per-rank": ("ddp", {}, (1, 2**50)),
+    "fsdp-one-step": ("fsdp", {}, ()),
 }
 
 
@@ -145,10 +152,10 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
     import torch.multiprocessing as mp
     from crucible_trainer.rl.update import UpdateConfig
 
-    strategy, options = CASES[case]
+    strategy, options, free = CASES[case]
     cfg = UpdateConfig(micro_batch=2, **options)
     want_grads, want_adapter = one_process(tiny_llama, cfg, tmp_path / "one")
-    mp.spawn(rank_main, args=(2, free_port(), tiny_llama, strategy, cfg, tmp_path), nprocs=2, join=True)
+    mp.spawn(rank_main, args=(2, free_port(), tiny_llama, strategy, cfg, tmp_path, free), nprocs=2, join=True)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
 
     assert len(got["grads"]) == len(want_grads) >= 1
@@ -166,6 +173,8 @@ def test_two_ranks_give_the_one_process_gradients_and_adapter(case, tiny_llama, 
     for name, want in want_adapter.items():
         torch.testing.assert_close(got_adapter[name], want, rtol=1e-4, atol=2e-5, msg=name)
     assert got["metrics"]["update/sequences"] == 5
+    # Rank 0's micro-batches: all checkpointed on its budget of one byte, none on a CPU's.
+    assert got["metrics"]["update/checkpointed_micro_batches"] == (2.0 if free else 0.0)
     # Rank 0 times the update's parts: handing the batch over, scoring, the passes.
     m = got["metrics"]
     assert m["time/update_command_s"] > 0 and m["time/update_passes_s"] > 0

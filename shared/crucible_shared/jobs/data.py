@@ -164,8 +164,8 @@ class ModelSpec(_Spec):
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto",
         description="Trade compute for memory in the update; auto: on for the micro-batches that would "
-        "not fit in free GPU memory (decided per micro-batch in one process on a GPU; for the job with "
-        "several ranks or compiled passes).",
+        "not fit in free GPU memory (decided per micro-batch on a GPU, in one process or on each DDP "
+        "rank; for the job with FSDP or compiled passes).",
     )
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto",

@@ -130,7 +130,7 @@ class Policy:
         elif spec.gradient_checkpointing is True:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
-        # "auto" here (`hardware.resolve` keeps it for one process on a GPU): each training
+        # "auto" here (`hardware.resolve` keeps it for one process or DDP ranks on a GPU): each training
         # micro-batch is checkpointed only if its own shape would not fit in the memory free then
         # (`_checkpoint_for`); elsewhere it is off.
         self.checkpointing = spec.gradient_checkpointing

@@ -132,9 +132,13 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         fits = max(1, int(MEMORY_SHARE * free // per_sequence))
         if micro == "auto":
             micro = min(256, 1 << (fits.bit_length() - 1))  # a power of two that fits
-        if checkpointing == "auto" and (spec.optim.compile or spec.distributed.train_gpus > 1):
-            # Ranks or a compiled graph keep one setting for the job; one process decides per
-            # micro-batch (`checkpoint_needed`, in the policy) and keeps `auto`.
+        sharded = spec.distributed.train_gpus > 1 and spec.distributed.strategy == "fsdp"
+        if checkpointing == "auto" and (spec.optim.compile or sharded):
+            # A compiled graph, or FSDP ranks, keep one setting for the job: under FSDP a
+            # checkpointed layer gathers its weights again in the backward, a collective every rank
+            # must run alike. One process, or DDP ranks (whose backwards run no collective:
+            # distributed/parallel.py), decide per micro-batch (`checkpoint_needed`, in the policy)
+            # and keep `auto`.
             checkpointing = fits < (micro if micro != "auto" else 8)
         chosen.update(
             gpu_free_gb=round(free / 2**30, 1),
