@@ -30,10 +30,6 @@ TINY += ["optim.micro_batch=4", "data.limit=4"]
 # its parts (docs/benchmarks.md, "What every step reports"), publishing, the unhidden stale check.
 PARTS = ["generate", "rollout", "execute_tail", "update_command", "update_score", "update_passes"]
 PARTS += ["update_ref", "update_old", "update_forward_backward", "update_allreduce", "update_optimizer"]
-PARTS += [
-    "reference_ahead",
-    "reference_wait",
-]  # the reference scored beside the rollouts, and its unhidden end
 SPLIT = {f"{part}_s": f"time/{part}_s" for part in PARTS}
 SPLIT |= {"update_s": "time/train_s", "publish_s": "publish/total_s", "stale_wait_s": "time/stale_wait_s"}
 # The update's model FLOPs per second per GPU (rl/throughput.py) and the fraction of the card's peak.
@@ -112,9 +108,7 @@ def figures(rows: list[dict[str, Any]], n: int, samples: int) -> dict[str, Any]:
     med = {k: common.later_median(rows, m) for k, m in SPLIT.items()}
     step = common.later_median(rows, "time/step_s")
     rollout = med["rollout_s"] or med["generate_s"]
-    other = (
-        step - rollout - med["update_s"] - med["publish_s"] - med["stale_wait_s"] - med["reference_wait_s"]
-    )
+    other = step - rollout - med["update_s"] - med["publish_s"] - med["stale_wait_s"]
     out = {"gpus": n, "steps": len(later), "s_per_step": step, **med, "other_s": round(other, 6)}
     out["samples_per_s"] = samples / step
     out["generate_samples_per_s"] = samples / med["generate_s"] if med["generate_s"] else None

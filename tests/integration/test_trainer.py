@@ -171,29 +171,6 @@ def test_the_update_starts_on_the_groups_scored_while_the_last_programs_run(
     assert summary["stale_check"]["stale/diff"] <= 0.05
 
 
-def test_the_kl_reference_is_scored_while_the_completions_arrive(
-    stack_generator, sandbox, stack_dirs
-) -> None:
-    """`optim.reference_ahead: true` on a CPU with a KL term: every completion of each step is
-    scored under the reference as it arrives (the last ones when generation ends), before the
-    update, which then scores none (tests/unit/test_reference_ahead.py: the same values)."""
-    spec = tiny_job(
-        rollout=SHORT_STEPS["rollout"],
-        method={"name": "grpo", "group_size": 2, "kl_beta": 0.05},
-        optim={"reference_ahead": True, "steps": 2, "problems_per_step": 2, "micro_batch": 2, "lr": 5e-3},
-    )
-    summary = train(spec, "reference-it", settings_for(stack_generator, sandbox, stack_dirs))
-    assert summary["status"] == "finished"
-    rows = [
-        json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:
-        assert row["update/reference_ahead_sequences"] == row["update/normaliser_sequences"] == 4, row
-        assert row["time/reference_ahead_s"] > 0 and row["time/reference_wait_s"] >= 0
-        assert row["time/update_ref_s"] == 0.0  # nothing left to score (the part is timed when it runs)
-
-
 def test_a_generator_serving_other_weights_fails_the_step(
     stack_generator, sandbox, stack_dirs, monkeypatch
 ) -> None:

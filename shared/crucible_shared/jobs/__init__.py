@@ -94,7 +94,6 @@ from crucible_shared.jobs.train import (
     Method,
     TrainJob,
     early_update_blocker,
-    reference_ahead_blocker,
 )
 
 __all__ = [
@@ -154,6 +153,5 @@ __all__ = [
     "invalid",
     "job_paths",
     "looks_like_path",
-    "reference_ahead_blocker",
     "unused",
 ]

@@ -121,7 +121,5 @@ def check_offline_optim(optim: OptimSpec, method: str, prefix: str = "optim") ->
         raise unused(f"{prefix}.length_buckets", f"{method} batches its rows with TRL's own collator")
     if optim._changed("early_update"):
         raise unused(f"{prefix}.early_update", f"{method} runs no programs for its update to wait on")
-    if optim._changed("reference_ahead"):
-        raise unused(f"{prefix}.reference_ahead", f"{method} samples nothing to score ahead")
     if optim._changed("compile"):
         raise unused(f"{prefix}.compile", f"{method} trains with TRL's trainer, which compiles nothing here")

@@ -95,15 +95,6 @@ class OptimSpec(_Spec):
         "auto: on a GPU where the job allows it; true: also on a CPU (refused where the job does not "
         "allow it); false: the update starts once every program has run.",
     )
-    reference_ahead: bool | Literal["auto"] = Field(
-        "auto",
-        description="Score the KL reference's log-probs of each completion as it arrives, while the "
-        "step's other completions still decode and its programs run, so the update does not score "
-        "them (the same values, off the update's path). It needs a KL term (method.kl_beta above 0), "
-        "rollouts of the method's own prompts (not a game's turns), one training process and no "
-        "overlap; auto: on a GPU where the job allows it; true: also on a CPU (refused where the job "
-        "does not allow it); false: the update scores the reference.",
-    )
     compile: Literal[False, "default"] = Field(
         False,
         description="Run the update's forward and backward passes (training, the old and reference "

@@ -80,12 +80,6 @@ class TrainJob(_Spec):
         return self
 
     @model_validator(mode="after")
-    def _check_reference_ahead(self) -> TrainJob:
-        if self.optim.reference_ahead is True and (why := reference_ahead_blocker(self)):
-            raise invalid("optim.reference_ahead", f"{why}; set it to auto or false")
-        return self
-
-    @model_validator(mode="after")
     def _check_compile(self) -> TrainJob:
         """Compiled passes are built for one process: DDP and FSDP wrap the model they would trace."""
         if self.optim.compile and self.distributed.train_gpus > 1:
@@ -164,25 +158,6 @@ def early_update_blocker(job: TrainJob) -> str | None:
         return "optim.grad_accum is set: a step of several optimizer steps needs the whole batch"
     if job.distributed.train_gpus > 1:
         return f"distributed.train_gpus is {job.distributed.train_gpus}: the ranks share the whole batch"
-    if job.overlap.max_staleness:
-        return "overlap.max_staleness is above 0: the update already runs beside the next rollouts"
-    return None
-
-
-def reference_ahead_blocker(job: TrainJob) -> str | None:
-    """Why `job`'s KL reference cannot be scored as its completions arrive
-    (`optim.reference_ahead`), or None.
-
-    It can when there is a reference to score (a KL term), the completions stream in through the
-    method's rollouts, and one process trains on the rollouts it just collected: ranks share the
-    scoring inside the update, and overlapped rollouts already run beside an update."""
-    method = job.method
-    if isinstance(method, SpiralConfig):
-        return f"method {method.name} plays games, whose turns are not the streamed rollouts that are scored ahead"
-    if not getattr(method, "kl_beta", 0):
-        return f"method {method.name} has no KL term (method.kl_beta is 0): there is no reference to score"
-    if job.distributed.train_gpus > 1:
-        return f"distributed.train_gpus is {job.distributed.train_gpus}: the ranks share the scoring in the update"
     if job.overlap.max_staleness:
         return "overlap.max_staleness is above 0: the update already runs beside the next rollouts"
     return None

@@ -37,7 +37,7 @@ from typing import Any
 
 from crucible_models import load_tokenizer
 from crucible_shared.generator_client import GeneratorPool
-from crucible_shared.jobs import TrainJob, early_update_blocker, reference_ahead_blocker
+from crucible_shared.jobs import TrainJob, early_update_blocker
 from crucible_shared.sandbox_client import SandboxClient
 
 from crucible_trainer import evaluation, tasks
@@ -50,7 +50,6 @@ from crucible_trainer.rl.context import ProblemSampler, PromptBook, StepContext
 from crucible_trainer.rl.early import EarlyGroups, update_early
 from crucible_trainer.rl.policy import Policy, name_base
 from crucible_trainer.rl.publish import Publisher, StalePolicyError, stale_check
-from crucible_trainer.rl.reference import ReferenceAhead
 from crucible_trainer.rl.rollout import Roller, Sample, Timing
 from crucible_trainer.rl.update import UpdateConfig, update
 from crucible_trainer.runtime import hardware
@@ -392,9 +391,6 @@ class TrainRun(JobRun):
         spec, step = self.spec, ctx.step
         ucfg = self.method.update_config(spec.method, spec)
         ctx.early = EarlyGroups() if self._updates_early(policy) else None
-        reference = ctx.reference = (
-            ReferenceAhead(policy, ucfg.micro_batch) if self._references_ahead(policy) else None
-        )
         collecting: asyncio.Future[tuple[list[Sample], dict[str, float]]] | None = None
         updating: asyncio.Future[dict[str, float]] | None = None
         checked_after = 0.0  # the part of the check that generation did not hide (early update)
@@ -443,8 +439,6 @@ class TrainRun(JobRun):
             if updating is not None and ctx.early is not None:
                 ctx.early.close(error=exc)  # the update stops, its gradients dropped
                 await asyncio.gather(updating, return_exceptions=True)
-            if reference is not None:
-                await reference.close()
             raise
         finally:
             if checking is not None and not checking.done():
@@ -453,16 +447,6 @@ class TrainRun(JobRun):
                 checking.exception()  # retrieved: the step's own error is the one to report
         t2 = time.perf_counter()
         metrics.update(checked)
-        if check:  # the part of the check the rollouts did not hide
-            metrics["time/stale_wait_s"] = waited + checked_after + t2 - t1
-        if reference is not None:  # its last micro-batch may still be scoring
-            try:
-                metrics.update(await self.cancel.guard(reference.finish()))
-            except BaseException:
-                await reference.close()
-                raise
-            metrics["time/reference_wait_s"] = time.perf_counter() - t2
-            t2 = time.perf_counter()
         if updating is not None:
             metrics.update(await updating)  # as the update below, not abandoned halfway
             metrics["time/update_beside_tail_s"] = t1 - early_from
@@ -475,6 +459,8 @@ class TrainRun(JobRun):
         metrics["time/generate_s"] = ctx.timing.generate_s
         metrics["time/execute_tail_s"] = ctx.timing.execute_tail_s
         metrics["time/execute_busy_s"] = ctx.timing.execute_busy_s
+        if check:  # the part of the check the rollouts did not hide
+            metrics["time/stale_wait_s"] = waited + checked_after + t2 - t1
         metrics["time/train_s"] = t3 - t2
         self._log_rollouts(step, samples)
         if step % spec.publish.every == 0:
@@ -494,15 +480,6 @@ class TrainRun(JobRun):
         if mode is False or early_update_blocker(self.spec) is not None:
             return False
         if type(self).update_policy is not TrainRun.update_policy:  # data-parallel ranks share the batch
-            return False
-        return mode is True or policy.device.startswith("cuda")
-
-    def _references_ahead(self, policy: Policy) -> bool:
-        """Whether this step's KL reference is scored as its completions arrive
-        (`optim.reference_ahead`): where the job allows it (`reference_ahead_blocker`) and, on
-        `auto`, on a GPU (on a CPU the scoring would take the cores the generator decodes on)."""
-        mode = self.spec.optim.reference_ahead
-        if mode is False or reference_ahead_blocker(self.spec) is not None:
             return False
         return mode is True or policy.device.startswith("cuda")
 

@@ -18,7 +18,6 @@ from crucible_trainer.rl.rollout import Prompt, Roller, Sample, Timing
 
 if TYPE_CHECKING:
     from crucible_trainer.rl.early import EarlyGroups
-    from crucible_trainer.rl.reference import ReferenceAhead
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +175,6 @@ class StepContext:
     # The update that starts on the step's groups as they are scored (`rl/early.py`), when the
     # loop runs one; a method that can set one group's advantages opens it (GRPO).
     early: EarlyGroups | None = None
-    # The KL reference scored as the completions arrive (`rl/reference.py`), when the loop does.
-    reference: ReferenceAhead | None = None
 
     async def sample(
         self,
@@ -205,7 +202,6 @@ class StepContext:
             extract=extract,
             timing=self.timing,
             early=self.early,
-            reference=self.reference,
         )
         for s in out:
             s.version = self.version

@@ -25,7 +25,6 @@ from crucible_trainer.rl.rewards import reward as reward_of
 
 if TYPE_CHECKING:
     from crucible_trainer.rl.early import EarlyGroups
-    from crucible_trainer.rl.reference import ReferenceAhead
 
 LINGER_S = 0.02  # how long a finished completion waits for others to share its sandbox batch
 
@@ -52,7 +51,6 @@ class Sample:
     info: dict[str, Any] = field(default_factory=dict)  # extra columns of its rollout-log row
     version: int = 0  # the policy version (published adapter) that sampled it; gen_logprobs are its
     is_weights: list[float] | None = None  # per-token importance weights of its update (rl/correction.py)
-    ref_logprobs: list[float] | None = None  # the KL reference's, when scored ahead (rl/reference.py)
 
     @property
     def task_reward(self) -> float | None:
@@ -117,11 +115,9 @@ class Roller:
         extract=None,
         timing: Timing | None = None,
         early: EarlyGroups | None = None,
-        reference: ReferenceAhead | None = None,
     ) -> list[Sample]:
         """`n` completions of each prompt, in prompt order, each run and scored. `early`: told of
-        each scored sample and, when generation ends, of the batch (`rl/early.py`); `reference`:
-        given each completion as it arrives, and told when generation ends (`rl/reference.py`)."""
+        each scored sample and, when generation ends, of the batch (`rl/early.py`)."""
         extract = extract or self.extract
         timing = timing or Timing()
         if not prompts:
@@ -181,16 +177,12 @@ class Roller:
                 out.append((index, x))
                 pending.append(x)
                 arrived.set()
-                if reference is not None:
-                    reference.add(x)
             generated = time.perf_counter()
             if len(out) != len(prompts) * n:  # a group short of samples would shift its baseline
                 raise RuntimeError(f"the generator streamed {len(out)} of {len(prompts) * n} completions")
             ordered = [x for _, x in sorted(out, key=lambda pair: pair[0])]
             if early is not None:
                 early.generated(ordered)
-            if reference is not None:
-                reference.generated()
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             flush()  # what arrived during the last linger

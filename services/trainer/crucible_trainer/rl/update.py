@@ -140,7 +140,8 @@ def update(
             old = parallel.score(policy, prompts, comps, cfg.micro_batch)
     ref: list[Any] | None = None
     if cfg.kl_beta > 0:
-        ref = reference(policy, samples, cfg.micro_batch, parallel, timer)
+        with timer.part("ref"):
+            ref = parallel.score(policy, prompts, comps, cfg.micro_batch, reference=True)
     t1 = time.perf_counter()
     tis = Correction(cfg.tis_cap) if cfg.tis_cap is not None else None
     if tis is not None and (cfg.objective != "clip" or cfg.ratio != "token"):
@@ -253,24 +254,6 @@ def optimizer_step(policy: Policy, timer: PartTimer, attempt: int) -> tuple[floa
         "running the step again with fallback kernels" if again else "optimizer step skipped",
     )
     return grad_norm, again
-
-
-def reference(
-    policy: Policy, samples: list[Sample], micro_batch: int, parallel: Parallel, timer: PartTimer
-) -> list[Any]:
-    """The KL reference's log-probs of every sample: those scored as the completions arrived
-    (`rl/reference.py`), and the rest scored now, timed as the update's "ref" part (by every
-    rank together: each holds the same samples, so all score the same ones)."""
-    missing = [i for i, s in enumerate(samples) if s.ref_logprobs is None]
-    out: list[Any] = [s.ref_logprobs for s in samples]
-    if missing:
-        prompts = [samples[i].prompt_ids for i in missing]
-        comps = [samples[i].completion_ids for i in missing]
-        with timer.part("ref"):
-            scored = parallel.score(policy, prompts, comps, micro_batch, reference=True)
-        for i, values in zip(missing, scored, strict=True):
-            out[i] = values
-    return out
 
 
 def _micro_loss(
