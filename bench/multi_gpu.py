@@ -89,7 +89,7 @@ def one_count(work: Path, model: str, n: int, sets: list[str], args: argparse.Na
     with common.services(work, model, args.generator_batch, devices=devices, max_ranks=n) as settings:
         summary = common.run_job(spec, f"multi-gpu-{n}", settings)
     rows = common.step_rows(work / "jobs" / f"multi-gpu-{n}")
-    timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/"))} for r in rows]
+    timing = [{k: v for k, v in r.items() if k.startswith(("time/", "publish/", "update/"))} for r in rows]
     found = figures(rows, n, spec.optim.problems_per_step * spec.method.group_size)
     return found | {"device": common.card(), "wall_s": round(summary["wall_s"], 1), "per_step": timing}
 
