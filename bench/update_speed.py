@@ -190,9 +190,9 @@ def profile(call: Any, folder: Path) -> str:
     averages = prof.key_averages()
     table = averages.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40)
     # The device's busy time against the wall's: far below it, the host (launches) is what binds.
-    # Counted on the operators' rows, as the table's "Self CUDA time total": each kernel's time
+    # Counted on the kernels' rows, as the table's "Self CUDA time total" is: each kernel's time
     # shows twice in the averages, on its own row and on the operator that launched it.
-    busy = sum(e.self_device_time_total for e in averages if _operator(e)) / 1e6 if cuda else None
+    busy = sum(e.self_device_time_total for e in averages if _kernel(e)) / 1e6 if cuda else None
     launches = sum(
         e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
     )
@@ -202,10 +202,11 @@ def profile(call: Any, folder: Path) -> str:
     return str(folder / "kernels.txt")
 
 
-def _operator(event: Any) -> bool:
+def _kernel(event: Any) -> bool:
+    """Whether a profiler row is the device's own work (a kernel, a copy), not an operator's."""
     from torch.autograd import DeviceType
 
-    return event.device_type == DeviceType.CPU and not event.is_user_annotation
+    return event.device_type == DeviceType.CUDA and not event.is_user_annotation
 
 
 def median(rows: list[dict[str, float]], key: str) -> float | None:
