@@ -116,6 +116,10 @@ def gateway(redis_url, stack_dirs) -> Iterator[Service]:
         # wait it out), as on test_fencing's stack: the trainers beat every 0.5 s (trainer_env).
         "CRUCIBLE_GATEWAY_HEARTBEAT_TIMEOUT_S": "6",
         "CRUCIBLE_GATEWAY_REAP_INTERVAL_S": "0.5",
+        # A job a stopping worker handed back is enqueued again 2 s after (10 by default; a test of
+        # test_gateway waits it out): a submission's enqueue, which it must not race, takes
+        # milliseconds.
+        "CRUCIBLE_GATEWAY_QUEUE_SETTLE_S": "2",
     }
     with spawn("crucible_gateway", env, "CRUCIBLE_GATEWAY_PORT") as service:
         yield service

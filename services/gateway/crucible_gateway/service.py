@@ -47,7 +47,6 @@ from crucible_gateway.store import IdempotencyConflict, JobStore
 from crucible_gateway.work import job_work
 
 log = logging.getLogger(__name__)
-QUEUE_SETTLE_S = 10.0
 REJECTED = Counter(
     "crucible_gateway_tenant_rejected_total",
     "Requests refused with 429, by tenant and quota.",
@@ -464,9 +463,11 @@ class GatewayService:
                     changes.append((job_id, JobStatus.failed))
         # Queued jobs whose RQ job is gone: one a stopping worker released (its RQ job finished)
         # goes back on its queue; one that failed before it started is failed. Only jobs queued
-        # for a while, so a submission or retry still between its record and its enqueue is left be.
+        # for a while (`queue_settle_s`), so a submission or retry still between its record and its
+        # enqueue is left be.
         queued = await self.store.fields(await self.store.ids(JobStatus.queued), ("queued_at", "created_at"))
-        settled = [r["id"] for r in queued if (r["queued_at"] or r["created_at"] or 0) < now - QUEUE_SETTLE_S]
+        settle = now - self.settings.queue_settle_s
+        settled = [r["id"] for r in queued if (r["queued_at"] or r["created_at"] or 0) < settle]
         statuses = await asyncio.to_thread(self.store.rq_statuses, settled)
         for job_id in settled:
             rq = statuses[job_id]

@@ -57,6 +57,13 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A running job silent this long has lost its worker (see max_attempts)."
     )
     reap_interval_s: float = Field(5.0, gt=0, description="How often silent jobs are looked for.")
+    queue_settle_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long a queued job whose RQ job is gone (a stopping worker handed it back) waits "
+        "before the reaper enqueues it again: a submission or retry between its record and its enqueue "
+        "is left be.",
+    )
     max_attempts: int = Field(
         2,
         ge=1,
