@@ -139,6 +139,17 @@ print("dense checkpoint:", target)'
         2>&1 | tee "$O/head-mb$mb.log" | grep -vE "it/s]|^\s*warnings.warn"
     done
     [ $# -gt 1 ] || bash bench/gpu.sh update-head 32 64 ;;
+  update-arms)  # COMPARE [SIZES] [extra]: bench/update_speed.py's two arms of COMPARE (after `setup`), 135M at
+    # the step's lengths (64 x 8 samples, completions of 30-256 tokens, micro-batches of 128) and the 1.5B
+    # shape (256 tokens each, micro-batches of 32); SIZES "135m,1p5b" by default; JSON and log in $OUT
+    sizes=${3:-}
+    for size in ${sizes//,/ }; do
+      model=(--model smollm2-135m-instruct --micro-batch 128 --min-tokens 30)
+      [ "$size" = 1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32 --min-tokens 256)
+      python3 bench/update_speed.py "${model[@]}" --compare "$2" --prompts 64 --group 8 --max-tokens 256 \
+        --repeats 3 --out "$O/$2-$size.json" "${@:4}" 2>&1 | tee "$O/$2-$size.log" | grep -vE "it/s]|^\s*warnings.warn"
+    done
+    [ -n "${3:-}" ] || bash bench/gpu.sh update-arms "$2" 135m,1p5b ;;
   update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: bench/update_speed.py, eager against compiled passes
     # (optim.compile MODE: default) at the benchmark's batch (after `setup`), JSON and log in $OUT
     mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)

@@ -16,6 +16,7 @@ import os
 import statistics
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 runs.append(one_count(work, model, n, sets, args))
             except Exception as exc:  # the other counts still run: one failure costs one figure
+                traceback.print_exc()
                 common.show_logs(work, 40)  # the folder goes with the temporary directory
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
     report = summarise(args, job(model, 1, sets), runs)

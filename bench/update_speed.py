@@ -1,8 +1,9 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
 the limit"): `--compare buckets` (micro-batches in the batch's order or longest first), `precision`
 (PEFT's casting or autocast), `compile` (eager or compiled passes), `fused` (transformers' norms and
-MLPs or rl/fused.py's kernels), `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`) or `head`
-(the full logits or rl/head.py's chunked head). The job is
+MLPs or rl/fused.py's kernels), `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`), `head`
+(the full logits or rl/head.py's chunked head), `rope` (transformers' rotary embedding or Liger's)
+or `logprobs` (autograd's log-softmax of the kept logits or rl/head.py's `kept_logprobs`). The job is
 bench/multi_gpu.py's GRPO spec with `--set` overrides, the batch synthetic and seeded; the figures
 are per-arm medians of the update's own metrics, each arm's first (warm-up) update apart (`warmup_s`).
 
@@ -42,6 +43,8 @@ ARMS = {
     "fused": {"unfused": ("fused_kernels", False), "fused": ("fused_kernels", True)},
     "lora": {"peft_lora": ("lora_layers", False), "fused_lora": ("lora_layers", True)},
     "head": {"full_logits": ("head", False), "chunked_head": ("head", True)},
+    "rope": {"transformers_rope": ("rope_kernel", False), "fused_rope": ("rope_kernel", True)},
+    "logprobs": {"autograd_logprobs": ("logprob_kernel", False), "kept_logprobs": ("logprob_kernel", True)},
 }
 
 
@@ -124,10 +127,12 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             policy.fused_kernels(value)
         elif field == "head":  # the chunked head (rl/head.py) or the full logits
             policy.head_mode = "chunked" if value else "full"
-        elif field == "lora_layers":  # also what a step run again re-fuses
-            policy.lora_kernels = value
+        elif field in ("lora_layers", "rope_kernel"):  # also what a step run again re-fuses
+            setattr(policy, "lora_kernels" if field == "lora_layers" else field, value)
             policy.fused_kernels(False)
             policy.fused_kernels(True)
+        elif field == "logprob_kernel":
+            policy.logprob_kernel = value
         else:
             policy.run_eager = value
         return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))

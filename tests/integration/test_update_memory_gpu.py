@@ -1,6 +1,7 @@
 """On CUDA: the update's memory estimate (`hardware.bytes_per_sequence`) covers what a training
 micro-batch really takes, without checkpointing, and not by a wide margin: with the full logits
-and with the chunked head (rl/head.py).
+(through autograd's float32 log-softmax and through the kept logits' kernels) and with the chunked
+head (rl/head.py).
 
 Gradient checkpointing on `auto` is decided per micro-batch from that estimate against the free
 memory (`Policy._plan`), so an estimate below the real peak would run a micro-batch out
@@ -67,8 +68,8 @@ def estimate(policy, rows: int, width: int, tail: int, head: str = "full") -> in
     from crucible_trainer.runtime.hardware import bytes_per_sequence, head_workspace
 
     config = policy.model.get_base_model().config
-    if head == "full":
-        return rows * bytes_per_sequence(config, width, tail, 2)
+    if head in ("full", "kept"):
+        return rows * bytes_per_sequence(config, width, tail, 2, head=head)
     chunked = rows * bytes_per_sequence(config, width, tail, 2, head="chunked")
     return chunked + head_workspace(config, rows * tail)
 
@@ -106,7 +107,7 @@ def test_the_kernel_warm_up_leaves_the_gradient_and_the_generators_as_they_were(
     assert cosine > 0.9999
 
 
-@pytest.mark.parametrize("head", ["full", "chunked"])
+@pytest.mark.parametrize("head", ["full", "kept", "chunked"])
 @pytest.mark.parametrize(("rows", "prompt", "tail"), SHAPES)
 def test_the_estimate_covers_a_micro_batchs_peak(
     policy, rows: int, prompt: int, tail: int, head: str
@@ -115,7 +116,8 @@ def test_the_estimate_covers_a_micro_batchs_peak(
 
     batch = make_batch([[11] * prompt] * rows, [[12] * tail] * rows, policy.pad_id, policy.device)
     assert policy.head is not None  # both geometries' families take the chunked head
-    policy.head_mode = head
+    policy.head_mode = "full" if head == "kept" else head
+    policy.logprob_kernel = head == "kept"  # "full": autograd's float32 log-softmax
     try:
         policy.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -127,7 +129,7 @@ def test_the_estimate_covers_a_micro_batchs_peak(
         policy.optimizer.zero_grad(set_to_none=True)
         expected = estimate(policy, rows, prompt + tail, tail, head)
     finally:
-        policy.head_mode = "auto"
+        policy.head_mode, policy.logprob_kernel = "auto", True
     config = policy.model.get_base_model().config
     row = {"head": head, "layers": config.num_hidden_layers, "hidden": config.hidden_size, "rows": rows}
     row |= {"prompt": prompt, "tail": tail, "peak_gib": round(peak / 2**30, 3)}
@@ -178,9 +180,11 @@ def test_checkpointing_switched_between_micro_batches_keeps_the_gradient(policy)
         return seen[0], metrics
 
     config = policy.model.get_base_model().config
-    # The longest at its smallest without checkpointing (through the chunked head), the short one
-    # with its full logits: between them, only the longest is checkpointed.
-    longest, short = estimate(policy, 2, 584, 384, "chunked"), estimate(policy, 2, 140, 40)
+    # The longest at its smallest without checkpointing (through the chunked head or the kept
+    # logits, whichever holds less), the short one with its kept logits: between them, only the
+    # longest is checkpointed.
+    longest = min(estimate(policy, 2, 584, 384, head) for head in ("chunked", "kept"))
+    short = estimate(policy, 2, 140, 40, "kept")
     policy.checkpointing = "auto"
     try:
         plain, plain_metrics = gradient(lambda: 2**50)
@@ -234,3 +238,42 @@ def test_the_chunked_head_keeps_log_probs_and_gradient(policy) -> None:
         )
     )
     assert gap < 0.05 and cosine > 0.999
+
+
+def test_the_kept_logprobs_keep_log_probs_and_gradient(policy) -> None:
+    """On the card, bf16 with the fused kernels, the full logits kept: the log-probs through the
+    kept logits' compiled kernels (rl/head.py `kept_logprobs`) equal autograd's float32
+    log-softmax of the same logits, and so do the adapter's gradients, to float32's rounding."""
+    from crucible_trainer.rl.batch import make_batch
+
+    gen = torch.Generator().manual_seed(1)
+    vocab = policy.head.out_features
+    prompts = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (200, 120, 60, 30)]
+    completions = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (384, 200, 40, 1)]
+    batch = make_batch(prompts, completions, policy.pad_id, policy.device)
+    assert policy.logprob_kernel
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        policy.optimizer.zero_grad(set_to_none=True)
+        logp = policy.token_logprobs(batch)
+        (logp.sum() * 1e-3).backward()
+        grad = flat_grad(policy)
+        policy.optimizer.zero_grad(set_to_none=True)
+        return logp.detach(), grad
+
+    try:
+        policy.head_mode = "full"
+        policy.logprob_kernel = False
+        want, want_grad = run()
+        policy.logprob_kernel = True
+        got, grad = run()
+    finally:
+        policy.head_mode, policy.logprob_kernel = "auto", True
+    cosine = torch.nn.functional.cosine_similarity(want_grad, grad, dim=0)
+    gap = (got - want).abs().max()
+    print(
+        json.dumps(
+            {"kept_logprob_gap": round(float(gap), 6), "kept_gradient_cosine": round(float(cosine), 7)}
+        )
+    )
+    assert gap < 1e-3 and cosine > 0.9999

@@ -1,6 +1,6 @@
-"""`rl/fused.py` swaps the norms and gated MLPs of the families it knows, instance by instance, and
-back; here with reference functions in place of Liger's Triton kernels (CPU), so that what is
-checked is which modules are swapped and with which weights and epsilon. Liger's kernels against
+"""`rl/fused.py` swaps the norms, gated MLPs and rotary embeddings of the families it knows, instance
+by instance, and back; here with reference functions in place of Liger's Triton kernels (CPU), so
+that what is checked is which modules are swapped and with which weights and epsilon. Liger's kernels against
 transformers are checked on CUDA (tests/unit/test_fused_gpu.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from crucible_trainer.rl import fused
 
 from tests.families import family_config
 
-CALLS = {"norm": 0, "mlp": 0}
+CALLS = {"norm": 0, "mlp": 0, "rope": 0}
 
 
 def rms_norm(x, weight, eps):
@@ -23,6 +23,20 @@ def rms_norm(x, weight, eps):
 def silu_mul(gate, up):
     CALLS["mlp"] += 1
     return torch.nn.functional.silu(gate) * up
+
+
+def rope(q, k, cos, sin):
+    CALLS["rope"] += 1
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotated(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    return q * cos + rotated(q) * sin, k * cos + rotated(k) * sin
+
+
+KERNELS = fused.Kernels(rms_norm, silu_mul, rope)
 
 
 def tiny(name: str, lora: bool = False):
@@ -54,19 +68,21 @@ def test_fused_modules_compute_what_transformers_computes(name, norms_per_layer,
     layers = model.config.num_hidden_layers
     with torch.no_grad():
         want = model(IDS).logits
-    swapped = fused.fuse(model, (rms_norm, silu_mul))
-    assert swapped == layers * (norms_per_layer + 1) + 1  # each layer's norms and MLP, and the final norm
-    CALLS.update(norm=0, mlp=0)
+    swapped = fused.fuse(model, KERNELS)
+    # each layer's norms, MLP and attention, and the final norm
+    assert swapped == layers * (norms_per_layer + 2) + 1
+    CALLS.update(norm=0, mlp=0, rope=0)
     with torch.no_grad():
         got = model(IDS).logits
     assert CALLS["mlp"] == layers and CALLS["norm"] == layers * norms_per_layer + 1
+    assert CALLS["rope"] == layers
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert fused.fuse(model, (rms_norm, silu_mul)) == 0  # already swapped: nothing twice
+    assert fused.fuse(model, KERNELS) == 0  # already swapped: nothing twice
     assert fused.unfuse(model) == swapped
-    CALLS.update(norm=0, mlp=0)
+    CALLS.update(norm=0, mlp=0, rope=0)
     with torch.no_grad():
         again = model(IDS).logits
-    assert CALLS == {"norm": 0, "mlp": 0}
+    assert CALLS == {"norm": 0, "mlp": 0, "rope": 0}
     torch.testing.assert_close(again, want, rtol=0, atol=0)
 
 
@@ -76,7 +92,7 @@ def test_gradients_reach_the_adapter_through_the_fused_mlp():
     model(IDS).logits.logsumexp(-1).sum().backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    fused.fuse(model, (rms_norm, silu_mul))
+    fused.fuse(model, KERNELS)
     model(IDS).logits.logsumexp(-1).sum().backward()
     got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert got.keys() == want.keys() and any("mlp.gate_proj.lora_A" in n for n in got)
@@ -84,9 +100,37 @@ def test_gradients_reach_the_adapter_through_the_fused_mlp():
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6)
 
 
+def test_the_rotary_kernel_serves_only_the_attention_modules_swapped():
+    """The dispatcher in the family's namespace takes the fused function inside a swapped attention
+    module's call only: another model of the same family, its rotary function called directly and
+    a call with more arguments compute transformers' own; without `rope` no attention is swapped."""
+    from transformers.models.llama import modeling_llama
+
+    model, other = tiny("llama"), tiny("llama")
+    layers = model.config.num_hidden_layers
+    assert fused.fuse(other, KERNELS, rope=False) == layers * 3 + 1  # norms and MLPs only
+    fused.unfuse(other)
+    fused.fuse(model, KERNELS)
+    dispatcher = modeling_llama.apply_rotary_pos_emb
+    assert dispatcher.dispatches and fused.fuse(tiny("llama"), KERNELS) > 0  # installed once
+    assert modeling_llama.apply_rotary_pos_emb is dispatcher
+    CALLS.update(rope=0)
+    with torch.no_grad():
+        want = other(IDS).logits
+        q, k = torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16)
+        cos, sin = torch.randn(1, 7, 16), torch.randn(1, 7, 16)
+        direct = dispatcher(q, k, cos, sin)
+    assert CALLS["rope"] == 0
+    torch.testing.assert_close(direct[0], dispatcher.original(q, k, cos, sin)[0], rtol=0, atol=0)
+    with torch.no_grad():
+        got = model(IDS).logits
+    assert CALLS["rope"] == layers
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # the same seed: the same weights
+
+
 def test_families_whose_modules_compute_otherwise_are_left_alone():
     """Gemma's norms scale by `1 + weight` and its MLPs use GELU: nothing is swapped."""
-    assert fused.fuse(tiny("gemma2"), (rms_norm, silu_mul)) == 0
+    assert fused.fuse(tiny("gemma2"), KERNELS) == 0
 
 
 def test_nothing_is_swapped_without_the_kernels(monkeypatch):

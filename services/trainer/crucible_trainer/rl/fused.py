@@ -1,5 +1,5 @@
-"""Fused kernels for the policy's passes: RMSNorms and SwiGLU MLPs on CUDA (Liger-Kernel's Triton
-kernels), and LoRA layers on any device.
+"""Fused kernels for the policy's passes: RMSNorms, SwiGLU MLPs and rotary embeddings on CUDA
+(Liger-Kernel's Triton kernels), and LoRA layers on any device.
 
 At the sizes RL trains with LoRA the update's time goes mostly to memory-bound elementwise kernels,
 not to matrix multiplies (docs/benchmarks.md, "Where the 135M update's time goes": `mul`, `copy_`
@@ -13,7 +13,16 @@ transformers classes: other models in the process keep theirs), for the families
 compute exactly that (`NORMS`, `MLPS`; Gemma's `1 + weight` norms and GELU MLPs are left alone),
 and `unfuse` swaps them back, so that a step can run again without them and a benchmark can
 alternate the two. The fused MLP calls its projections (PEFT's LoRA layers on `gate_proj` /
-`up_proj` / `down_proj`) as the original did. Without CUDA, or without the
+`up_proj` / `down_proj`) as the original did.
+
+The rotary embedding is a module-level function (`apply_rotary_pos_emb`) that the attention
+modules of those families call by name: about ten elementwise kernels each way (two products, a
+negation and a concatenation for each of the query and the key), a fifth of the 135M reference's
+kernel time (docs/benchmarks.md). `fuse` swaps the `forward` of each attention module for one that
+marks the call (a context variable) and calls the class's own, and puts in the module's namespace,
+once, a dispatcher that takes Liger's kernel (which writes the rotated query and key over their
+projections' outputs, which no backward keeps) only inside a marked call: an attention module that
+was not swapped, of this model or another, computes transformers' own. Without CUDA, or without the
 `liger-kernel` package and Triton (requirements-nodeps.txt installs the package; CUDA builds of
 torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), no norm or MLP is swapped.
 Under FSDP the ranks run transformers' modules (`distributed/parallel.py`: not measured there yet),
@@ -34,9 +43,11 @@ layers swapped, not the calls that take the fused path.
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Callable
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,13 +57,29 @@ log = logging.getLogger(__name__)
 NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
 # Module classes whose forward is `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 MLPS = frozenset({"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP"})
+# Attention classes whose module calls Llama's `apply_rotary_pos_emb(q, k, cos, sin)` (the
+# rotate-half form over the whole head) on [B, H, T, D] queries and keys.
+ATTENTIONS = frozenset({"LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention"})
+
+# The rotary function of the attention call running now on this thread: set by a swapped
+# attention module's forward, read by the dispatcher in its family's namespace.
+_ROPE: ContextVar[Callable[..., Any] | None] = ContextVar("crucible_fused_rope", default=None)
 
 
-def kernels() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] | None:
-    """Liger's RMSNorm and SiLU-times-up functions (autograd functions of Triton kernels), or
-    None when the package (or Triton) is not installed."""
+class Kernels(NamedTuple):
+    """The fused functions `fuse` swaps in: `rms_norm(x, weight, eps)`, `silu_mul(gate, up)` and
+    `rope(q, k, cos, sin) -> (q, k)`."""
+
+    rms_norm: Callable[..., torch.Tensor]
+    silu_mul: Callable[..., torch.Tensor]
+    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def kernels() -> Kernels | None:
+    """Liger's RMSNorm, SiLU-times-up and rotary functions (autograd functions of Triton kernels),
+    or None when the package (or Triton) is not installed."""
     try:
-        from liger_kernel.ops import LigerRMSNormFunction, LigerSiLUMulFunction
+        from liger_kernel.ops import LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction
     except ImportError:  # also Triton missing, as on a CPU-only torch
         return None
 
@@ -63,17 +90,20 @@ def kernels() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
     def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return LigerSiLUMulFunction.apply(gate, up, 1.0, 1.0)
 
-    return rms_norm, silu_mul
+    def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        return LigerRopeFunction.apply(q, k, cos, sin)
+
+    return Kernels(rms_norm, silu_mul, rope)
 
 
-def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None) -> int:
-    """Swap in the fused forward of every module of `model` that `NORMS` or `MLPS` names; returns
-    how many were swapped (0 when the kernels are not available). `impl`: the two functions to
-    use (default Liger's, see `kernels`)."""
+def fuse(model: torch.nn.Module, impl: Kernels | None = None, rope: bool = True) -> int:
+    """Swap in the fused forward of every module of `model` that `NORMS`, `MLPS` or (with `rope`)
+    `ATTENTIONS` names; returns how many were swapped (0 when the kernels are not available).
+    `impl`: the functions to use (default Liger's, see `kernels`)."""
     impl = impl or kernels()
     if impl is None:
         return 0
-    rms_norm, silu_mul = impl
+    rms_norm, silu_mul = impl.rms_norm, impl.silu_mul
     swapped = 0
     for module in model.modules():
         kind = type(module).__name__
@@ -92,7 +122,46 @@ def fuse(model: torch.nn.Module, impl: tuple[Callable, Callable] | None = None) 
 
             module.forward = _mark(mlp_forward)
             swapped += 1
+        elif rope and kind in ATTENTIONS and "forward" not in vars(module) and _dispatching(module):
+            attention = weakref.ref(module)  # not the module itself: no cycle through its own __dict__
+
+            def attention_forward(*args: Any, m: Any = attention, f: Any = impl.rope, **kwargs: Any) -> Any:
+                token, module = _ROPE.set(f), m()
+                try:
+                    return type(module).forward(module, *args, **kwargs)
+                finally:
+                    _ROPE.reset(token)
+
+            module.forward = _mark(attention_forward)
+            swapped += 1
     return swapped
+
+
+def _dispatching(attention: torch.nn.Module) -> bool:
+    """Put the rotary dispatcher in the namespace of `attention`'s family (once); False where that
+    namespace has no `apply_rotary_pos_emb` to stand in for."""
+    namespace = sys.modules[type(attention).__module__]
+    original = getattr(namespace, "apply_rotary_pos_emb", None)
+    if original is None:
+        return False
+    if not getattr(original, "dispatches", False):
+        namespace.apply_rotary_pos_emb = _dispatcher(original)
+    return True
+
+
+def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original` (transformers' `apply_rotary_pos_emb`), or the fused function of the attention
+    call running now (`_ROPE`) where the call is the attention's own: four tensors, nothing else."""
+
+    def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
+        rope = _ROPE.get()
+        if rope is None or args or kwargs:
+            return original(q, k, cos, sin, *args, **kwargs)
+        return rope(q, k, cos, sin)
+
+    apply_rotary_pos_emb.dispatches = True  # type: ignore[attr-defined]
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
 
 
 def fuse_lora(model: torch.nn.Module) -> int:

@@ -20,17 +20,31 @@ plain, frozen `nn.Linear` with nothing applied to the logits after it (`plain_he
 or scaled logits (Gemma-2, Cohere, Granite) and heads with an adapter keep the full logits.
 When it is used is the policy's choice (`Policy._plan`): where the full logits of a training
 micro-batch would not fit in a GPU's free memory, and always on a CPU.
+
+Where the full logits are kept (a GPU with the memory for them), `kept_logprobs` takes the log-probs
+from them without their float32 copy. Autograd's way (`logits.float()`, `gather`, `logsumexp` and
+their backwards) writes and reads several float32 tensors as large as the logits, each way, and
+keeps one for the backward: memory-bound kernels that took a sixth of the 135M reference's time
+(docs/benchmarks.md). `KeptLogprobs` computes each token's log-sum-exp from the model-dtype logits
+in one reduction, and its backward writes `(onehot - softmax) · g` straight into the logits' dtype,
+the last position's zero row included: the same values in the same float32, through two kernels
+that torch.compile fuses (`kept_kernels`; on CUDA, where it is used). It keeps only the logits the
+model already made, not a float32 copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import torch
 
 from crucible_trainer.runtime.hardware import chunk_tokens
+
+log = logging.getLogger(__name__)
 
 # Families whose causal-LM forward returns `lm_head(hidden)` unchanged (transformers 5): the
 # chunked head computes exactly their logits. Others keep the full logits.
@@ -146,3 +160,61 @@ def tail_logprobs(
     return torch.zeros(tail_mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(
         keep, picked
     )
+
+
+def kept_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, tail_mask: torch.Tensor, compiled: bool = True
+) -> torch.Tensor:
+    """[B, K] float32 log-probabilities of `targets` ([B, K]) on the completion tokens (`tail_mask`),
+    0 elsewhere, from the kept logits [B, K + 1, V] (the last position predicts nothing): what
+    `(logits[:, :-1].float().gather(targets) - logsumexp) * tail_mask` gives, without its float32
+    copies. `compiled`: through `kept_kernels` (else the same functions eager)."""
+    kernels = kept_kernels() if compiled else (_kept_forward, _kept_backward)
+    return KeptLogprobs.apply(logits, targets, tail_mask, kernels)
+
+
+class KeptLogprobs(torch.autograd.Function):
+    """`kept_logprobs`' values and gradient: the forward keeps the logits (the model's own tensor)
+    and each token's log-sum-exp, the backward returns the logits' gradient in their dtype."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, kernels: tuple
+    ) -> torch.Tensor:
+        logp, lse = kernels[0](logits, targets, mask)
+        ctx.save_for_backward(logits, targets, mask, lse)
+        ctx.backward_kernel = kernels[1]
+        return logp
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        logits, targets, mask, lse = ctx.saved_tensors
+        return ctx.backward_kernel(logits, targets, mask, lse, grad), None, None, None
+
+
+def _kept_forward(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = logits[:, :-1, :].float()
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (picked - lse) * mask, lse
+
+
+def _kept_backward(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor
+) -> torch.Tensor:
+    x = logits[:, :-1, :].float()
+    # d log p(t) / d logits = onehot(t) - softmax(logits), times the incoming gradient (masked as
+    # the forward's product masked it); the iota comparison is elementwise, so it fuses.
+    onehot = torch.arange(x.shape[-1], device=x.device) == targets.unsqueeze(-1)
+    dx = (onehot.to(x.dtype) - torch.exp(x - lse.unsqueeze(-1))) * (grad * mask).unsqueeze(-1)
+    return torch.nn.functional.pad(dx.to(logits.dtype), (0, 0, 0, 1))  # the last position: zeros
+
+
+@cache
+def kept_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """`_kept_forward` and `_kept_backward` compiled once per process, every dimension dynamic (one
+    graph each for all batch shapes and vocabularies): each is a fused kernel or two."""
+    log.info("compiling the kept logits' log-prob kernels on first use")
+    return torch.compile(_kept_forward, dynamic=True), torch.compile(_kept_backward, dynamic=True)

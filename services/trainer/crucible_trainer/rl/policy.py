@@ -24,9 +24,11 @@ the attention kernel chosen when it was traced. Off (the default), the eager for
 always was. Only torch.compile's default mode is offered: under `reduce-overhead` (CUDA graphs) the
 first update's backward read activations the graphs had already overwritten (docs/benchmarks.md).
 
-Fused kernels (`rl/fused.py`): on CUDA, with the `liger-kernel` package installed, the norms and
-gated MLPs of the families it knows run as one Triton kernel each way instead of several
-elementwise kernels; a step run again because its gradient was not finite runs without them. On
+Fused kernels (`rl/fused.py`): on CUDA, with the `liger-kernel` package installed, the norms,
+gated MLPs and rotary embeddings of the families it knows run as one Triton kernel each way instead
+of several elementwise kernels, and the kept logits' log-softmax runs as compiled kernels without a
+float32 copy (`rl/head.py`, `kept_logprobs`); a step run again because its gradient was not finite
+runs without them. On
 any device, each LoRA layer adds its adapter's product into the base product in one `addmm_`
 instead of PEFT's product, scaling and sum (where PEFT's forward would compute the same).
 
@@ -54,7 +56,7 @@ from crucible_shared.jobs import ModelSpec, OptimSpec
 
 from crucible_trainer.rl import fused
 from crucible_trainer.rl.batch import Batch, make_batch, padded
-from crucible_trainer.rl.head import hidden_out, output_layer, tail_logprobs
+from crucible_trainer.rl.head import hidden_out, kept_logprobs, output_layer, tail_logprobs
 from crucible_trainer.runtime.atomic import output_dir
 from crucible_trainer.runtime.hardware import checkpoint_needed
 
@@ -150,11 +152,15 @@ class Policy:
         # (torch's own ops). Not under optim.compile: the compiler fuses those itself, and the two
         # were never run together.
         self.lora_kernels = True  # the LoRA layers fused with the rest (a benchmark's arm turns it off)
+        self.rope_kernel = True  # the rotary embedding fused with the rest (likewise)
         self.fused_lora = 0 if optim.compile else fused.fuse_lora(self.model)
         self.fused = 0 if optim.compile or not self.device.startswith("cuda") else fused.fuse(self.model)
         if self.fused or self.fused_lora:
             log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
-        if self.fused:
+        # The kept logits' log-probs through fused kernels (rl/head.py `kept_logprobs`) on CUDA,
+        # compiled on first use; under optim.compile the whole pass is compiled instead.
+        self.logprob_kernel = self.device.startswith("cuda") and not optim.compile
+        if self.fused or self.logprob_kernel:
             self.fallbacks = [together(self.unfused, *self.fallbacks)]
         # The output layer the chunked head stands in for (rl/head.py), None where it may not; when
         # it does is `head_mode`'s (`auto`: `_plan` decides per forward).
@@ -245,20 +251,24 @@ class Policy:
         return torch.autocast(torch.device(self.device).type, dtype=self.compute_dtype)
 
     def fused_kernels(self, on: bool) -> int:
-        """Swap the fused norms, MLPs and LoRA layers in (on) or out (off); how many modules changed."""
+        """Swap the fused norms, MLPs, rotary embeddings and LoRA layers in (on) or out (off); how
+        many modules changed."""
         if not on:
             return fused.unfuse(self.model)
         lora = fused.fuse_lora(self.model) if self.lora_kernels else 0
-        return lora + (fused.fuse(self.model) if self.device.startswith("cuda") else 0)
+        cuda = self.device.startswith("cuda")
+        return lora + (fused.fuse(self.model, rope=self.rope_kernel) if cuda else 0)
 
     @contextmanager
     def unfused(self) -> Iterator[None]:
-        """Forwards with transformers' own norms and MLPs and PEFT's LoRA layers, for a while (a
-        no-op when not fused)."""
-        swapped = fused.unfuse(self.model)
+        """Forwards with transformers' own norms, MLPs and rotary embeddings, PEFT's LoRA layers and
+        autograd's log-softmax, for a while (a no-op when none is fused)."""
+        swapped, kernel = fused.unfuse(self.model), self.logprob_kernel
+        self.logprob_kernel = False
         try:
             yield
         finally:
+            self.logprob_kernel = kernel
             if swapped:
                 self.fused_kernels(True)
 
@@ -299,12 +309,17 @@ class Policy:
         choose_checkpoint = grad and self.checkpointing == "auto"
         free = self.free_memory() if choose_head or choose_checkpoint else None
         if choose_head:
-            self._chunked_now = free is None or (grad and not self._fits(batch, "full", free))
+            self._chunked_now = free is None or (grad and not self._fits(batch, self._full_head(), free))
         else:
             self._chunked_now = self.head is not None and eager and self.head_mode == "chunked"
         if choose_checkpoint:
-            head = "chunked" if self._chunked_now else "full"
+            head = "chunked" if self._chunked_now else self._full_head()
             self._checkpoint(free is not None and not self._fits(batch, head, free))
+
+    def _full_head(self) -> str:
+        """How the full logits are held (`hardware.bytes_per_sequence`'s `head`): through the kept
+        logits' kernels or through autograd's float32 copies."""
+        return "kept" if self.logprob_kernel else "full"
 
     def _fits(self, batch: Batch, head: str, free: int) -> bool:
         """Whether `batch` fits in `free` bytes without checkpointing, its logits held as `head` says."""
@@ -358,6 +373,8 @@ class Policy:
             )
         if head is not None:
             return tail_logprobs(out.logits[:, -(k + 1) : -1, :], head, targets, tail_mask)
+        if self.logprob_kernel:
+            return kept_logprobs(out.logits[:, -(k + 1) :, :], targets, tail_mask)
         logits = out.logits[:, -(k + 1) : -1, :].float()
         picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
         logp = picked - torch.logsumexp(logits, dim=-1)

@@ -42,6 +42,11 @@ def chunk_tokens(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // vocab)
 
 
+# Bytes a vocabulary entry of a completion token holds at the peak of a pass through the kept
+# logits' kernels: the bf16 logits and their gradient (peaks measured on an H200 fit under it).
+KEPT_BYTES = 4
+
+
 def bytes_per_sequence(
     config: Any, tokens: int, completion: int, dtype_bytes: int, attention: str = "sdpa", head: str = "full"
 ) -> int:
@@ -49,9 +54,11 @@ def bytes_per_sequence(
     layer `(18 h + 6 i) · dtype_bytes / 2` bytes (the tensors saved for the backward: the norms',
     attention's and projections' inputs, about 9 h, and the gated MLP's gate, up and product, 3 i;
     SDPA keeps no attention scores), plus, per completion token, 16 bytes a vocabulary entry with
-    the full logits (`head="full"`: the logits, their float32 copy, log-softmax and gradient) or
-    8 bytes a hidden unit with the chunked head (`"chunked"`, rl/head.py: its hidden state and that
-    state's gradient; the chunks' own logits are `head_workspace` per micro-batch). Eager attention
+    the full logits through autograd (`head="full"`: the logits, their float32 copy, log-softmax
+    and gradient), `KEPT_BYTES` with the full logits through the kept logits' kernels (`"kept"`,
+    rl/head.py `kept_logprobs`: the logits and their gradient, in the model's dtype), or 8 bytes a
+    hidden unit with the chunked head (`"chunked"`: its hidden state and that state's gradient;
+    the chunks' own logits are `head_workspace` per micro-batch). Eager attention
     (`attention`) also keeps every head's scores and probabilities: `2 · heads · tokens²` values a layer.
 
     Fitted to peaks measured on an H200 (docs/benchmarks.md, "The update at a real batch's
@@ -67,7 +74,8 @@ def bytes_per_sequence(
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     activations = config.num_hidden_layers * tokens * (18 * hidden + 6 * intermediate) * dtype_bytes // 2
-    logits = completion * (config.vocab_size * 16 if head == "full" else hidden * 8)
+    per_entry = {"full": 16, "kept": KEPT_BYTES}.get(head)
+    logits = completion * (config.vocab_size * per_entry if per_entry else hidden * 8)
     scores = 0
     if attention == "eager":
         scores = config.num_hidden_layers * 2 * config.num_attention_heads * tokens * tokens * dtype_bytes
