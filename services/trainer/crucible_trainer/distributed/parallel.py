@@ -80,7 +80,8 @@ class DataParallel(Parallel):
                 policy.model, device_ids=[device.index] if device.type == "cuda" else None, **local
             )
         else:
-            # The fused norms, MLPs and LoRA layers (rl/fused.py) have not run under FSDP's gathered weights yet.
+            # The fused norms, MLPs, rotary embeddings and LoRA layers (rl/fused.py) have not run under
+            # FSDP's gathered weights yet (the kept logits' log-probs read no weight: they stay).
             policy.fused_kernels(False)
             # Nor the chunked head (rl/head.py): it reads the output layer's weight after the
             # forward, when FSDP has sharded it again. The full logits, computed inside the forward.

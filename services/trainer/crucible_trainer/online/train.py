@@ -116,7 +116,8 @@ class TrainRun(JobRun):
         started = time.perf_counter()
         policy = self.make_policy()
         self.summary["policy_load_s"] = round(time.perf_counter() - started, 3)
-        self.summary["fused_modules"] = getattr(policy, "fused", 0)  # norms and MLPs on fused kernels
+        # norms, MLPs and attentions on fused kernels
+        self.summary["fused_modules"] = getattr(policy, "fused", 0)
         self.summary["fused_lora_layers"] = getattr(policy, "fused_lora", 0)
         return policy
 

@@ -147,16 +147,18 @@ class Policy:
         self.fallbacks: list[Callable[[], AbstractContextManager]] = (
             [without_cudnn_attention] if self.device.startswith("cuda") else []
         )
-        # Fused kernels (rl/fused.py): the norms and MLPs on CUDA (Liger's Triton kernels: a step
-        # run again runs without them, and without the LoRA layers'), the LoRA layers on any device
-        # (torch's own ops). Not under optim.compile: the compiler fuses those itself, and the two
+        # Fused kernels (rl/fused.py): the norms, MLPs and rotary embeddings on CUDA (Liger's
+        # Triton kernels: a step run again runs without them, and without the LoRA layers'), the
+        # LoRA layers on any device (torch's own ops). Not under optim.compile: the compiler fuses those itself, and the two
         # were never run together.
         self.lora_kernels = True  # the LoRA layers fused with the rest (a benchmark's arm turns it off)
         self.rope_kernel = True  # the rotary embedding fused with the rest (likewise)
         self.fused_lora = 0 if optim.compile else fused.fuse_lora(self.model)
         self.fused = 0 if optim.compile or not self.device.startswith("cuda") else fused.fuse(self.model)
         if self.fused or self.fused_lora:
-            log.info("fused kernels: %d norms and MLPs, %d LoRA layers", self.fused, self.fused_lora)
+            log.info(
+                "fused kernels: %d norms, MLPs and attentions, %d LoRA layers", self.fused, self.fused_lora
+            )
         # The kept logits' log-probs through fused kernels (rl/head.py `kept_logprobs`) on CUDA,
         # compiled on first use; under optim.compile the whole pass is compiled instead.
         self.logprob_kernel = self.device.startswith("cuda") and not optim.compile
