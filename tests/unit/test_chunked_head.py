@@ -104,6 +104,30 @@ def test_kept_logprobs_give_autograd_s_values_and_gradient(dtype) -> None:
     )
 
 
+def test_kept_kernels_that_fail_to_compile_run_eager_and_out_of_memory_propagates() -> None:
+    from crucible_trainer.rl.head import _or_eager
+
+    calls = {"compiled": 0, "eager": 0}
+
+    def broken(*args):
+        calls["compiled"] += 1
+        raise RuntimeError("inductor: no C compiler")
+
+    def eager(x):
+        calls["eager"] += 1
+        return x + 1
+
+    run = _or_eager(broken, eager)
+    assert run(1) == 2 and run(2) == 3
+    assert calls == {"compiled": 1, "eager": 2}  # the compiler is not tried again
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        _or_eager(out_of_memory, eager)(1)
+
+
 def test_which_families_take_the_chunked_head() -> None:
     from crucible_trainer.rl.head import plain_head
     from transformers import AutoConfig

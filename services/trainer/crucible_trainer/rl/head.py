@@ -215,6 +215,29 @@ def _kept_backward(
 @cache
 def kept_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
     """`_kept_forward` and `_kept_backward` compiled once per process, every dimension dynamic (one
-    graph each for all batch shapes and vocabularies): each is a fused kernel or two."""
+    graph each for all batch shapes and vocabularies): each is a fused kernel or two. Where the
+    compiler fails (no C compiler for Triton's launchers, say), each runs eager from then on."""
     log.info("compiling the kept logits' log-prob kernels on first use")
-    return torch.compile(_kept_forward, dynamic=True), torch.compile(_kept_backward, dynamic=True)
+    forward, backward = (torch.compile(f, dynamic=True) for f in (_kept_forward, _kept_backward))
+    return _or_eager(forward, _kept_forward), _or_eager(backward, _kept_backward)
+
+
+def _or_eager(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiled`, or `eager` (the same function uncompiled) for good once `compiled` has failed:
+    the same values, with the float32 copy as a transient. Running out of memory is not the
+    compiler's failure: it propagates."""
+    failed = False
+
+    def run(*args: Any) -> Any:
+        nonlocal failed
+        if not failed:
+            try:
+                return compiled(*args)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception:  # the compiler's own (inductor, Triton): its message goes to the log
+                log.warning("the kept logits' kernels did not compile; they run eager", exc_info=True)
+                failed = True
+        return eager(*args)
+
+    return run
