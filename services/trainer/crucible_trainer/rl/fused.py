@@ -154,8 +154,8 @@ def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
     call running now (`_ROPE`) where the call is the attention's own: four tensors, nothing else."""
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
-        rope = _ROPE.get()
-        if rope is None or args or kwargs:
+        # Compiled passes (`optim.compile`, which never fuses) trace transformers' own.
+        if args or kwargs or torch.compiler.is_compiling() or (rope := _ROPE.get()) is None:
             return original(q, k, cos, sin, *args, **kwargs)
         return rope(q, k, cos, sin)
 
