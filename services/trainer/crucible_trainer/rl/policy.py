@@ -422,7 +422,8 @@ class Policy:
         counts and every random generator (LoRA dropout draws from them). Returns the seconds.
 
         On CUDA a process's first passes pay for first use: Triton compiles the fused kernels
-        (rl/fused.py; its on-disk cache serves later processes of the machine), CUDA loads the
+        (rl/fused.py) and torch.compile the kept logits' (rl/head.py; their on-disk caches serve
+        later processes of the machine), CUDA loads the
         kernels it picks lazily, and cuDNN builds its attention plans; about 10 s at the 1.5B
         shape on an H200 (docs/benchmarks.md). A job runs this while the generator is busy
         without the policy (its pre-filter, the first step's rollouts), so that step 1 does not
