@@ -204,18 +204,21 @@ def flat_grad(policy) -> torch.Tensor:
     return torch.cat([p.grad.float().flatten() for p in policy.model.parameters() if p.grad is not None])
 
 
-def test_the_chunked_head_keeps_log_probs_and_gradient(policy) -> None:
-    """On the card, bf16 with the fused kernels: the chunked head's log-probs equal the full
-    logits' (within bf16's rounding of one product) and its gradient points the same way."""
+def two_ways(policy, seed: int, first: dict, second: dict) -> tuple[float, float]:
+    """A made-up batch's log-probs and adapter gradient with the policy's attributes set as `first`
+    says, then as `second` says (put back after): the largest log-prob gap and the gradients' cosine."""
     from crucible_trainer.rl.batch import make_batch
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     vocab = policy.head.out_features
     prompts = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (200, 120, 60, 30)]
     completions = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (384, 200, 40, 1)]
     batch = make_batch(prompts, completions, policy.pad_id, policy.device)
+    before = {name: getattr(policy, name) for name in first | second}
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
+    def run(settings: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        for name, value in settings.items():
+            setattr(policy, name, value)
         policy.optimizer.zero_grad(set_to_none=True)
         logp = policy.token_logprobs(batch)
         (logp.sum() * 1e-3).backward()
@@ -224,19 +227,19 @@ def test_the_chunked_head_keeps_log_probs_and_gradient(policy) -> None:
         return logp.detach(), grad
 
     try:
-        policy.head_mode = "full"
-        full, full_grad = run()
-        policy.head_mode = "chunked"
-        got, grad = run()
+        (want, want_grad), (got, grad) = run(first), run(second)
     finally:
-        policy.head_mode = "auto"
-    cosine = torch.nn.functional.cosine_similarity(full_grad, grad, dim=0)
-    gap = (got - full).abs().max()
-    print(
-        json.dumps(
-            {"head_logprob_gap": round(float(gap), 5), "head_gradient_cosine": round(float(cosine), 6)}
-        )
-    )
+        for name, value in before.items():
+            setattr(policy, name, value)
+    cosine = torch.nn.functional.cosine_similarity(want_grad, grad, dim=0)
+    return float((got - want).abs().max()), float(cosine)
+
+
+def test_the_chunked_head_keeps_log_probs_and_gradient(policy) -> None:
+    """On the card, bf16 with the fused kernels: the chunked head's log-probs equal the full
+    logits' (within bf16's rounding of one product) and its gradient points the same way."""
+    gap, cosine = two_ways(policy, 0, {"head_mode": "full"}, {"head_mode": "chunked"})
+    print(json.dumps({"head_logprob_gap": round(gap, 5), "head_gradient_cosine": round(cosine, 6)}))
     assert gap < 0.05 and cosine > 0.999
 
 
@@ -244,36 +247,8 @@ def test_the_kept_logprobs_keep_log_probs_and_gradient(policy) -> None:
     """On the card, bf16 with the fused kernels, the full logits kept: the log-probs through the
     kept logits' compiled kernels (rl/head.py `kept_logprobs`) equal autograd's float32
     log-softmax of the same logits, and so do the adapter's gradients, to float32's rounding."""
-    from crucible_trainer.rl.batch import make_batch
-
-    gen = torch.Generator().manual_seed(1)
-    vocab = policy.head.out_features
-    prompts = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (200, 120, 60, 30)]
-    completions = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in (384, 200, 40, 1)]
-    batch = make_batch(prompts, completions, policy.pad_id, policy.device)
     assert policy.logprob_kernel
-
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
-        policy.optimizer.zero_grad(set_to_none=True)
-        logp = policy.token_logprobs(batch)
-        (logp.sum() * 1e-3).backward()
-        grad = flat_grad(policy)
-        policy.optimizer.zero_grad(set_to_none=True)
-        return logp.detach(), grad
-
-    try:
-        policy.head_mode = "full"
-        policy.logprob_kernel = False
-        want, want_grad = run()
-        policy.logprob_kernel = True
-        got, grad = run()
-    finally:
-        policy.head_mode, policy.logprob_kernel = "auto", True
-    cosine = torch.nn.functional.cosine_similarity(want_grad, grad, dim=0)
-    gap = (got - want).abs().max()
-    print(
-        json.dumps(
-            {"kept_logprob_gap": round(float(gap), 6), "kept_gradient_cosine": round(float(cosine), 7)}
-        )
-    )
+    full = {"head_mode": "full"}
+    gap, cosine = two_ways(policy, 1, full | {"logprob_kernel": False}, full | {"logprob_kernel": True})
+    print(json.dumps({"kept_logprob_gap": round(gap, 6), "kept_gradient_cosine": round(cosine, 7)}))
     assert gap < 1e-3 and cosine > 0.9999
