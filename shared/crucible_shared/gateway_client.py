@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from crucible_shared import sse
 from crucible_shared.gateway_protocol import ArtifactList, JobCreated, JobList
 from crucible_shared.lifecycle import JobRecord, JobStatus
 
@@ -125,7 +126,7 @@ class GatewayClient:
                 self._check(r)
             event_id: str | None = None
             event, data = "message", list[str]()
-            for line in r.iter_lines():
+            for line in sse.lines(r.iter_bytes()):  # not iter_lines: see sse.py
                 if not line:
                     if data:
                         payload = "\n".join(data)

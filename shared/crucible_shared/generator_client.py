@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from crucible_shared import sse
 from crucible_shared.openai_protocol import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -344,7 +345,7 @@ class GeneratorClient:
         async with self._http.stream("POST", "/v1/completions", json=body) as response:
             if not response.is_success:
                 raise parse_error(response.status_code, await response.aread())
-            async for line in response.aiter_lines():
+            async for line in sse.alines(response.aiter_bytes()):  # not aiter_lines: see sse.py
                 data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
                 if data == "[DONE]":
                     return
