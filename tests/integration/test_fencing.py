@@ -185,7 +185,8 @@ def test_fencing_a_paused_worker_writes_nothing_once_superseded(stack, stack_dir
     os.kill(first.pid, signal.SIGCONT)  # thawed while the live run trains
     wait_for(lambda: stack.client.job(job_id).status == JobStatus.finished, 600, "the job to finish")
     wait_for(lambda: "no longer" in stack.log("paused"), 60, "the paused run to find out")
-    time.sleep(2)  # anything it still wrote would be there now
+    # Its job function returned (RQ's line): anything the run still wrote is there now.
+    wait_for(lambda: "Job OK" in stack.log("paused"), 60, "the paused run to end")
     assert_one_live_run(stack, stack_dirs, stack_generator, job_id, lease_end)
     assert first.poll() is None, "the paused worker died instead of going back to its queue"
 
@@ -216,7 +217,7 @@ def test_partition_a_worker_cut_off_from_redis_stops_before_the_reaper(
         proxy.heal()
         wait_for(lambda: stack.client.job(job_id).status == JobStatus.finished, 600, "the job to finish")
         wait_for(lambda: "no longer" in stack.log("partitioned"), 60, "the cut-off run to find out")
-        time.sleep(2)
+        wait_for(lambda: "Job OK" in stack.log("partitioned"), 60, "the cut-off run to end")
         assert_one_live_run(stack, stack_dirs, stack_generator, job_id, min(lease_end, requeued_at))
         assert first.poll() is None
 
