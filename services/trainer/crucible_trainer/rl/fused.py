@@ -24,7 +24,8 @@ once, a dispatcher that takes Liger's kernel (which writes the rotated query and
 projections' outputs, which no backward keeps) only inside a marked call: an attention module that
 was not swapped, of this model or another, computes transformers' own. Without CUDA, or without the
 `liger-kernel` package and Triton (requirements-nodeps.txt installs the package; CUDA builds of
-torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), no norm or MLP is swapped.
+torch bring Triton; `pip install 'crucible-trainer[fused]'` elsewhere), no norm, MLP or attention
+is swapped.
 Under FSDP the ranks run transformers' modules (`distributed/parallel.py`: not measured there yet),
 and so does a policy whose passes are compiled (`optim.compile`: the compiler fuses them itself).
 
