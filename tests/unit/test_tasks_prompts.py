@@ -162,6 +162,18 @@ def test_sanitize_drops_assignments_that_call_the_solution() -> None:
     assert sanitize(code) == "import re\n\nPATTERN = re.compile('a+')\n\ndef f(x):\n    return x"
 
 
+def test_sanitize_and_extraction_count_lines_as_python_does() -> None:
+    """A form feed (whitespace to Python) or U+2028 inside a string is no line end to the parser:
+    the lines kept are the ones its line numbers name, and the program still runs the same."""
+    code = 'import os\n\x0c\ndef f():\n    return "a\u2028b"\n\nprint(f())'
+    kept = sanitize(code)
+    assert kept == 'import os\n\ndef f():\n    return "a\u2028b"'
+    namespace: dict = {}
+    exec(compile(kept, "<answer>", "exec"), namespace)
+    assert namespace["f"]() == "a\u2028b"
+    assert extract_code(f"```python\n{code}\n```") == code
+
+
 def test_continuation_stops_at_a_fence_or_stop_string(humaneval_task: Task) -> None:
     body = "    return string\n"
     fenced = answer_to_code(humaneval_task, body + "```\nThis returns it.", chat=False)

@@ -89,13 +89,25 @@ def sanitize(code: str) -> str:
         for node in tree.body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
     }
-    lines = code.splitlines()
+    lines = source_lines(code)
     kept: list[str] = []
     for node in tree.body:
         if _keep(node, tree, defined):
             start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
             kept.append("\n".join(lines[start - 1 : node.end_lineno]))
     return "\n\n".join(kept)
+
+
+def source_lines(text: str) -> list[str]:
+    """`text`'s lines as Python's parser counts them: at CR LF, LF or CR only. `str.splitlines`
+    also breaks at form feeds, U+2028 and a few more, which a program may hold as whitespace or
+    inside a string, and its line numbers then no longer match the parser's.
+
+    >>> source_lines("a\\r\\nb\\rc\\n"), source_lines("a\\n\\n")
+    (['a', 'b', 'c'], ['a', ''])
+    """
+    lines = re.split(r"\r\n|\r|\n", text)
+    return lines[:-1] if lines[-1] == "" else lines  # as splitlines: no line after the last line end
 
 
 def defines(code: str, name: str) -> bool:
@@ -122,7 +134,7 @@ def _fenced_blocks(text: str) -> list[str]:
     """Python (or untagged) fenced blocks in order; an unclosed last block runs to the end."""
     blocks: list[tuple[str, list[str]]] = []
     current: list[str] | None = None
-    for line in text.splitlines():
+    for line in source_lines(text):
         fence = _FENCE.match(line)
         if fence and current is None:
             current = []
@@ -149,7 +161,7 @@ def _pick(blocks: list[str], entry_point: str | None) -> str:
 
 def _raw_code(text: str) -> str:
     """The longest parsable stretch of `text` from its first line that looks like code ("" if none)."""
-    lines = text.strip("\n").splitlines()
+    lines = source_lines(text.strip("\n"))
     start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
     if start is None:
         return ""
