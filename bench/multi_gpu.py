@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -72,6 +73,11 @@ def main(argv: list[str] | None = None) -> None:
                 traceback.print_exc()
                 common.show_logs(work, 40)  # the folder goes with the temporary directory
                 runs.append({"gpus": n, "error": f"{type(exc).__name__}: {exc}"})
+            if args.out:  # the services' logs beside the figures (the generator's graph captures, ...)
+                for log in work.rglob("*.log"):
+                    kept = args.out.with_name(f"{args.out.stem}-logs") / f"n{n}" / log.relative_to(work)
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(log, kept)
     report = summarise(args, job(model, 1, sets), runs)
     common.dump(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))

@@ -36,6 +36,9 @@ def test_tiny_run_writes_figures_for_each_rank_count(tmp_path) -> None:
     assert runs[1]["speedup_samples_per_s"] == 1.0 and runs[1]["target_met"] is None
     assert runs[2]["speedup_samples_per_s"] > 0 and runs[2]["target"] == 1.8
     assert isinstance(runs[2]["target_met"], bool)
+    for n in (1, 2):  # the services' logs kept beside the figures
+        logs = {p.name for p in (tmp_path / "multi-logs" / f"n{n}").rglob("*.log")}
+        assert "sandbox.log" in logs and sum(name.startswith("generator") for name in logs) == n, logs
 
 
 def test_figures_are_medians_after_the_first_step() -> None:
