@@ -164,15 +164,26 @@ class EventSink:
         """After a resume from `step`: drop what was logged for later steps (they run again)."""
         self.channel.gate()
         if self.metrics_path.exists():
-            kept = [
-                line
-                for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step
-            ]
+            kept = [line for line, row in metrics_rows(self.metrics_path) if row.get("step", 0) <= step]
             self.metrics_path.write_text("".join(line + "\n" for line in kept))
         for path in self.rollouts_dir.glob("step-*.jsonl"):
             if int(path.stem.split("-")[1]) > step:
                 path.unlink()
+
+
+def metrics_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The lines of a `metrics.jsonl` with their rows, without a last line cut short by a run killed
+    while writing it (or a full disk): that step had no checkpoint yet, so it runs again and logs
+    its row anew."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append((line, row))
+    return rows
 
 
 def resume_events(sink: EventSink, upto: int) -> int:
@@ -216,8 +227,7 @@ def recover_events(sink: EventSink, upto: int) -> int:
                 delivered |= metrics_steps([data])
                 found.append((step, 0, data))
     if sink.metrics_path.exists():
-        for line in sink.metrics_path.read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
+        for _, row in metrics_rows(sink.metrics_path):
             step = row.get("step")
             if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
                 delivered.add(step)
