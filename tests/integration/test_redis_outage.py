@@ -283,10 +283,14 @@ def test_a_run_s_lease_lapses_before_the_reaper_may_take_its_job(redis_url, tmp_
     assert other.holds_lease() and not other.superseded()
 
 
-def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(redis_url, tmp_path) -> None:
-    """`checkpoint.every: 2`: a run delivers steps 1-3 and dies with its checkpoint at step 2. The
-    next run resumes from step 2 and runs step 3 again: `metrics.jsonl` and the stream each have
-    steps 1-4 once, in order."""
+@pytest.mark.parametrize("cut_short", [False, True], ids=["row-whole", "row-cut-short"])
+def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(
+    redis_url, tmp_path, cut_short: bool
+) -> None:
+    """`checkpoint.every: 2`: a run delivers steps 1-3 and dies with its checkpoint at step 2 (or,
+    `cut_short`, dies while writing step 3's row, leaving half a line in `metrics.jsonl`). The next
+    run resumes from step 2 and runs step 3 again: `metrics.jsonl` and the stream each have steps
+    1-4 once, in order."""
     from crucible_trainer.runtime.sink import EventSink, resume_events
 
     job_id = f"train-replay-{time.time_ns()}"
@@ -295,9 +299,12 @@ def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(redis_u
     first = channel_for(redis_url, job_id)
     assert first.start()
     sink = EventSink(first, tmp_path / job_id)
-    for step in (1, 2, 3):
+    for step in (1, 2) if cut_short else (1, 2, 3):
         sink.metrics(step, {"reward_mean": step / 10})
-    del first, sink  # killed in step 4; its last checkpoint is step 2's
+    if cut_short:
+        with sink.metrics_path.open("a") as f:
+            f.write('{"step": 3, "reward_me')  # killed mid-write
+    del first, sink  # killed in step 4 (or 3); its last checkpoint is step 2's
     redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
     second = channel_for(redis_url, job_id)
     assert second.start()
@@ -308,34 +315,6 @@ def test_fencing_steps_run_again_after_a_resume_are_sent_and_logged_once(redis_u
     assert [e["step"] for e in stream(redis_url, job_id) if e["type"] == "metrics"] == [1, 2, 3, 4]
     rows = (tmp_path / job_id / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(row)["step"] for row in rows] == [1, 2, 3, 4]
-
-
-def test_a_metrics_row_cut_short_by_a_kill_does_not_stop_the_resume(redis_url, tmp_path) -> None:
-    """A run killed while writing step 3's row leaves half a line in `metrics.jsonl`; the next run
-    resumes from step 2's checkpoint, drops it, and logs steps 3 and 4 once each."""
-    from crucible_trainer.runtime.sink import EventSink, resume_events
-
-    job_id = f"train-cut-row-{time.time_ns()}"
-    redis = Redis.from_url(redis_url)
-    put_queued_record(redis, job_id)
-    first = channel_for(redis_url, job_id)
-    assert first.start()
-    sink = EventSink(first, tmp_path / job_id)
-    for step in (1, 2):
-        sink.metrics(step, {"reward_mean": step / 10})
-    with sink.metrics_path.open("a") as f:
-        f.write('{"step": 3, "reward_me')  # killed mid-write
-    del first, sink
-    redis.eval(*transition_command(job_id, JobStatus.queued, allowed_from={JobStatus.running}, attempts=2))
-    second = channel_for(redis_url, job_id)
-    assert second.start()
-    sink = EventSink(second, tmp_path / job_id)
-    assert resume_events(sink, upto=2) == 0
-    for step in (3, 4):
-        sink.metrics(step, {"reward_mean": step / 10})
-    rows = (tmp_path / job_id / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(row)["step"] for row in rows] == [1, 2, 3, 4]
-    assert [e["step"] for e in stream(redis_url, job_id) if e["type"] == "metrics"] == [1, 2, 3, 4]
 
 
 def test_fencing_every_event_a_run_killed_in_an_outage_never_delivered_is_recovered_once(
