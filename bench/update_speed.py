@@ -41,7 +41,7 @@ ARMS = {
     "precision": {"peft_casting": ("mixed_precision", False), "mixed": ("mixed_precision", True)},
     "compile": {"eager": ("run_eager", True), "compiled": ("run_eager", False)},
     "fused": {"unfused": ("fused_kernels", False), "fused": ("fused_kernels", True)},
-    "lora": {"peft_lora": ("lora_layers", False), "fused_lora": ("lora_layers", True)},
+    "lora": {"peft_lora": ("lora_kernels", False), "fused_lora": ("lora_kernels", True)},
     "head": {"full_logits": ("head", False), "chunked_head": ("head", True)},
     "rope": {"transformers_rope": ("rope_kernel", False), "fused_rope": ("rope_kernel", True)},
     "logprobs": {"autograd_logprobs": ("logprob_kernel", False), "kept_logprobs": ("logprob_kernel", True)},
@@ -127,8 +127,8 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             policy.fused_kernels(value)
         elif field == "head":  # the chunked head (rl/head.py) or the full logits
             policy.head_mode = "chunked" if value else "full"
-        elif field in ("lora_layers", "rope_kernel"):  # also what a step run again re-fuses
-            setattr(policy, "lora_kernels" if field == "lora_layers" else field, value)
+        elif field in ("lora_kernels", "rope_kernel"):  # also what a step run again re-fuses
+            setattr(policy, field, value)
             policy.fused_kernels(False)
             policy.fused_kernels(True)
         elif field == "logprob_kernel":

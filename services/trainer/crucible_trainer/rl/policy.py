@@ -149,8 +149,8 @@ class Policy:
         )
         # Fused kernels (rl/fused.py): the norms, MLPs and rotary embeddings on CUDA (Liger's
         # Triton kernels: a step run again runs without them, and without the LoRA layers'), the
-        # LoRA layers on any device (torch's own ops). Not under optim.compile: the compiler fuses those itself, and the two
-        # were never run together.
+        # LoRA layers on any device (torch's own ops). Not under optim.compile: the compiler fuses
+        # those itself, and the two were never run together.
         self.lora_kernels = True  # the LoRA layers fused with the rest (a benchmark's arm turns it off)
         self.rope_kernel = True  # the rotary embedding fused with the rest (likewise)
         self.fused_lora = 0 if optim.compile else fused.fuse_lora(self.model)
