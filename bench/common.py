@@ -232,7 +232,8 @@ def spawn_generator(work: Path, model: str, rows: int | str, *, max_loras: int =
     job publishes under `work`; `env` adds settings (e.g. CUDA_VISIBLE_DEVICES)."""
     from crucible_cli.spawn import start
 
-    settings = {"MODEL": model, "MAX_BATCH_SIZE": rows, "MAX_LORAS": max_loras, "LOG_LEVEL": "warning"}
+    level = os.environ.get("CRUCIBLE_GENERATOR_LOG_LEVEL", "warning")  # info: its graph captures
+    settings = {"MODEL": model, "MAX_BATCH_SIZE": rows, "MAX_LORAS": max_loras, "LOG_LEVEL": level}
     settings = {f"CRUCIBLE_GENERATOR_{k}": str(v) for k, v in (settings | {"ADAPTER_ROOTS": work}).items()}
     env = settings | (env or {})
     return start("crucible_generator", env, "CRUCIBLE_GENERATOR_PORT", log=work / log, timeout=timeout)

@@ -3,9 +3,11 @@ the limit"): `--compare buckets` (micro-batches in the batch's order or longest 
 (PEFT's casting or autocast), `compile` (eager or compiled passes), `fused` (transformers' norms and
 MLPs or rl/fused.py's kernels), `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`), `head`
 (the full logits or rl/head.py's chunked head), `rope` (transformers' rotary embedding or Liger's)
-or `logprobs` (autograd's log-softmax of the kept logits or rl/head.py's `kept_logprobs`). The job is
-bench/multi_gpu.py's GRPO spec with `--set` overrides, the batch synthetic and seeded; the figures
-are per-arm medians of the update's own metrics, each arm's first (warm-up) update apart (`warmup_s`).
+`logprobs` (autograd's log-softmax of the kept logits or rl/head.py's `kept_logprobs`) or `attention`
+(SDPA's choice, cuDNN's included, or the policy's: without cuDNN). The job is bench/multi_gpu.py's
+GRPO spec with `--set` overrides; each update's batch is synthetic, seeded and new (new lengths, as
+a job's steps have: costs per new shape count), the same for both arms; the figures are per-arm
+medians of the update's own metrics, each arm's first (warm-up) update apart (`warmup_s`).
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
@@ -16,6 +18,7 @@ are per-arm medians of the update's own metrics, each arm's first (warm-up) upda
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -45,6 +48,7 @@ ARMS = {
     "head": {"full_logits": ("head", False), "chunked_head": ("head", True)},
     "rope": {"transformers_rope": ("rope_kernel", False), "fused_rope": ("rope_kernel", True)},
     "logprobs": {"autograd_logprobs": ("logprob_kernel", False), "kept_logprobs": ("logprob_kernel", True)},
+    "attention": {"cudnn": ("cudnn_attention", True), "no_cudnn": ("cudnn_attention", False)},
 }
 
 
@@ -69,10 +73,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ).parse_args(argv)
 
 
-def synthetic_batch(args: argparse.Namespace, vocab: int) -> list[Any]:
+def synthetic_batch(args: argparse.Namespace, vocab: int, update: int) -> list[Any]:
     from crucible_trainer.rl.rollout import Sample
 
-    rng = random.Random(args.seed)
+    rng = random.Random(f"{args.seed}:{update}")
     out = []
     for g in range(args.prompts):
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(30, 120))]
@@ -112,7 +116,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         sets.append("optim.compile=default")
     spec, chosen = hardware.resolve(job(model, 1, [*sets, *args.overrides]))
     policy = Policy(spec.model, spec.optim, spec.seed)
-    batch = synthetic_batch(args, len(policy.tokenizer))
+    batch_of = functools.cache(lambda n: synthetic_batch(args, len(policy.tokenizer), n))
     arms = ARMS[args.compare]
 
     def config(arm: str) -> Any:
@@ -131,8 +135,8 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             setattr(policy, field, value)
             policy.fused_kernels(False)
             policy.fused_kernels(True)
-        elif field == "logprob_kernel":
-            policy.logprob_kernel = value
+        elif field in ("logprob_kernel", "cudnn_attention"):
+            setattr(policy, field, value)
         else:
             policy.run_eager = value
         return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))
@@ -145,7 +149,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             held = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        out = update(policy, batch, cfg, seed=seed) | {"update_s": time.perf_counter() - started}
+        out = update(policy, batch_of(seed), cfg, seed=seed) | {"update_s": time.perf_counter() - started}
         if cuda:
             out["peak_gib"] = round((torch.cuda.max_memory_allocated() - held) / 2**30, 2)
         return out
@@ -165,8 +169,9 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     before, after = (m["update_s"] for m in medians.values())
     dtype = str(policy.model.get_base_model().dtype).removeprefix("torch.")
     out = {"model": args.model or args.shape or "tiny", "compare": args.compare, "dtype": dtype}
-    out |= {"settings": chosen, "batch": len(batch), "max_tokens": args.max_tokens}
-    out["completion_tokens_mean"] = statistics.mean(len(s.completion_ids) for s in batch)
+    out |= {"settings": chosen, "batch": len(batch_of(0)), "max_tokens": args.max_tokens}
+    timed_batches = [batch_of(r + 1) for r in range(args.repeats)]
+    out["completion_tokens_mean"] = statistics.mean(len(s.completion_ids) for b in timed_batches for s in b)
     out |= {"micro_batch": spec.optim.micro_batch, "kl_beta": args.kl_beta, "repeats": args.repeats}
     out |= {"overrides": args.overrides, "compile": spec.optim.compile, "warmup_s": warmup}
     if spec.optim.compile:

@@ -8,17 +8,20 @@ from bench import update_speed
 
 
 def test_tiny_run_reports_both_arms(tmp_path) -> None:
+    """Each update trains a batch of its own (new lengths, as a job's steps), the same in both arms."""
     out = tmp_path / "update.json"
     update_speed.main(
-        ["--prompts", "2", "--group", "3", "--max-tokens", "12", "--repeats", "1", "--out", str(out)]
+        ["--prompts", "2", "--group", "3", "--max-tokens", "12", "--repeats", "2", "--out", str(out)]
     )
     report = json.loads(out.read_text())
     assert report["batch"] == 6 and report["speedup"] > 0
+    tokens = {}
     for arm in ("batch_order", "length_buckets"):
         medians = report["medians"][arm]
         assert medians["update_s"] > 0 and medians["ref_s"] > 0 and medians["forward_backward_s"] > 0
         assert medians["tokens_per_s_per_gpu"] > 0 and medians["peak_fraction"] is None  # a CPU
-        assert len(report["updates"][arm]) == 1
+        tokens[arm] = [u["update/normaliser_tokens"] for u in report["updates"][arm]]
+    assert tokens["batch_order"] == tokens["length_buckets"] and len(set(tokens["batch_order"])) == 2
 
 
 def test_profile_writes_the_operators_of_one_more_update(tmp_path) -> None:

@@ -20,7 +20,7 @@ the grad mode and the disabled adapter are part of what a graph assumes). Each b
 the left to a multiple of `COMPILE_MULTIPLE` tokens (`batch.padded`; masked, so no log-prob
 changes) and its batch and length dimensions are marked dynamic, so the graphs are traced once. A
 step run again because its gradient was not finite (`fallbacks`) runs eager: a compiled graph keeps
-the attention kernel chosen when it was traced. Off (the default), the eager forward is the one it
+the kernels chosen when it was traced. Off (the default), the eager forward is the one it
 always was. Only torch.compile's default mode is offered: under `reduce-overhead` (CUDA graphs) the
 first update's backward read activations the graphs had already overwritten (docs/benchmarks.md).
 
@@ -31,6 +31,10 @@ float32 copy (`rl/head.py`, `kept_logprobs`); a step run again because its gradi
 runs without them. On
 any device, each LoRA layer adds its adapter's product into the base product in one `addmm_`
 instead of PEFT's product, scaling and sum (where PEFT's forward would compute the same).
+
+Attention: on CUDA every pass runs SDPA's flash or memory-efficient kernels, not cuDNN's
+(`Policy.attention`): cuDNN builds a plan for each new shape, and every step's micro-batches have
+new lengths (measured in `__init__`).
 
 Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
 a pool's: the device's work of a job stays in one order on one thread, whichever pool thread the
@@ -141,12 +145,16 @@ class Policy:
         self.free_memory: Callable[[], int | None] = self._free_memory
         self.model.train()
         self.mixed_precision(True)
-        # Kernels to run a step again with when its gradient is not finite: PyTorch 2.11's default
-        # cuDNN attention backward returns NaN gradients for some masked shapes (one random
-        # left-padded micro-batch in about 40 at the 1.5B shape on an H200); the others do not.
-        self.fallbacks: list[Callable[[], AbstractContextManager]] = (
-            [without_cudnn_attention] if self.device.startswith("cuda") else []
-        )
+        # Attention without cuDNN's kernels on CUDA (SDPA's flash or memory-efficient ones): cuDNN
+        # builds an execution plan for every new shape, and a job's micro-batches come in new
+        # lengths every step. Inside the benchmark's step on an H200 the 135M update took 1.32-1.52 s
+        # without it against 1.63-2.27 s with it, the 1.5B shape 4.70 against 5.61 s (alone, at
+        # one repeated shape, cuDNN was 5% faster; docs/benchmarks.md). PyTorch 2.11's cuDNN
+        # backward also returned NaN gradients for some masked shapes (one random left-padded
+        # micro-batch in about 40 at the 1.5B shape); the others did not.
+        self.cudnn_attention = False  # True: SDPA's default choice, cuDNN's included (an arm, a test)
+        # Kernels to run a step again with when its gradient is not finite (below).
+        self.fallbacks: list[Callable[[], AbstractContextManager]] = []
         # Fused kernels (rl/fused.py): the norms, MLPs and rotary embeddings on CUDA (Liger's
         # Triton kernels: a step run again runs without them, and without the LoRA layers'), the
         # LoRA layers on any device (torch's own ops). Not under optim.compile: the compiler fuses
@@ -163,7 +171,7 @@ class Policy:
         # compiled on first use; under optim.compile the whole pass is compiled instead.
         self.logprob_kernel = self.device.startswith("cuda") and not optim.compile
         if self.fused or self.logprob_kernel:
-            self.fallbacks = [together(self.unfused, *self.fallbacks)]
+            self.fallbacks = [self.unfused]
         # The output layer the chunked head stands in for (rl/head.py), None where it may not; when
         # it does is `head_mode`'s (`auto`: `_plan` decides per forward).
         self.head: torch.nn.Linear | None = output_layer(self.model.get_base_model())
@@ -180,8 +188,8 @@ class Policy:
             torch._dynamo.reset()
             self._compiled = torch.compile(self._logprobs, mode=self.compile_mode)
             log.info("optim.compile %s: forward and backward passes compiled on first use", self.compile_mode)
-            # A step run again runs eager (and, on CUDA, without cuDNN attention): the compiled
-            # graph's kernels, attention's included, are those chosen when it was traced.
+            # A step run again runs eager: the compiled graph's kernels are those chosen when it
+            # was traced.
             self.fallbacks = [together(self.eager, *self.fallbacks)]
         self.make_optimizer(optim)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="policy")  # see `call`
@@ -283,10 +291,20 @@ class Policy:
         finally:
             self.run_eager = before
 
+    def attention(self) -> AbstractContextManager:
+        """The passes' attention kernels: on CUDA any but cuDNN's unless `cudnn_attention` (see
+        `__init__`); elsewhere SDPA's own choice."""
+        cuda = self.device.startswith("cuda")
+        return without_cudnn_attention() if cuda and not self.cudnn_attention else nullcontext()
+
     def _forward(self, batch: Batch) -> torch.Tensor:
         self._plan(batch)
         if torch.is_grad_enabled():
             self.passes.count(batch, self._checkpointing_on, self._chunked_now)
+        with self.attention():  # a compiled graph keeps the kernels of its tracing
+            return self._pass(batch)
+
+    def _pass(self, batch: Batch) -> torch.Tensor:
         if self._compiled is None or self.run_eager:
             return self._logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.tail_mask)
         # Two rows at least: the compiler gives a dimension of size 1 a graph of its own.
@@ -424,7 +442,7 @@ class Policy:
         On CUDA a process's first passes pay for first use: Triton compiles the fused kernels
         (rl/fused.py) and torch.compile the kept logits' (rl/head.py; their on-disk caches serve
         later processes of the machine), CUDA loads the
-        kernels it picks lazily, and cuDNN builds its attention plans; about 10 s at the 1.5B
+        kernels it picks lazily; about 10 s at the 1.5B
         shape on an H200 (docs/benchmarks.md). A job runs this while the generator is busy
         without the policy (its pre-filter, the first step's rollouts), so that step 1 does not
         wait for it. It changes no weight and takes no optimizer step."""

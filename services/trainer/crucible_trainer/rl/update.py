@@ -162,7 +162,7 @@ def update(
             if cfg.length_buckets:
                 micro = bucketed(micro, lengths)
             # A step whose gradient is not finite is run again under the policy's fallback kernels
-            # (`Policy.fallbacks`: attention without cuDNN on CUDA), then skipped if still not finite.
+            # (`Policy.fallbacks`: without the fused kernels, or eager), then skipped if still not finite.
             for attempt, kernels in enumerate([nullcontext, *policy.fallbacks]):
                 step_sums = [zero, zero, zero, zero]  # loss, clip fraction, KL, ratio
                 step_micro = 0
