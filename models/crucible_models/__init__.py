@@ -287,10 +287,14 @@ def pick_dtype(device: str, dtype: str | None = None) -> torch.dtype:
 
 
 def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
-    """The model's tokenizer, with `pad_token` set to `eos_token` when the model defines none."""
+    """The model's tokenizer, with `pad_token` set to `eos_token` when the model defines none, and
+    its text decoded as the tokens spell it (no clean-up of spaces)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    # Decoded text is code: WordPiece's clean-up (" ," -> ",", " ." -> ".") would change it, and a
+    # tokenizer converted from a GGUF can ask for it (transformers 5 ignores that for BPE, 4 did not).
+    tokenizer.clean_up_tokenization_spaces = False
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

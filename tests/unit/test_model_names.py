@@ -48,3 +48,23 @@ def test_hub_names_never_load_from_the_working_directory(tmp_path, monkeypatch) 
     os.makedirs(tmp_path / "org" / "model")
     with pytest.raises(FileNotFoundError, match="working directory"):
         resolve_model_path("org/model")
+
+
+def test_decoded_code_is_never_cleaned_up(tmp_path) -> None:
+    """A tokenizer whose config asks for WordPiece's clean-up of spaces (" ," -> ","), as one
+    converted from a GGUF can: answers are code, so they decode exactly as sampled."""
+    import json
+    import shutil
+
+    from crucible_models import load_tokenizer
+
+    load_tokenizer().save_pretrained(tmp_path)
+    shutil.copy(os.path.join(resolve_model_path("smollm2-135m-instruct"), "config.json"), tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(config | {"clean_up_tokenization_spaces": True})
+    )
+    tokenizer = load_tokenizer(str(tmp_path))
+    assert tokenizer.clean_up_tokenization_spaces is False
+    code = "print('a , b ?', x .y, \"n't\")"
+    assert tokenizer.decode(tokenizer.encode(code, add_special_tokens=False)) == code
