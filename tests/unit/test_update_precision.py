@@ -8,9 +8,6 @@ every adapted layer) is.
 Second attempt: a step whose gradient is not finite runs again under `Policy.fallbacks` (on CUDA,
 without the fused kernels), and is skipped only if that is not finite either. A forward hook that
 poisons the activations outside the fallback plays the faulty kernel.
-
-Attention: on CUDA every pass runs without cuDNN's attention (`Policy.attention`), here checked
-through the backend flags SDPA reads, which a CPU has too.
 """
 
 from __future__ import annotations
@@ -90,42 +87,6 @@ def test_float32_base_computes_without_autocast(adapter_model) -> None:
     assert policy.fallbacks == []  # nothing is fused on a CPU: no other kernels to fall back to
     with policy.precision():
         assert not torch.is_autocast_enabled("cpu")
-
-
-def test_cuda_passes_run_without_cudnn_attention(adapter_model) -> None:
-    """`Policy.attention` turns cuDNN's SDPA kernels off on CUDA (unless `cudnn_attention`) and
-    leaves a CPU's choice alone; every pass enters it."""
-    from types import SimpleNamespace
-
-    from crucible_trainer.rl.batch import make_batch
-    from crucible_trainer.rl.policy import Policy
-
-    def cudnn_inside(device: str, cudnn: bool) -> bool:
-        with Policy.attention(SimpleNamespace(device=device, cudnn_attention=cudnn)):
-            return torch.backends.cuda.cudnn_sdp_enabled()
-
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    assert (cudnn_inside("cuda:0", False), cudnn_inside("cuda", True), cudnn_inside("cpu", False)) == (
-        False,
-        True,
-        True,
-    )
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # and back on after
-    policy = make_policy(*adapter_model, "float32")
-    entered = []
-
-    @contextmanager
-    def recorded():
-        entered.append(torch.is_grad_enabled())
-        yield
-
-    policy.attention = recorded
-    samples = batch()
-    b = make_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id, "cpu")
-    policy.token_logprobs(b)
-    policy.token_logprobs(b, reference=True)
-    policy.score([s.prompt_ids for s in samples], [s.completion_ids for s in samples], micro_batch=4)
-    assert entered == [True, False, False, False, False]  # a training pass, the reference, 3 scored
 
 
 class Poison:

@@ -32,9 +32,8 @@ runs without them. On
 any device, each LoRA layer adds its adapter's product into the base product in one `addmm_`
 instead of PEFT's product, scaling and sum (where PEFT's forward would compute the same).
 
-Attention: on CUDA every pass runs SDPA's flash or memory-efficient kernels, not cuDNN's
-(`Policy.attention`): cuDNN builds a plan for each new shape, and every step's micro-batches have
-new lengths (measured in `__init__`).
+Attention: every pass runs transformers' SDPA without cuDNN's kernels (rl/attention.py): cuDNN
+builds a plan for each new shape, and every step's micro-batches have new lengths.
 
 Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
 a pool's: the device's work of a job stays in one order on one thread, whichever pool thread the
@@ -59,6 +58,7 @@ from crucible_models import load_model
 from crucible_shared.jobs import ModelSpec, OptimSpec
 
 from crucible_trainer.rl import fused
+from crucible_trainer.rl.attention import choose as choose_attention
 from crucible_trainer.rl.batch import Batch, make_batch, padded
 from crucible_trainer.rl.head import hidden_out, kept_logprobs, output_layer, tail_logprobs
 from crucible_trainer.runtime.atomic import output_dir
@@ -145,14 +145,11 @@ class Policy:
         self.free_memory: Callable[[], int | None] = self._free_memory
         self.model.train()
         self.mixed_precision(True)
-        # Attention without cuDNN's kernels on CUDA (SDPA's flash or memory-efficient ones): cuDNN
-        # builds an execution plan for every new shape, and a job's micro-batches come in new
-        # lengths every step. Inside the benchmark's step on an H200 the 135M update took 1.32-1.52 s
-        # without it against 1.63-2.27 s with it, the 1.5B shape 4.70 against 5.61 s (alone, at
-        # one repeated shape, cuDNN was 5% faster; docs/benchmarks.md). PyTorch 2.11's cuDNN
-        # backward also returned NaN gradients for some masked shapes (one random left-padded
-        # micro-batch in about 40 at the 1.5B shape); the others did not.
-        self.cudnn_attention = False  # True: SDPA's default choice, cuDNN's included (an arm, a test)
+        # Attention without cuDNN's kernels (rl/attention.py says why), chosen inside each attention
+        # call: a checkpointed layer's recompute in the backward chooses the same, and a compiled
+        # graph traces the choice.
+        self._cudnn = False
+        self._registered = choose_attention(self.model.get_base_model(), cudnn=False)
         # Kernels to run a step again with when its gradient is not finite (below).
         self.fallbacks: list[Callable[[], AbstractContextManager]] = []
         # Fused kernels (rl/fused.py): the norms, MLPs and rotary embeddings on CUDA (Liger's
@@ -291,20 +288,22 @@ class Policy:
         finally:
             self.run_eager = before
 
-    def attention(self) -> AbstractContextManager:
-        """The passes' attention kernels: on CUDA any but cuDNN's unless `cudnn_attention` (see
-        `__init__`); elsewhere SDPA's own choice."""
-        cuda = self.device.startswith("cuda")
-        return without_cudnn_attention() if cuda and not self.cudnn_attention else nullcontext()
+    @property
+    def cudnn_attention(self) -> bool:
+        """Whether the passes may take cuDNN's attention (SDPA's own choice: a benchmark's arm, a
+        test); False by default (rl/attention.py)."""
+        return self._cudnn
+
+    @cudnn_attention.setter
+    def cudnn_attention(self, on: bool) -> None:
+        self._cudnn = on
+        if self._registered:
+            choose_attention(self.model.get_base_model(), cudnn=on)
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         self._plan(batch)
         if torch.is_grad_enabled():
             self.passes.count(batch, self._checkpointing_on, self._chunked_now)
-        with self.attention():  # a compiled graph keeps the kernels of its tracing
-            return self._pass(batch)
-
-    def _pass(self, batch: Batch) -> torch.Tensor:
         if self._compiled is None or self.run_eager:
             return self._logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.tail_mask)
         # Two rows at least: the compiler gives a dimension of size 1 a graph of its own.
@@ -540,13 +539,6 @@ def together(*contexts: Callable[[], AbstractContextManager]) -> Callable[[], Ab
             yield
 
     return entered
-
-
-def without_cudnn_attention() -> AbstractContextManager:
-    """Scaled-dot-product attention with any kernel but cuDNN's."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def lora_config(spec: ModelSpec) -> LoraConfig:
