@@ -32,6 +32,8 @@ class Lines:
 
     def feed(self, chunk: bytes) -> list[str]:
         """The lines this chunk completes, without their line ends."""
+        if not chunk:  # nothing between a CR and the LF that pairs with it
+            return []
         if self._after_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]
         self._after_cr = False

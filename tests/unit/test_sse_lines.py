@@ -48,6 +48,12 @@ def served(text: str) -> bytes:
     return f"data: {body}\n\ndata: [DONE]\n\n".encode()
 
 
+def test_an_empty_chunk_between_cr_and_lf_ends_no_second_line():
+    """A CR, an empty chunk, then the LF of the same line end: one line end, not two (an empty line
+    would end the event and drop its fields)."""
+    assert list(lines([b"data: x\r", b"", b"\n", b"\n"])) == ["data: x", ""]
+
+
 def test_a_streamed_completion_holding_line_separators_arrives_whole():
     def handler(request):
         return httpx.Response(200, content=served(ODD), headers={"content-type": "text/event-stream"})

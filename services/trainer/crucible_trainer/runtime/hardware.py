@@ -42,11 +42,6 @@ def chunk_tokens(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // vocab)
 
 
-# Bytes a vocabulary entry of a completion token holds at the peak of a pass through the kept
-# logits' kernels: the bf16 logits and their gradient (peaks measured on an H200 fit under it).
-KEPT_BYTES = 4
-
-
 def bytes_per_sequence(
     config: Any, tokens: int, completion: int, dtype_bytes: int, attention: str = "sdpa", head: str = "full"
 ) -> int:
@@ -55,8 +50,9 @@ def bytes_per_sequence(
     attention's and projections' inputs, about 9 h, and the gated MLP's gate, up and product, 3 i;
     SDPA keeps no attention scores), plus, per completion token, 16 bytes a vocabulary entry with
     the full logits through autograd (`head="full"`: the logits, their float32 copy, log-softmax
-    and gradient), `KEPT_BYTES` with the full logits through the kept logits' kernels (`"kept"`,
-    rl/head.py `kept_logprobs`: the logits and their gradient, in the model's dtype), or 8 bytes a
+    and gradient), twice `dtype_bytes` with the full logits through the kept logits' kernels
+    (`"kept"`, rl/head.py `kept_logprobs`: the logits and their gradient, in the model's dtype; bf16
+    peaks measured on an H200 fit under it), or 8 bytes a
     hidden unit with the chunked head (`"chunked"`: its hidden state and that state's gradient;
     the chunks' own logits are `head_workspace` per micro-batch). Eager attention
     (`attention`) also keeps every head's scores and probabilities: `2 · heads · tokens²` values a layer.
@@ -70,11 +66,13 @@ def bytes_per_sequence(
     >>> class C: num_hidden_layers, hidden_size, intermediate_size, vocab_size = 30, 576, 1536, 49152
     >>> round(bytes_per_sequence(C, 456, 256, 2) / 2**20)
     447
+    >>> [round(bytes_per_sequence(C, 456, 256, n, head="kept") / 2**20) for n in (2, 4)]  # bf16, float32
+    [303, 607]
     """
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     activations = config.num_hidden_layers * tokens * (18 * hidden + 6 * intermediate) * dtype_bytes // 2
-    per_entry = {"full": 16, "kept": KEPT_BYTES}.get(head)
+    per_entry = {"full": 16, "kept": 2 * dtype_bytes}.get(head)
     logits = completion * (config.vocab_size * per_entry if per_entry else hidden * 8)
     scores = 0
     if attention == "eager":

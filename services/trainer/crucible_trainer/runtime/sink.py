@@ -87,16 +87,15 @@ class EventSink:
                 return
             self.journal_dir.mkdir(parents=True, exist_ok=True)
             at = self.step_now if step is None else step
-            with (self.journal_dir / f"run-{self.channel.token}.jsonl").open("a") as f:
-                f.writelines(
-                    json.dumps({"seq": seq, "step": at, "data": data}) + "\n" for seq, data in waiting
-                )
+            journal = self.journal_dir / f"run-{self.channel.token}.jsonl"
+            append_lines(
+                journal, [json.dumps({"seq": seq, "step": at, "data": data}) for seq, data in waiting]
+            )
             self._journaled = waiting[-1][0]
 
     def _append(self, row: dict[str, Any]) -> None:
         self.channel.gate()  # only the run holding the job writes its run dir
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
+        append_lines(self.metrics_path, [json.dumps(row, default=str)])
 
     def metrics(self, step: int, values: dict[str, float], *, emit: bool = True) -> None:
         """The step's `metrics.jsonl` row (and W&B), then its event unless `emit` is False (the
@@ -169,6 +168,19 @@ class EventSink:
         for path in self.rollouts_dir.glob("step-*.jsonl"):
             if int(path.stem.split("-")[1]) > step:
                 path.unlink()
+
+
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Append `lines` to a JSON-lines file. A last line cut short by a run killed while writing it
+    (no line end) is ended first, so that it stays a line of its own, which the readers skip,
+    rather than taking the first new line with it."""
+    with path.open("a+b") as f:
+        data = "".join(line + "\n" for line in lines).encode()
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
 
 
 def metrics_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
