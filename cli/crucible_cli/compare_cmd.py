@@ -10,10 +10,10 @@ problems_per_step), or the comparison would measure the budget, not the method.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
+from crucible_shared import jsonl
 
 from crucible_cli.app import app
 from crucible_cli.options import API_KEY, GATEWAY, fail, gateway_session
@@ -75,7 +75,7 @@ def compare(
             folder.mkdir(parents=True, exist_ok=True)
             text = gw.download(job_id, "metrics.jsonl").decode()
             (folder / "metrics.jsonl").write_text(text)
-            metrics = [json.loads(line) for line in text.splitlines() if line.strip()]
+            metrics = [row for _, row in jsonl.rows(text)]
             runs.append(
                 {
                     "label": label,

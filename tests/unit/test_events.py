@@ -69,18 +69,22 @@ def test_an_unknown_or_malformed_event_from_a_newer_server_is_not_lost() -> None
 
 def test_a_row_cut_short_by_a_kill_does_not_take_the_next_runs_first_row(tmp_path) -> None:
     """A run killed while writing a row leaves half a line; an offline job's next run appends
-    without a resume's clean-up first: its rows (and its journal's) still read back whole."""
+    without a resume's clean-up first: its rows (and its journal's) still read back whole, and
+    the readers (the learning curve here) skip the half line."""
     from crucible_trainer.runtime.sink import append_lines, metrics_rows
 
     sink = EventSink(LocalChannel("job", lambda k, data: None), tmp_path)
-    sink.metrics_path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "lo')  # killed mid-write
-    sink.metrics(2, {"loss": 0.25}, emit=False)
-    sink.metrics(3, {"loss": 0.125}, emit=False)
+    sink.metrics_path.write_text('{"step": 1, "reward_mean": 0.5}\n{"step": 2, "rew')  # killed mid-write
+    sink.metrics(2, {"reward_mean": 0.25}, emit=False)
+    sink.metrics(3, {"reward_mean": 0.125}, emit=False)
     assert [row for _, row in metrics_rows(sink.metrics_path)] == [
-        {"step": 1, "loss": 0.5},
-        {"step": 2, "loss": 0.25},
-        {"step": 3, "loss": 0.125},
+        {"step": 1, "reward_mean": 0.5},
+        {"step": 2, "reward_mean": 0.25},
+        {"step": 3, "reward_mean": 0.125},
     ]
+    from crucible_trainer.online.curves import learning_curve
+
+    assert learning_curve(sink.metrics_path, tmp_path / "curve.png")  # the half line left in place
     journal = tmp_path / "journal.jsonl"
     append_lines(journal, ["{}"])  # a new file, and one ending in a line end, gain no empty line
     append_lines(journal, ['{"a": 1}'])

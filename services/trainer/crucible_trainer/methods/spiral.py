@@ -21,13 +21,13 @@ only measure: the learner's win / draw / loss rates per opponent and role.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crucible_shared import jsonl
 from crucible_shared.jobs import Opponent, SpiralConfig
 from crucible_shared.sandbox import Limits
 
@@ -307,8 +307,7 @@ def report(cfg: SpiralConfig, run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "games" in r]
+    steps = [r for _, r in jsonl.rows(path.read_text()) if "games" in r]
     if not steps:
         return {}
     lines = [f"# {cfg.game.name}: {len(steps)} steps, opponent {cfg.opponent.label}", ""]

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from crucible_shared import jsonl
+
 CURVES = [
     ("reward_mean", "reward (mean)"),
     ("pass_rate", "pass rate"),
@@ -48,8 +50,7 @@ def _series(rows: list[dict], pattern: str) -> dict[str, list[tuple[float, float
 def learning_curve(metrics_path: Path, out: Path) -> Path | None:
     if not metrics_path.exists():
         return None
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "step" in r]
+    rows = [r for _, r in jsonl.rows(metrics_path.read_text()) if "step" in r]
     if not rows:
         return None
     import matplotlib

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crucible_shared import jsonl
+
 from crucible_trainer.runtime.channel import JobChannel, metrics_steps
 
 log = logging.getLogger(__name__)
@@ -187,15 +189,7 @@ def metrics_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """The lines of a `metrics.jsonl` with their rows, without a last line cut short by a run killed
     while writing it (or a full disk): that step had no checkpoint yet, so it runs again and logs
     its row anew."""
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line) if line.strip() else None
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append((line, row))
-    return rows
+    return jsonl.rows(path.read_text())
 
 
 def resume_events(sink: EventSink, upto: int) -> int:
@@ -228,11 +222,7 @@ def recover_events(sink: EventSink, upto: int) -> int:
         key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else 0,
     )
     for path in journals:
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:  # the last line of a run killed while writing it
-                continue
+        for _, entry in jsonl.rows(path.read_text()):  # no line a run was killed while writing
             data, step = entry.get("data"), entry.get("step")
             if isinstance(data, str) and isinstance(step, int) and step <= upto and data not in seen:
                 seen.add(data)
