@@ -266,3 +266,33 @@ def test_auto_micro_batch_and_checkpointing_reach_trl_as_numbers(method: str, tm
         dtype="float32",
     )
     assert args.per_device_train_batch_size == 3
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo"])
+def test_trl_gets_a_model_attending_without_cudnn(method: str, tmp_path: Path, monkeypatch) -> None:
+    """The offline trainers' SDPA never takes cuDNN's kernels, as the online update's
+    (rl/attention.py): TRL's trainer is handed the model switched to that attention."""
+    import trl
+    from crucible_trainer.offline.trl_train import Hooks, OfflineRun, train
+    from crucible_trainer.rl.attention import NAME
+
+    from tests.families import build_family
+
+    seen = []
+
+    class Handed(Exception):
+        pass
+
+    def trainer(*, model, **kwargs):
+        seen.append(model.config._attn_implementation)
+        raise Handed
+
+    monkeypatch.setattr(trl, "SFTTrainer" if method == "sft" else "DPOTrainer", trainer)
+    base = str(build_family("qwen2", tmp_path))
+    spec = TrainJob.model_validate(
+        {"method": {"name": method, "path": "rows.jsonl"}, "model": {"base": base, "device": "cpu"}}
+    )
+    run = OfflineRun(spec.method, spec.model, spec.optim, [], tmp_path / "w", tmp_path / "a")  # type: ignore[arg-type]
+    with pytest.raises(Handed):
+        train(run, Hooks())
+    assert seen == [NAME]

@@ -5,7 +5,8 @@ The optimisation is TRL's own (`trl.SFTTrainer` with the loss on the completion 
 this module only builds their inputs and connects them to the job:
 
 * the model is Crucible's (`crucible_models.load_model`, so the built-in GGUF model trains from
-  its dense copy) with a fresh LoRA from `ModelSpec`, or the starting adapter made trainable.
+  its dense copy) with a fresh LoRA from `ModelSpec`, or the starting adapter made trainable; its
+  SDPA attention never takes cuDNN's kernels (`rl/attention.py`).
   DPO's reference is the starting policy: with a fresh LoRA TRL disables the adapter; with a
   starting adapter TRL keeps a frozen copy of it (the `ref` adapter) to score the reference.
 * a `TrainerCallback` (`JobCallback`) sends each logged step's metrics to the job (metrics.jsonl,
@@ -84,6 +85,8 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
     from peft import PeftModel
     from transformers.trainer_callback import PrinterCallback
 
+    from crucible_trainer.rl.attention import choose as choose_attention
+
     datasets.disable_progress_bars()
     _prepare_work_dir(run.work_dir, run.identity)
     if hooks.stop_requested():
@@ -92,6 +95,10 @@ def train(run: OfflineRun, hooks: Hooks) -> dict[str, Any]:
     model, tokenizer = load_model(
         spec.base, device=spec.device, dtype=spec.dtype, attn_implementation=spec.attn_implementation
     )
+    # Attention without cuDNN's kernels, as the online update's (rl/attention.py): its plans per
+    # new shape, and the NaN gradients its backward gave some masked shapes, which a padded SFT or
+    # DPO batch is (not timed on these trainers).
+    choose_attention(model, cudnn=False)
     peft_config = None
     if run.start_adapter:
         model = PeftModel.from_pretrained(model, run.start_adapter, is_trainable=True)
