@@ -77,9 +77,10 @@ def read_json(path: Path, default: Any = None) -> Any:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of the JSON-lines file at `path` (blank lines skipped), none when there is no such file."""
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.strip()]
+    """The rows of a run's JSON-lines file (a row cut short by a kill skipped), none without the file."""
+    from crucible_shared import jsonl
+
+    return [row for _, row in jsonl.rows(path.read_text())] if path.exists() else []
 
 
 def percentile(values: list[float], q: float) -> float:

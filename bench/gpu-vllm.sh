@@ -39,14 +39,14 @@ prepare)  # here: wheels -> slim install tree -> xz tarball -> parts under .carr
     "vllm==$VLLM_VERSION" $DEPS
   rm -rf "${tree:?}/bin" "$tree/vllm/vllm-rs" "$tree/vllm/_moe_C.abi3.so" "$tree/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
     "$tree"/vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so
-  tar -C "$tree" -cf - . | xz -6 -T2 > $v/site.tar.xz; rm -rf "$tree" $v/p[0-9] $v/s[12]
+  tar -C "$tree" -cf - . | xz -6 -T2 > $v/site.tar.xz; rm -rf "$tree" $v/p[0-9]
   sha256sum $v/site.tar.xz | cut -d' ' -f1 > $v/site.sha256
   split -n 3 -d -a 1 $v/site.tar.xz $v/p; rm $v/site.tar.xz
   ls -la $v ;;
-stage)  # device: keep a carried file in /root/stage (optionally under another name) for a later call
-  mkdir -p /root/stage && cp "$2" "/root/stage/${3:-$(basename "$2")}" && ls -la /root/stage ;;
-install)  # device: the staged parts joined in name order (p0 p1 p2, or s1 s2), checked, unpacked into /tmp/site
-  cat /root/stage/[ps][0-9] > /root/stage/site.tar.xz
+stage)  # device: keep a carried part in /root/stage for a later call
+  mkdir -p /root/stage && cp "$2" /root/stage/ && ls -la /root/stage ;;
+install)  # device: the staged parts joined in name order (p0 p1 p2), checked, unpacked into /tmp/site
+  cat /root/stage/p[0-9] > /root/stage/site.tar.xz
   echo "$(cat "${2:-.carry/vllm/site.sha256}")  /root/stage/site.tar.xz" | sha256sum -c
   mkdir -p /tmp/site
   python3 -c "import tarfile; tarfile.open('/root/stage/site.tar.xz', 'r:xz').extractall('/tmp/site', filter='tar')"

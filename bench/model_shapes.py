@@ -5,7 +5,7 @@ padded to the model's vocabulary with placeholder tokens no text encodes to.
 Random weights write garbage: measure with `ignore_eos` and fixed lengths, never learning.
 `local_model` gives the benchmarks theirs: such a shape, or a tiny Qwen2 that checks a script on a CPU.
 
-    python bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes [--tiny]
+    python bench/model_shapes.py qwen2.5-coder-1.5b qwen2.5-coder-7b --out /root/shapes
 """
 
 from __future__ import annotations
@@ -71,15 +71,14 @@ def pad_tokenizer(folder: Path, vocab_size: int) -> int:
     return max(0, vocab_size - start)
 
 
-def build(name: str, out: Path, tiny: bool = False) -> dict[str, Any]:
-    """Build (bf16, seed 0, on a GPU if any), save and check one shape (`tiny`: 2 layers of it)."""
+def build(name: str, out: Path) -> dict[str, Any]:
+    """Build (bf16, seed 0, on a GPU if any), save and check one shape."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
     tokenizer = shape_tokenizer()
-    config = config_for(SHAPES[name] | ({"num_hidden_layers": 2} if tiny else {}), tokenizer)
-    target = out / (f"{name}-tiny" if tiny else name)
+    config, target = config_for(SHAPES[name], tokenizer), out / name
     target.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -125,8 +124,8 @@ def local_model(shape: str | None, tmp: Path) -> str:
 def main() -> None:
     parser = common.argument_parser(__doc__)
     parser.add_argument("names", nargs="+", choices=sorted(SHAPES))
-    args = common.options(parser, out=Path, tiny=(False, "2 layers: check the script cheaply")).parse_args()
-    print(json.dumps([build(name, args.out, args.tiny) for name in args.names], indent=2))
+    args = common.options(parser, out=Path).parse_args()
+    print(json.dumps([build(name, args.out) for name in args.names], indent=2))
 
 
 if __name__ == "__main__":
