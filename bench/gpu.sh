@@ -61,6 +61,9 @@ shape_sets() {  # DIR STEPS: examples/grpo_qwen1p5b.yaml on a random-weight shap
 dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the built-in model's, made by `setup`)
   python3 -c "import crucible_models as m; print(m.dense_dir('${1:-}' or m.DEFAULT_MODEL))"
 }
+logged() {  # NAME CMD...: CMD, its output kept in $O/NAME.log, shown without progress bars and warnings' sources
+  local name=$1; shift; "$@" 2>&1 | tee "$O/$name.log" | grep -vE "it/s]|^\s*warnings.warn"
+}
 serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card, rows of LEN)
   # then per PROFILE vLLM (UTIL) beside it, raced with a rank-16 adapter; fails only if Crucible's does not start
   local tag=$1 util=$2 share=$3 swap=$4 len=$5 p; shift 5
@@ -128,15 +131,13 @@ print("dense checkpoint:", target)'
     for size in 135m 1p5b; do bash bench/gpu.sh "$1-$size" "${@:2}"; done ;;
   multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: bench/multi_gpu.py over 1,2,4 GPUs, JSON and log in $OUT
     shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
-    python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "$O/$1.json" "${@:3}" \
-      2>&1 | tee "$O/$1.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
+    logged "$1" python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "$O/$1.json" "${@:3}" ;;
   update-head)  # [MB...]: bench/update_speed.py, the full logits against the chunked head (rl/head.py) at a
     # real batch's lengths (20 problems x 8 samples, completions of 30-384 tokens) on the installed Qwen
     # (after `qwen-setup`), per micro-batch (default 32 64), JSON and log in $OUT
     for mb in "${@:2}"; do
-      python3 bench/update_speed.py --model "$QWEN" --compare head --kl-beta 0 --prompts 20 --group 8 \
-        --min-tokens 30 --max-tokens 384 --repeats 2 --micro-batch "$mb" --out "$O/head-mb$mb.json" \
-        2>&1 | tee "$O/head-mb$mb.log" | grep -vE "it/s]|^\s*warnings.warn"
+      logged "head-mb$mb" python3 bench/update_speed.py --model "$QWEN" --compare head --kl-beta 0 --prompts 20 \
+        --group 8 --min-tokens 30 --max-tokens 384 --repeats 2 --micro-batch "$mb" --out "$O/head-mb$mb.json"
     done
     [ $# -gt 1 ] || bash bench/gpu.sh update-head 32 64 ;;
   update-arms)  # COMPARE [SIZES] [extra]: bench/update_speed.py's two arms of COMPARE (after `setup`), 135M at
@@ -146,8 +147,8 @@ print("dense checkpoint:", target)'
     for size in ${sizes//,/ }; do
       model=(--model smollm2-135m-instruct --micro-batch 128 --min-tokens 30)
       [ "$size" = 1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32 --min-tokens 256)
-      python3 bench/update_speed.py "${model[@]}" --compare "$2" --prompts 64 --group 8 --max-tokens 256 \
-        --repeats 3 --out "$O/$2-$size.json" "${@:4}" 2>&1 | tee "$O/$2-$size.log" | grep -vE "it/s]|^\s*warnings.warn"
+      logged "$2-$size" python3 bench/update_speed.py "${model[@]}" --compare "$2" --prompts 64 --group 8 \
+        --max-tokens 256 --repeats 3 --out "$O/$2-$size.json" "${@:4}"
     done
     [ -n "${3:-}" ] || bash bench/gpu.sh update-arms "$2" 135m,1p5b ;;
   update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: bench/update_speed.py, eager against compiled passes
@@ -155,9 +156,8 @@ print("dense checkpoint:", target)'
     mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)
     [ "$1" = update-compile-1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32)
     command -v cc > /dev/null || echo "no C compiler here: inductor's Triton kernels need one for their launchers"
-    python3 bench/update_speed.py "${model[@]}" --compare compile --set optim.compile="$mode" --prompts 64 \
-      --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "$O/$1-$mode.json" "${@:3}" \
-      2>&1 | tee "$O/$1-$mode.log" | grep -vE "it/s]|^\s*warnings.warn" ;;
+    logged "$1-$mode" python3 bench/update_speed.py "${model[@]}" --compare compile --set optim.compile="$mode" \
+      --prompts 64 --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "$O/$1-$mode.json" "${@:3}" ;;
   learn)  # METHOD STEPS EVAL_TASKS [--tag T] [learning.py job arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
