@@ -80,7 +80,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The rows of a run's JSON-lines file (a row cut short by a kill skipped), none without the file."""
     from crucible_shared import jsonl
 
-    return [row for _, row in jsonl.rows(path.read_text())] if path.exists() else []
+    return jsonl.rows(path.read_text()) if path.exists() else []
 
 
 def percentile(values: list[float], q: float) -> float:

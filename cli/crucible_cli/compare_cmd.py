@@ -75,7 +75,7 @@ def compare(
             folder.mkdir(parents=True, exist_ok=True)
             text = gw.download(job_id, "metrics.jsonl").decode()
             (folder / "metrics.jsonl").write_text(text)
-            metrics = [row for _, row in jsonl.rows(text)]
+            metrics = jsonl.rows(text)
             runs.append(
                 {
                     "label": label,

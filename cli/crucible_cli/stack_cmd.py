@@ -196,7 +196,7 @@ def _story(console, final) -> None:
     run_dir = Path(summary.get("run_dir", ""))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        rows = [row for _, row in jsonl.rows(metrics.read_text())]
+        rows = jsonl.rows(metrics.read_text())
         steps = [r for r in rows if "reward_mean" in r and "eval_label" not in r]
         console.print(
             "reward per step (share of samples passing every test): "

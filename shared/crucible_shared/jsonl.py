@@ -4,7 +4,7 @@ A run killed while appending a row (or a full disk) leaves half a line, which th
 with a line end of its own and writes after (the trainer's `runtime/sink.py`): every reader skips
 such a line rather than failing on it.
 
->>> [row for _, row in rows('{"step": 1}\\n{"step": 2, "lo\\n\\n{"step": 2}\\n[1]\\n')]
+>>> rows('{"step": 1}\\n{"step": 2, "lo\\n\\n{"step": 2}\\n[1]\\n')
 [{'step': 1}, {'step': 2}]
 """
 
@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 
-def rows(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """Each line of `text` that holds a JSON object, with that object; other lines are skipped.
+def rows(text: str) -> list[dict[str, Any]]:
+    """The JSON object of each line of `text` that holds one; other lines are skipped.
     Lines end at LF (CR LF) only: `json.dumps` escapes the characters `str.splitlines` also
     splits at."""
     out = []
@@ -26,5 +26,5 @@ def rows(text: str) -> list[tuple[str, dict[str, Any]]]:
         except ValueError:
             continue
         if isinstance(row, dict):
-            out.append((line, row))
+            out.append(row)
     return out

@@ -307,7 +307,7 @@ def report(cfg: SpiralConfig, run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return {}
-    steps = [r for _, r in jsonl.rows(path.read_text()) if "games" in r]
+    steps = [r for r in jsonl.rows(path.read_text()) if "games" in r]
     if not steps:
         return {}
     lines = [f"# {cfg.game.name}: {len(steps)} steps, opponent {cfg.opponent.label}", ""]

@@ -50,7 +50,7 @@ def _series(rows: list[dict], pattern: str) -> dict[str, list[tuple[float, float
 def learning_curve(metrics_path: Path, out: Path) -> Path | None:
     if not metrics_path.exists():
         return None
-    rows = [r for _, r in jsonl.rows(metrics_path.read_text()) if "step" in r]
+    rows = [r for r in jsonl.rows(metrics_path.read_text()) if "step" in r]
     if not rows:
         return None
     import matplotlib

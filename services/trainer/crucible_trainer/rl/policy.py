@@ -48,7 +48,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -187,7 +187,7 @@ class Policy:
             log.info("optim.compile %s: forward and backward passes compiled on first use", self.compile_mode)
             # A step run again runs eager: the compiled graph's kernels are those chosen when it
             # was traced.
-            self.fallbacks = [together(self.eager, *self.fallbacks)]
+            self.fallbacks = [self.eager]
         self.make_optimizer(optim)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="policy")  # see `call`
         self.max_grad_norm = optim.max_grad_norm
@@ -526,19 +526,6 @@ def set_input_casting(model: torch.nn.Module, *, enabled: bool) -> None:
     for module in model.modules():
         if isinstance(module, BaseTunerLayer):
             module.cast_input_dtype_enabled = enabled
-
-
-def together(*contexts: Callable[[], AbstractContextManager]) -> Callable[[], AbstractContextManager]:
-    """One context that enters each of `contexts` (factories) in order."""
-
-    @contextmanager
-    def entered() -> Iterator[None]:
-        with ExitStack() as stack:
-            for make in contexts:
-                stack.enter_context(make())
-            yield
-
-    return entered
 
 
 def lora_config(spec: ModelSpec) -> LoraConfig:

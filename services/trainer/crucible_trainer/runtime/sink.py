@@ -165,7 +165,7 @@ class EventSink:
         """After a resume from `step`: drop what was logged for later steps (they run again)."""
         self.channel.gate()
         if self.metrics_path.exists():
-            kept = [line for line, row in metrics_rows(self.metrics_path) if row.get("step", 0) <= step]
+            kept = [json.dumps(row) for row in metrics_rows(self.metrics_path) if row.get("step", 0) <= step]
             self.metrics_path.write_text("".join(line + "\n" for line in kept))
         for path in self.rollouts_dir.glob("step-*.jsonl"):
             if int(path.stem.split("-")[1]) > step:
@@ -185,8 +185,8 @@ def append_lines(path: Path, lines: list[str]) -> None:
         f.write(data)
 
 
-def metrics_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The lines of a `metrics.jsonl` with their rows, without a last line cut short by a run killed
+def metrics_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a `metrics.jsonl`, without a last line cut short by a run killed
     while writing it (or a full disk): that step had no checkpoint yet, so it runs again and logs
     its row anew."""
     return jsonl.rows(path.read_text())
@@ -222,14 +222,14 @@ def recover_events(sink: EventSink, upto: int) -> int:
         key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else 0,
     )
     for path in journals:
-        for _, entry in jsonl.rows(path.read_text()):  # no line a run was killed while writing
+        for entry in jsonl.rows(path.read_text()):  # no line a run was killed while writing
             data, step = entry.get("data"), entry.get("step")
             if isinstance(data, str) and isinstance(step, int) and step <= upto and data not in seen:
                 seen.add(data)
                 delivered |= metrics_steps([data])
                 found.append((step, 0, data))
     if sink.metrics_path.exists():
-        for _, row in metrics_rows(sink.metrics_path):
+        for row in metrics_rows(sink.metrics_path):
             step = row.get("step")
             if isinstance(step, int) and step <= upto and "eval_label" not in row and step not in delivered:
                 delivered.add(step)
