@@ -1,17 +1,12 @@
 """The policy update alone, two arms alternating on one policy (docs/benchmarks.md, "The update near
-the limit"): `--compare buckets` (micro-batches in the batch's order or longest first), `precision`
-(PEFT's casting or autocast), `compile` (eager or compiled passes), `fused` (transformers' norms and
-MLPs or rl/fused.py's kernels), `lora` (PEFT's LoRA layers or `rl/fused.lora_forward`), `head`
-(the full logits or rl/head.py's chunked head), `rope` (transformers' rotary embedding or Liger's)
-`logprobs` (autograd's log-softmax of the kept logits or rl/head.py's `kept_logprobs`) or `attention`
-(SDPA's choice, cuDNN's included, or the policy's: without cuDNN). The job is bench/multi_gpu.py's
-GRPO spec with `--set` overrides; each update's batch is synthetic, seeded and new (new lengths, as
-a job's steps have: costs per new shape count), the same for both arms; the figures are per-arm
-medians of the update's own metrics, each arm's first (warm-up) update apart (`warmup_s`).
+the limit"): `--compare` names the two (ARMS: each sets one field of the optimizer or the policy).
+The job is bench/multi_gpu.py's GRPO spec with `--set` overrides; each update's batch is synthetic,
+seeded and new (new lengths, as a job's steps have: costs per new shape count), the same for both
+arms; the figures are per-arm medians of the update's own metrics, each arm's first (warm-up)
+update apart (`warmup_s`).
 
     python bench/update_speed.py --out /tmp/update-speed.json                # tiny Qwen2 on a CPU
     python bench/update_speed.py --shape qwen2.5-coder-1.5b --compare precision --out /tmp/p.json
-    python bench/update_speed.py --compare compile --out /tmp/c.json
     python bench/update_speed.py --model qwen2.5-coder-1.5b-instruct --profile /tmp/prof ...  # where it goes
 """
 
@@ -38,17 +33,17 @@ KEYS |= {"optimizer_s": "time/update_optimizer_s"}
 KEYS |= {k: f"perf/update_{k}" for k in ("tokens_per_s_per_gpu", "peak_fraction")}
 KEYS |= {k: f"update/{k}" for k in ("micro_batches", "checkpointed_micro_batches")}
 KEYS |= {"peak_gib": None}  # the most the update held on the card at once, over what it held before
-# --compare -> its two arms, before then after, each setting one field of the optimizer or the policy.
+# --compare -> the field of the optimizer or the policy its arms set, and each arm's value (before, after).
 ARMS = {
-    "buckets": {"batch_order": ("length_buckets", False), "length_buckets": ("length_buckets", True)},
-    "precision": {"peft_casting": ("mixed_precision", False), "mixed": ("mixed_precision", True)},
-    "compile": {"eager": ("run_eager", True), "compiled": ("run_eager", False)},
-    "fused": {"unfused": ("fused_kernels", False), "fused": ("fused_kernels", True)},
-    "lora": {"peft_lora": ("lora_kernels", False), "fused_lora": ("lora_kernels", True)},
-    "head": {"full_logits": ("head", False), "chunked_head": ("head", True)},
-    "rope": {"transformers_rope": ("rope_kernel", False), "fused_rope": ("rope_kernel", True)},
-    "logprobs": {"autograd_logprobs": ("logprob_kernel", False), "kept_logprobs": ("logprob_kernel", True)},
-    "attention": {"cudnn": ("cudnn_attention", True), "no_cudnn": ("cudnn_attention", False)},
+    "buckets": ("length_buckets", {"batch_order": False, "length_buckets": True}),
+    "precision": ("mixed_precision", {"peft_casting": False, "mixed": True}),
+    "compile": ("run_eager", {"eager": True, "compiled": False}),
+    "fused": ("fused_kernels", {"unfused": False, "fused": True}),
+    "lora": ("lora_kernels", {"peft_lora": False, "fused_lora": True}),
+    "head": ("head_mode", {"full_logits": "full", "chunked_head": "chunked"}),
+    "rope": ("rope_kernel", {"transformers_rope": False, "fused_rope": True}),
+    "logprobs": ("logprob_kernel", {"autograd_logprobs": False, "kept_logprobs": True}),
+    "attention": ("cudnn_attention", {"cudnn": True, "no_cudnn": False}),
 }
 
 
@@ -67,7 +62,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         kl_beta=(0.01, "method.kl_beta (> 0: the reference is scored)"),
         repeats=(3, "timed updates per arm (after one warm-up each)"),
         dtype=(None, "model.dtype (default: bf16 on a GPU, float32 on a CPU)"),
-        seed=0,
         out=Path,
         profile=(None, "a folder: one more update of the second arm, profiled (kernels.txt, trace.json)"),
     ).parse_args(argv)
@@ -76,7 +70,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def synthetic_batch(args: argparse.Namespace, vocab: int, update: int) -> list[Any]:
     from crucible_trainer.rl.rollout import Sample
 
-    rng = random.Random(f"{args.seed}:{update}")
+    rng = random.Random(f"0:{update}")
     out = []
     for g in range(args.prompts):
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(30, 120))]
@@ -117,28 +111,20 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     spec, chosen = hardware.resolve(job(model, 1, [*sets, *args.overrides]))
     policy = Policy(spec.model, spec.optim, spec.seed)
     batch_of = functools.cache(lambda n: synthetic_batch(args, len(policy.tokenizer), n))
-    arms = ARMS[args.compare]
+    field, arms = ARMS[args.compare]
 
     def config(arm: str) -> Any:
-        """The update's config with `arm`'s field set."""
-        field, value = arms[arm]
-        optim = spec.optim
+        """The update's config with `arm`'s value of the field set."""
+        value, optim = arms[arm], spec.optim
         if field == "length_buckets":
             optim = optim.model_copy(update={field: value})
-        elif field == "mixed_precision":
-            policy.mixed_precision(value)
-        elif field == "fused_kernels":
-            policy.fused_kernels(value)
-        elif field == "head":  # the chunked head (rl/head.py) or the full logits
-            policy.head_mode = "chunked" if value else "full"
-        elif field in ("lora_kernels", "rope_kernel"):  # also what a step run again re-fuses
+        elif field in ("mixed_precision", "fused_kernels"):
+            getattr(policy, field)(value)
+        else:
             setattr(policy, field, value)
+        if field in ("lora_kernels", "rope_kernel"):  # fused again with it, as a step run again re-fuses
             policy.fused_kernels(False)
             policy.fused_kernels(True)
-        elif field in ("logprob_kernel", "cudnn_attention"):
-            setattr(policy, field, value)
-        else:
-            policy.run_eager = value
         return method_module(spec.method).update_config(spec.method, spec.model_copy(update={"optim": optim}))
 
     def timed(arm: str, seed: int) -> dict[str, float]:
