@@ -64,6 +64,13 @@ dense_dir() {  # [MODEL]: its dense checkpoint in Crucible's cache (default the 
 logged() {  # NAME CMD...: CMD, its output kept in $O/NAME.log, shown without progress bars and warnings' sources
   local name=$1; shift; "$@" 2>&1 | tee "$O/$name.log" | grep -vE "it/s]|^\s*warnings.warn"
 }
+update_speed() {  # NAME 135m|1p5b|qwen MB [ARGS]: bench/update_speed.py, micro-batches of MB, 64 x 8 samples of
+  # up to 256 tokens unless ARGS say; JSON and log in $OUT (1p5b: the random-weight shape; qwen: after `qwen-setup`)
+  local model=(--model smollm2-135m-instruct)
+  case $2 in 1p5b) model=(--shape qwen2.5-coder-1.5b) ;; qwen) model=(--model "$QWEN") ;; esac
+  logged "$1" python3 bench/update_speed.py "${model[@]}" --micro-batch "$3" --prompts 64 --group 8 --max-tokens 256 \
+    --repeats 3 --out "$O/$1.json" "${@:4}"
+}
 serve_pairs() {  # TAG UTIL SHARE SWAP LEN PROFILE...: Crucible's generator (SHARE of the card, rows of LEN)
   # then per PROFILE vLLM (UTIL) beside it, raced with a rank-16 adapter; fails only if Crucible's does not start
   local tag=$1 util=$2 share=$3 swap=$4 len=$5 p; shift 5
@@ -132,32 +139,26 @@ print("dense checkpoint:", target)'
   multi-gpu-135m|multi-gpu-1p5b)  # [GPUS] [extra]: bench/multi_gpu.py over 1,2,4 GPUs, JSON and log in $OUT
     shape=(); [ "$1" = multi-gpu-1p5b ] && shape=(--shape qwen2.5-coder-1.5b)
     logged "$1" python3 bench/multi_gpu.py "${shape[@]}" --gpus "${2:-1,2,4}" --out "$O/$1.json" "${@:3}" ;;
-  update-head)  # [MB...]: bench/update_speed.py, the full logits against the chunked head (rl/head.py) at a
-    # real batch's lengths (20 problems x 8 samples, completions of 30-384 tokens) on the installed Qwen
-    # (after `qwen-setup`), per micro-batch (default 32 64), JSON and log in $OUT
+  update-head)  # [MB...]: update_speed, the full logits against the chunked head (rl/head.py) on the installed
+    # Qwen at a real batch's lengths (20 problems x 8 samples, completions of 30-384 tokens), per MB (default 32 64)
     for mb in "${@:2}"; do
-      logged "head-mb$mb" python3 bench/update_speed.py --model "$QWEN" --compare head --kl-beta 0 --prompts 20 \
-        --group 8 --min-tokens 30 --max-tokens 384 --repeats 2 --micro-batch "$mb" --out "$O/head-mb$mb.json"
+      update_speed "head-mb$mb" qwen "$mb" --compare head --kl-beta 0 --prompts 20 --min-tokens 30 --max-tokens 384 \
+        --repeats 2
     done
     [ $# -gt 1 ] || bash bench/gpu.sh update-head 32 64 ;;
-  update-arms)  # COMPARE [SIZES] [extra]: bench/update_speed.py's two arms of COMPARE (after `setup`), 135M at
-    # the step's lengths (64 x 8 samples, completions of 30-256 tokens, micro-batches of 128) and the 1.5B
-    # shape (256 tokens each, micro-batches of 32); SIZES "135m,1p5b" by default; JSON and log in $OUT
+  update-arms)  # COMPARE [SIZES] [extra]: update_speed's two arms of COMPARE (after `setup`) on SIZES (default
+    # 135m,1p5b): 135M at the step's lengths (30-256 tokens, MB 128), the 1.5B shape at 256 tokens each (MB 32)
     sizes=${3:-}
     for size in ${sizes//,/ }; do
-      model=(--model smollm2-135m-instruct --micro-batch 128 --min-tokens 30)
-      [ "$size" = 1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32 --min-tokens 256)
-      logged "$2-$size" python3 bench/update_speed.py "${model[@]}" --compare "$2" --prompts 64 --group 8 \
-        --max-tokens 256 --repeats 3 --out "$O/$2-$size.json" "${@:4}"
+      if [ "$size" = 1p5b ]; then mb=32 min=256; else mb=128 min=30; fi
+      update_speed "$2-$size" "$size" $mb --compare "$2" --min-tokens $min "${@:4}"
     done
     [ -n "${3:-}" ] || bash bench/gpu.sh update-arms "$2" 135m,1p5b ;;
-  update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: bench/update_speed.py, eager against compiled passes
-    # (optim.compile MODE: default) at the benchmark's batch (after `setup`), JSON and log in $OUT
-    mode=${2:-default} model=(--model smollm2-135m-instruct --micro-batch 64)
-    [ "$1" = update-compile-1p5b ] && model=(--shape qwen2.5-coder-1.5b --micro-batch 32)
+  update-compile-135m|update-compile-1p5b)  # [MODE] [extra]: update_speed, eager against compiled passes
+    # (optim.compile MODE: default) at 256 tokens each (MB 64; 1.5B 32), after `setup`
+    mode=${2:-default} size=${1#update-compile-} mb=64; [ "$size" = 1p5b ] && mb=32
     command -v cc > /dev/null || echo "no C compiler here: inductor's Triton kernels need one for their launchers"
-    logged "$1-$mode" python3 bench/update_speed.py "${model[@]}" --compare compile --set optim.compile="$mode" \
-      --prompts 64 --group 8 --min-tokens 256 --max-tokens 256 --repeats 3 --out "$O/$1-$mode.json" "${@:3}" ;;
+    update_speed "$1-$mode" "$size" $mb --compare compile --set optim.compile="$mode" --min-tokens 256 "${@:3}" ;;
   learn)  # METHOD STEPS EVAL_TASKS [--tag T] [learning.py job arguments]: the race's job with an evaluation
     method=$2 steps=$3 tasks=$4; shift 4
     tag=$method; if [ "${1:-}" = "--tag" ]; then tag=$2; shift 2; fi
