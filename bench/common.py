@@ -265,11 +265,9 @@ def services(work: Path, model: str, rows: int | str = 128, *, devices: list[str
              job: Any = None, ready: dict[str, float] | None = None, **settings: Any) -> Iterator[Any]:  # fmt: skip
     """A sandbox and a generator of `model` per entry of `devices` (its CUDA_VISIBLE_DEVICES; None:
     the caller's own), or the one at `generator_url`, spawned at once and stopped at the end; yields
-    the trainer's `Settings` for them, adapters and run dirs under `work`. `job`: the spec about to
-    run, whose trainer cold start (`runtime.warm`) is taken meanwhile, as a worker does: for a job of
-    several ranks, by standby ranks (`distributed.standby`) started now and stopped at the end.
-    `ready` gets the seconds from this call to each one being ready (`sandbox`, `generator-I`,
-    `trainer warm-up` and the end of its imports, `trainer imports`): which of them the job waited for."""
+    the trainer's `Settings` for them (adapters and run dirs under `work`). Meanwhile the cold start
+    of `job` (the spec about to run) is taken as a worker takes it (`runtime.warm`; for several ranks,
+    standby ranks). `ready` gets the seconds to each one being ready: which of them the job waited for."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx

@@ -1,18 +1,9 @@
-"""Generator benchmarks: what the service costs over plain `model.generate`, and a race of servers.
+"""Generator benchmarks (docs/benchmarks.md, "Generator" and the serving races, where each protocol is):
 
   overhead  Crucible's generator of the built-in model, spawned here, against an in-process
-            `model.generate` on the same device and dtype: 1, 8 and 32 concurrent clients each sending
-            one greedy `ignore_eos` completion of 64 tokens, against their prompts as one batch, 5
-            rounds alternating after a warm-up (the ratio: the median of the per-round ratios); then
-            20 hot-swaps of a perturbed rank-16 adapter. docs/benchmarks.md, "Generator".
-  race      running OpenAI-compatible servers under 1, 8, 32 and 128 closed-loop clients (an
-            86-token prompt, 128 greedy `ignore_eos` tokens) naming a random rank-16 adapter loaded
-            into every server first; two 8-second rounds alternating between the servers after a
-            warm-up each (a server's figure: its rounds' median); then 10 hot-swaps per server.
-            docs/benchmarks.md's serving races (`bench/gpu.sh serve-sizes`, `qwen-serve`).
-
-A hot-swap: perturb a rank-16 all-linear adapter, save it, load it under a new name, ask it for one
-token; p50/p90 of each from the start of the save.
+            `model.generate` on the same device and dtype, then 20 hot-swaps of a rank-16 adapter
+  race      running OpenAI-compatible servers under 1-128 closed-loop clients naming a random
+            rank-16 adapter, alternating rounds; then 10 hot-swaps per server
 
     python bench/generator.py overhead [--json out.json]
     python bench/generator.py race --server vllm=http://127.0.0.1:8101 crucible=http://127.0.0.1:8102 \\

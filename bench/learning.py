@@ -1,17 +1,15 @@
-"""Learning jobs: a job spec or a recipe of recipes/learning.yaml plus `--set` overrides, run in-process
-through the worker's entry point against a sandbox and a generator spawned for it; docs/benchmarks.md
-("Learning figures over seeds", "Overlapped rollouts", "Real sizes") has the figures.
+"""Learning jobs (docs/benchmarks.md, "Learning figures over seeds", "Overlapped rollouts", "Real
+sizes"): a job spec or a recipe of recipes/learning.yaml plus `--set` overrides, run in-process
+through the worker's entry point against a sandbox and a generator spawned for it.
 
-  job      one training job, timed (or against `--generator-url`, e.g. vLLM): every step's time split,
-           the medians over steps 2+, greedy pass@1 before and after and the trainer's peak GPU
+  job      one training job, timed (or against `--generator-url`, e.g. vLLM): the step's time split
+           and its medians over steps 2+, greedy pass@1 before and after, the trainer's peak GPU
            memory; `--json` keeps it all (what `run` reads)
-  run      a recipe once per seed, each seed a `job` in a process of its own (`--parallel K` at once,
-           each with its own sandbox and 64-row generator): one JSON file per run under
-           `<out>/<card>/learning/`, then a summary (mean ± standard deviation over seeds)
+  run      a recipe once per seed, each a `job` in a process of its own (`--parallel K` at once): a
+           JSON file per run under `<out>/<card>/learning/`, then the mean ± std over seeds
   compare  two recipes' runs paired by seed; `list`: the recipes, each with the `job` a seed runs
 
-  python bench/learning.py job recipes/grpo_smollm2.yaml --set optim.steps=8 --set eval=null
-  python bench/learning.py job pre-t07 --set seed=1 --set data.seed=1 --json out.json   # a recipe
+  python bench/learning.py job pre-t07 --set seed=1 --set data.seed=1 --json out.json   # or a spec file
   python bench/learning.py list
   python bench/learning.py run RECIPE [--seeds 0 1 2] [--parallel 3] [--steps N] [--eval-tasks N]
                            [--model NAME] [--card gpu-h100] [--out docs/results] [-- job arguments]

