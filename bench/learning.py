@@ -268,7 +268,7 @@ def load_runs(folder: Path, recipe: str) -> list[dict[str, Any]]:
 
 def write_summary(folder: Path, recipe: str) -> dict[str, Any]:
     summary = summarise(recipe, load_runs(folder, recipe))
-    (folder / f"{recipe}-summary.json").write_text(json.dumps(summary, indent=1))
+    dump(folder / f"{recipe}-summary.json", summary)
     described = recipes(RECIPES).get(recipe, {}).get("about", "custom")
     (folder / f"{recipe}-summary.md").write_text(markdown(summary, described))
     return summary
@@ -336,7 +336,7 @@ def main() -> None:
     elif args.verb == "compare":
         a, b = args.recipe
         result = compare(a, load_runs(args.folder, a), b, load_runs(args.folder, b))
-        (args.folder / f"compare-{a}-vs-{b}.json").write_text(json.dumps(result, indent=1))
+        dump(args.folder / f"compare-{a}-vs-{b}.json", result)
         print(json.dumps(result, indent=1))
     else:
         args.recipe = args.recipe[0]
