@@ -252,3 +252,39 @@ def test_the_kept_logprobs_keep_log_probs_and_gradient(policy) -> None:
     gap, cosine = two_ways(policy, 1, full | {"logprob_kernel": False}, full | {"logprob_kernel": True})
     print(json.dumps({"kept_logprob_gap": round(gap, 6), "kept_gradient_cosine": round(cosine, 7)}))
     assert gap < 1e-3 and cosine > 0.9999
+
+
+def test_a_step_out_of_memory_runs_again_holding_less(policy, monkeypatch) -> None:
+    """Last in this file (it takes an optimizer step). The card runs out for real: its free memory
+    filled but for half what a micro-batch takes unchecked, and the estimate believed at an
+    eighth (another process may grow beside the trainer, as a generator's graphs do). The step
+    runs again with a doubled margin until its micro-batch is checkpointed, and trains."""
+    from crucible_trainer.rl.rollout import Sample
+    from crucible_trainer.rl.update import UpdateConfig, update
+    from crucible_trainer.runtime import hardware
+
+    rows, prompt, tail = 32, 200, 256
+    gen = torch.Generator().manual_seed(2)
+    vocab = policy.head.out_features
+    samples = [
+        Sample(i // 8, i // 8, torch.randint(10, vocab, (prompt,), generator=gen).tolist(),
+               torch.randint(10, vocab, (tail,), generator=gen).tolist(), "", "", None, None,
+               reward=float(i % 2), advantage=1.0 if i % 2 else -1.0)
+        for i in range(rows)
+    ]  # fmt: skip
+    unchecked = estimate(policy, rows, prompt + tail, tail, "kept")
+    policy.optimizer.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    ballast = torch.empty(policy.free_memory() - unchecked // 2, dtype=torch.uint8, device=policy.device)
+    monkeypatch.setattr(hardware, "MICRO_BATCH_SHARE", 8.0)
+    policy.checkpointing = "auto"
+    try:
+        metrics = update(policy, samples, UpdateConfig(micro_batch=rows, kl_beta=0.0))
+    finally:
+        del ballast
+        policy.checkpointing, policy.memory_margin = False, 1
+        policy._checkpoint(False)
+    print(json.dumps({k: v for k, v in metrics.items() if "memory" in k or "micro_batches" in k}))
+    assert metrics["update/out_of_memory_retries"] >= 1
+    assert metrics["update/checkpointed_micro_batches"] >= 1 and metrics["update/optimizer_steps"] == 1
+    assert metrics["grad_norm"] > 0

@@ -179,3 +179,87 @@ def test_every_family_trains_the_same_with_checkpointing_switched(family, tmp_pa
     assert plain.keys() == mixed.keys() and plain
     for name, g in plain.items():
         assert torch.allclose(mixed[name], g, atol=1e-6, rtol=1e-5), name
+
+
+def out_of_memory_at(policy, forward: int) -> list[int]:
+    """Training forwards of `policy` counted; the `forward`-th raises CUDA's out-of-memory error."""
+    calls: list[int] = []
+    inner = policy._logprobs
+
+    def logprobs(*args, **kwargs):
+        if torch.is_grad_enabled():
+            calls.append(1)
+            if len(calls) == forward:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 778.00 MiB")
+        return inner(*args, **kwargs)
+
+    policy._logprobs = logprobs
+    return calls
+
+
+def test_a_step_out_of_memory_runs_again_holding_less_with_the_same_gradient(adapter_model) -> None:
+    reference, _ = first_step(make_policy(*adapter_model, checkpointing=False))
+    policy = make_policy(*adapter_model)
+    policy.free_memory = lambda: 2**50  # every estimate fits: neither checkpointing nor the chunked head
+    # The second micro-batch's forward runs out, after the first's backward added its gradient:
+    # a retry that kept that gradient would count the first micro-batch twice.
+    calls = out_of_memory_at(policy, 2)
+    from crucible_trainer.rl.update import UpdateConfig
+
+    steps, metrics = recorded(policy, UpdateConfig(micro_batch=3, aggregation="token"))
+
+    assert metrics["update/out_of_memory_retries"] == 1.0 and policy.memory_margin == 2
+    assert len(calls) == 2 + 3 and len(steps) == 1  # the failed pass's two forwards, then all three
+    for name, g in reference.items():
+        assert torch.allclose(steps[0][name], g, atol=1e-6, rtol=1e-5), name
+
+
+def test_the_doubled_margin_checkpoints_the_micro_batch_near_the_line(adapter_model) -> None:
+    from crucible_trainer.runtime.hardware import MICRO_BATCH_SHARE
+
+    policy = make_policy(*adapter_model)
+    policy.head_mode = "chunked"  # the estimate below is the chunked head's (`estimate`)
+    longest = estimate(policy, 3, 16, 8)
+    policy.free_memory = lambda: int(1.5 * longest / MICRO_BATCH_SHARE)  # fits, but not twice over
+    out_of_memory_at(policy, 1)
+    _, metrics = first_step(policy)
+    # The failed first forward and the retried three: only the retried longest is checkpointed.
+    assert metrics["update/out_of_memory_retries"] == 1.0
+    assert metrics["update/micro_batches"] == 4.0 and metrics["update/checkpointed_micro_batches"] == 1.0
+
+
+@pytest.mark.parametrize("checkpointing", [True, "auto"])
+def test_out_of_memory_with_nothing_left_to_spare_is_raised(adapter_model, checkpointing) -> None:
+    policy = make_policy(*adapter_model, checkpointing=checkpointing)
+    policy.head_mode = "chunked"
+    policy.free_memory = lambda: 1  # `auto` checkpoints every micro-batch: the failed pass held the least
+    out_of_memory_at(policy, 1)
+    with pytest.raises(torch.OutOfMemoryError):
+        first_step(policy)
+    assert policy.memory_margin == 1
+
+
+def test_auto_micro_batch_sizes_the_logits_as_the_update_holds_them(adapter_model, monkeypatch) -> None:
+    """On CUDA an eager update keeps the logits through the kept logits' kernels (2 x 2 bytes an
+    entry in bf16), a compiled one through autograd's float32 copies (16 bytes)."""
+    import crucible_models
+    from crucible_shared.jobs import TrainJob
+    from crucible_trainer.runtime import hardware
+    from transformers import AutoConfig
+
+    monkeypatch.setattr(crucible_models, "pick_device", lambda device=None: "cuda:0")
+    monkeypatch.setattr(crucible_models, "pick_dtype", lambda device, dtype=None: torch.bfloat16)
+    free = 2**33
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2**37))
+    model, _ = adapter_model
+    config = AutoConfig.from_pretrained(model)
+    for compile_, head in ((False, "kept"), ("default", "full")):
+        job = TrainJob.model_validate({"model": {"base": str(model)}, "optim": {"compile": compile_}})
+        resolved, chosen = hardware.resolve(job)
+        tokens, completion = hardware.PROMPT_TOKENS + job.rollout.max_tokens, job.rollout.max_tokens
+        per_sequence = hardware.bytes_per_sequence(
+            config, tokens, completion, 2, chosen["attn_implementation"], head
+        )
+        assert chosen["sequence_mb"] == round(per_sequence / 2**20), head
+        fits = int(hardware.MEMORY_SHARE * free // per_sequence)
+        assert resolved.optim.micro_batch == min(256, 1 << (fits.bit_length() - 1)), head

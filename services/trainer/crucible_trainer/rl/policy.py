@@ -143,6 +143,9 @@ class Policy:
         self._checkpointing_on = spec.gradient_checkpointing is True
         self.passes = PassCounts()  # the training forwards so far (each update reports its share)
         self.free_memory: Callable[[], int | None] = self._free_memory
+        # What a micro-batch's estimate is multiplied by before it is held against the free memory:
+        # doubled each time a training pass runs out of memory all the same (`spare_memory`).
+        self.memory_margin = 1
         self.model.train()
         self.mixed_precision(True)
         # Attention without cuDNN's kernels (rl/attention.py says why), chosen inside each attention
@@ -335,6 +338,25 @@ class Policy:
             head = "chunked" if self._chunked_now else self._full_head()
             self._checkpoint(free is not None and not self._fits(batch, head, free))
 
+    def spare_memory(self) -> bool:
+        """After a training pass ran out of GPU memory although its estimate fitted: whether the
+        next passes can hold less. The estimate's margin doubles, so a micro-batch near the line
+        takes the chunked head, then checkpointing, where `auto` lets the policy choose them; False
+        where the failed pass had nothing left to choose (both set by the spec, or already taken)."""
+        eager = self._compiled is None or self.run_eager
+        can_chunk = self.head is not None and self.head_mode == "auto" and eager and not self._chunked_now
+        can_checkpoint = self.checkpointing == "auto" and not self._checkpointing_on
+        if not (can_chunk or can_checkpoint):
+            return False
+        self.memory_margin *= 2
+        log.warning(
+            "a training pass ran out of GPU memory: its step runs again with micro-batches estimated "
+            "%dx larger (chunked head or checkpointing where they come near the free memory); "
+            "a smaller optim.micro_batch avoids the lost pass",
+            self.memory_margin,
+        )
+        return True
+
     def _full_head(self) -> str:
         """How the full logits are held (`hardware.bytes_per_sequence`'s `head`): through the kept
         logits' kernels or through autograd's float32 copies."""
@@ -347,7 +369,7 @@ class Policy:
         rows, width = batch.input_ids.shape
         attention = getattr(config, "_attn_implementation", None) or "sdpa"
         return not checkpoint_needed(
-            config, rows, width, batch.tail, base.dtype.itemsize, free, attention, head
+            config, rows, width, batch.tail, base.dtype.itemsize, free // self.memory_margin, attention, head
         )
 
     def _checkpoint(self, need: bool) -> None:

@@ -19,7 +19,9 @@ optimizer step's micro-batches, and the gradients are summed across ranks before
 
 Since every micro-batch is divided by the whole batch's count, which samples share a micro-batch
 changes no gradient: each optimizer step's micro-batches are filled longest first (`bucketed`),
-so each pads to its own longest sequence. The update times its parts (`rl/timing.py`) and
+so each pads to its own longest sequence. A step that runs out of GPU memory in one process runs
+again from its first micro-batch with the policy holding less (`_fitting`, `Policy.spare_memory`),
+counted in `update/out_of_memory_retries`. The update times its parts (`rl/timing.py`) and
 reports its model FLOPs, tokens per second and share of the card's peak (`rl/throughput.py`).
 """
 
@@ -151,7 +153,26 @@ def update(
     zero = torch.zeros((), dtype=torch.float32, device=policy.device)
     loss_sum, clip_sum, kl_sum = zero, zero, zero
     grad_norm_sum = 0.0
-    counts = {"micro": 0, "steps": 0, "skipped": 0, "retried": 0}
+    counts = {"micro": 0, "steps": 0, "skipped": 0, "retried": 0, "oom": 0}
+
+    def step_passes(micro: list[list[int]], iteration: int, keep: list[Any] | None) -> tuple[list[Any], int]:
+        """Forward and backward of one optimizer step's micro-batches: the sums of their loss, clip
+        fraction, KL and ratio, and how many ran here."""
+        step_sums = [zero, zero, zero, zero]
+        step_micro = 0
+        for m, idx in enumerate(micro):
+            parallel.begin(last=m == len(micro) - 1)
+            with timer.part("forward_backward"):
+                if not idx:  # no share of this micro-batch here: its collectives still run
+                    parallel.backward(parallel.idle_loss(policy))
+                    continue
+                out = _micro_loss(policy, samples, idx, cfg, norm, old, ref, tis, iteration == 0, keep)
+                parallel.backward(out.loss)
+            values = [out.loss.detach(), *out.stats[:3]]
+            step_sums = [a + b for a, b in zip(step_sums, values, strict=True)]
+            step_micro += 1
+        return step_sums, step_micro
+
     for iteration in range(cfg.iterations):
         if iteration > 0:
             rng.shuffle(order)
@@ -164,22 +185,10 @@ def update(
             # A step whose gradient is not finite is run again under the policy's fallback kernels
             # (`Policy.fallbacks`: without the fused kernels, or eager), then skipped if still not finite.
             for attempt, kernels in enumerate([nullcontext, *policy.fallbacks]):
-                step_sums = [zero, zero, zero, zero]  # loss, clip fraction, KL, ratio
-                step_micro = 0
                 with kernels():
-                    for m, idx in enumerate(micro):
-                        parallel.begin(last=m == len(micro) - 1)
-                        with timer.part("forward_backward"):
-                            if not idx:  # no share of this micro-batch here: its collectives still run
-                                parallel.backward(parallel.idle_loss(policy))
-                                continue
-                            out = _micro_loss(
-                                policy, samples, idx, cfg, norm, old, ref, tis, iteration == 0, keep
-                            )
-                            parallel.backward(out.loss)
-                        values = [out.loss.detach(), *out.stats[:3]]
-                        step_sums = [a + b for a, b in zip(step_sums, values, strict=True)]
-                        step_micro += 1
+                    step_sums, step_micro = _fitting(
+                        step_passes, policy, parallel, counts, micro, iteration, keep
+                    )
                 with timer.part("allreduce"):
                     parallel.reduce(policy)
                 grad_norm, again = optimizer_step(policy, timer, attempt)
@@ -213,6 +222,7 @@ def update(
     metrics["update/optimizer_steps"] = float(counts["steps"])
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
     metrics["update/retried_nonfinite_steps"] = float(counts["retried"])
+    metrics["update/out_of_memory_retries"] = float(counts["oom"])
     metrics.update(policy.passes.since(passes))
     # Where the update's time goes (wall times; each optimizer step reads the gradient norm, so
     # they include the device's work): scoring old / reference log-probs (with the gather of every
@@ -237,6 +247,26 @@ def update(
     if tis is not None:
         metrics.update(tis.metrics())  # this rank's samples
     return metrics
+
+
+def _fitting(
+    passes: Any, policy: Policy, parallel: Parallel, counts: dict[str, int], *args: Any
+) -> tuple[list[Any], int]:
+    """`passes(*args)`, run again from its first micro-batch, its gradients dropped, each time it
+    runs out of GPU memory while the policy can hold less (`Policy.spare_memory`: the estimate
+    that let it run without the chunked head or checkpointing was too low). Several ranks do not
+    retry: the others would wait in a collective for this one."""
+    while True:
+        try:
+            return passes(*args)
+        except torch.OutOfMemoryError:
+            if parallel.world > 1 or not policy.spare_memory():
+                raise
+        # Out of the handler: the exception's frames, which hold the failed pass's tensors, are gone.
+        counts["oom"] += 1
+        policy.optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def optimizer_step(policy: Policy, timer: PartTimer, attempt: int) -> tuple[float, bool]:

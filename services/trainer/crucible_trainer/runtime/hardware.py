@@ -131,9 +131,11 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         config = AutoConfig.from_pretrained(resolve_model_path(base))
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
         # With the full logits, as the policy computes them where they fit (rl/head.py's chunked
-        # head is its way out for a micro-batch that does not, decided when it runs).
+        # head is its way out for a micro-batch that does not, decided when it runs): on CUDA,
+        # eager, through the kept logits' kernels (`Policy.logprob_kernel`), else autograd's.
+        head = "full" if spec.optim.compile else "kept"
         per_sequence = bytes_per_sequence(
-            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"]
+            config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"], head
         )
         fits = max(1, int(MEMORY_SHARE * free // per_sequence))
         if micro == "auto":
