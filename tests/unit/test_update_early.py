@@ -205,3 +205,33 @@ def test_grad_accum_is_refused_with_early_update_true() -> None:
     with pytest.raises(ValidationError, match="grad_accum is set"):
         TrainJob.model_validate(job(optim={"early_update": True, "grad_accum": 2}))
     assert TrainJob.model_validate(job()).optim.early_update is True
+
+
+def test_a_pass_out_of_memory_runs_again_with_the_micro_batches_before_it(adapter_model) -> None:  # noqa: F811
+    # The second micro-batch's forward runs out of GPU memory after the first's backward added its
+    # gradient: the gradients are dropped and both run again (then the third), one step, the
+    # whole batch's gradient.
+    from crucible_trainer.rl.early import EarlyGroups
+    from crucible_trainer.rl.update import UpdateConfig
+
+    from tests.unit.test_checkpoint_per_batch import out_of_memory_at
+
+    cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
+    samples = batch()
+    groups = EarlyGroups()
+    groups.open(lambda members: None)
+    groups.scored([s for s in samples if s.group in (0, 3)])
+    groups.generated(samples)
+    policy = make_policy(*adapter_model)
+    assert policy.checkpointing == "auto"
+    calls = out_of_memory_at(policy, 2)
+    thread, out = started(policy, groups, cfg)
+    wait_until(lambda: groups.handed_early == 1)
+    groups.scored([s for s in samples if s.group in (1, 2)])
+    groups.close(samples)
+    thread.join(timeout=60)
+    assert "error" not in out, out.get("error")
+    (got,) = out["steps"]
+    assert_close(got, reference_gradient(make_policy(*adapter_model), cfg))
+    assert out["metrics"]["update/out_of_memory_retries"] == 1 and policy.memory_margin == 2
+    assert len(calls) == 2 + 3 and out["metrics"]["update/sequences"] == 7

@@ -168,8 +168,9 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
     starts it once generation has ended). Its metrics are `update.update`'s (its times without
     the waits for groups), plus `update/early_micro_batches`, the micro-batches handed out before the
     last group was scored, and `time/update_waited_s`, the waits. A step
-    whose gradient is not finite runs again under the policy's fallback kernels, as `update` does;
-    a failed collection leaves no gradient behind."""
+    whose gradient is not finite runs again under the policy's fallback kernels, and one out of GPU
+    memory with the policy holding less, as `update` does; a failed collection leaves no gradient
+    behind."""
     del seed  # one pass in the given order: nothing is shuffled
     batch = groups.batch()
     # Every sample counts once scored, so the normaliser is the whole batch's now; a sandbox fault
@@ -180,16 +181,39 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
     zero = torch.zeros((), dtype=torch.float32, device=policy.device)
     ran: list[list[int]] = []
     retried, grad_norm, sums = 0, 0.0, [zero, zero, zero, zero]  # sums: loss, clip fraction, KL, ratio
+    out_of_memory = 0
     t0 = time.perf_counter()
 
     def passes(micro: Any, record: bool) -> list[torch.Tensor]:
-        """Forward and backward over `micro`'s micro-batches; their loss, clip, KL and ratio sums."""
+        """Forward and backward over `micro`'s micro-batches; their loss, clip, KL and ratio sums. A
+        pass that runs out of GPU memory, where the policy can hold less (`Policy.spare_memory`),
+        drops the gradients so far and runs again with the micro-batches before it, as `update` does."""
+        nonlocal out_of_memory
         sums = [zero, zero, zero, zero]
-        for idx in micro:
-            with timer.part("forward_backward"):
-                out = _micro_loss(policy, batch, idx, cfg, norm, None, None)
-                out.loss.backward()
+        source, again, done = iter(micro), [], []
+        while (idx := again.pop(0) if again else next(source, None)) is not None:
+            try:
+                with timer.part("forward_backward"):
+                    out = _micro_loss(policy, batch, idx, cfg, norm, None, None)
+                    out.loss.backward()
+            except torch.OutOfMemoryError:
+                if not policy.spare_memory():
+                    raise
+                failed = True
+            else:
+                failed = False
+            if failed:  # out of the handler: the failed pass's tensors are gone with its frames
+                out_of_memory += 1
+                policy.optimizer.zero_grad(set_to_none=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                again, sums = [*done, idx, *again], [zero, zero, zero, zero]
+                if record:
+                    del ran[len(ran) - len(done) :]
+                done = []
+                continue
             sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
+            done.append(idx)
             if record:
                 ran.append(idx)
         return sums
@@ -246,6 +270,7 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
             "update/optimizer_steps": float(stepped),
             "update/skipped_nonfinite_steps": float(not stepped),
             "update/retried_nonfinite_steps": float(retried),
+            "update/out_of_memory_retries": float(out_of_memory),
             "time/update_score_s": 0.0,
             "time/update_passes_s": t1 - t0 - groups.waited_s,
         }
