@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from crucible_shared.jobs import TrainJob
@@ -50,6 +51,29 @@ def started(policy, groups, cfg) -> tuple[threading.Thread, dict]:
     return thread, out
 
 
+def two_groups_scored() -> tuple[list, Any]:
+    """The test batch generated, its groups 0 and 3 scored (their five trainable samples fill one
+    micro-batch of three), the rest not yet."""
+    from crucible_trainer.rl.early import EarlyGroups
+
+    samples = batch()
+    groups = EarlyGroups()
+    groups.open(lambda members: None)
+    groups.scored([s for s in samples if s.group in (0, 3)])
+    groups.generated(samples)
+    return samples, groups
+
+
+def rest_scored(samples: list, groups: Any, thread: threading.Thread, out: dict) -> dict:
+    """Groups 1 and 2 scored and the stream closed: the gradient of the update's one step."""
+    groups.scored([s for s in samples if s.group in (1, 2)])
+    groups.close(samples)
+    thread.join(timeout=60)
+    assert "error" not in out, out.get("error")
+    (got,) = out["steps"]
+    return got
+
+
 def wait_until(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -75,11 +99,7 @@ def test_the_early_update_takes_the_whole_batch_gradient_in_one_step(aggregation
     # Their five trainable samples fill one micro-batch of three, handed out before the rest is scored.
     wait_until(lambda: groups.handed_early == 1)
     assert not out["steps"], "the optimizer stepped before the last group was scored"
-    groups.scored([s for s in samples if s.group in (1, 2)])
-    groups.close(samples)
-    thread.join(timeout=60)
-    assert "error" not in out, out.get("error")
-    (got,) = out["steps"]
+    got = rest_scored(samples, groups, thread, out)
     assert_close(got, reference_gradient(make_policy(*adapter_model), cfg))
     metrics = out["metrics"]
     # Seven samples carry an advantage (group 2's two do not), all nine count in the normaliser.
@@ -117,14 +137,10 @@ def test_a_sample_left_without_a_reward_runs_the_passes_again_by_the_smaller_cou
 
 
 def test_a_failed_collection_stops_the_update_without_a_step_or_gradients(adapter_model) -> None:  # noqa: F811
-    from crucible_trainer.rl.early import EarlyGroups, StepFailed
+    from crucible_trainer.rl.early import StepFailed
     from crucible_trainer.rl.update import UpdateConfig
 
-    samples = batch()
-    groups = EarlyGroups()
-    groups.open(lambda members: None)
-    groups.scored([s for s in samples if s.group in (0, 3)])
-    groups.generated(samples)
+    _, groups = two_groups_scored()
     policy = make_policy(*adapter_model)
     thread, out = started(policy, groups, UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS))
     wait_until(lambda: groups.handed_early == 1)
@@ -211,27 +227,18 @@ def test_a_pass_out_of_memory_runs_again_with_the_micro_batches_before_it(adapte
     # The second micro-batch's forward runs out of GPU memory after the first's backward added its
     # gradient: the gradients are dropped and both run again (then the third), one step, the
     # whole batch's gradient.
-    from crucible_trainer.rl.early import EarlyGroups
     from crucible_trainer.rl.update import UpdateConfig
 
     from tests.unit.test_checkpoint_per_batch import out_of_memory_at
 
     cfg = UpdateConfig(micro_batch=3, max_tokens=MAX_TOKENS, aggregation="token")
-    samples = batch()
-    groups = EarlyGroups()
-    groups.open(lambda members: None)
-    groups.scored([s for s in samples if s.group in (0, 3)])
-    groups.generated(samples)
+    samples, groups = two_groups_scored()
     policy = make_policy(*adapter_model)
     assert policy.checkpointing == "auto"
     calls = out_of_memory_at(policy, 2)
     thread, out = started(policy, groups, cfg)
     wait_until(lambda: groups.handed_early == 1)
-    groups.scored([s for s in samples if s.group in (1, 2)])
-    groups.close(samples)
-    thread.join(timeout=60)
-    assert "error" not in out, out.get("error")
-    (got,) = out["steps"]
+    got = rest_scored(samples, groups, thread, out)
     assert_close(got, reference_gradient(make_policy(*adapter_model), cfg))
     assert out["metrics"]["update/out_of_memory_retries"] == 1 and policy.memory_margin == 2
     assert len(calls) == 2 + 3 and out["metrics"]["update/sequences"] == 7
