@@ -163,6 +163,55 @@ def _trains(s: Sample) -> bool:
     return bool(trainable([s], kl_beta=0.0))
 
 
+class _Passes:
+    """Forward and backward passes over micro-batches of one batch (`run`). `ran` lists the
+    micro-batches of the recorded run; `out_of_memory` counts the passes that ran out of GPU memory
+    and ran again (with the micro-batches before them, their gradients dropped, the policy holding
+    less: `Policy.spare_memory`), as `update` runs a step again."""
+
+    def __init__(
+        self, policy: Policy, batch: list[Sample], cfg: UpdateConfig, norm: Normaliser, timer: PartTimer
+    ):
+        self.policy, self.batch, self.cfg, self.norm, self.timer = policy, batch, cfg, norm, timer
+        self.ran: list[list[int]] = []
+        self.out_of_memory = 0
+
+    def zeros(self) -> list[torch.Tensor]:
+        """Sums of the loss, clip fraction, KL and ratio, none added yet."""
+        return [torch.zeros((), dtype=torch.float32, device=self.policy.device) for _ in range(4)]
+
+    def run(self, micro: Any, record: bool) -> list[torch.Tensor]:
+        """Forward and backward over `micro`'s micro-batches (recorded in `ran`: `record`); their sums."""
+        policy, sums = self.policy, self.zeros()
+        source, again, done = iter(micro), [], []
+        while (idx := again.pop(0) if again else next(source, None)) is not None:
+            try:
+                with self.timer.part("forward_backward"):
+                    out = _micro_loss(policy, self.batch, idx, self.cfg, self.norm, None, None)
+                    out.loss.backward()
+            except torch.OutOfMemoryError:
+                if not policy.spare_memory():
+                    raise
+                failed = True
+            else:
+                failed = False
+            if failed:  # out of the handler: the failed pass's tensors are gone with its frames
+                self.out_of_memory += 1
+                policy.optimizer.zero_grad(set_to_none=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                again, sums = [*done, idx, *again], self.zeros()
+                if record:
+                    del self.ran[len(self.ran) - len(done) :]
+                done = []
+                continue
+            sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
+            done.append(idx)
+            if record:
+                self.ran.append(idx)
+        return sums
+
+
 def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
     """One pass, one optimizer step over the step's groups as `groups` hands them out (the loop
     starts it once generation has ended). Its metrics are `update.update`'s (its times without
@@ -178,50 +227,15 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
     norm = Normaliser(float(len(batch)), float(sum(len(s.completion_ids) for s in batch)))
     timer = PartTimer(policy.device)
     counted = replace(policy.passes)
-    zero = torch.zeros((), dtype=torch.float32, device=policy.device)
-    ran: list[list[int]] = []
-    retried, grad_norm, sums = 0, 0.0, [zero, zero, zero, zero]  # sums: loss, clip fraction, KL, ratio
-    out_of_memory = 0
+    passes = _Passes(policy, batch, cfg, norm, timer)
+    ran = passes.ran
+    retried, grad_norm, sums = 0, 0.0, passes.zeros()
     t0 = time.perf_counter()
-
-    def passes(micro: Any, record: bool) -> list[torch.Tensor]:
-        """Forward and backward over `micro`'s micro-batches; their loss, clip, KL and ratio sums. A
-        pass that runs out of GPU memory, where the policy can hold less (`Policy.spare_memory`),
-        drops the gradients so far and runs again with the micro-batches before it, as `update` does."""
-        nonlocal out_of_memory
-        sums = [zero, zero, zero, zero]
-        source, again, done = iter(micro), [], []
-        while (idx := again.pop(0) if again else next(source, None)) is not None:
-            try:
-                with timer.part("forward_backward"):
-                    out = _micro_loss(policy, batch, idx, cfg, norm, None, None)
-                    out.loss.backward()
-            except torch.OutOfMemoryError:
-                if not policy.spare_memory():
-                    raise
-                failed = True
-            else:
-                failed = False
-            if failed:  # out of the handler: the failed pass's tensors are gone with its frames
-                out_of_memory += 1
-                policy.optimizer.zero_grad(set_to_none=True)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                again, sums = [*done, idx, *again], [zero, zero, zero, zero]
-                if record:
-                    del ran[len(ran) - len(done) :]
-                done = []
-                continue
-            sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
-            done.append(idx)
-            if record:
-                ran.append(idx)
-        return sums
 
     try:
         for attempt, kernels in enumerate([nullcontext, *policy.fallbacks]):
             with kernels():
-                sums = passes(
+                sums = passes.run(
                     groups.micro_batches(cfg.micro_batch) if attempt == 0 else list(ran), attempt == 0
                 )
                 if not ran:
@@ -238,8 +252,8 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
                         scored,
                     )
                     policy.optimizer.zero_grad(set_to_none=True)
-                    norm = scored
-                    sums = passes(list(ran), False)
+                    norm = passes.norm = scored
+                    sums = passes.run(list(ran), False)
             grad_norm, again = optimizer_step(policy, timer, attempt)
             retried += int(attempt == 0 and again)
             if not again:
@@ -270,7 +284,7 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
             "update/optimizer_steps": float(stepped),
             "update/skipped_nonfinite_steps": float(not stepped),
             "update/retried_nonfinite_steps": float(retried),
-            "update/out_of_memory_retries": float(out_of_memory),
+            "update/out_of_memory_retries": float(passes.out_of_memory),
             "time/update_score_s": 0.0,
             "time/update_passes_s": t1 - t0 - groups.waited_s,
         }
