@@ -250,15 +250,15 @@ def update(
 
 
 def _fitting(
-    passes: Any, policy: Policy, parallel: Parallel, counts: dict[str, int], *args: Any
+    run: Any, policy: Policy, parallel: Parallel, counts: dict[str, int], *args: Any
 ) -> tuple[list[Any], int]:
-    """`passes(*args)`, run again from its first micro-batch, its gradients dropped, each time it
+    """`run(*args)`, run again from its first micro-batch, its gradients dropped, each time it
     runs out of GPU memory while the policy can hold less (`Policy.spare_memory`: the estimate
     that let it run without the chunked head or checkpointing was too low). Several ranks do not
     retry: the others would wait in a collective for this one."""
     while True:
         try:
-            return passes(*args)
+            return run(*args)
         except torch.OutOfMemoryError:
             if parallel.world > 1 or not policy.spare_memory():
                 raise
