@@ -258,7 +258,8 @@ def test_a_step_out_of_memory_runs_again_holding_less(policy, monkeypatch) -> No
     """Last in this file (it takes an optimizer step). The card runs out for real: its free memory
     filled but for half what a micro-batch takes unchecked, and the estimate believed at an
     eighth (another process may grow beside the trainer, as a generator's graphs do). The step
-    runs again with a doubled margin until its micro-batch is checkpointed, and trains."""
+    runs again, its margin grown each time until the micro-batch would not fit as it ran, until it
+    is checkpointed, and trains."""
     from crucible_trainer.rl.rollout import Sample
     from crucible_trainer.rl.update import UpdateConfig, update
     from crucible_trainer.runtime import hardware

@@ -11,6 +11,7 @@ those of the same update with checkpointing never on and always on; and so for e
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import pytest
@@ -181,37 +182,83 @@ def test_every_family_trains_the_same_with_checkpointing_switched(family, tmp_pa
         assert torch.allclose(mixed[name], g, atol=1e-6, rtol=1e-5), name
 
 
-def out_of_memory_at(policy, forward: int) -> list[int]:
-    """Training forwards of `policy` counted; the `forward`-th raises CUDA's out-of-memory error."""
-    calls: list[int] = []
+class _Node:
+    """Held by a graph node of the failed pass: alive while any of that graph is."""
+
+
+class _FailsBackward(torch.autograd.Function):
+    """The identity, whose backward runs out of memory (an error in the middle of a backward)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, node: _Node) -> torch.Tensor:
+        ctx.node = node
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 778.00 MiB (backward)")
+
+
+def out_of_memory_at(policy, forward: int, backward: bool = False) -> list[bool]:
+    """Training forwards of `policy` counted; the `forward`-th raises CUDA's out-of-memory error
+    (`backward`: in its backward instead). Each later forward adds whether the failed pass's
+    log-probs are still alive (a retry must not hold the graph of the pass it replaces)."""
+    calls: list[bool] = []
+    failed: list[weakref.ref] = []
     inner = policy._logprobs
 
     def logprobs(*args, **kwargs):
         if torch.is_grad_enabled():
-            calls.append(1)
-            if len(calls) == forward:
+            calls.append(bool(failed) and failed[0]() is not None)
+            if len(calls) == forward and not backward:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 778.00 MiB")
+            if len(calls) == forward:
+                node = _Node()
+                failed.append(weakref.ref(node))
+                return _FailsBackward.apply(inner(*args, **kwargs), node)
         return inner(*args, **kwargs)
 
     policy._logprobs = logprobs
     return calls
 
 
-def test_a_step_out_of_memory_runs_again_holding_less_with_the_same_gradient(adapter_model) -> None:
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_a_step_out_of_memory_runs_again_holding_less_with_the_same_gradient(adapter_model, backward) -> None:
+    from crucible_trainer.rl.update import UpdateConfig
+
     reference, _ = first_step(make_policy(*adapter_model, checkpointing=False))
     policy = make_policy(*adapter_model)
     policy.free_memory = lambda: 2**50  # every estimate fits: neither checkpointing nor the chunked head
-    # The second micro-batch's forward runs out, after the first's backward added its gradient:
-    # a retry that kept that gradient would count the first micro-batch twice.
-    calls = out_of_memory_at(policy, 2)
-    from crucible_trainer.rl.update import UpdateConfig
-
+    # The second micro-batch runs out (in its forward, or in its backward), after the first's
+    # backward added its gradient: a retry that kept that gradient would count it twice.
+    calls = out_of_memory_at(policy, 2, backward)
     steps, metrics = recorded(policy, UpdateConfig(micro_batch=3, aggregation="token"))
 
-    assert metrics["update/out_of_memory_retries"] == 1.0 and policy.memory_margin == 2
-    assert len(calls) == 2 + 3 and len(steps) == 1  # the failed pass's two forwards, then all three
+    assert metrics["update/out_of_memory_retries"] == 1.0 and len(steps) == 1
+    assert calls == [False] * 5  # two forwards, then all three again; nothing of the failed pass alive
+    # The margin grew until the micro-batch that failed no longer fitted without the chunked head:
+    # the retry held less where it failed.
+    assert metrics["update/memory_margin"] == policy.memory_margin > 2
+    assert metrics["update/chunked_head_micro_batches"] >= 2
     for name, g in reference.items():
         assert torch.allclose(steps[0][name], g, atol=1e-6, rtol=1e-5), name
+
+
+def test_several_ranks_do_not_retry_a_step_out_of_memory(adapter_model) -> None:
+    from crucible_trainer.rl.parallel import Parallel
+    from crucible_trainer.rl.update import _fitting
+
+    class Ranks(Parallel):
+        world = 2  # the other rank would wait in a collective for this one's retry
+
+    def fails() -> tuple[list, int]:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    policy = make_policy(*adapter_model)
+    counts = {"oom": 0}
+    with pytest.raises(torch.OutOfMemoryError):
+        _fitting(fails, policy, Ranks(), counts)
+    assert counts["oom"] == 0 and policy.memory_margin == 1
 
 
 def test_the_doubled_margin_checkpoints_the_micro_batch_near_the_line(adapter_model) -> None:

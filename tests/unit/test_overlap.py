@@ -17,7 +17,7 @@ from crucible_shared.jobs import TrainJob
 from crucible_trainer.rl.ahead import Ahead, Versions, check_claims
 from crucible_trainer.rl.batch import make_batch
 from crucible_trainer.rl.context import ProblemSampler
-from crucible_trainer.rl.correction import MissingBehaviourLogprobs, tis_weights
+from crucible_trainer.rl.correction import Correction, MissingBehaviourLogprobs, tis_weights
 from crucible_trainer.rl.publish import Publisher, StalePolicyError
 from crucible_trainer.rl.rollout import Sample, Timing
 from crucible_trainer.rl.update import UpdateConfig, update
@@ -159,6 +159,28 @@ def test_a_floored_behaviour_logprob_gives_the_cap_not_inf() -> None:
     old = torch.tensor([[-1.0, -2.0]])
     weights, truncated = tis_weights(old, torch.tensor([[-9999.0, -2.0]]), torch.ones(1, 2), cap=2.0)
     assert weights.tolist() == [[2.0, 1.0]] and truncated.tolist() == [[True, False]]
+
+
+def test_a_pass_run_again_counts_its_samples_once_in_the_tis_figures() -> None:
+    # A step whose pass ran out of memory, or whose gradient was not finite, runs its micro-batches
+    # again with `record` on: the figures are the samples', each once.
+    def sample(behaviour: list[float]) -> Sample:
+        return Sample(0, 0, [1], [2] * len(behaviour), "", "", behaviour, None, reward=1.0)
+
+    first, second = sample([-1.0, -9.0]), sample([-0.5])
+    old = torch.tensor([[-1.0, -2.0], [0.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    once, twice = Correction(cap=2.0), Correction(cap=2.0)
+    once.weights(old, [first, second], mask, 2, record=True)
+    for _ in range(2):
+        twice.weights(old, [first, second], mask, 2, record=True)
+    assert twice.metrics() == once.metrics()
+    assert once.metrics() == {
+        "tis/weight_mean": (1.0 + 2.0 + 1.0) / 3,  # the second token of `first` truncated at the cap
+        "tis/weight_max": 2.0,
+        "tis/truncated_fraction": 1 / 3,
+        "tis/tokens": 3.0,
+    }
 
 
 def test_a_sample_without_behaviour_logprobs_is_refused() -> None:

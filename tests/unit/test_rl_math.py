@@ -132,6 +132,7 @@ class TinyPolicy:
         self.pad_id, self.device = 0, "cpu"
         self.fallbacks: list = []  # kernels to run a non-finite step again with (none on a CPU)
         self.passes = PassCounts()  # what `Policy` counts of its forwards (none go through it here)
+        self.memory_margin = 1  # what `Policy` multiplies its memory estimates by (none here)
 
     def token_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         k = batch.tail

@@ -223,7 +223,8 @@ def test_grad_accum_is_refused_with_early_update_true() -> None:
     assert TrainJob.model_validate(job()).optim.early_update is True
 
 
-def test_a_pass_out_of_memory_runs_again_with_the_micro_batches_before_it(adapter_model) -> None:  # noqa: F811
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_a_pass_out_of_memory_runs_again_with_the_micro_batches_before_it(adapter_model, backward) -> None:  # noqa: F811
     # The second micro-batch's forward runs out of GPU memory after the first's backward added its
     # gradient: the gradients are dropped and both run again (then the third), one step, the
     # whole batch's gradient.
@@ -235,10 +236,11 @@ def test_a_pass_out_of_memory_runs_again_with_the_micro_batches_before_it(adapte
     samples, groups = two_groups_scored()
     policy = make_policy(*adapter_model)
     assert policy.checkpointing == "auto"
-    calls = out_of_memory_at(policy, 2)
+    calls = out_of_memory_at(policy, 2, backward)
     thread, out = started(policy, groups, cfg)
     wait_until(lambda: groups.handed_early == 1)
     got = rest_scored(samples, groups, thread, out)
     assert_close(got, reference_gradient(make_policy(*adapter_model), cfg))
     assert out["metrics"]["update/out_of_memory_retries"] == 1 and policy.memory_margin == 2
-    assert len(calls) == 2 + 3 and out["metrics"]["update/sequences"] == 7
+    # Two forwards, then all three again; nothing of the failed pass alive when the retry runs.
+    assert calls == [False] * 5 and out["metrics"]["update/sequences"] == 7

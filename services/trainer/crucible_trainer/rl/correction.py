@@ -63,10 +63,10 @@ class Correction:
 
     def __init__(self, cap: float) -> None:
         self.cap = cap
-        self.tokens = 0.0
-        self.weight_sum = 0.0
-        self.weight_max = 0.0
-        self.truncated = 0.0
+        # Per sample (keyed by the object, alive for the update): tokens, weight sum, truncated tokens,
+        # largest weight. Recorded again, a sample replaces its row: a pass run again (its gradient
+        # not finite, or out of memory) counts its samples once.
+        self._rows: dict[int, tuple[float, float, float, float]] = {}
 
     def weights(
         self, old_logp: torch.Tensor, samples: list[Sample], mask: torch.Tensor, tail: int, record: bool
@@ -83,11 +83,17 @@ class Correction:
         self, samples: list[Sample], weights: torch.Tensor, truncated: torch.Tensor, mask: torch.Tensor
     ) -> None:
         on = mask > 0
-        self.tokens += float(on.sum())
-        self.weight_sum += float((weights * mask).sum())
-        self.truncated += float(truncated.sum())
-        if bool(on.any()):
-            self.weight_max = max(self.weight_max, float(weights[on].max()))
+        per_row = torch.stack(
+            [
+                on.sum(-1).float(),
+                (weights * mask).sum(-1).float(),
+                truncated.sum(-1).float(),
+                torch.where(on, weights, torch.zeros_like(weights)).amax(-1).float(),
+            ],
+            dim=-1,
+        ).tolist()
+        for s, figures in zip(samples, per_row, strict=True):
+            self._rows[id(s)] = (figures[0], figures[1], figures[2], figures[3] if figures[0] else 0.0)
         rows = weights.detach().cpu()
         for s, row in zip(samples, rows, strict=True):
             n = len(s.completion_ids)
@@ -97,10 +103,12 @@ class Correction:
                 s.info["is_weight_max"] = max(s.is_weights)
 
     def metrics(self) -> dict[str, float]:
-        tokens = max(self.tokens, 1.0)
+        rows = self._rows.values()
+        count = sum(r[0] for r in rows)
+        tokens = max(count, 1.0)
         return {
-            "tis/weight_mean": self.weight_sum / tokens if self.tokens else 1.0,
-            "tis/weight_max": self.weight_max if self.tokens else 1.0,
-            "tis/truncated_fraction": self.truncated / tokens,
-            "tis/tokens": self.tokens,
+            "tis/weight_mean": sum(r[1] for r in rows) / tokens if count else 1.0,
+            "tis/weight_max": max((r[3] for r in rows), default=0.0) if count else 1.0,
+            "tis/truncated_fraction": sum(r[2] for r in rows) / tokens,
+            "tis/tokens": count,
         }

@@ -186,16 +186,14 @@ class _Passes:
         source, again, done = iter(micro), [], []
         while (idx := again.pop(0) if again else next(source, None)) is not None:
             try:
-                with self.timer.part("forward_backward"):
-                    out = _micro_loss(policy, self.batch, idx, self.cfg, self.norm, None, None)
-                    out.loss.backward()
+                values = self._one(idx)
             except torch.OutOfMemoryError:
                 if not policy.spare_memory():
                     raise
                 failed = True
             else:
                 failed = False
-            if failed:  # out of the handler: the failed pass's tensors are gone with its frames
+            if failed:  # out of the handler: the failed pass's tensors are gone with `_one`'s frame
                 self.out_of_memory += 1
                 policy.optimizer.zero_grad(set_to_none=True)
                 if torch.cuda.is_available():
@@ -205,11 +203,19 @@ class _Passes:
                     del self.ran[len(self.ran) - len(done) :]
                 done = []
                 continue
-            sums = [a + b for a, b in zip(sums, [out.loss.detach(), *out.stats[:3]], strict=True)]
+            sums = [a + b for a, b in zip(sums, values, strict=True)]
             done.append(idx)
             if record:
                 self.ran.append(idx)
         return sums
+
+    def _one(self, idx: list[int]) -> list[torch.Tensor]:
+        """Forward and backward of one micro-batch; its loss, clip fraction, KL and ratio. Its graph
+        lives in this frame only, so a pass that fails leaves none of it behind."""
+        with self.timer.part("forward_backward"):
+            out = _micro_loss(self.policy, self.batch, idx, self.cfg, self.norm, None, None)
+            out.loss.backward()
+        return [out.loss.detach(), *out.stats[:3]]
 
 
 def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: int = 0) -> dict[str, float]:
@@ -285,6 +291,7 @@ def update_early(policy: Policy, groups: EarlyGroups, cfg: UpdateConfig, seed: i
             "update/skipped_nonfinite_steps": float(not stepped),
             "update/retried_nonfinite_steps": float(retried),
             "update/out_of_memory_retries": float(passes.out_of_memory),
+            "update/memory_margin": float(policy.memory_margin),
             "time/update_score_s": 0.0,
             "time/update_passes_s": t1 - t0 - groups.waited_s,
         }

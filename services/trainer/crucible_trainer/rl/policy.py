@@ -146,6 +146,10 @@ class Policy:
         # What a micro-batch's estimate is multiplied by before it is held against the free memory:
         # doubled each time a training pass runs out of memory all the same (`spare_memory`).
         self.memory_margin = 1
+        self._planned: tuple[Any, int | None] = (
+            None,
+            None,
+        )  # the last training forward's batch and free memory
         self.model.train()
         self.mixed_precision(True)
         # Attention without cuDNN's kernels (rl/attention.py says why), chosen inside each attention
@@ -337,18 +341,28 @@ class Policy:
         if choose_checkpoint:
             head = "chunked" if self._chunked_now else self._full_head()
             self._checkpoint(free is not None and not self._fits(batch, head, free))
+        if grad:  # what `spare_memory` weighs if this pass runs out of memory
+            self._planned = (batch, free)
 
     def spare_memory(self) -> bool:
         """After a training pass ran out of GPU memory although its estimate fitted: whether the
-        next passes can hold less. The estimate's margin doubles, so a micro-batch near the line
-        takes the chunked head, then checkpointing, where `auto` lets the policy choose them; False
-        where the failed pass had nothing left to choose (both set by the spec, or already taken)."""
+        next passes can hold less. The estimate's margin doubles until the micro-batch that failed
+        would not fit as it ran, so it (and any near the line) takes the chunked head, then
+        checkpointing, where `auto` lets the policy choose them; False where the failed pass had
+        nothing left to choose (both set by the spec, or already taken). The margin stays for the
+        job (`update/memory_margin`): the estimate proved low on this card."""
         eager = self._compiled is None or self.run_eager
         can_chunk = self.head is not None and self.head_mode == "auto" and eager and not self._chunked_now
         can_checkpoint = self.checkpointing == "auto" and not self._checkpointing_on
         if not (can_chunk or can_checkpoint):
             return False
-        self.memory_margin *= 2
+        margin, (batch, free) = self.memory_margin * 2, self._planned
+        if free is not None:  # doubled until the failed micro-batch no longer fits as it ran
+            head = "chunked" if self._chunked_now else self._full_head()
+            while self._fits(batch, head, free, margin):  # ends: the share tends to 0 bytes
+                margin *= 2
+        self.memory_margin = margin
+        self._planned = (None, None)
         log.warning(
             "a training pass ran out of GPU memory: its step runs again with micro-batches estimated "
             "%dx larger (chunked head or checkpointing where they come near the free memory); "
@@ -362,14 +376,16 @@ class Policy:
         logits' kernels or through autograd's float32 copies."""
         return "kept" if self.logprob_kernel else "full"
 
-    def _fits(self, batch: Batch, head: str, free: int) -> bool:
-        """Whether `batch` fits in `free` bytes without checkpointing, its logits held as `head` says."""
+    def _fits(self, batch: Batch, head: str, free: int, margin: int | None = None) -> bool:
+        """Whether `batch` fits in `free` bytes without checkpointing, its logits held as `head` says,
+        its estimate multiplied by `margin` (default `memory_margin`)."""
         base = self.model.get_base_model()
         config = base.config.get_text_config()
         rows, width = batch.input_ids.shape
         attention = getattr(config, "_attn_implementation", None) or "sdpa"
+        share = free // (margin or self.memory_margin)
         return not checkpoint_needed(
-            config, rows, width, batch.tail, base.dtype.itemsize, free // self.memory_margin, attention, head
+            config, rows, width, batch.tail, base.dtype.itemsize, share, attention, head
         )
 
     def _checkpoint(self, need: bool) -> None:

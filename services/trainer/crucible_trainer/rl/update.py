@@ -223,6 +223,7 @@ def update(
     metrics["update/skipped_nonfinite_steps"] = float(counts["skipped"])
     metrics["update/retried_nonfinite_steps"] = float(counts["retried"])
     metrics["update/out_of_memory_retries"] = float(counts["oom"])
+    metrics["update/memory_margin"] = float(policy.memory_margin)
     metrics.update(policy.passes.since(passes))
     # Where the update's time goes (wall times; each optimizer step reads the gradient norm, so
     # they include the device's work): scoring old / reference log-probs (with the gather of every

@@ -132,7 +132,9 @@ def resolve(spec: TrainJob, base: str | None = None) -> tuple[TrainJob, dict[str
         tokens = PROMPT_TOKENS + spec.rollout.max_tokens
         # With the full logits, as the policy computes them where they fit (rl/head.py's chunked
         # head is its way out for a micro-batch that does not, decided when it runs): on CUDA,
-        # eager, through the kept logits' kernels (`Policy.logprob_kernel`), else autograd's.
+        # eager, through the kept logits' kernels (`Policy.logprob_kernel`), else autograd's. A step
+        # run again without the fused kernels (its gradient not finite) holds autograd's float32
+        # logits; in one process a pass that then runs out of memory runs again holding less.
         head = "full" if spec.optim.compile else "kept"
         per_sequence = bytes_per_sequence(
             config, tokens, spec.rollout.max_tokens, dtype.itemsize, chosen["attn_implementation"], head
