@@ -39,7 +39,14 @@ from crucible_trainer.rl import throughput
 from crucible_trainer.rl.policy import Policy
 from crucible_trainer.rl.rollout import Sample
 from crucible_trainer.rl.timing import PartTimer
-from crucible_trainer.rl.update import Normaliser, UpdateConfig, _micro_loss, optimizer_step, trainable
+from crucible_trainer.rl.update import (
+    Normaliser,
+    UpdateConfig,
+    _micro_loss,
+    drop_failed_pass,
+    optimizer_step,
+    trainable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +202,7 @@ class _Passes:
                 failed = False
             if failed:  # out of the handler: the failed pass's tensors are gone with `_one`'s frame
                 self.out_of_memory += 1
-                policy.optimizer.zero_grad(set_to_none=True)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                drop_failed_pass(policy)
                 again, sums = [*done, idx, *again], self.zeros()
                 if record:
                     del self.ran[len(self.ran) - len(done) :]

@@ -265,9 +265,15 @@ def _fitting(
                 raise
         # Out of the handler: the exception's frames, which hold the failed pass's tensors, are gone.
         counts["oom"] += 1
-        policy.optimizer.zero_grad(set_to_none=True)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        drop_failed_pass(policy)
+
+
+def drop_failed_pass(policy: Policy) -> None:
+    """After a pass ran out of memory (and its tensors are gone): its gradients dropped, the cached
+    blocks handed back, before the step runs again."""
+    policy.optimizer.zero_grad(set_to_none=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def optimizer_step(policy: Policy, timer: PartTimer, attempt: int) -> tuple[float, bool]:
