@@ -44,6 +44,7 @@ ARMS = {
     "rope": ("rope_kernel", {"transformers_rope": False, "fused_rope": True}),
     "logprobs": ("logprob_kernel", {"autograd_logprobs": False, "kept_logprobs": True}),
     "attention": ("cudnn_attention", {"cudnn": True, "no_cudnn": False}),
+    "padding": ("unmasked", {"masked": False, "unmasked": True}),
 }
 
 
