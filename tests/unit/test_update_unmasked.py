@@ -32,26 +32,24 @@ def logprobs_and_grads(policy, checkpoint: bool = False):
     return logp.detach(), grads, unmasked
 
 
-@pytest.mark.parametrize("head_mode", ["chunked", "full"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_unmasked_forward_gives_the_masked_forwards_logprobs_and_gradients(
-    family, head_mode, tmp_path
-) -> None:
+def test_the_unmasked_forward_gives_the_masked_forwards_logprobs_and_gradients(family, tmp_path) -> None:
     policy = make_policy(build_family(family, tmp_path), checkpointing=False)
-    policy.head_mode = head_mode
-    got, got_grads, unmasked = logprobs_and_grads(policy)
-    if policy.head is None:  # soft-capped logits (Gemma-2): the masked forward, as before
+    for head_mode in ("chunked", "full"):
+        policy.head_mode, policy.unmasked = head_mode, True
+        got, got_grads, unmasked = logprobs_and_grads(policy)
+        if policy.head is None:  # soft-capped logits (Gemma-2): the masked forward, as before
+            assert not unmasked
+            continue
+        assert unmasked, head_mode
+        policy.unmasked = False
+        want, want_grads, unmasked = logprobs_and_grads(policy)
         assert not unmasked
-        return
-    assert unmasked
-    policy.unmasked = False
-    want, want_grads, unmasked = logprobs_and_grads(policy)
-    assert not unmasked
-    assert (want != 0).sum() == sum(len(s.completion_ids) for s in batch())
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert got_grads.keys() == want_grads.keys() and got_grads
-    for name in got_grads:
-        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
+        assert (want != 0).sum() == sum(len(s.completion_ids) for s in batch())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got_grads.keys() == want_grads.keys() and got_grads
+        for name in got_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
 
 
 def test_scoring_and_the_reference_take_the_unmasked_forward_with_the_same_values(
