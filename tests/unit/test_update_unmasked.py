@@ -1,4 +1,4 @@
-"""The update's forwards without a padding mask (`Policy._unmasked_hidden`), on every family's tiny
+"""The update's forwards without a padding mask (`rl.head.unmasked_hidden`), on every family's tiny
 checkpoint: each row's padding moved to its end gives the log-probs and gradients of the
 left-padded, masked forward, through the chunked head and through the full logits, for training
 passes and for scoring; the families whose logits are not the output layer's alone keep the

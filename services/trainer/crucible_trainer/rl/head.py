@@ -101,6 +101,37 @@ def hidden_out(head: torch.nn.Module) -> Iterator[None]:
         del head.forward
 
 
+def unmasked_hidden(
+    runner: torch.nn.Module,
+    head: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """[B, k + 1, H] final hidden states of the last `k + 1` positions of the left-padded batch
+    (`input_ids`, `attention_mask`), computed by `runner` (the causal LM, whose output layer is
+    `head`) with each row's padding moved to its end and no attention mask: the causal mask alone
+    keeps every real token from the padding after it. SDPA then runs its flash kernel (and grouped
+    key/value heads as they are) where a padding mask held it to the memory-efficient kernel on
+    copied key/value heads; the values are the masked forward's (tests/unit/test_update_unmasked.py)."""
+    rows, width = input_ids.shape
+    shift = width - attention_mask.sum(-1, keepdim=True)  # each row's left padding
+    columns = torch.arange(width, device=input_ids.device)
+    # Each row rolled left by its padding: the padding (pad ids) wraps round to the end.
+    ids = input_ids.gather(1, (columns + shift) % width)
+    with hidden_out(head):
+        hidden = runner(
+            input_ids=ids,
+            position_ids=columns.expand(rows, -1),
+            logits_to_keep=0,  # every position's hidden state: the rows' tails end apart
+            use_cache=False,
+        ).logits
+    # Back to the left-padded layout's last k + 1 positions (a padding position there takes some
+    # padding's state, which the tail mask drops).
+    window = (columns[width - k - 1 :] - shift) % width
+    return hidden.gather(1, window.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+
 def _passthrough(hidden: torch.Tensor) -> torch.Tensor:
     return hidden
 

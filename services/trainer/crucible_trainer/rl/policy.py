@@ -33,11 +33,9 @@ any device, each LoRA layer adds its adapter's product into the base product in 
 instead of PEFT's product, scaling and sum (where PEFT's forward would compute the same).
 
 Attention: every pass runs transformers' SDPA without cuDNN's kernels (rl/attention.py): cuDNN
-builds a plan for each new shape, and every step's micro-batches have new lengths. An eager pass
-of a family with a plain output layer (rl/head.py) runs with each row's padding moved to its end
-and no padding mask (`_unmasked_hidden`): the causal mask alone hides the padding from every real
-token, and SDPA takes its flash kernel where the mask held it to the memory-efficient one (at the
-1.5B shape on an H200 the update of a step took 4.0 s against 4.5 s: docs/benchmarks.md).
+builds a plan for each new shape, and every step's micro-batches have new lengths. An eager pass of
+a family with a plain output layer runs without a padding mask (`rl.head.unmasked_hidden`), so SDPA
+takes its flash kernel (the 1.5B shape's update in a step: 4.0 s against 4.5 s, docs/benchmarks.md).
 
 Jobs run the policy's work from their event loop on one thread of its own (`Policy.call`), not on
 a pool's: the device's work of a job stays in one order on one thread, whichever pool thread the
@@ -64,7 +62,7 @@ from crucible_shared.jobs import ModelSpec, OptimSpec
 from crucible_trainer.rl import fused
 from crucible_trainer.rl.attention import choose as choose_attention
 from crucible_trainer.rl.batch import Batch, make_batch, padded
-from crucible_trainer.rl.head import hidden_out, kept_logprobs, output_layer, tail_logprobs
+from crucible_trainer.rl.head import hidden_out, kept_logprobs, output_layer, tail_logprobs, unmasked_hidden
 from crucible_trainer.runtime.atomic import output_dir
 from crucible_trainer.runtime.hardware import checkpoint_needed
 
@@ -150,15 +148,10 @@ class Policy:
         # What a micro-batch's estimate is multiplied by before it is held against the free memory:
         # doubled each time a training pass runs out of memory all the same (`spare_memory`).
         self.memory_margin = 1
-        self._planned: tuple[Any, int | None] = (
-            None,
-            None,
-        )  # the last training forward's batch and free memory
+        self._planned: tuple[Any, int | None] = (None, None)  # the last training pass's batch, free memory
         self.model.train()
         self.mixed_precision(True)
-        # Attention without cuDNN's kernels (rl/attention.py says why), chosen inside each attention
-        # call: a checkpointed layer's recompute in the backward chooses the same, and a compiled
-        # graph traces the choice.
+        # Attention without cuDNN's kernels, chosen inside each attention call (rl/attention.py).
         self._cudnn = False
         self._registered = choose_attention(self.model.get_base_model(), cudnn=False)
         # Kernels to run a step again with when its gradient is not finite (below).
@@ -185,9 +178,7 @@ class Policy:
         self.head: torch.nn.Linear | None = output_layer(self.model.get_base_model())
         self.head_mode: str = "auto"  # or "chunked" / "full" (tests, a benchmark's arms)
         self._chunked_now = False  # this forward's choice (`_plan`)
-        # Eager forwards of those families run without a padding mask (`_unmasked_hidden`); off: the
-        # left-padded, masked forward (a benchmark's arm).
-        self.unmasked = True
+        self.unmasked = True  # eager forwards of those families without a padding mask (off: an arm)
         self._unmasked_now = False  # this forward's choice (`_plan`)
         # What forward passes go through: the model, or a DDP wrapper on data-parallel ranks.
         self.runner: torch.nn.Module = self.model
@@ -427,7 +418,9 @@ class Policy:
         k = tail_mask.shape[1]
         targets = input_ids[:, -k:]
         if self._unmasked_now:
-            kept = self._unmasked_hidden(input_ids, attention_mask, k)
+            assert self.head is not None
+            with self.precision():
+                kept = unmasked_hidden(self.runner, self.head, input_ids, attention_mask, k)
         else:
             # The completion tokens' hidden states through the chunked head (rl/head.py) where
             # `_plan` chose it; compiled passes keep the logits (`_plan` never chooses it for them).
@@ -453,31 +446,6 @@ class Policy:
         picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
         logp = picked - torch.logsumexp(logits, dim=-1)
         return logp * tail_mask
-
-    def _unmasked_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int) -> torch.Tensor:
-        """[B, k + 1, H] final hidden states of the last `k + 1` positions of the left-padded batch
-        (`input_ids`, `attention_mask`), computed with each row's padding moved to its end and no
-        attention mask: the causal mask alone keeps every real token from the padding after it.
-        SDPA then runs its flash kernel (and grouped key/value heads as they are) where a padding
-        mask held it to the memory-efficient kernel on copied key/value heads; the values are the
-        masked forward's (tests/unit/test_update_unmasked.py)."""
-        assert self.head is not None
-        rows, width = input_ids.shape
-        shift = width - attention_mask.sum(-1, keepdim=True)  # each row's left padding
-        columns = torch.arange(width, device=input_ids.device)
-        # Each row rolled left by its padding: the padding (pad ids) wraps round to the end.
-        ids = input_ids.gather(1, (columns + shift) % width)
-        with self.precision(), hidden_out(self.head):
-            hidden = self.runner(
-                input_ids=ids,
-                position_ids=columns.expand(rows, -1),
-                logits_to_keep=0,  # every position's hidden state: the rows' tails end apart
-                use_cache=False,
-            ).logits
-        # Back to the left-padded layout's last k + 1 positions (a padding position there takes some
-        # padding's state, which the tail mask drops).
-        window = (columns[width - k - 1 :] - shift) % width
-        return hidden.gather(1, window.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
     @torch.no_grad()
     def score(
